@@ -1,0 +1,5 @@
+import sys
+
+from policies.cli import main
+
+sys.exit(main())

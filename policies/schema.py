@@ -1,0 +1,130 @@
+"""The policy file schema (YAML), shared by the worker, the reference engine and the controller.
+
+Structure and types are checked by pydantic (strict: "8" is not 8, unknown keys are errors);
+rules that relate several fields (cohort coverage, budgets vs limits) by `policy_problems`.
+Load files through `policies.loader.load_policy`, which runs both and reports file:line.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from policies.cohorts import coverage_problems
+from policies.head import HeadCapacity
+from policies.problems import Problem
+
+DEFAULT_MAX_BUDGET = 256
+# Cohort names become Prometheus label values and log keys: keep them plain.
+LABEL_PATTERN = r"^[A-Za-z0-9_.-]+$"
+
+Budget = Annotated[int, Field(ge=0)]
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+
+class CohortPolicy(StrictModel):
+    name: str = Field(min_length=1, pattern=LABEL_PATTERN)
+    min_batch: int = Field(ge=1)
+    max_batch: int = Field(ge=1)
+    budgets: list[Budget] = Field(min_length=1, description="candidate budgets, 0 = off, increasing")
+    default: Budget = Field(description="budget used until a controller pushes a table")
+
+
+class GatePolicy(StrictModel):
+    min_gain: float = Field(default=1.03, gt=0)
+    hysteresis: float = Field(default=0.03, ge=0, le=1)
+    confidence_z: float = Field(default=2.0, ge=0)
+    dwell_s: float = Field(default=60.0, gt=0)
+    probe_share: float = Field(default=0.05, gt=0, le=0.5)
+    reprobe_budget: int = Field(default=4, ge=1)
+    reprobe_backoff_max_s: float = Field(default=1200.0, gt=0)
+
+
+class ControllerPolicy(StrictModel):
+    interval_s: float = Field(default=10.0, gt=0)
+    ttl_s: float = Field(default=90.0, gt=0)
+    window_s: float = Field(default=300.0, gt=0)
+    min_samples: int = Field(default=3, ge=2)
+
+
+class ShadowPolicy(StrictModel):
+    sample_rate: float = Field(default=0.01, ge=0, le=1)
+    alpha: float = Field(default=0.01, gt=0, lt=1)
+
+
+class HeadLimits(StrictModel):
+    max_budget: int = Field(default=DEFAULT_MAX_BUDGET, ge=1)
+
+
+class Policy(StrictModel):
+    cohorts: list[CohortPolicy] = Field(min_length=1)
+    gate: GatePolicy = GatePolicy()
+    controller: ControllerPolicy = ControllerPolicy()
+    shadow: ShadowPolicy = ShadowPolicy()
+    head: HeadLimits = HeadLimits()
+
+    def cohort(self, name: str) -> CohortPolicy:
+        for cohort in self.cohorts:
+            if cohort.name == name:
+                return cohort
+        raise KeyError(f"no cohort named {name!r} in the policy")
+
+
+def _budget_problems(policy: Policy, head: HeadCapacity | None) -> list[Problem]:
+    problems = []
+    limit = policy.head.max_budget
+    for i, cohort in enumerate(policy.cohorts):
+        where = f"cohorts[{i}] '{cohort.name}'"
+        for j, budget in enumerate(cohort.budgets):
+            loc = ("cohorts", i, "budgets", j)
+            if budget > limit:
+                problems.append(Problem(loc, f"{where} budget {budget} is above head.max_budget {limit}",
+                                        f"lower it to at most {limit} or raise head.max_budget"))
+            elif head is not None and budget > head.max_nodes:
+                problems.append(Problem(
+                    loc, f"{where} budget {budget} is more nodes than head {head.source} can use "
+                    f"(block_size {head.block_size}, tree width {head.tree_width}: at most {head.max_nodes})",
+                    f"lower it to at most {head.max_nodes}"))
+        if len(set(cohort.budgets)) != len(cohort.budgets) or cohort.budgets != sorted(cohort.budgets):
+            problems.append(Problem(("cohorts", i, "budgets"),
+                                    f"{where} budgets {cohort.budgets} are not strictly increasing",
+                                    f"write {sorted(set(cohort.budgets))}"))
+        if cohort.default not in cohort.budgets:
+            problems.append(Problem(("cohorts", i, "default"),
+                                    f"{where} default {cohort.default} is not one of its budgets {cohort.budgets}",
+                                    "pick the default from the budgets list or add it there"))
+        reprobe = policy.gate.reprobe_budget
+        if 0 in cohort.budgets and len(cohort.budgets) > 1 and reprobe not in cohort.budgets:
+            problems.append(Problem(("cohorts", i, "budgets"),
+                                    f"{where} can be gated off but gate.reprobe_budget {reprobe} is not one "
+                                    f"of its budgets {cohort.budgets}",
+                                    f"add {reprobe} to its budgets or change gate.reprobe_budget"))
+    return problems
+
+
+def _timing_problems(policy: Policy) -> list[Problem]:
+    ctl = policy.controller
+    problems = []
+    if ctl.ttl_s < 3 * ctl.interval_s:
+        problems.append(Problem(("controller", "ttl_s"),
+                                f"controller.ttl_s {ctl.ttl_s} is under 3 x interval_s ({ctl.interval_s})",
+                                f"set ttl_s >= {3 * ctl.interval_s:g} so renewals land before tables expire"))
+    if ctl.window_s < ctl.min_samples * ctl.interval_s:
+        problems.append(Problem(("controller", "window_s"),
+                                f"controller.window_s {ctl.window_s} holds fewer than min_samples "
+                                f"({ctl.min_samples}) intervals of {ctl.interval_s}s",
+                                f"set window_s >= {ctl.min_samples * ctl.interval_s:g}"))
+    if policy.gate.reprobe_budget > policy.head.max_budget:
+        problems.append(Problem(("gate", "reprobe_budget"),
+                                f"gate.reprobe_budget {policy.gate.reprobe_budget} is above head.max_budget",
+                                f"use at most {policy.head.max_budget}"))
+    return problems
+
+
+def policy_problems(policy: Policy, head: HeadCapacity | None = None) -> list[Problem]:
+    """Rules across fields; `head` adds the limit of a concrete draft head checkpoint."""
+    return coverage_problems(policy.cohorts) + _budget_problems(policy, head) + _timing_problems(policy)

@@ -1,0 +1,107 @@
+"""The runtime budget table (TABLE) that a controller pushes and a server applies.
+
+Wire format, inside `POST /set_internal_state {"server_args": {"jetspec_policy": TABLE}}`:
+
+    {"cohorts": [{"name": "bs1", "min_batch": 1, "max_batch": 1, "budget": 32,
+                  "probe": {"budget": 64, "share": 0.05} | null}, ...],
+     "ttl_s": 90.0}
+
+The server validates a push with `validate_table(data, policy)` against its own YAML policy, the
+same function the controller runs before every push, so both sides agree on what is valid.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, ValidationError
+
+from policies.problems import PolicyError, Problem
+from policies.pydantic_errors import problems_from_validation_error
+from policies.schema import LABEL_PATTERN, Budget, Policy, StrictModel
+
+
+class Probe(StrictModel):
+    budget: Budget
+    share: float = Field(gt=0, le=0.5)
+
+
+class CohortBudget(StrictModel):
+    name: str = Field(min_length=1, pattern=LABEL_PATTERN)
+    min_batch: int = Field(ge=1)
+    max_batch: int = Field(ge=1)
+    budget: Budget
+    probe: Probe | None = None
+
+
+class PolicyTable(StrictModel):
+    cohorts: list[CohortBudget] = Field(min_length=1)
+    ttl_s: float = Field(gt=0)
+
+    def budgets(self) -> dict[str, int]:
+        return {c.name: c.budget for c in self.cohorts}
+
+
+class PolicyState(StrictModel):
+    """Readback: `GET /get_internal_state` returns it under the key `jetspec_policy`."""
+
+    table: PolicyTable
+    source: Literal["yaml", "pushed"]
+    expires_at: float | None
+    generation: int = Field(ge=0)
+
+
+def default_table(policy: Policy) -> PolicyTable:
+    """The table a server runs from its YAML file: each cohort's default budget, no probes."""
+    return PolicyTable(
+        cohorts=[CohortBudget(name=c.name, min_batch=c.min_batch, max_batch=c.max_batch, budget=c.default)
+                 for c in policy.cohorts],
+        ttl_s=policy.controller.ttl_s,
+    )
+
+
+def _cohort_problems(i: int, pushed: CohortBudget, policy: Policy) -> list[Problem]:
+    own = policy.cohorts[i]
+    if (pushed.name, pushed.min_batch, pushed.max_batch) != (own.name, own.min_batch, own.max_batch):
+        return [Problem(("cohorts", i, "name"),
+                        f"cohorts[{i}] is '{pushed.name}' {pushed.min_batch}..{pushed.max_batch} but the "
+                        f"server policy has '{own.name}' {own.min_batch}..{own.max_batch}",
+                        "push the cohorts of the server's policy file, in its order")]
+    problems = []
+    if pushed.budget not in own.budgets:
+        problems.append(Problem(("cohorts", i, "budget"),
+                                f"cohorts[{i}].budget {pushed.budget} is not a candidate of '{own.name}'",
+                                f"use one of {own.budgets}"))
+    probe = pushed.probe
+    if probe is not None:
+        if probe.budget not in own.budgets or probe.budget == pushed.budget:
+            problems.append(Problem(("cohorts", i, "probe", "budget"),
+                                    f"cohorts[{i}].probe.budget {probe.budget} is not another candidate "
+                                    f"of '{own.name}'", f"use one of {own.budgets} other than {pushed.budget}"))
+        if probe.share > policy.gate.probe_share:
+            problems.append(Problem(("cohorts", i, "probe", "share"),
+                                    f"cohorts[{i}].probe.share {probe.share} exceeds gate.probe_share "
+                                    f"{policy.gate.probe_share}", f"use at most {policy.gate.probe_share}"))
+    return problems
+
+
+def table_problems(table: PolicyTable, policy: Policy) -> list[Problem]:
+    if len(table.cohorts) != len(policy.cohorts):
+        return [Problem(("cohorts",), f"cohorts has {len(table.cohorts)} entries, the server policy "
+                        f"has {len(policy.cohorts)}", "push one entry per cohort of the server's policy")]
+    problems: list[Problem] = []
+    for i, cohort in enumerate(table.cohorts):
+        problems.extend(_cohort_problems(i, cohort, policy))
+    return problems
+
+
+def validate_table(data: Any, policy: Policy) -> PolicyTable:
+    """Parse and check a pushed table; raises PolicyError naming each bad field and its fix."""
+    try:
+        table = data if isinstance(data, PolicyTable) else PolicyTable.model_validate(data)
+    except ValidationError as exc:
+        raise PolicyError(problems_from_validation_error(PolicyTable, exc)) from None
+    problems = table_problems(table, policy)
+    if problems:
+        raise PolicyError(problems)
+    return table

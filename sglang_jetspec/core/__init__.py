@@ -1,0 +1,1 @@
+"""Engine-agnostic JetSpec core: pure PyTorch, never imports SGLang (tested on CPU)."""

@@ -1,0 +1,156 @@
+"""The JetSpec / DFlash draft head: a few Qwen3-style layers reading fused target hidden states.
+
+Fused context = RMSNorm(fc(concat of tapped target hidden rows)). It never enters the residual
+stream: every layer projects it with its own k_proj / v_proj (k_norm, RoPE at the rows' positions)
+and prepends it to the block's keys and values. The block is [root, MASK x (B-1)]; attention inside
+it is causal for the JetSpec head and bidirectional for the DFlash-style baseline. The head owns no
+embedding or lm_head: callers embed with the target's embedding and read logits with its lm_head.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from .head_config import HeadConfig
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin tables [..., head_dim] for integer positions, in the HF rotate-half convention."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
+    angles = positions.float().unsqueeze(-1) * inv_freq
+    emb = torch.cat([angles, angles], dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [B, H, S, D]; cos/sin [B, S, D]."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos.unsqueeze(1) + rotated * sin.unsqueeze(1)
+
+
+@dataclass
+class LayerContext:
+    """One layer's projected context keys/values: [B, H_kv, L, D] each (RoPE already applied to keys)."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+
+
+class DraftAttention(nn.Module):
+    def __init__(self, cfg: HeadConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        bias = cfg.attention_bias
+        self.q_proj = nn.Linear(cfg.hidden_size, self.num_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, cfg.hidden_size, bias=bias)
+        self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+        self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+
+    def _heads(self, x: torch.Tensor, n: int) -> torch.Tensor:
+        b, s, _ = x.shape
+        return x.view(b, s, n, self.head_dim).transpose(1, 2)
+
+    def project_kv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> LayerContext:
+        """Keys (k_norm + RoPE) and values for rows x [B, S, H]."""
+        k = apply_rope(self.k_norm(self._heads(self.k_proj(x), self.num_kv_heads)), cos, sin)
+        return LayerContext(k, self._heads(self.v_proj(x), self.num_kv_heads))
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, context: LayerContext, mask: torch.Tensor) -> torch.Tensor:
+        """x: block rows [B, S, H]; mask: bool [B, 1, S, L+S], True where a query may attend."""
+        q = apply_rope(self.q_norm(self._heads(self.q_proj(x), self.num_heads)), cos, sin)
+        own = self.project_kv(x, cos, sin)
+        k = torch.cat([context.keys, own.keys], dim=2)
+        v = torch.cat([context.values, own.values], dim=2)
+        groups = self.num_heads // self.num_kv_heads
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        out = nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return self.o_proj(out.transpose(1, 2).reshape(x.shape[0], x.shape[1], -1))
+
+
+class DraftMLP(nn.Module):
+    def __init__(self, cfg: HeadConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DraftLayer(nn.Module):
+    def __init__(self, cfg: HeadConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = DraftAttention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = DraftMLP(cfg)
+
+    def forward(self, x, cos, sin, context: LayerContext, mask) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, context, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DraftHead(nn.Module):
+    """Parameter names match the published checkpoints (layers.i.*, norm, fc, hidden_norm)."""
+
+    def __init__(self, cfg: HeadConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.fc = nn.Linear(cfg.num_taps * cfg.hidden_size, cfg.hidden_size, bias=False)
+        self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.layers = nn.ModuleList(DraftLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        return rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, dtype)
+
+    def project_context(self, tap_rows: torch.Tensor, positions: torch.Tensor) -> list[LayerContext]:
+        """Per-layer context K/V for tapped target rows [B, L, taps*H] at positions [B, L].
+
+        Rows are independent, so a cache may project new rows alone and concatenate.
+        """
+        fused = self.hidden_norm(self.fc(tap_rows))
+        cos, sin = self.rope(positions, fused.dtype)
+        return [layer.self_attn.project_kv(fused, cos, sin) for layer in self.layers]
+
+    def forward(self, block_embeds: torch.Tensor, positions: torch.Tensor, context: list[LayerContext], mask: torch.Tensor) -> torch.Tensor:
+        """Final-normed hidden states for block rows [B, S, H] at positions [B, S].
+
+        mask: bool [B, 1, S, L+S] over [context keys ; block keys].
+        """
+        cos, sin = self.rope(positions, block_embeds.dtype)
+        x = block_embeds
+        for layer, ctx in zip(self.layers, context):
+            x = layer(x, cos, sin, ctx, mask)
+        return self.norm(x)
+
+
+def block_mask(context_valid: torch.Tensor, block_size: int, causal: bool) -> torch.Tensor:
+    """bool [B, 1, S, L+S]: every block row sees the valid context; inside the block causal or full."""
+    batch, ctx_len = context_valid.shape
+    ctx = context_valid[:, None, None, :].expand(batch, 1, block_size, ctx_len)
+    inner = torch.ones(block_size, block_size, dtype=torch.bool, device=context_valid.device)
+    if causal:
+        inner = inner.tril()
+    return torch.cat([ctx, inner.expand(batch, 1, block_size, block_size)], dim=-1)

@@ -1,0 +1,150 @@
+"""Draft head configuration in the published JetSpec / DFlash layout, and its fit to a target.
+
+config.json is a plain Qwen3 config plus `block_size` and
+`dflash_config = {target_layer_ids, mask_token_id, causal_head}`; published heads load unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import MISSING, asdict, dataclass, field, fields
+
+
+_NOT_QWEN3_KEYS = ("target_layer_ids", "mask_token_id", "causal_head", "extra")
+
+
+class HeadConfigError(ValueError):
+    """A head configuration that is malformed or does not fit the target; the message names the field."""
+
+
+@dataclass(frozen=True)
+class TargetInfo:
+    """What a head must agree with, read from the target's own config."""
+
+    hidden_size: int
+    vocab_size: int
+    num_hidden_layers: int
+    rope_theta: float = 10000.0
+    max_position_embeddings: int = 8192
+
+
+def default_tap_layers(num_target_layers: int, num_taps: int) -> list[int]:
+    """Evenly spaced target layers, as the public code picks them: round(1 + i*(T-4)/(n-1))."""
+    if num_taps == 1:
+        return [num_target_layers // 2]
+    return [round(1 + i * (num_target_layers - 4) / (num_taps - 1)) for i in range(num_taps)]
+
+
+@dataclass(frozen=True)
+class HeadConfig:
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    block_size: int
+    target_layer_ids: tuple[int, ...]
+    mask_token_id: int
+    causal_head: bool = True
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    max_position_embeddings: int = 8192
+    attention_bias: bool = False
+    extra: dict = field(default_factory=dict, compare=False)  # unknown keys, kept for round trips
+
+    def __post_init__(self) -> None:
+        for name in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size", "vocab_size"):
+            if getattr(self, name) < 1:
+                raise HeadConfigError(f"{name}={getattr(self, name)}: must be a positive integer")
+        if self.block_size < 2:
+            raise HeadConfigError(f"block_size={self.block_size}: must be >= 2 (root + at least one drafted depth)")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise HeadConfigError(
+                f"num_attention_heads={self.num_attention_heads} is not a multiple of num_key_value_heads={self.num_key_value_heads}"
+            )
+        if not self.target_layer_ids:
+            raise HeadConfigError("dflash_config.target_layer_ids is empty: list the target layers the head reads")
+        if not 0 <= self.mask_token_id < self.vocab_size:
+            raise HeadConfigError(f"dflash_config.mask_token_id={self.mask_token_id}: must be a token id below vocab_size={self.vocab_size}")
+
+    @property
+    def num_taps(self) -> int:
+        return len(self.target_layer_ids)
+
+    @property
+    def max_depth(self) -> int:
+        """Deepest tree level a single draft pass predicts."""
+        return self.block_size - 1
+
+    def to_json_dict(self) -> dict:
+        d = {k: v for k, v in asdict(self).items() if k not in _NOT_QWEN3_KEYS}
+        d.update(self.extra)
+        d.update(
+            architectures=["DFlashDraftModel"],
+            model_type="qwen3",
+            dflash_config={
+                "target_layer_ids": list(self.target_layer_ids),
+                "mask_token_id": self.mask_token_id,
+                "causal_head": self.causal_head,
+            },
+            num_target_layers=self.extra.get("num_target_layers", max(self.target_layer_ids) + 1),
+        )
+        return d
+
+    @classmethod
+    def from_json_dict(cls, raw: dict) -> "HeadConfig":
+        raw = dict(raw)
+        dflash = raw.pop("dflash_config", None) or {}
+        if "block_size" not in raw:
+            raise HeadConfigError("config.json: block_size is missing (the number of positions one draft pass covers)")
+        if "mask_token_id" not in dflash:
+            raise HeadConfigError("config.json: dflash_config.mask_token_id is missing")
+        if dflash.get("target_hidden_size") not in (None, raw.get("hidden_size")):
+            raise HeadConfigError(
+                f"dflash_config.target_hidden_size={dflash['target_hidden_size']} differs from hidden_size={raw.get('hidden_size')}: "
+                "heads with a hidden-size adapter are not supported"
+            )
+        taps = dflash.get("target_layer_ids")
+        if taps is None:
+            if "num_target_layers" not in raw:
+                raise HeadConfigError("config.json: neither dflash_config.target_layer_ids nor num_target_layers is given")
+            taps = default_tap_layers(raw["num_target_layers"], raw["num_hidden_layers"])
+        own = [f for f in fields(cls) if f.name not in _NOT_QWEN3_KEYS]
+        known = {f.name for f in own}
+        if "head_dim" not in raw and "hidden_size" in raw and "num_attention_heads" in raw:
+            raw["head_dim"] = raw["hidden_size"] // raw["num_attention_heads"]  # implied, as in HF configs
+        missing = sorted(f.name for f in own if f.name not in raw and f.default is MISSING and f.default_factory is MISSING)
+        if missing:
+            raise HeadConfigError(f"config.json: missing fields {missing}")
+        values = {k: raw.pop(k) for k in list(raw) if k in known}
+        rope_scaling = raw.get("rope_scaling")
+        if rope_scaling not in (None, {}) and (rope_scaling or {}).get("rope_type", "default") != "default":
+            raise HeadConfigError(f"rope_scaling={rope_scaling}: only unscaled RoPE heads are supported")
+        extra = {k: v for k, v in raw.items() if k not in ("architectures", "model_type")}
+        return cls(
+            target_layer_ids=tuple(int(t) for t in taps),
+            mask_token_id=int(dflash["mask_token_id"]),
+            causal_head=bool(dflash.get("causal_head", False)),
+            extra=extra,
+            **values,
+        )
+
+    def check_fits(self, target: TargetInfo) -> None:
+        """Refuse a head that cannot read this target's hidden states or vocabulary."""
+        if self.hidden_size != target.hidden_size:
+            raise HeadConfigError(
+                f"head hidden_size={self.hidden_size} but target hidden_size={target.hidden_size}: "
+                "use a head trained for this target (jetspec train --target ...)"
+            )
+        if self.vocab_size != target.vocab_size:
+            raise HeadConfigError(
+                f"head vocab_size={self.vocab_size} but target vocab_size={target.vocab_size}: the head shares the "
+                "target's embedding and lm_head, so it must be trained for this target's tokenizer"
+            )
+        bad = [t for t in self.target_layer_ids if not 0 <= t < target.num_hidden_layers]
+        if bad:
+            raise HeadConfigError(
+                f"dflash_config.target_layer_ids={list(self.target_layer_ids)}: layers {bad} do not exist in a target "
+                f"with num_hidden_layers={target.num_hidden_layers}"
+            )

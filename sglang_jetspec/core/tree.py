@@ -1,0 +1,150 @@
+"""Draft token trees: best-first construction under a node budget, and the tensors verification needs.
+
+The draft gives one distribution per depth (every node at depth d shares the same top-K children).
+The tree keeps the `budget` nodes (root included) with the highest cumulative draft log-probability,
+which is the tree that maximises the expected number of accepted tokens when depths are independent.
+Ties break towards shallower nodes, then lower sibling ranks, so parents always precede children.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class TreeSpec:
+    """Shape limits of one tree. budget counts the root; width is K, the draft's top-K per depth."""
+
+    budget: int
+    max_depth: int
+    width: int
+    fanout: str = "uniform"  # "uniform" (K at every depth) or "top2gap" (fewer children when confident)
+    gap_beta: float = 1.5
+    gap_center: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.budget < 1:
+            raise ValueError(f"budget={self.budget}: must be >= 1 (1 = root only); use 0/off to skip speculation")
+        if self.max_depth < 0:
+            raise ValueError(f"max_depth={self.max_depth}: must be >= 0")
+        if self.width < 1:
+            raise ValueError(f"width={self.width}: must be >= 1 (1 = a chain)")
+        if self.fanout not in ("uniform", "top2gap"):
+            raise ValueError(f"fanout={self.fanout!r}: choose 'uniform' or 'top2gap'")
+
+
+@dataclass
+class DraftTree:
+    """Nodes in insertion order; node 0 is the root (the last committed token)."""
+
+    tokens: torch.Tensor  # [N] long
+    parents: torch.Tensor  # [N] long, -1 for the root
+    depths: torch.Tensor  # [N] long, root 0
+    ranks: torch.Tensor  # [N] long, the token's rank among its depth's top-K (root 0)
+    cum_logprobs: torch.Tensor  # [N] float, root 0
+
+    @property
+    def size(self) -> int:
+        return int(self.tokens.numel())
+
+    def positions(self, past_len: int) -> torch.Tensor:
+        """Sequence position of every node: the root sits at past_len, a depth-d node at past_len + d."""
+        return self.depths + past_len
+
+    def ancestor_mask(self) -> torch.Tensor:
+        """[N, N] bool: row i is True at every ancestor of node i and at i itself."""
+        n = self.size
+        mask = torch.zeros(n, n, dtype=torch.bool)
+        parents = self.parents.tolist()
+        for i in range(n):
+            if parents[i] >= 0:
+                mask[i] = mask[parents[i]]
+            mask[i, i] = True
+        return mask
+
+    def children(self) -> list[list[int]]:
+        """Child indices of every node, in sibling-rank order."""
+        kids: list[list[int]] = [[] for _ in range(self.size)]
+        for child, parent in enumerate(self.parents.tolist()):
+            if parent >= 0:
+                kids[parent].append(child)
+        return kids
+
+    def path_to(self, node: int) -> list[int]:
+        """Node indices from the root to `node`, both included."""
+        path = []
+        parents = self.parents.tolist()
+        while node >= 0:
+            path.append(node)
+            node = parents[node]
+        return path[::-1]
+
+
+def root_only_tree(root_token: int) -> DraftTree:
+    """The tree of budget 1: verifying it is one ordinary decoding step."""
+    zero = torch.zeros(1, dtype=torch.long)
+    return DraftTree(torch.tensor([root_token]), torch.tensor([-1]), zero, zero.clone(), torch.zeros(1))
+
+
+def top_k_per_depth(depth_logits: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-`width` tokens and their full-vocabulary log-probs for each depth row: [D, K] each."""
+    logprobs = torch.log_softmax(depth_logits.float(), dim=-1)
+    values, tokens = logprobs.topk(min(width, logprobs.shape[-1]), dim=-1)
+    return tokens, values
+
+
+def fanout_caps(top_logprobs: torch.Tensor, spec: TreeSpec) -> list[int]:
+    """Children allowed per node at each depth 1..D.
+
+    top2gap: a confident depth (large gap between its top-2 log-probs) gets fewer children,
+    cap_d = max(1, round(K * sigmoid(-beta * (gap_d - center)))).
+    """
+    depth, k = top_logprobs.shape
+    if spec.fanout == "uniform" or k < 2:
+        return [k] * depth
+    gaps = (top_logprobs[:, 0] - top_logprobs[:, 1]).tolist()
+    return [max(1, round(k / (1.0 + math.exp(spec.gap_beta * (g - spec.gap_center))))) for g in gaps]
+
+
+def build_tree(root_token: int, top_tokens: torch.Tensor, top_logprobs: torch.Tensor, spec: TreeSpec) -> DraftTree:
+    """Best-first tree from per-depth top-K candidates ([D, K] tokens and log-probs, D >= max_depth)."""
+    depth_limit = min(spec.max_depth, top_tokens.shape[0])
+    caps = fanout_caps(top_logprobs[:depth_limit, : spec.width], spec)
+    tok = top_tokens.tolist()
+    lp = top_logprobs.double().tolist()
+
+    tokens, parents, depths, ranks, cums = [root_token], [-1], [0], [0], [0.0]
+    paths: list[tuple[int, ...]] = [()]
+    # Frontier entry: (-cum, depth, rank path, parent index). Each node keeps at most two entries
+    # alive (its next sibling and its first child), so the heap stays O(budget).
+    frontier: list[tuple[float, int, tuple[int, ...], int]] = []
+
+    def push_child(parent: int, rank: int) -> None:
+        d = depths[parent] + 1
+        if d <= depth_limit and rank < caps[d - 1]:
+            heapq.heappush(frontier, (-(cums[parent] + lp[d - 1][rank]), d, paths[parent] + (rank,), parent))
+
+    push_child(0, 0)
+    while frontier and len(tokens) < spec.budget:
+        neg_cum, d, path, parent = heapq.heappop(frontier)
+        rank = path[-1]
+        tokens.append(tok[d - 1][rank])
+        parents.append(parent)
+        depths.append(d)
+        ranks.append(rank)
+        cums.append(-neg_cum)
+        paths.append(path)
+        push_child(parent, rank + 1)
+        push_child(len(tokens) - 1, 0)
+
+    return DraftTree(
+        tokens=torch.tensor(tokens, dtype=torch.long),
+        parents=torch.tensor(parents, dtype=torch.long),
+        depths=torch.tensor(depths, dtype=torch.long),
+        ranks=torch.tensor(ranks, dtype=torch.long),
+        cum_logprobs=torch.tensor(cums, dtype=torch.float64).float(),
+    )

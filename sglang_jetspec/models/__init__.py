@@ -1,0 +1,1 @@
+"""Target models the project can fetch and convert offline."""

@@ -1,0 +1,237 @@
+"""The reference engine: continuous batching of requests over a HF target, speculative or not.
+
+Every step, each running request (a lane) brings a tree: the root alone for ordinary decoding
+(budget 0 = off, or 1), or a drafted tree. One target forward verifies all trees; acceptance picks
+each lane's tokens; the KV cache keeps only the accepted path and the tapped hidden rows of the same
+nodes are appended. Invariant per lane: kv_len == tap_rows == committed_len - 1 (the newest token,
+the next root, has neither yet).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+import torch
+
+from ..core.acceptance import AcceptResult, accept_batch
+from ..core.drafter import ContextCache
+from ..core.sampling import SamplingParams, make_generator
+from ..core.tree import DraftTree, TreeSpec, build_tree, root_only_tree, top_k_per_depth
+from .kv_cache import SlotKVCache
+from .target import Segment, TargetModel
+
+
+@dataclass
+class Request:
+    prompt_ids: list[int]
+    params: SamplingParams = field(default_factory=SamplingParams)
+    request_id: str = ""
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt_ids: list[int]
+    output_ids: list[int]
+    finish_reason: str  # "eos" | "length" | "stop"
+    accept_lengths: list[int]  # committed tokens per verify step (bonus included), prefill excluded
+    text: str = ""
+
+
+@dataclass
+class StepRecord:
+    """What one verify step did; the telemetry contract's per-step fields."""
+
+    batch_size: int
+    budget: int
+    committed_tokens: int
+    accept_lengths: list[int]
+    draft_s: float
+    tree_s: float
+    verify_s: float
+    accept_s: float
+    wall_s: float
+
+
+class Drafter(Protocol):
+    max_depth: int
+
+    def propose(self, lanes: list["Lane"]) -> torch.Tensor:
+        """Per-depth draft logits [lanes, max_depth, V] for each lane's next tokens after its root."""
+
+
+@dataclass
+class EngineConfig:
+    tree_width: int = 8
+    fanout: str = "uniform"
+    acceptance: str = "match"  # "match" or "residual" for sampled requests
+    max_batch_size: int = 4
+
+
+class Lane:
+    """A running request: its committed tokens, its random stream and its tapped hidden rows."""
+
+    def __init__(self, request: Request, tokenizer, eos_ids: frozenset[int], tap_width: int, device: torch.device) -> None:
+        self.request = request
+        self.generator = make_generator(request.params.seed)
+        self.output_ids: list[int] = []
+        self.accept_lengths: list[int] = []
+        self.finish_reason: str | None = None
+        self.draft_cache = ContextCache()
+        self._tokenizer, self._eos = tokenizer, eos_ids
+        self._rows = torch.zeros(max(16, len(request.prompt_ids) * 2), tap_width, device=device)
+        self._num_rows = 0
+
+    @property
+    def params(self) -> SamplingParams:
+        return self.request.params
+
+    @property
+    def committed_ids(self) -> list[int]:
+        return self.request.prompt_ids + self.output_ids
+
+    @property
+    def root_token(self) -> int:
+        return self.committed_ids[-1]
+
+    def tap_rows(self) -> torch.Tensor:
+        return self._rows[: self._num_rows]
+
+    def append_rows(self, rows: torch.Tensor) -> None:
+        need = self._num_rows + rows.shape[0]
+        if need > self._rows.shape[0]:
+            grown = torch.zeros(2 * need, self._rows.shape[1], dtype=self._rows.dtype, device=self._rows.device)
+            grown[: self._num_rows] = self._rows[: self._num_rows]
+            self._rows = grown
+        self._rows[self._num_rows : need] = rows
+        self._num_rows = need
+
+    def commit(self, tokens: list[int]) -> int:
+        """Append tokens one by one until the request finishes; returns how many were kept."""
+        params = self.params
+        for kept, token in enumerate(tokens, start=1):
+            self.output_ids.append(token)
+            if not params.ignore_eos and token in self._eos:
+                self.finish_reason = "eos"
+            elif params.stop and any(s in self._tokenizer.decode(self.output_ids) for s in params.stop):
+                self.finish_reason = "stop"
+            elif len(self.output_ids) >= params.max_new_tokens:
+                self.finish_reason = "length"
+            if self.finish_reason:
+                return kept
+        return len(tokens)
+
+    def output(self) -> RequestOutput:
+        text = self._tokenizer.decode(self.output_ids, skip_special_tokens=True)
+        if self.finish_reason == "stop":
+            cut = min((text.find(s) for s in self.params.stop if s in text), default=len(text))
+            text = text[:cut]
+        return RequestOutput(self.request.request_id, self.request.prompt_ids, list(self.output_ids), self.finish_reason or "length", self.accept_lengths, text)
+
+
+class ReferenceEngine:
+    def __init__(self, target: TargetModel, drafter: Drafter | None = None, config: EngineConfig | None = None) -> None:
+        self.target = target
+        self.drafter = drafter
+        self.config = config or EngineConfig()
+        target.set_tap_layers(tuple(getattr(drafter, "tap_layers", ())))
+        self.tap_width = target.info.hidden_size * len(target.tap_layers)
+        self.steps: list[StepRecord] = []
+
+    def generate(self, requests: list[Request], budget: int | Callable[[int], int] = 0, on_step: Callable[[StepRecord], None] | None = None) -> list[RequestOutput]:
+        """Run every request to completion; `budget` is fixed or chosen per step from the batch size."""
+        budget_for = budget if callable(budget) else (lambda _batch, b=budget: b)
+        waiting = list(requests)
+        done: dict[int, RequestOutput] = {}
+        order = {id(r): i for i, r in enumerate(requests)}
+        cache = self.target.new_cache(lanes=0)
+        lanes: list[Lane] = []
+        while waiting or lanes:
+            while waiting and len(lanes) < self.config.max_batch_size:
+                request = waiting.pop(0)
+                lane, lane_cache = self._prefill(request)
+                if lane.finish_reason:
+                    done[order[id(request)]] = lane.output()
+                else:
+                    cache.add_lane(lane_cache)
+                    lanes.append(lane)
+            record = self.step(cache, lanes, budget_for(len(lanes)))
+            if on_step:
+                on_step(record)
+            keep = [i for i, lane in enumerate(lanes) if not lane.finish_reason]
+            for lane in lanes:
+                if lane.finish_reason:
+                    done[order[id(lane.request)]] = lane.output()
+            if len(keep) < len(lanes):
+                cache.keep_lanes(keep)
+                lanes = [lanes[i] for i in keep]
+        return [done[i] for i in range(len(requests))]
+
+    def _prefill(self, request: Request) -> tuple[Lane, SlotKVCache]:
+        if not request.prompt_ids:
+            raise ValueError(f"request {request.request_id!r}: prompt_ids is empty; give at least one token")
+        lane = Lane(request, self.target.tokenizer, self.target.eos_token_ids, self.tap_width, self.target.device)
+        cache = self.target.new_cache(lanes=1, capacity=len(request.prompt_ids) + 64)
+        out = self.target.forward(cache, [Segment.chain(request.prompt_ids, 0)])
+        n = len(request.prompt_ids)
+        cache.commit(0, list(range(n)))
+        if out.taps is not None:
+            lane.append_rows(out.taps[0, :n])
+        last = self.target.logits(out.hidden[:, n - 1 : n])
+        first = accept_batch([root_only_tree(request.prompt_ids[-1])], last, [request.params], [lane.generator], self.config.acceptance)[0]
+        lane.commit(first.tokens)
+        return lane, cache
+
+    def _trees(self, lanes: list[Lane], budget: int) -> tuple[list[DraftTree], float, float]:
+        if budget <= 1 or self.drafter is None:
+            if budget > 1:
+                raise ValueError(f"budget={budget} needs a drafter; pass a head (or use budget 0 for ordinary decoding)")
+            return [root_only_tree(lane.root_token) for lane in lanes], 0.0, 0.0
+        t0 = time.perf_counter()
+        depth_logits = self.drafter.propose(lanes)
+        t1 = time.perf_counter()
+        spec = TreeSpec(budget=budget, max_depth=self.drafter.max_depth, width=self.config.tree_width, fanout=self.config.fanout)
+        trees = []
+        for lane, logits in zip(lanes, depth_logits):
+            tokens, logprobs = top_k_per_depth(logits, spec.width)
+            trees.append(build_tree(lane.root_token, tokens, logprobs, spec))
+        return trees, t1 - t0, time.perf_counter() - t1
+
+    def step(self, cache: SlotKVCache, lanes: list[Lane], budget: int) -> StepRecord:
+        t_start = time.perf_counter()
+        trees, draft_s, tree_s = self._trees(lanes, budget)
+        t_verify = time.perf_counter()
+        segments = [
+            Segment(tree.tokens, tree.positions(int(cache.lengths[b])), tree.ancestor_mask()) for b, tree in enumerate(trees)
+        ]
+        out = self.target.forward(cache, segments)
+        logits = self.target.logits(out.hidden)
+        t_accept = time.perf_counter()
+        results = accept_batch(trees, logits, [l.params for l in lanes], [l.generator for l in lanes], self.config.acceptance)
+        committed = self._commit(cache, lanes, results, out.taps)
+        t_end = time.perf_counter()
+        record = StepRecord(
+            batch_size=len(lanes),
+            budget=budget,
+            committed_tokens=committed,
+            accept_lengths=[r.accept_length for r in results],
+            draft_s=draft_s,
+            tree_s=tree_s,
+            verify_s=t_accept - t_verify,
+            accept_s=t_end - t_accept,
+            wall_s=t_end - t_start,
+        )
+        self.steps.append(record)
+        return record
+
+    def _commit(self, cache: SlotKVCache, lanes: list[Lane], results: list[AcceptResult], taps: torch.Tensor | None) -> int:
+        committed = 0
+        for b, (lane, result) in enumerate(zip(lanes, results)):
+            cache.commit(b, result.path)
+            if taps is not None:
+                lane.append_rows(taps[b, result.path])
+            lane.accept_lengths.append(result.accept_length)
+            committed += lane.commit(result.tokens)
+        return committed

@@ -1,0 +1,154 @@
+"""The target model for the reference engine: any local HF Llama- or Qwen3-family checkpoint.
+
+One forward call serves prefill, ordinary decoding and tree verification: every lane brings some
+new tokens with their positions and a mask among them (causal chain, a single token, or a tree's
+ancestor-or-self mask); all see their lane's committed prefix. The call also returns the hidden
+states of the head's tap layers for every new token.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from ..core.head_config import TargetInfo
+from .kv_cache import SlotKVCache
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen3", "qwen2")
+
+
+class TargetError(ValueError):
+    """A target directory that cannot be used; the message names what to fix."""
+
+
+@dataclass
+class Segment:
+    """New tokens for one lane: ids [n], positions [n], mask [n, n] (True = may attend)."""
+
+    ids: torch.Tensor
+    positions: torch.Tensor
+    mask: torch.Tensor
+
+    @classmethod
+    def chain(cls, ids: list[int], start: int) -> "Segment":
+        n = len(ids)
+        return cls(torch.tensor(ids), torch.arange(start, start + n), torch.ones(n, n, dtype=torch.bool).tril())
+
+
+@dataclass
+class ForwardOutput:
+    hidden: torch.Tensor  # [lanes, n_max, H] final-normed hidden states
+    taps: torch.Tensor | None  # [lanes, n_max, taps*H] tapped decoder-layer outputs (pre final norm)
+
+
+def read_target_config(target_dir: str | Path) -> dict:
+    path = Path(target_dir) / "config.json"
+    if not path.is_file():
+        raise TargetError(f"{target_dir}: no config.json; pass a Hugging Face checkpoint directory (or run `jetspec model fetch smollm2`)")
+    cfg = json.loads(path.read_text())
+    model_type = cfg.get("model_type")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise TargetError(f"{path}: model_type={model_type!r} is not supported; use a Llama- or Qwen3-family model ({', '.join(SUPPORTED_MODEL_TYPES)})")
+    return cfg
+
+
+class TargetModel:
+    def __init__(self, target_dir: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> None:
+        self.path = Path(target_dir)
+        read_target_config(self.path)
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.model = AutoModelForCausalLM.from_pretrained(str(self.path), dtype=dtype, attn_implementation="sdpa").to(self.device).eval()
+        self.tokenizer = AutoTokenizer.from_pretrained(str(self.path))
+        cfg = self.model.config
+        self.info = TargetInfo(
+            hidden_size=cfg.hidden_size,
+            vocab_size=cfg.vocab_size,
+            num_hidden_layers=cfg.num_hidden_layers,
+            rope_theta=float(getattr(cfg, "rope_theta", None) or (getattr(cfg, "rope_parameters", None) or {}).get("rope_theta", 10000.0)),
+            max_position_embeddings=cfg.max_position_embeddings,
+        )
+        self.eos_token_ids = self._eos_ids()
+        self._tap_layers: tuple[int, ...] = ()
+        self._captured: dict[int, torch.Tensor] = {}
+        self._hooks: list = []
+
+    @property
+    def embed_tokens(self) -> torch.nn.Module:
+        return self.model.get_input_embeddings()
+
+    @property
+    def lm_head(self) -> torch.nn.Module:
+        return self.model.get_output_embeddings()
+
+    def _eos_ids(self) -> frozenset[int]:
+        ids: set[int] = set()
+        for source in (self.model.config, getattr(self.model, "generation_config", None)):
+            value = getattr(source, "eos_token_id", None) if source is not None else None
+            if isinstance(value, int):
+                ids.add(value)
+            elif value:
+                ids.update(value)
+        if self.tokenizer.eos_token_id is not None:
+            ids.add(self.tokenizer.eos_token_id)
+        return frozenset(ids)
+
+    @property
+    def tap_layers(self) -> tuple[int, ...]:
+        return self._tap_layers
+
+    def set_tap_layers(self, layers: tuple[int, ...]) -> None:
+        """Capture the outputs of these decoder layers (HF hidden_states[L + 1]) on every forward."""
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks, self._tap_layers = [], tuple(layers)
+        decoder_layers = self.model.model.layers
+        for layer in self._tap_layers:
+            def capture(_module, _inputs, output, layer=layer):
+                self._captured[layer] = output[0] if isinstance(output, tuple) else output
+            self._hooks.append(decoder_layers[layer].register_forward_hook(capture))
+
+    def new_cache(self, lanes: int = 1, capacity: int = 256) -> SlotKVCache:
+        return SlotKVCache(self.model.config.num_hidden_layers, lanes=lanes, capacity=capacity)
+
+    @torch.no_grad()
+    def forward(self, cache: SlotKVCache, segments: list[Segment]) -> ForwardOutput:
+        """Run new tokens for every lane of `cache` (one segment per lane, in lane order)."""
+        if len(segments) != cache.lanes:
+            raise ValueError(f"{len(segments)} segments for {cache.lanes} lanes")
+        n_max = max(int(s.ids.numel()) for s in segments)
+        cache.prepare_write(n_max)
+        visible = cache.visible_len
+        lanes = len(segments)
+        ids = torch.zeros(lanes, n_max, dtype=torch.long)
+        positions = torch.zeros(lanes, n_max, dtype=torch.long)
+        mask = torch.zeros(lanes, 1, n_max, visible, dtype=torch.bool)
+        for b, seg in enumerate(segments):
+            n, start = int(seg.ids.numel()), int(cache.lengths[b])
+            ids[b, :n] = seg.ids
+            positions[b, :n] = seg.positions
+            positions[b, n:] = int(seg.positions[-1]) if n else start
+            mask[b, 0, :n, :start] = True
+            mask[b, 0, :n, start : start + n] = seg.mask
+            # Padding queries attend only to their own slot so no softmax row is empty.
+            pad = torch.arange(n, n_max)
+            mask[b, 0, pad, start + pad] = True
+        self._captured.clear()
+        out = self.model.model(
+            input_ids=ids.to(self.device),
+            position_ids=positions.to(self.device),
+            attention_mask=mask.to(self.device),
+            past_key_values=cache,
+            use_cache=True,
+        )
+        taps = None
+        if self._tap_layers:
+            taps = torch.cat([self._captured[layer] for layer in self._tap_layers], dim=-1)
+        return ForwardOutput(hidden=out.last_hidden_state, taps=taps)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden).float()
