@@ -45,16 +45,14 @@ class _PaddedTrees:
     @classmethod
     def from_trees(cls, trees: list[DraftTree]) -> "_PaddedTrees":
         batch, n = len(trees), max(t.size for t in trees)
-        children = [t.children() for t in trees]
-        k = max(1, max(len(c) for kids in children for c in kids))
+        k = max(t.child_table.shape[1] for t in trees)
         tokens = torch.zeros(batch, n, dtype=torch.long)
         child_index = torch.full((batch, n, k), -1, dtype=torch.long)
-        for b, (tree, kids) in enumerate(zip(trees, children)):
+        for b, tree in enumerate(trees):
             tokens[b, : tree.size] = tree.tokens
-            for node, ks in enumerate(kids):
-                child_index[b, node, : len(ks)] = torch.tensor(ks, dtype=torch.long)
+            child_index[b, : tree.size, : tree.child_table.shape[1]] = tree.child_table
         child_token = torch.where(child_index >= 0, tokens.gather(1, child_index.clamp(min=0).flatten(1)).view_as(child_index), -1)
-        return cls(tokens, child_index, child_token, max(int(t.depths.max()) for t in trees))
+        return cls(tokens, child_index, child_token, max(t.max_depth for t in trees))
 
 
 def sample_from_probs(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
@@ -166,17 +164,23 @@ def accept_batch(
         probs = node_probs(logits, params)
 
     residual_rows = [] if method == "match" else [b for b in range(batch) if not greedy[b]]
-    match_rows = [b for b in range(batch) if b not in set(residual_rows)]
+    residual_set = set(residual_rows)
+    match_rows = [b for b in range(batch) if b not in residual_set]
     results: list[AcceptResult | None] = [None] * batch
 
     if match_rows:
         idx = torch.tensor(match_rows)
         sub = _subset(padded, idx)
         sub_choice = choice[idx].clone()
-        for j, b in enumerate(match_rows):
-            if not greedy[b]:
-                u = torch.rand(trees[b].size, generator=generators[b], dtype=torch.float64)
-                sub_choice[j, : trees[b].size] = sample_from_probs(probs[b, : trees[b].size], u)
+        sampled = [j for j, b in enumerate(match_rows) if not greedy[b]]
+        if sampled:
+            # one uniform per node of the request's own tree, from its own generator
+            uniforms = torch.zeros(len(sampled), sub.tokens.shape[1], dtype=torch.float64)
+            for i, j in enumerate(sampled):
+                b = match_rows[j]
+                uniforms[i, : trees[b].size] = torch.rand(trees[b].size, generator=generators[b], dtype=torch.float64)
+            rows = torch.tensor([match_rows[j] for j in sampled])
+            sub_choice[torch.tensor(sampled)] = sample_from_probs(probs[rows], uniforms)
         path, last = _walk_matching(sub, sub_choice)
         finals = sub_choice[torch.arange(len(match_rows)), last]
         for j, b in enumerate(match_rows):
@@ -197,8 +201,7 @@ def _residual_uniforms(padded: _PaddedTrees, trees: list[DraftTree], generators:
     k = padded.child_index.shape[-1]
     out = torch.zeros(len(trees), padded.max_depth + 1, k + 1, dtype=torch.float64)
     for b, (tree, gen) in enumerate(zip(trees, generators)):
-        depth = int(tree.depths.max())
-        fanout = max(1, max(len(c) for c in tree.children()))
+        depth, fanout = tree.max_depth, tree.child_table.shape[1]
         u = torch.rand(depth + 1, fanout + 1, generator=gen, dtype=torch.float64)
         out[b, : depth + 1, :fanout] = u[:, :fanout]
         out[b, : depth + 1, k] = u[:, fanout]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -73,6 +74,19 @@ class DraftTree:
             if parent >= 0:
                 kids[parent].append(child)
         return kids
+
+    @cached_property
+    def child_table(self) -> torch.Tensor:
+        """[N, K] child indices in sibling-rank order, -1 padded; K = the largest fanout (at least 1)."""
+        kids = self.children()
+        table = torch.full((self.size, max(1, max(len(k) for k in kids))), -1, dtype=torch.long)
+        for node, ks in enumerate(kids):
+            table[node, : len(ks)] = torch.tensor(ks, dtype=torch.long)
+        return table
+
+    @property
+    def max_depth(self) -> int:
+        return int(self.depths.max())
 
     def path_to(self, node: int) -> list[int]:
         """Node indices from the root to `node`, both included."""

@@ -68,6 +68,7 @@ class EngineConfig:
     fanout: str = "uniform"
     acceptance: str = "match"  # "match" or "residual" for sampled requests
     max_batch_size: int = 4
+    check_invariants: bool = False  # verify KV / hidden-row bookkeeping after every step (debugging, tests)
 
 
 class Lane:
@@ -148,6 +149,7 @@ class ReferenceEngine:
         order = {id(r): i for i, r in enumerate(requests)}
         cache = self.target.new_cache(lanes=0)
         lanes: list[Lane] = []
+        self.live = (cache, lanes)  # the running state, for inspection between steps
         while waiting or lanes:
             while waiting and len(lanes) < self.config.max_batch_size:
                 request = waiting.pop(0)
@@ -158,6 +160,8 @@ class ReferenceEngine:
                     cache.add_lane(lane_cache)
                     lanes.append(lane)
             record = self.step(cache, lanes, budget_for(len(lanes)))
+            if self.config.check_invariants:
+                check_invariants(cache, lanes)
             if on_step:
                 on_step(record)
             keep = [i for i, lane in enumerate(lanes) if not lane.finish_reason]
@@ -166,7 +170,7 @@ class ReferenceEngine:
                     done[order[id(lane.request)]] = lane.output()
             if len(keep) < len(lanes):
                 cache.keep_lanes(keep)
-                lanes = [lanes[i] for i in keep]
+                lanes[:] = [lanes[i] for i in keep]
         return [done[i] for i in range(len(requests))]
 
     def _prefill(self, request: Request) -> tuple[Lane, SlotKVCache]:
@@ -235,3 +239,22 @@ class ReferenceEngine:
             lane.accept_lengths.append(result.accept_length)
             committed += lane.commit(result.tokens)
         return committed
+
+
+class InvariantError(AssertionError):
+    pass
+
+
+def check_invariants(cache: SlotKVCache, lanes: list[Lane]) -> None:
+    """Per running lane: kv_len == tap rows == committed_len - 1, and no slot past kv_len holds state."""
+    if cache.lanes != len(lanes):
+        raise InvariantError(f"cache has {cache.lanes} lanes for {len(lanes)} running requests")
+    for b, lane in enumerate(lanes):
+        kv_len, committed = int(cache.lengths[b]), len(lane.committed_ids)
+        if kv_len != committed - 1:
+            raise InvariantError(f"lane {b}: kv_len {kv_len} != committed_len - 1 = {committed - 1}")
+        if lane.tap_rows().shape[0] not in (0, kv_len):
+            raise InvariantError(f"lane {b}: {lane.tap_rows().shape[0]} tapped rows for kv_len {kv_len}")
+        for layer in cache.layers:
+            if layer.keys[b, :, kv_len:].abs().sum() or layer.values[b, :, kv_len:].abs().sum():
+                raise InvariantError(f"lane {b}: state left in slots past kv_len {kv_len} (rejected nodes not cleared)")

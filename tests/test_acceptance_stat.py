@@ -1,0 +1,140 @@
+"""Stochastic acceptance is lossless: emitted tokens follow the processed target distribution exactly.
+
+A toy target over a 6-token vocabulary whose next-token logits are a fixed function of the context,
+and a toy draft that disagrees with it, so trees see both accepts and rejects. Each simulated request
+runs speculative steps until it has two tokens; the joint frequency of (x1, x2) over 120,000 draws
+must match p(x1) p(x2 | x1) under the request's processed distribution (chi-square, p > 1e-3).
+Deliberately broken acceptors must fail the same test; they stay here as mutation checks.
+"""
+
+import itertools
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from sglang_jetspec.core import acceptance
+from sglang_jetspec.core.acceptance import accept_batch
+from sglang_jetspec.core.sampling import SamplingParams, make_generator, processed_probs
+from sglang_jetspec.core.tree import TreeSpec, build_tree, top_k_per_depth
+
+VOCAB = 6
+DRAWS = 120_000
+ROOT = 0
+
+
+def target_logits(context: tuple[int, ...]) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(hash(context) % (2**31))
+    return torch.randn(VOCAB, generator=gen) * 1.5
+
+
+def draft_tree(context: tuple[int, ...]):
+    """Depth-2 top-3 tree from a draft that is a noisy copy of the target at depth 1 and blind at depth 2."""
+    gen = torch.Generator().manual_seed(1000 + hash(context) % 997)
+    depth_logits = torch.stack([target_logits(context) + torch.randn(VOCAB, generator=gen), torch.randn(VOCAB, generator=gen)])
+    tokens, logprobs = top_k_per_depth(depth_logits, 3)
+    return build_tree(context[-1], tokens, logprobs, TreeSpec(budget=8, max_depth=2, width=3))
+
+
+def tree_logits(context, tree) -> torch.Tensor:
+    """Target logits at every node: the node's context is the request context plus its path's tokens."""
+    paths = [tuple(int(tree.tokens[i]) for i in tree.path_to(n)[1:]) for n in range(tree.size)]
+    return torch.stack([target_logits(context + p) for p in paths])
+
+
+def simulate(params: SamplingParams, method: str, draws: int = DRAWS) -> torch.Tensor:
+    """Counts [V, V] of the first two emitted tokens over `draws` independent requests."""
+    contexts = [(ROOT,)] * draws
+    emitted: list[list[int]] = [[] for _ in range(draws)]
+    generators = [make_generator(seed) for seed in range(draws)]
+    pending = list(range(draws))
+    cache = {}
+    while pending:
+        trees, logits = [], []
+        for r in pending:
+            ctx = contexts[r] + tuple(emitted[r])
+            if ctx not in cache:
+                tree = draft_tree(ctx)
+                cache[ctx] = (tree, tree_logits(ctx, tree))
+            trees.append(cache[ctx][0])
+            logits.append(cache[ctx][1])
+        n = max(t.size for t in trees)
+        batch = torch.full((len(trees), n, VOCAB), -1e9)
+        for b, l in enumerate(logits):
+            batch[b, : l.shape[0]] = l
+        results = accept_batch(trees, batch, [params] * len(trees), [generators[r] for r in pending], method)
+        for r, res in zip(pending, results):
+            emitted[r].extend(res.tokens)
+        pending = [r for r in pending if len(emitted[r]) < 2]
+    counts = torch.zeros(VOCAB, VOCAB)
+    for e in emitted:
+        counts[e[0], e[1]] += 1
+    return counts
+
+
+def expected_joint(params: SamplingParams) -> torch.Tensor:
+    p1 = processed_probs(target_logits((ROOT,)), params).double()
+    rows = [p1[a] * processed_probs(target_logits((ROOT, a)), params).double() for a in range(VOCAB)]
+    return torch.stack(rows)
+
+
+def lossless_pvalue(params: SamplingParams, method: str) -> float:
+    counts = simulate(params, method).double().flatten()
+    probs = expected_joint(params).flatten()
+    if counts[probs == 0].sum() > 0:
+        return 0.0  # a token the processed distribution forbids was emitted
+    support = probs > 0
+    return float(chisquare(counts[support], probs[support] / probs[support].sum() * counts.sum()).pvalue)
+
+
+SETTINGS = [
+    SamplingParams(temperature=1.0),
+    SamplingParams(temperature=0.7, top_p=0.8),
+    SamplingParams(temperature=1.3, top_k=3),
+    SamplingParams(temperature=1.0, min_p=0.15),
+    SamplingParams(temperature=0.9, top_k=4, top_p=0.9, min_p=0.05),
+]
+
+
+def test_toy_exercises_accepts_and_rejects():
+    params = SETTINGS[0]
+    tree = draft_tree((ROOT,))
+    lengths = [r.accept_length for r in accept_batch([tree] * 2000, tree_logits((ROOT,), tree).expand(2000, -1, -1), [params] * 2000, [make_generator(s) for s in range(2000)])]
+    assert {1, 2, 3} <= set(lengths)
+
+
+@pytest.mark.parametrize("method", ["match", "residual"])
+@pytest.mark.parametrize("params", SETTINGS, ids=lambda p: f"T{p.temperature}-p{p.top_p}-k{p.top_k}-m{p.min_p}")
+def test_emitted_tokens_follow_processed_target(params, method):
+    assert lossless_pvalue(params, method) > 1e-3
+
+
+def test_seeded_requests_reproduce():
+    params = SamplingParams(temperature=1.0, seed=5)
+    tree = draft_tree((ROOT,))
+    logits = tree_logits((ROOT,), tree).unsqueeze(0)
+    for method in ("match", "residual"):
+        a = [accept_batch([tree], logits, [params], [make_generator(5)], method)[0].tokens for _ in range(3)]
+        assert a[0] == a[1] == a[2]
+
+
+# --- mutation checks: each broken acceptor must be caught by the same statistical test ---------
+
+
+def test_catches_top_p_ignored_on_the_target_side(monkeypatch):
+    from dataclasses import replace
+
+    monkeypatch.setattr(acceptance, "processed_probs", lambda logits, p: processed_probs(logits, replace(p, top_p=1.0)))
+    assert lossless_pvalue(SamplingParams(temperature=0.7, top_p=0.8), "match") < 1e-3
+
+
+def test_catches_residual_step_skipped(monkeypatch):
+    monkeypatch.setattr(acceptance, "reject_token", lambda probs, rows, tokens: None)
+    assert lossless_pvalue(SamplingParams(temperature=1.0), "residual") < 1e-3
+
+
+def test_catches_accepting_draft_tokens_without_a_check(monkeypatch):
+    # an acceptor that trusts the draft: every drafted child matches
+    original = acceptance._walk_matching
+    monkeypatch.setattr(acceptance, "_walk_matching", lambda padded, choice: original(padded, torch.where(padded.child_token[:, :, 0] >= 0, padded.child_token[:, :, 0], choice)))
+    assert lossless_pvalue(SamplingParams(temperature=1.0), "match") < 1e-3

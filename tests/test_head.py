@@ -1,0 +1,141 @@
+"""Draft head: published layout round trip, refusal of heads that do not fit, attention masks, context cache."""
+
+import json
+
+import pytest
+import torch
+
+from sglang_jetspec.core.drafter import ContextCache
+from sglang_jetspec.core.head import block_mask
+from sglang_jetspec.core.head_config import HeadConfig, HeadConfigError, TargetInfo, default_tap_layers
+from sglang_jetspec.core.head_io import init_head, load_head, read_head_config, save_head
+
+TARGET = TargetInfo(hidden_size=64, vocab_size=100, num_hidden_layers=8, rope_theta=10000.0)
+
+
+def tiny_config(**overrides) -> HeadConfig:
+    values = dict(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        intermediate_size=128, vocab_size=100, block_size=6, target_layer_ids=(1, 3, 5), mask_token_id=99, causal_head=True,
+    )
+    values.update(overrides)
+    return HeadConfig(**values)
+
+
+PUBLISHED_KEYS = {
+    "fc.weight", "hidden_norm.weight", "norm.weight",
+    *(f"layers.{i}.{name}" for i in range(2) for name in (
+        "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
+        "self_attn.q_norm.weight", "self_attn.k_norm.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
+        "mlp.down_proj.weight", "input_layernorm.weight", "post_attention_layernorm.weight",
+    )),
+}
+
+
+def test_published_layout_round_trip(tmp_path):
+    head = init_head(tiny_config(), seed=3)
+    save_head(head, tmp_path)
+    raw = json.loads((tmp_path / "config.json").read_text())
+    assert raw["architectures"] == ["DFlashDraftModel"] and raw["model_type"] == "qwen3"
+    assert raw["block_size"] == 6
+    assert raw["dflash_config"] == {"target_layer_ids": [1, 3, 5], "mask_token_id": 99, "causal_head": True}
+    from safetensors.torch import load_file
+
+    assert set(load_file(str(tmp_path / "model.safetensors"))) == PUBLISHED_KEYS
+    loaded = load_head(tmp_path, TARGET)
+    for key, value in head.state_dict().items():
+        assert torch.equal(value, loaded.state_dict()[key])
+    assert read_head_config(tmp_path) == head.config
+
+
+def test_loads_a_published_style_checkpoint_with_model_prefix_and_default_taps(tmp_path):
+    head = init_head(tiny_config(), seed=1)
+    from safetensors.torch import save_file
+
+    save_file({f"model.{k}": v for k, v in head.state_dict().items()} | {"embed_tokens.weight": torch.zeros(100, 64)}, str(tmp_path / "model.safetensors"))
+    raw = head.config.to_json_dict()
+    raw["num_target_layers"] = 8
+    del raw["dflash_config"]["target_layer_ids"]
+    del raw["head_dim"]
+    raw["dflash_config"]["causal_head"] = False
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    cfg = read_head_config(tmp_path)
+    assert cfg.target_layer_ids == tuple(default_tap_layers(8, 2)) == (1, 5)
+    assert cfg.head_dim == 16 and cfg.causal_head is False
+
+
+@pytest.mark.parametrize(
+    "target, field",
+    [
+        (TargetInfo(hidden_size=32, vocab_size=100, num_hidden_layers=8), "hidden_size"),
+        (TargetInfo(hidden_size=64, vocab_size=120, num_hidden_layers=8), "vocab_size"),
+        (TargetInfo(hidden_size=64, vocab_size=100, num_hidden_layers=4), "target_layer_ids"),
+    ],
+)
+def test_head_that_does_not_fit_is_refused_naming_the_field(tmp_path, target, field):
+    save_head(init_head(tiny_config()), tmp_path)
+    with pytest.raises(HeadConfigError, match=field):
+        load_head(tmp_path, target)
+
+
+@pytest.mark.parametrize(
+    "edit, field",
+    [
+        (lambda raw: raw.pop("block_size"), "block_size"),
+        (lambda raw: raw["dflash_config"].pop("mask_token_id"), "mask_token_id"),
+        (lambda raw: raw["dflash_config"].update(mask_token_id=500), "mask_token_id"),
+        (lambda raw: raw.update(num_key_value_heads=3), "num_key_value_heads"),
+        (lambda raw: raw.update(intermediate_size=256), "mlp"),  # weights no longer match the config
+    ],
+)
+def test_malformed_head_directory_is_refused(tmp_path, edit, field):
+    save_head(init_head(tiny_config()), tmp_path)
+    raw = json.loads((tmp_path / "config.json").read_text())
+    edit(raw)
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(HeadConfigError, match=field):
+        load_head(tmp_path, TARGET)
+
+
+def test_missing_directory_names_config_json(tmp_path):
+    with pytest.raises(HeadConfigError, match="config.json"):
+        load_head(tmp_path / "nope")
+
+
+def _forward(head, block):
+    torch.manual_seed(0)
+    rows = torch.randn(1, 7, 3 * 64)
+    context = head.project_context(rows, torch.arange(7).unsqueeze(0))
+    valid = torch.ones(1, 7, dtype=torch.bool)
+    positions = 7 + torch.arange(block.shape[1]).unsqueeze(0)
+    return head(block, positions, context, block_mask(valid, block.shape[1], head.config.causal_head))
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_in_block_attention_is_causal_only_for_the_jetspec_head(causal):
+    head = init_head(tiny_config(causal_head=causal), seed=2)
+    block = torch.randn(1, 6, 64)
+    changed = block.clone()
+    changed[0, 4] += 1.0  # perturb a late block row
+    a, b = _forward(head, block), _forward(head, changed)
+    assert torch.allclose(a[0, :4], b[0, :4], atol=1e-6) is causal
+    assert not torch.allclose(a[0, 4:], b[0, 4:])
+
+
+def test_block_mask_layout():
+    valid = torch.tensor([[True, True, False]])
+    causal = block_mask(valid, 3, causal=True)[0, 0]
+    assert causal.tolist() == [[True, True, False, True, False, False], [True, True, False, True, True, False], [True, True, False, True, True, True]]
+    assert block_mask(valid, 3, causal=False)[0, 0, :, 3:].all()
+
+
+def test_context_cache_grows_incrementally_like_a_full_projection():
+    head = init_head(tiny_config(), seed=4)
+    rows = torch.randn(9, 3 * 64)
+    cache = ContextCache()
+    cache.sync(head, rows[:4])
+    cache.sync(head, rows[:9])
+    full = head.project_context(rows.unsqueeze(0), torch.arange(9).unsqueeze(0))
+    for mine, ref in zip(cache.layers, full):
+        assert torch.allclose(mine.keys, ref.keys, atol=1e-6) and torch.allclose(mine.values, ref.values, atol=1e-6)
+    assert cache.length == 9

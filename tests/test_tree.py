@@ -1,0 +1,106 @@
+"""Tree construction against a brute-force enumeration of every candidate node."""
+
+import itertools
+import math
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sglang_jetspec.core.tree import TreeSpec, build_tree, fanout_caps, root_only_tree, top_k_per_depth
+
+
+def brute_force_paths(top_logprobs: torch.Tensor, spec: TreeSpec) -> list[tuple[int, ...]]:
+    """Every node of the capped K-ary tree, sorted by (-cum logprob, depth, rank path); the first budget-1."""
+    depth = min(spec.max_depth, top_logprobs.shape[0])
+    caps = fanout_caps(top_logprobs[:depth, : spec.width], spec)
+    lp = top_logprobs.double().tolist()
+    nodes = []
+    for d in range(1, depth + 1):
+        for path in itertools.product(*[range(caps[i]) for i in range(d)]):
+            cum = sum(lp[i][r] for i, r in enumerate(path))
+            nodes.append((-cum, d, path))
+    nodes.sort()
+    return [p for _, _, p in nodes[: spec.budget - 1]]
+
+
+def tree_paths(tree) -> list[tuple[int, ...]]:
+    ranks, parents = tree.ranks.tolist(), tree.parents.tolist()
+    paths: list[tuple[int, ...]] = [()]
+    for i in range(1, tree.size):
+        paths.append(paths[parents[i]] + (ranks[i],))
+    return paths[1:]
+
+
+@st.composite
+def draft_and_spec(draw):
+    depth = draw(st.integers(1, 5))
+    vocab = draw(st.integers(2, 9))
+    width = draw(st.integers(1, vocab))
+    # coarse logits make exact ties in cumulative log-prob likely, which the ordering must handle
+    logits = torch.tensor(draw(st.lists(st.lists(st.integers(-3, 3), min_size=vocab, max_size=vocab), min_size=depth, max_size=depth)), dtype=torch.float32)
+    spec = TreeSpec(
+        budget=draw(st.integers(1, 60)),
+        max_depth=draw(st.integers(0, depth + 1)),
+        width=width,
+        fanout=draw(st.sampled_from(["uniform", "top2gap"])),
+    )
+    return logits, spec
+
+
+@settings(max_examples=300, deadline=None)
+@given(draft_and_spec())
+def test_best_first_equals_brute_force(case):
+    logits, spec = case
+    tokens, logprobs = top_k_per_depth(logits, spec.width)
+    tree = build_tree(7, tokens, logprobs, spec)
+    expected = brute_force_paths(logprobs, spec)
+    assert tree_paths(tree) == expected
+    assert tree.size == 1 + len(expected) <= spec.budget
+    assert int(tree.tokens[0]) == 7 and int(tree.parents[0]) == -1
+
+
+@settings(max_examples=200, deadline=None)
+@given(draft_and_spec())
+def test_tree_tensors_are_consistent(case):
+    logits, spec = case
+    tokens, logprobs = top_k_per_depth(logits, spec.width)
+    tree = build_tree(3, tokens, logprobs, spec)
+    parents, depths = tree.parents.tolist(), tree.depths.tolist()
+    anc = tree.ancestor_mask()
+    for i in range(1, tree.size):
+        p = parents[i]
+        assert 0 <= p < i, "parents precede children"
+        assert depths[i] == depths[p] + 1
+        assert int(tree.tokens[i]) == int(tokens[depths[i] - 1, tree.ranks[i]])
+        assert math.isclose(float(tree.cum_logprobs[i]), float(tree.cum_logprobs[p] + logprobs[depths[i] - 1, tree.ranks[i]]), abs_tol=1e-5)
+    for i in range(tree.size):
+        path = set(tree.path_to(i))
+        assert {j for j in range(tree.size) if anc[i, j]} == path
+    siblings = {}
+    for i in range(1, tree.size):
+        siblings.setdefault(parents[i], []).append(int(tree.tokens[i]))
+    assert all(len(v) == len(set(v)) for v in siblings.values()), "sibling tokens are distinct"
+    assert tree.positions(10).tolist() == [10 + d for d in depths]
+
+
+def test_budget_counts_root_and_chain_for_width_one():
+    logits = torch.randn(6, 20)
+    tokens, logprobs = top_k_per_depth(logits, 1)
+    tree = build_tree(5, tokens, logprobs, TreeSpec(budget=4, max_depth=6, width=1))
+    assert tree.size == 4
+    assert tree.parents.tolist() == [-1, 0, 1, 2]
+    assert tree.tokens[1:].tolist() == tokens[:3, 0].tolist()
+
+
+def test_root_only_tree():
+    tree = root_only_tree(11)
+    assert tree.size == 1 and tree.tokens.tolist() == [11] and tree.ancestor_mask().tolist() == [[True]]
+
+
+def test_top2gap_caps_narrow_confident_depths():
+    # depth 1: confident (gap 6) -> 1 child; depth 2: flat (gap 0) -> more than half of K
+    logprobs = torch.tensor([[0.0, -6.0, -7.0, -8.0], [-1.0, -1.0, -1.0, -1.0]])
+    caps = fanout_caps(logprobs, TreeSpec(budget=10, max_depth=2, width=4, fanout="top2gap"))
+    assert caps == [1, 3]
+    assert fanout_caps(logprobs, TreeSpec(budget=10, max_depth=2, width=4)) == [4, 4]
