@@ -1,0 +1,94 @@
+"""The main job without a GPU: the same prompts decoded autoregressively and with JETSPEC, side by side.
+
+Both runs use the same reference engine, target, prompts, batch size and sampling; the report gives
+tokens/s for each, the speedup, JETSPEC's mean accept length (committed tokens per verify, bonus
+included) and, for greedy decoding, how many outputs differ (0 expected in fp32).
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+
+from .core.sampling import SamplingParams
+from .loading import load_drafter, load_target
+from .prompts import load_prompt_ids
+from .reference.engine import EngineConfig, ReferenceEngine, Request, RequestOutput
+
+
+@dataclass
+class RunFigures:
+    mode: str
+    budget: int
+    requests: int
+    tokens: int
+    seconds: float
+    tokens_per_s: float
+    mean_accept_length: float
+
+
+def timed_run(engine: ReferenceEngine, requests: list[Request], budget: int, mode: str) -> tuple[RunFigures, list[RequestOutput]]:
+    engine.steps.clear()
+    start = time.perf_counter()
+    outputs = engine.generate(requests, budget=budget)
+    seconds = time.perf_counter() - start
+    tokens = sum(len(o.output_ids) for o in outputs)
+    verifies = sum(len(o.accept_lengths) for o in outputs)
+    accept = sum(sum(o.accept_lengths) for o in outputs) / max(1, verifies)
+    return RunFigures(mode, budget, len(outputs), tokens, seconds, tokens / seconds, accept), outputs
+
+
+def run(args) -> dict:
+    torch.manual_seed(0)
+    target = load_target(args.target, args.dtype, args.device)
+    drafter, head_label = load_drafter(target, args.head)
+    prompt_ids = load_prompt_ids(args.prompts, target.tokenizer, limit=args.num_prompts)
+    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p, seed=args.seed, max_new_tokens=args.max_new_tokens)
+    requests = [Request(ids, params, str(i)) for i, ids in enumerate(prompt_ids)]
+    engine = ReferenceEngine(target, drafter, EngineConfig(tree_width=args.tree_width, fanout=args.fanout, acceptance=args.acceptance, max_batch_size=args.batch_size))
+    timed_run(engine, requests[:1], 0, "warmup")  # first calls pay one-off allocation costs
+    ar, ar_out = timed_run(engine, requests, 0, "autoregressive")
+    spec, spec_out = timed_run(engine, requests, args.budget, "jetspec")
+    differing = sum(a.output_ids != b.output_ids for a, b in zip(ar_out, spec_out)) if params.greedy else None
+    report = {
+        "target": str(target.path),
+        "head": head_label,
+        "prompts": args.prompts,
+        "num_prompts": len(requests),
+        "batch_size": args.batch_size,
+        "max_new_tokens": args.max_new_tokens,
+        "sampling": asdict(params),
+        "tree": {"budget": args.budget, "width": args.tree_width, "fanout": args.fanout, "max_depth": drafter.max_depth},
+        "device": f"{args.device} ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads), {args.dtype}",
+        "autoregressive": asdict(ar),
+        "jetspec": asdict(spec),
+        "speedup": spec.tokens_per_s / ar.tokens_per_s,
+        "greedy_outputs_differing": differing,
+    }
+    print(format_report(report))
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(report, fh, indent=2)
+    return report
+
+
+def format_report(r: dict) -> str:
+    lines = [
+        f"target {r['target']}",
+        f"head   {r['head']}",
+        f"{r['num_prompts']} prompts from {r['prompts']}, {r['max_new_tokens']} new tokens, batch {r['batch_size']}, "
+        f"budget {r['tree']['budget']} (width {r['tree']['width']}, depth <= {r['tree']['max_depth']}), {r['device']}",
+        "",
+        f"{'mode':<16}{'tokens':>8}{'seconds':>10}{'tokens/s':>10}{'accept len':>12}",
+    ]
+    for key in ("autoregressive", "jetspec"):
+        f = r[key]
+        lines.append(f"{key:<16}{f['tokens']:>8}{f['seconds']:>10.2f}{f['tokens_per_s']:>10.2f}{f['mean_accept_length']:>12.2f}")
+    lines.append(f"speedup {r['speedup']:.2f}x")
+    if r["greedy_outputs_differing"] is not None:
+        lines.append(f"greedy outputs differing from autoregressive: {r['greedy_outputs_differing']} of {r['num_prompts']}")
+    return "\n".join(lines)

@@ -1,0 +1,69 @@
+"""Resolve command-line names to loaded objects: a target ("smollm2" or a directory) and a head."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from .core.drafter import HeadDrafter
+from .core.head_config import HeadConfig, default_tap_layers
+from .core.head_io import init_head, load_head
+from .reference.target import TargetModel
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+SHIPPED_HEADS = Path(__file__).parent / "heads"
+
+
+def resolve_target_dir(spec: str) -> Path:
+    """`smollm2` (fetched into the cache on first use) or a local HF Llama/Qwen3 checkpoint directory."""
+    from .models.fetch import MODELS, fetch
+
+    if spec in MODELS:
+        return fetch(spec)
+    path = Path(spec)
+    if not path.is_dir():
+        raise SystemExit(f"--target {spec}: not a directory and not one of {sorted(MODELS)}; pass a HF checkpoint directory or 'smollm2'")
+    return path
+
+
+def load_target(spec: str, dtype: str = "fp32", device: str = "cpu") -> TargetModel:
+    return TargetModel(resolve_target_dir(spec), dtype=DTYPES[dtype], device=device)
+
+
+def shipped_head_dir(target: TargetModel) -> Path | None:
+    """The committed default head for this target, if one ships with the package."""
+    candidate = SHIPPED_HEADS / target.path.name
+    return candidate if (candidate / "config.json").is_file() else None
+
+
+def untrained_head_config(target: TargetModel, layers: int = 1, block_size: int = 16, taps: int = 4) -> HeadConfig:
+    cfg = target.model.config
+    return HeadConfig(
+        hidden_size=cfg.hidden_size,
+        num_hidden_layers=layers,
+        num_attention_heads=cfg.num_attention_heads,
+        num_key_value_heads=cfg.num_key_value_heads,
+        head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads,
+        intermediate_size=cfg.intermediate_size,
+        vocab_size=cfg.vocab_size,
+        block_size=block_size,
+        target_layer_ids=tuple(default_tap_layers(cfg.num_hidden_layers, taps)),
+        mask_token_id=target.tokenizer.pad_token_id or 0,
+        rope_theta=target.info.rope_theta,
+        rms_norm_eps=cfg.rms_norm_eps,
+    )
+
+
+def load_drafter(target: TargetModel, head: str | None) -> tuple[HeadDrafter, str]:
+    """A drafter from --head DIR, else the shipped head, else an untrained head (said so in the label)."""
+    if head == "untrained":
+        model, label = init_head(untrained_head_config(target)), "untrained head (random weights)"
+    else:
+        head_dir = Path(head) if head else shipped_head_dir(target)
+        if head_dir is None:
+            model, label = init_head(untrained_head_config(target)), "untrained head (no trained head ships for this target yet)"
+        else:
+            model, label = load_head(head_dir, target.info), str(head_dir)
+    model = model.to(device=target.device, dtype=target.dtype)
+    return HeadDrafter(model, target.embed_tokens, target.lm_head), label

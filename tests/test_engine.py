@@ -1,0 +1,106 @@
+"""Reference engine on the real SmolLM2 target: bookkeeping invariants, stops, bad input."""
+
+import pytest
+import torch
+
+from sglang_jetspec.core.sampling import SamplingParams
+from sglang_jetspec.reference.engine import EngineConfig, InvariantError, ReferenceEngine, Request, check_invariants
+from sglang_jetspec.reference.target import Segment
+
+PROMPTS = ["def add(a, b):\n    return", "The three primary colours are", "import os\nimport sys\n\ndef main():\n"]
+
+
+@pytest.fixture(scope="module")
+def head_engine(smollm2, untrained_drafter):
+    return ReferenceEngine(smollm2, untrained_drafter, EngineConfig(tree_width=4, max_batch_size=2, check_invariants=True))
+
+
+def requests(tokenizer, max_new_tokens=12, **kwargs):
+    return [Request(tokenizer(p)["input_ids"], SamplingParams(max_new_tokens=max_new_tokens, **kwargs), str(i)) for i, p in enumerate(PROMPTS)]
+
+
+def fresh_state(target, committed_ids):
+    """KV and tapped rows of committed_ids[:-1] computed from scratch in one prefill."""
+    ids = committed_ids[:-1]
+    cache = target.new_cache(lanes=1, capacity=len(ids))
+    out = target.forward(cache, [Segment.chain(ids, 0)])
+    cache.commit(0, list(range(len(ids))))
+    return cache, out.taps[0]
+
+
+def test_kv_and_hidden_rows_match_a_fresh_prefill_after_every_step(smollm2, head_engine):
+    checked = []
+
+    def deep_check(record):
+        cache, lanes = head_engine.live
+        for b, lane in enumerate(lanes):
+            ref_cache, ref_taps = fresh_state(smollm2, lane.committed_ids)
+            for layer in (0, 15, 29):
+                k, v = cache.lane_kv(b, layer)
+                rk, rv = ref_cache.lane_kv(0, layer)
+                assert torch.allclose(k, rk, atol=1e-4) and torch.allclose(v, rv, atol=1e-4)
+            assert torch.allclose(lane.tap_rows(), ref_taps, atol=1e-4)
+            checked.append(lane.request.request_id)
+
+    # max_batch_size 2 with 3 requests: the third joins when one finishes (continuous batching)
+    head_engine.generate(requests(smollm2.tokenizer, ignore_eos=True), budget=16, on_step=deep_check)
+    assert {"0", "1", "2"} <= set(checked)
+
+
+def test_invariant_checker_catches_leftover_and_miscounted_state(smollm2, head_engine):
+    cache = smollm2.new_cache(lanes=0)
+    lanes = []
+
+    def capture(record):
+        cache_live, lanes_live = head_engine.live
+        lanes.extend(lanes_live)
+        nonlocal cache
+        cache = cache_live
+        raise StopIteration
+
+    with pytest.raises(StopIteration):
+        head_engine.generate(requests(smollm2.tokenizer)[:1], budget=8, on_step=capture)
+    check_invariants(cache, lanes)
+    length = int(cache.lengths[0])
+    cache.layers[3].keys[0, :, length + 1] = 1.0  # a rejected node's key left behind
+    with pytest.raises(InvariantError, match="past kv_len"):
+        check_invariants(cache, lanes)
+    cache.layers[3].keys[0, :, length + 1] = 0.0
+    cache.lengths[0] += 1
+    with pytest.raises(InvariantError, match="committed_len"):
+        check_invariants(cache, lanes)
+
+
+def test_stop_strings_eos_and_max_tokens_end_requests_identically(smollm2, head_engine):
+    tok = smollm2.tokenizer
+    prompt = tok("def add(a, b):\n")["input_ids"]
+    plain = head_engine.generate([Request(prompt, SamplingParams(max_new_tokens=24, ignore_eos=True))], budget=0)[0]
+    text = tok.decode(plain.output_ids)
+    stop = text[len(text) // 2 : len(text) // 2 + 3]
+    assert stop.strip(), "need a visible stop string from the model's own output"
+    for budget in (0, 16):
+        out = head_engine.generate([Request(prompt, SamplingParams(max_new_tokens=24, stop=(stop,)))], budget=budget)[0]
+        assert out.finish_reason == "stop"
+        assert stop in tok.decode(out.output_ids) and stop not in out.text
+        assert out.output_ids == plain.output_ids[: len(out.output_ids)]
+        limited = head_engine.generate([Request(prompt, SamplingParams(max_new_tokens=5, ignore_eos=True))], budget=budget)[0]
+        assert limited.finish_reason == "length" and limited.output_ids == plain.output_ids[:5]
+    chat = tok.apply_chat_template([{"role": "user", "content": "Say hi."}], add_generation_prompt=True, tokenize=True, return_dict=False)
+    for budget in (0, 16):
+        out = head_engine.generate([Request(list(chat), SamplingParams(max_new_tokens=64))], budget=budget)[0]
+        assert out.finish_reason == "eos" and out.output_ids[-1] in smollm2.eos_token_ids
+
+
+def test_sampled_requests_with_a_seed_reproduce_across_batches(smollm2, head_engine):
+    reqs = requests(smollm2.tokenizer, max_new_tokens=10, temperature=0.8, top_p=0.9, seed=7)
+    alone = head_engine.generate(reqs[:1], budget=8)[0]
+    together = head_engine.generate(reqs, budget=8)[0]
+    assert alone.output_ids == together.output_ids
+
+
+def test_bad_requests_are_refused(smollm2):
+    engine = ReferenceEngine(smollm2)
+    with pytest.raises(ValueError, match="needs a drafter"):
+        engine.generate([Request([1, 2, 3])], budget=8)
+    with pytest.raises(ValueError, match="prompt_ids is empty"):
+        engine.generate([Request([])], budget=0)
