@@ -32,7 +32,7 @@ def test_kv_and_hidden_rows_match_a_fresh_prefill_after_every_step(smollm2, head
     checked = []
 
     def deep_check(record):
-        cache, lanes = head_engine.live
+        cache, lanes = head_engine.live.cache, head_engine.live.lanes
         for b, lane in enumerate(lanes):
             ref_cache, ref_taps = fresh_state(smollm2, lane.committed_ids)
             for layer in (0, 15, 29):
@@ -48,18 +48,10 @@ def test_kv_and_hidden_rows_match_a_fresh_prefill_after_every_step(smollm2, head
 
 
 def test_invariant_checker_catches_leftover_and_miscounted_state(smollm2, head_engine):
-    cache = smollm2.new_cache(lanes=0)
-    lanes = []
-
-    def capture(record):
-        cache_live, lanes_live = head_engine.live
-        lanes.extend(lanes_live)
-        nonlocal cache
-        cache = cache_live
-        raise StopIteration
-
-    with pytest.raises(StopIteration):
-        head_engine.generate(requests(smollm2.tokenizer)[:1], budget=8, on_step=capture)
+    batch = head_engine.start_batch()
+    assert batch.admit(requests(smollm2.tokenizer)[0]) is None
+    batch.step(8)
+    cache, lanes = batch.cache, batch.lanes
     check_invariants(cache, lanes)
     length = int(cache.lengths[0])
     cache.layers[3].keys[0, :, length + 1] = 1.0  # a rejected node's key left behind

@@ -141,36 +141,31 @@ class ReferenceEngine:
         self.tap_width = target.info.hidden_size * len(target.tap_layers)
         self.steps: list[StepRecord] = []
 
+    def start_batch(self) -> "RunningBatch":
+        """An empty running batch; requests join with admit() and advance with step()."""
+        self.live = RunningBatch(self)  # the running state, for inspection between steps
+        return self.live
+
     def generate(self, requests: list[Request], budget: int | Callable[[int], int] = 0, on_step: Callable[[StepRecord], None] | None = None) -> list[RequestOutput]:
         """Run every request to completion; `budget` is fixed or chosen per step from the batch size."""
         budget_for = budget if callable(budget) else (lambda _batch, b=budget: b)
-        waiting = list(requests)
+        waiting = list(enumerate(requests))
         done: dict[int, RequestOutput] = {}
-        order = {id(r): i for i, r in enumerate(requests)}
-        cache = self.target.new_cache(lanes=0)
-        lanes: list[Lane] = []
-        self.live = (cache, lanes)  # the running state, for inspection between steps
-        while waiting or lanes:
-            while waiting and len(lanes) < self.config.max_batch_size:
-                request = waiting.pop(0)
-                lane, lane_cache = self._prefill(request)
-                if lane.finish_reason:
-                    done[order[id(request)]] = lane.output()
+        index = {}
+        batch = self.start_batch()
+        while waiting or len(batch):
+            while waiting and batch.has_room():
+                i, request = waiting.pop(0)
+                finished = batch.admit(request)
+                if finished is not None:
+                    done[i] = finished
                 else:
-                    cache.add_lane(lane_cache)
-                    lanes.append(lane)
-            record = self.step(cache, lanes, budget_for(len(lanes)))
-            if self.config.check_invariants:
-                check_invariants(cache, lanes)
+                    index[id(request)] = i
+            record, finished_outputs = batch.step(budget_for(len(batch)))
             if on_step:
                 on_step(record)
-            keep = [i for i, lane in enumerate(lanes) if not lane.finish_reason]
-            for lane in lanes:
-                if lane.finish_reason:
-                    done[order[id(lane.request)]] = lane.output()
-            if len(keep) < len(lanes):
-                cache.keep_lanes(keep)
-                lanes[:] = [lanes[i] for i in keep]
+            for lane_request, output in finished_outputs:
+                done[index[id(lane_request)]] = output
         return [done[i] for i in range(len(requests))]
 
     def _prefill(self, request: Request) -> tuple[Lane, SlotKVCache]:
@@ -203,7 +198,7 @@ class ReferenceEngine:
             trees.append(build_tree(lane.root_token, tokens, logprobs, spec))
         return trees, t1 - t0, time.perf_counter() - t1
 
-    def step(self, cache: SlotKVCache, lanes: list[Lane], budget: int) -> StepRecord:
+    def _step(self, cache: SlotKVCache, lanes: list[Lane], budget: int) -> StepRecord:
         t_start = time.perf_counter()
         trees, draft_s, tree_s = self._trees(lanes, budget)
         t_verify = time.perf_counter()
@@ -239,6 +234,42 @@ class ReferenceEngine:
             lane.accept_lengths.append(result.accept_length)
             committed += lane.commit(result.tokens)
         return committed
+
+
+class RunningBatch:
+    """The requests decoding together: their lanes and the shared slot KV cache."""
+
+    def __init__(self, engine: ReferenceEngine) -> None:
+        self.engine = engine
+        self.cache = engine.target.new_cache(lanes=0)
+        self.lanes: list[Lane] = []
+
+    def __len__(self) -> int:
+        return len(self.lanes)
+
+    def has_room(self) -> bool:
+        return len(self.lanes) < self.engine.config.max_batch_size
+
+    def admit(self, request: Request) -> RequestOutput | None:
+        """Prefill a request into the batch; its output if it finished on its first token."""
+        lane, lane_cache = self.engine._prefill(request)
+        if lane.finish_reason:
+            return lane.output()
+        self.cache.add_lane(lane_cache)
+        self.lanes.append(lane)
+        return None
+
+    def step(self, budget: int) -> tuple[StepRecord, list[tuple[Request, RequestOutput]]]:
+        """One verify step for every lane; finished requests leave the batch and are returned."""
+        record = self.engine._step(self.cache, self.lanes, budget)
+        if self.engine.config.check_invariants:
+            check_invariants(self.cache, self.lanes)
+        finished = [(lane.request, lane.output()) for lane in self.lanes if lane.finish_reason]
+        if finished:
+            keep = [i for i, lane in enumerate(self.lanes) if not lane.finish_reason]
+            self.cache.keep_lanes(keep)
+            self.lanes = [self.lanes[i] for i in keep]
+        return record, finished
 
 
 class InvariantError(AssertionError):
