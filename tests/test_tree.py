@@ -19,7 +19,8 @@ def brute_force_paths(top_logprobs: torch.Tensor, spec: TreeSpec) -> list[tuple[
     for d in range(1, depth + 1):
         for path in itertools.product(*[range(caps[i]) for i in range(d)]):
             cum = sum(lp[i][r] for i, r in enumerate(path))
-            nodes.append((-cum, d, path))
+            if cum != -math.inf:
+                nodes.append((-cum, d, path))
     nodes.sort()
     return [p for _, _, p in nodes[: spec.budget - 1]]
 
@@ -39,6 +40,9 @@ def draft_and_spec(draw):
     width = draw(st.integers(1, vocab))
     # coarse logits make exact ties in cumulative log-prob likely, which the ordering must handle
     logits = torch.tensor(draw(st.lists(st.lists(st.integers(-3, 3), min_size=vocab, max_size=vocab), min_size=depth, max_size=depth)), dtype=torch.float32)
+    # some candidates impossible (-inf), as a lookup draft without a match produces
+    logits = logits.masked_fill(logits == -3, -math.inf)
+    logits[:, 0] = logits[:, 0].nan_to_num(neginf=0.0)
     spec = TreeSpec(
         budget=draw(st.integers(1, 60)),
         max_depth=draw(st.integers(0, depth + 1)),
@@ -104,3 +108,11 @@ def test_top2gap_caps_narrow_confident_depths():
     caps = fanout_caps(logprobs, TreeSpec(budget=10, max_depth=2, width=4, fanout="top2gap"))
     assert caps == [1, 3]
     assert fanout_caps(logprobs, TreeSpec(budget=10, max_depth=2, width=4)) == [4, 4]
+
+
+def test_impossible_candidates_never_become_nodes():
+    logits = torch.full((3, 10), -math.inf)
+    logits[0, 4] = 0.0  # depth 1 has one candidate, deeper depths none
+    tokens, logprobs = top_k_per_depth(logits, 4)
+    tree = build_tree(1, tokens, logprobs, TreeSpec(budget=16, max_depth=3, width=4))
+    assert tree.tokens.tolist() == [1, 4]

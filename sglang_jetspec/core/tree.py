@@ -106,7 +106,8 @@ def root_only_tree(root_token: int) -> DraftTree:
 
 def top_k_per_depth(depth_logits: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-`width` tokens and their full-vocabulary log-probs for each depth row: [D, K] each."""
-    logprobs = torch.log_softmax(depth_logits.float(), dim=-1)
+    # a depth with no candidate at all (every logit -inf) stays -inf instead of NaN
+    logprobs = torch.log_softmax(depth_logits.float(), dim=-1).nan_to_num(nan=-math.inf)
     values, tokens = logprobs.topk(min(width, logprobs.shape[-1]), dim=-1)
     return tokens, values
 
@@ -139,7 +140,8 @@ def build_tree(root_token: int, top_tokens: torch.Tensor, top_logprobs: torch.Te
 
     def push_child(parent: int, rank: int) -> None:
         d = depths[parent] + 1
-        if d <= depth_limit and rank < caps[d - 1]:
+        # -inf marks "no candidate" (e.g. a lookup draft that found nothing): never a node
+        if d <= depth_limit and rank < caps[d - 1] and lp[d - 1][rank] != -math.inf:
             heapq.heappush(frontier, (-(cums[parent] + lp[d - 1][rank]), d, paths[parent] + (rank,), parent))
 
     push_child(0, 0)
