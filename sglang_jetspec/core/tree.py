@@ -121,8 +121,10 @@ def fanout_caps(top_logprobs: torch.Tensor, spec: TreeSpec) -> list[int]:
     depth, k = top_logprobs.shape
     if spec.fanout == "uniform" or k < 2:
         return [k] * depth
-    gaps = (top_logprobs[:, 0] - top_logprobs[:, 1]).tolist()
-    return [max(1, round(k / (1.0 + math.exp(spec.gap_beta * (g - spec.gap_center))))) for g in gaps]
+    # gaps are +inf (or NaN, -inf - -inf) where a depth has fewer than two candidates: one child
+    gaps = (top_logprobs[:, 0] - top_logprobs[:, 1]).double().nan_to_num(nan=math.inf)
+    shares = torch.sigmoid(-spec.gap_beta * (gaps - spec.gap_center))
+    return [max(1, round(k * float(s))) for s in shares]
 
 
 def build_tree(root_token: int, top_tokens: torch.Tensor, top_logprobs: torch.Tensor, spec: TreeSpec) -> DraftTree:
