@@ -106,8 +106,9 @@ def root_only_tree(root_token: int) -> DraftTree:
 
 def top_k_per_depth(depth_logits: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-`width` tokens and their full-vocabulary log-probs for each depth row: [D, K] each."""
-    # a depth with no candidate at all (every logit -inf) stays -inf instead of NaN
-    logprobs = torch.log_softmax(depth_logits.float(), dim=-1).nan_to_num(nan=-math.inf)
+    # impossible tokens (logit -inf) stay exactly -inf: log_softmax would give NaN or finfo.min
+    logits = depth_logits.float()
+    logprobs = torch.log_softmax(logits, dim=-1).masked_fill(logits == -math.inf, -math.inf)
     values, tokens = logprobs.topk(min(width, logprobs.shape[-1]), dim=-1)
     return tokens, values
 
