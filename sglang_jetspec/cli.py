@@ -74,14 +74,32 @@ def _run_generate(args) -> int:
     return 0
 
 
+def _register_bench(sub) -> None:
+    from .bench_cli import register
+
+    register(sub)
+
+
 def _register_policy(sub) -> None:
     from policies.cli import add_subcommands
 
     add_subcommands(sub)
 
 
+def _register_train(sub) -> None:
+    from .train.command import register
+
+    register(sub)
+
+
+def _register_serve(sub) -> None:
+    from .serve import register
+
+    register(sub)
+
+
 # One line per subcommand module.
-REGISTRARS = [_register_model, _register_generate, _register_policy]
+REGISTRARS = [_register_model, _register_generate, _register_bench, _register_policy, _register_train, _register_serve]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -93,7 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
+    args.argv = argv  # recorded by commands that write provenance (train)
     return args.func(args)
 
 

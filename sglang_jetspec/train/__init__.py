@@ -1,0 +1,1 @@
+"""Training JetSpec heads: target-regenerated data, block-causal forward-KL distillation."""

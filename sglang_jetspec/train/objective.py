@@ -1,0 +1,71 @@
+"""The distillation objective: blocks at anchors, the block-causal training mask, and the losses.
+
+One sequence trains many blocks in one head pass. Block j is [ids[a_j], MASK x (B-1)] at positions
+a_j..a_j+B-1; it sees the context rows 0..a_j-1 (the committed tokens but its root), and inside the
+block either causally (JetSpec) or fully (DFlash-style baseline); never another block. Row d of a
+block is trained towards the target's distribution for token a_j+d (teacher logits at a_j+d-1).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+LOSSES = ("forward_kl", "reverse_kl", "sft")
+
+
+def training_mask(anchors: torch.Tensor, block_size: int, context_len: int, causal: bool) -> torch.Tensor:
+    """bool [1, 1, nb*B, L + nb*B]: True where a block query may attend (context keys first)."""
+    nb = anchors.numel()
+    device = anchors.device
+    query_block = torch.arange(nb, device=device).repeat_interleave(block_size)  # [nb*B]
+    ctx = torch.arange(context_len, device=device).unsqueeze(0) < anchors[query_block].unsqueeze(1)
+    same_block = query_block.unsqueeze(1) == query_block.unsqueeze(0)
+    if causal:
+        within = torch.arange(block_size, device=device).repeat(nb)
+        same_block &= within.unsqueeze(0) <= within.unsqueeze(1)
+    return torch.cat([ctx, same_block], dim=1)[None, None]
+
+
+def block_inputs(ids: torch.Tensor, anchors: torch.Tensor, block_size: int, mask_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Block token ids [nb*B] (root then masks) and their positions [nb*B]."""
+    offsets = torch.arange(block_size, device=ids.device)
+    positions = (anchors.unsqueeze(1) + offsets).flatten()
+    block_ids = torch.full((anchors.numel(), block_size), mask_token_id, dtype=torch.long, device=ids.device)
+    block_ids[:, 0] = ids[anchors]
+    return block_ids.flatten(), positions
+
+
+def target_rows(anchors: torch.Tensor, block_size: int, seq_len: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """For every trained row (depth d >= 1 inside the sequence): its query index, the teacher position
+    a+d-1 whose logits are its target, and its depth d."""
+    depth = torch.arange(1, block_size, device=anchors.device)
+    teacher_pos = (anchors.unsqueeze(1) + depth - 1).flatten()
+    query = (torch.arange(anchors.numel(), device=anchors.device).unsqueeze(1) * block_size + depth).flatten()
+    depths = depth.repeat(anchors.numel())
+    keep = teacher_pos + 1 < seq_len  # the token a+d must exist
+    return query[keep], teacher_pos[keep], depths[keep]
+
+
+def position_weights(depths: torch.Tensor, decay: float | None) -> torch.Tensor:
+    """Optional exp(-(d-1)/decay) weights: early depths decide acceptance most."""
+    if decay is None:
+        return torch.ones_like(depths, dtype=torch.float32)
+    return torch.exp(-(depths.float() - 1) / decay)
+
+
+def distillation_loss(draft_logits: torch.Tensor, teacher_logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor, kind: str = "forward_kl", temperature: float = 1.0) -> torch.Tensor:
+    """Weighted mean over rows of T^2 * KL(teacher || draft) (or reverse KL, or cross-entropy on labels)."""
+    if kind not in LOSSES:
+        raise ValueError(f"loss={kind!r}: choose one of {LOSSES}")
+    if kind == "sft":
+        per_row = F.cross_entropy(draft_logits.float(), labels, reduction="none")
+    else:
+        draft_logp = F.log_softmax(draft_logits.float() / temperature, dim=-1)
+        teacher_logp = F.log_softmax(teacher_logits.float() / temperature, dim=-1)
+        if kind == "forward_kl":
+            per_row = (teacher_logp.exp() * (teacher_logp - draft_logp)).sum(-1)
+        else:
+            per_row = (draft_logp.exp() * (draft_logp - teacher_logp)).sum(-1)
+        per_row = per_row * temperature**2
+    return (per_row * weights).sum() / weights.sum()
