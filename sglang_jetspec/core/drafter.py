@@ -65,8 +65,9 @@ class HeadDrafter:
         return self.head.config.target_layer_ids
 
     @torch.no_grad()
-    def propose(self, lanes: list[DraftLane]) -> torch.Tensor:
-        """[B, block_size-1, V] draft logits; a lane's context is its tapped rows (one per committed token but the root)."""
+    def propose(self, lanes: list[DraftLane], depth: int) -> torch.Tensor:
+        """[B, depth, V] draft logits for depths 1..depth (<= block_size-1); a lane's context is its
+        tapped rows (one per committed token but the root). Only the needed rows pay for the lm_head."""
         cfg = self.head.config
         dtype = self.head.fc.weight.dtype
         device = self.head.fc.weight.device
@@ -90,4 +91,4 @@ class HeadDrafter:
         positions = lengths.unsqueeze(1) + torch.arange(size, device=device)
         embeds = self.embed_tokens(ids).to(dtype)
         hidden = self.head(embeds, positions, context, block_mask(valid, size, cfg.causal_head))
-        return self.lm_head(hidden[:, 1:].to(self.lm_head.weight.dtype)).float()
+        return self.lm_head(hidden[:, 1 : depth + 1].to(self.lm_head.weight.dtype)).float()

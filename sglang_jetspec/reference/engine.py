@@ -58,8 +58,8 @@ class StepRecord:
 class Drafter(Protocol):
     max_depth: int
 
-    def propose(self, lanes: list["Lane"]) -> torch.Tensor:
-        """Per-depth draft logits [lanes, max_depth, V] for each lane's next tokens after its root."""
+    def propose(self, lanes: list["Lane"], depth: int) -> torch.Tensor:
+        """Draft logits [lanes, depth, V] for depths 1..depth after each lane's root (depth <= max_depth)."""
 
 
 @dataclass
@@ -189,9 +189,11 @@ class ReferenceEngine:
                 raise ValueError(f"budget={budget} needs a drafter; pass a head (or use budget 0 for ordinary decoding)")
             return [root_only_tree(lane.root_token) for lane in lanes], 0.0, 0.0
         t0 = time.perf_counter()
-        depth_logits = self.drafter.propose(lanes)
+        # a tree of `budget` nodes is at most budget-1 deep: never pay for deeper draft rows
+        depth = min(self.drafter.max_depth, budget - 1)
+        depth_logits = self.drafter.propose(lanes, depth)
         t1 = time.perf_counter()
-        spec = TreeSpec(budget=budget, max_depth=self.drafter.max_depth, width=self.config.tree_width, fanout=self.config.fanout)
+        spec = TreeSpec(budget=budget, max_depth=depth, width=self.config.tree_width, fanout=self.config.fanout)
         trees = []
         for lane, logits in zip(lanes, depth_logits):
             tokens, logprobs = top_k_per_depth(logits, spec.width)

@@ -26,14 +26,14 @@ class OracleDrafter:
         out = self.target.forward(cache, [Segment.chain(full, 0)])
         self._logits[tuple(prompt_ids)] = self.target.logits(out.hidden[0])
 
-    def propose(self, lanes) -> torch.Tensor:
+    def propose(self, lanes, depth: int) -> torch.Tensor:
         vocab = self.target.info.vocab_size
-        out = torch.zeros(len(lanes), self.max_depth, vocab)
+        out = torch.zeros(len(lanes), depth, vocab)
         for b, lane in enumerate(lanes):
             table = self._logits.get(tuple(lane.request.prompt_ids))
             if table is None:
                 continue
             start = len(lane.committed_ids) - 1  # logits at position c-1 predict depth 1
-            rows = table[start : start + self.max_depth]
+            rows = table[start : start + depth]
             out[b, : rows.shape[0]] = rows
         return out

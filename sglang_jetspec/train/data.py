@@ -29,7 +29,7 @@ MANIFEST = "manifest.json"
 
 @dataclass(frozen=True)
 class RegenerationConfig:
-    max_new_tokens: int = 128
+    max_new_tokens: int = 96
     sampled_share: float = 0.25  # share of prompts that also get a sampled response
     temperature: float = 0.8
     batch_size: int = 16
