@@ -96,3 +96,32 @@ def test_bad_requests_are_refused(smollm2):
         engine.generate([Request([1, 2, 3])], budget=8)
     with pytest.raises(ValueError, match="prompt_ids is empty"):
         engine.generate([Request([])], budget=0)
+
+
+class ContextCheckingDrafter:
+    """Wraps a drafter; at every draft, checks the draft context covers every committed token but the root."""
+
+    def __init__(self, inner):
+        self.inner, self.checked = inner, 0
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def propose(self, lanes, depth):
+        out = self.inner.propose(lanes, depth)
+        for lane in lanes:
+            assert lane.draft_cache.length == lane.tap_rows().shape[0] == len(lane.committed_ids) - 1
+            self.checked += 1
+        return out
+
+
+def test_switching_speculation_off_and_on_is_lossless_and_drafts_from_fresh_rows(smollm2, untrained_drafter):
+    drafter = ContextCheckingDrafter(untrained_drafter)
+    engine = ReferenceEngine(smollm2, drafter, EngineConfig(tree_width=4, max_batch_size=2, check_invariants=True))
+    reqs = requests(smollm2.tokenizer, max_new_tokens=16, ignore_eos=True)
+    plain = [o.output_ids for o in engine.generate(reqs, budget=0)]
+    assert drafter.checked == 0, "budget 0 must do no draft work"
+    steps = iter(range(10**6))
+    outputs = engine.generate(reqs, budget=lambda batch_size: 16 if next(steps) % 3 == 2 else 0)  # mostly off
+    assert [o.output_ids for o in outputs] == plain
+    assert drafter.checked > 0
