@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import urllib.error
 import urllib.request
-from typing import Callable
+from collections.abc import Callable
 
 Transport = Callable[[str, str, dict[str, str], bytes | None, float], tuple[int, bytes]]
 

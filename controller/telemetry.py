@@ -38,7 +38,7 @@ class Usage:
     committed_tokens: float = 0.0
     request_seconds: float = 0.0
 
-    def __add__(self, other: "Usage") -> "Usage":
+    def __add__(self, other: Usage) -> Usage:
         return Usage(self.steps + other.steps, self.committed_tokens + other.committed_tokens,
                      self.request_seconds + other.request_seconds)
 
@@ -62,14 +62,16 @@ def _add_usage(total: dict[Key, Usage], key: Key, name: str, value: float) -> No
 def parse_counters(text: str) -> dict[tuple[str, Key], float]:
     """Cumulative jetspec counters in a /metrics page: {(usage field, (cohort, budget)): value}."""
     wanted = {metric: name for name, metric in COUNTERS.items()}
+    # A server's page holds hundreds of other series; parse only the lines about ours.
+    ours = "\n".join(line for line in text.splitlines() if "jetspec_" in line)
     values: dict[tuple[str, Key], float] = {}
-    for family in text_string_to_metric_families(text):
+    for family in text_string_to_metric_families(ours + "\n"):
         for sample in family.samples:
             name = wanted.get(sample.name)
             if name is None:
                 continue
             key = (sample.labels["cohort"], int(sample.labels["budget"]))
-            # Multiprocess exports may repeat a series per process: they add up.
+            # The same series on a page twice (two exporters behind one endpoint) adds up.
             values[(name, key)] = values.get((name, key), 0.0) + sample.value
     return values
 

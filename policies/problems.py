@@ -6,8 +6,8 @@ operator sees all of them at once; `PolicyError` carries the whole list.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
-from typing import Iterable
 
 Loc = tuple[str | int, ...]
 
@@ -31,7 +31,7 @@ class Problem:
     file: str | None = None
     line: int | None = None
 
-    def located(self, file: str, line: int | None) -> "Problem":
+    def located(self, file: str, line: int | None) -> Problem:
         return replace(self, file=file, line=line)
 
     def __str__(self) -> str:

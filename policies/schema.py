@@ -37,7 +37,7 @@ class CohortPolicy(StrictModel):
 class GatePolicy(StrictModel):
     min_gain: float = Field(default=1.03, gt=0)
     hysteresis: float = Field(default=0.03, ge=0, le=1)
-    confidence_z: float = Field(default=2.0, ge=0)
+    confidence_z: float = Field(default=2.5, ge=0)
     dwell_s: float = Field(default=60.0, gt=0)
     probe_share: float = Field(default=0.05, gt=0, le=0.5)
     reprobe_budget: int = Field(default=4, ge=1)

@@ -31,9 +31,9 @@ def load_target(spec: str, dtype: str = "fp32", device: str = "cpu") -> TargetMo
     return TargetModel(resolve_target_dir(spec), dtype=DTYPES[dtype], device=device)
 
 
-def shipped_head_dir(target: TargetModel) -> Path | None:
-    """The committed default head for this target, if one ships with the package."""
-    candidate = SHIPPED_HEADS / target.path.name
+def shipped_head_dir(target_dir: Path) -> Path | None:
+    """The committed default head for the target in this checkpoint directory, if one ships with the package."""
+    candidate = SHIPPED_HEADS / target_dir.name
     return candidate if (candidate / "config.json").is_file() else None
 
 
@@ -55,12 +55,20 @@ def untrained_head_config(target: TargetModel, layers: int = 1, block_size: int 
     )
 
 
+def resolve_head_dir(target_dir: Path, head: str | None) -> Path | None:
+    """The checkpoint directory --head names: DIR, else the shipped head; None for an untrained head.
+    Needs only the target's directory, so a command can check a head before loading the model."""
+    if head == "untrained":
+        return None
+    return Path(head) if head else shipped_head_dir(target_dir)
+
+
 def load_drafter(target: TargetModel, head: str | None) -> tuple[HeadDrafter, str]:
     """A drafter from --head DIR, else the shipped head, else an untrained head (said so in the label)."""
     if head == "untrained":
         model, label = init_head(untrained_head_config(target)), "untrained head (random weights)"
     else:
-        head_dir = Path(head) if head else shipped_head_dir(target)
+        head_dir = resolve_head_dir(target.path, head)
         if head_dir is None:
             model, label = init_head(untrained_head_config(target)), "untrained head (no trained head ships for this target yet)"
         else:

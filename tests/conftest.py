@@ -36,3 +36,13 @@ def untrained_drafter(smollm2):
     from sglang_jetspec.loading import load_drafter
 
     return load_drafter(smollm2, "untrained")[0]
+
+
+@pytest.fixture()
+def single_thread():
+    """torch on one CPU thread for this test, the process-wide count restored after. On a busy shared
+    CPU two torch threads stall each other (a SmolLM2 forward was ~4x slower than on one)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

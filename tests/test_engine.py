@@ -125,3 +125,17 @@ def test_switching_speculation_off_and_on_is_lossless_and_drafts_from_fresh_rows
     outputs = engine.generate(reqs, budget=lambda batch_size: 16 if next(steps) % 3 == 2 else 0)  # mostly off
     assert [o.output_ids for o in outputs] == plain
     assert drafter.checked > 0
+
+
+def test_request_stopping_mid_path_keeps_only_committed_state(smollm2):
+    from sglang_jetspec.reference.oracle import OracleDrafter
+
+    prompt = smollm2.tokenizer("def fibonacci(n):\n")["input_ids"]
+    reference = ReferenceEngine(smollm2).generate([Request(prompt, SamplingParams(max_new_tokens=24, ignore_eos=True))], budget=0)[0].output_ids
+    oracle = OracleDrafter(smollm2, max_depth=15)
+    oracle.add_reference(prompt, reference)
+    engine = ReferenceEngine(smollm2, oracle, EngineConfig(max_batch_size=2, check_invariants=True))
+    # the oracle's first verify would accept far more than the 7 tokens this request may have
+    out = engine.generate([Request(prompt, SamplingParams(max_new_tokens=7, ignore_eos=True))], budget=16)[0]
+    assert out.output_ids == reference[:7] and out.finish_reason == "length"
+    assert sum(out.accept_lengths) == 6  # the prefill's first token is not a verify

@@ -58,6 +58,12 @@ def test_draft_is_a_chain_of_exactly_the_found_tokens():
     assert tree.tokens.tolist() == [2, 3, 4, 5, 6] and tree.parents.tolist() == [-1, 0, 1, 2, 3]
 
 
+def test_draft_stops_at_the_depth_the_engine_asks_for():
+    drafter = PromptLookupDrafter(VOCAB, max_depth=6)
+    logits = drafter.propose([SimpleNamespace(committed_ids=[1, 2, 3, 4, 5, 6, 7, 1, 2])], 2)
+    assert logits.shape == (1, 2, VOCAB) and [row.argmax().item() for row in logits[0]] == [3, 4]
+
+
 def test_short_match_leaves_deeper_depths_empty_and_the_tree_short():
     drafter = PromptLookupDrafter(VOCAB, max_depth=6)
     tree = chain_tree(drafter, [8, 1, 2, 9, 1, 2])
@@ -82,7 +88,7 @@ def test_lookup_greedy_output_equals_autoregressive(smollm2, single_thread):
     requests = [Request(smollm2.tokenizer(p)["input_ids"], params, str(i)) for i, p in enumerate(prompts)]
     autoregressive = ReferenceEngine(smollm2, None, EngineConfig(max_batch_size=2)).generate(requests, budget=0)
     drafter = PromptLookupDrafter(smollm2.info.vocab_size)
-    lookup = ReferenceEngine(smollm2, drafter, EngineConfig(tree_width=1, max_batch_size=2)).generate(requests, budget=16)
+    lookup = ReferenceEngine(smollm2, drafter, EngineConfig(tree_width=1, max_batch_size=2, check_invariants=True)).generate(requests, budget=16)
     assert [o.output_ids for o in lookup] == [o.output_ids for o in autoregressive]
     assert all(len(o.output_ids) == 32 for o in lookup)
     assert max(max(o.accept_lengths) for o in lookup) > 1, "repetitive prompts should get some lookup drafts accepted"

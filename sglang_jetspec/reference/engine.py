@@ -230,11 +230,14 @@ class ReferenceEngine:
     def _commit(self, cache: SlotKVCache, lanes: list[Lane], results: list[AcceptResult], taps: torch.Tensor | None) -> int:
         committed = 0
         for b, (lane, result) in enumerate(zip(lanes, results)):
-            cache.commit(b, result.path)
+            # a request that stops mid-path (EOS, max tokens, stop string) keeps only what it committed
+            kept = lane.commit(result.tokens)
+            path = result.path[:kept]
+            cache.commit(b, path)
             if taps is not None:
-                lane.append_rows(taps[b, result.path])
-            lane.accept_lengths.append(result.accept_length)
-            committed += lane.commit(result.tokens)
+                lane.append_rows(taps[b, path])
+            lane.accept_lengths.append(kept)
+            committed += kept
         return committed
 
 

@@ -1,0 +1,127 @@
+"""`python -m controller` (console script `jetspec-controller`): run the control loop or a simulation.
+
+    python -m controller --policy FILE --server URL [--server URL ...] [--prometheus URL]
+                         [--admin-key-env VAR] [--dry-run] [--metrics-port PORT]
+    python -m controller --simulate SCENARIO [--json OUT.json] [--plot OUT.png]
+
+Decisions are logged as one JSON line each on stdout; everything else goes to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+
+from controller.http import urllib_transport
+from controller.loop import Controller
+from controller.observability import Observer, decision_log, make_tracer
+from controller.server_client import ServerClient
+from controller.sim_scenarios import SCENARIOS
+from controller.telemetry import PrometheusApiSource, ScrapeSource, TelemetrySource
+from policies.loader import load_policy
+from policies.problems import PolicyError
+
+DEFAULT_ADMIN_KEY_ENV = "JETSPEC_ADMIN_KEY"
+DEFAULT_METRICS_PORT = 9109
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="jetspec-controller", description=__doc__.splitlines()[0])
+    parser.add_argument("--policy", help="policy YAML file (the one the servers run)")
+    parser.add_argument("--server", action="append", default=[], metavar="URL",
+                        help="server base URL, e.g. http://10.0.0.5:30000; repeat for each replica")
+    parser.add_argument("--prometheus", metavar="URL",
+                        help="read telemetry from this Prometheus server instead of scraping each /metrics")
+    parser.add_argument("--admin-key-env", default=DEFAULT_ADMIN_KEY_ENV, metavar="VAR",
+                        help=f"environment variable with the servers' admin API key (default {DEFAULT_ADMIN_KEY_ENV})")
+    parser.add_argument("--dry-run", action="store_true", help="decide and log, never push")
+    parser.add_argument("--metrics-port", type=int, default=DEFAULT_METRICS_PORT,
+                        help=f"port for the controller's own /metrics (default {DEFAULT_METRICS_PORT}, 0 = off)")
+    parser.add_argument("--metrics-addr", default="0.0.0.0", help="address for the controller's /metrics")
+    parser.add_argument("--otlp-endpoint", default=os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"),
+                        help="send decision spans over OTLP (default $OTEL_EXPORTER_OTLP_ENDPOINT)")
+    parser.add_argument("--trace-console", action="store_true", help="print decision spans to stderr")
+    parser.add_argument("--max-intervals", type=int, help="stop after this many intervals (default: run forever)")
+    parser.add_argument("--log-level", default="INFO", help="stderr log level (default INFO)")
+    parser.add_argument("--simulate", choices=sorted(SCENARIOS), metavar="SCENARIO",
+                        help=f"run a simulated scenario instead: {', '.join(sorted(SCENARIOS))}")
+    parser.add_argument("--json", metavar="OUT", help="with --simulate: write per-interval results as JSON")
+    parser.add_argument("--plot", metavar="OUT.png", help="with --simulate: plot budget and gain per cohort")
+    return parser
+
+
+def _configure_logging(level: str) -> None:
+    logging.basicConfig(level=level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    decision_log.handlers = [handler]  # one JSON line per decision on stdout, also when re-entered
+    decision_log.setLevel(logging.INFO)
+    decision_log.propagate = False
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    from controller.sim_goals import format_scores, score_run
+    from controller.sim_output import plot_run, write_json
+    from controller.simulator import run_scenario
+
+    # Thousands of simulated decisions and pushes would flood the terminal: report only the outcome.
+    logging.getLogger("controller").setLevel(logging.ERROR)
+    decision_log.setLevel(logging.WARNING)
+    result = run_scenario(SCENARIOS[args.simulate])
+    score = score_run(result)
+    if args.json:
+        write_json(result, score, args.json)
+    if args.plot:
+        plot_run(result, args.plot)
+    print(format_scores([score]))
+    return 0 if score.passed else 1
+
+
+def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    if not args.policy or not args.server:
+        parser.error("--policy and at least one --server are required (or use --simulate)")
+    try:
+        policy = load_policy(args.policy)
+    except PolicyError as exc:
+        for problem in exc.problems:
+            print(problem, file=sys.stderr)
+        return 2
+    admin_key = os.environ.get(args.admin_key_env)
+    if not admin_key and not args.dry_run:
+        parser.error(f"${args.admin_key_env} is not set -- export the servers' admin API key or use --dry-run")
+    interval = policy.controller.interval_s
+    telemetry: TelemetrySource = (PrometheusApiSource(args.prometheus, interval, urllib_transport)
+                                  if args.prometheus else ScrapeSource(args.server, urllib_transport))
+    observer = Observer(make_tracer(args.otlp_endpoint, args.trace_console), started_at=time.time())
+    if args.metrics_port:
+        from prometheus_client import start_http_server
+
+        start_http_server(args.metrics_port, addr=args.metrics_addr, registry=observer.registry)
+    clients = [ServerClient(url, policy, admin_key) for url in args.server]
+    controller = Controller(policy, telemetry, clients, time.time, observer, dry_run=args.dry_run)
+    controller.resume()
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    done = 0
+    while not stop.is_set() and (args.max_intervals is None or done < args.max_intervals):
+        started = time.monotonic()
+        controller.step()
+        done += 1
+        stop.wait(max(0.0, interval - (time.monotonic() - started)))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _configure_logging(args.log_level)
+    if args.simulate:
+        return _simulate(args)
+    return _run(args, parser)

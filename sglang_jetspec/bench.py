@@ -1,0 +1,250 @@
+"""`jetspec bench`: every drafting method over a grid of tree budgets, batch sizes and temperatures.
+
+Each (batch size, temperature) group first measures autoregressive decoding (budget 0, no drafter)
+on the same requests; every speculative cell's speedup is relative to that run. Methods:
+  jetspec  the causal head from --head, best-first tree of width --tree-width
+  dflash   the bidirectional head from --dflash-head, same tree
+  chain    the --head head with tree width 1 (a single drafted path)
+  lookup   prompt lookup (n-gram match in the request's own tokens), width 1, no model
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import shlex
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import transformers
+
+from .bench_report import AUTOREGRESSIVE, format_summary, markdown_report, plot_report, summarize
+from .core.head_config import HeadConfigError
+from .core.head_io import read_head_config
+from .core.sampling import SamplingParams
+from .generate import RunFigures, timed_run
+from .loading import load_drafter, load_target
+from .models.fetch import sha256_file
+from .prompts import HUMANEVAL, PromptError, encode, humaneval_prompts, read_prompt_file
+from .reference.engine import Drafter, EngineConfig, ReferenceEngine, Request, RequestOutput
+from .reference.lookup import PromptLookupDrafter
+from .reference.target import TargetModel
+
+WARMUP_TOKENS = 8
+
+
+class BenchError(ValueError):
+    """Bench input that cannot be used; the message names the flag and the fix."""
+
+
+@dataclass(frozen=True)
+class Contender:
+    """A method ready to run: its drafter and the tree width it drafts with."""
+
+    method: str
+    drafter: Drafter
+    tree_width: int
+
+
+@dataclass
+class BenchRecord:
+    method: str
+    budget: int
+    batch_size: int
+    temperature: float
+    requests: int
+    tokens: int
+    seconds: float
+    tokens_per_s: float
+    mean_accept_length: float  # committed tokens per verify, bonus included
+    speedup_vs_ar: float
+    greedy_mismatches: int | None  # requests whose output differs from autoregressive; None when sampled
+
+
+def _head_is_causal(flag: str, head_dir: str) -> bool:
+    try:
+        return read_head_config(head_dir).causal_head
+    except HeadConfigError as exc:
+        raise BenchError(f"{flag} {head_dir}: {exc}") from exc
+
+
+def check_options(args) -> None:
+    """Refuse missing or swapped heads and impossible lookup settings before anything slow is loaded."""
+    methods = set(args.methods)
+    if "dflash" in methods:
+        if not args.dflash_head:
+            raise BenchError("--methods includes dflash but --dflash-head is missing: pass a bidirectional (DFlash-style) head directory, or drop dflash from --methods")
+        if _head_is_causal("--dflash-head", args.dflash_head):
+            raise BenchError(
+                f"--dflash-head {args.dflash_head}: config.json has dflash_config.causal_head true, a causal (JetSpec) head; "
+                "dflash needs a bidirectional head (causal_head false). Pass this head as --head instead"
+            )
+    # --head unset or 'untrained' means the shipped or a fresh head, both causal
+    if methods & {"jetspec", "chain"} and args.head not in (None, "untrained") and not _head_is_causal("--head", args.head):
+        raise BenchError(
+            f"--head {args.head}: config.json has dflash_config.causal_head false, a bidirectional head; "
+            "jetspec and chain need a causal head. Pass this head as --dflash-head instead"
+        )
+    if args.lookup_min_ngram > args.lookup_max_ngram:
+        raise BenchError(f"--lookup-min-ngram {args.lookup_min_ngram} is above --lookup-max-ngram {args.lookup_max_ngram}; lower the first or raise the second")
+
+
+def select_prompts(source: str, selection: slice | None) -> tuple[list, range]:
+    """Prompt records (raw strings for HumanEval) chosen by --prompt-range, and their indices."""
+    if source == HUMANEVAL:
+        records: list = humaneval_prompts()
+    elif not Path(source).is_file():
+        raise BenchError(f"--prompts {source}: no such file; pass 'humaneval' or a JSONL file with a prompt or messages field per line")
+    else:
+        try:
+            records = read_prompt_file(source)
+        except PromptError as exc:
+            raise BenchError(f"--prompts {exc}") from exc
+    indices = range(len(records))[selection or slice(None)]
+    if not indices:
+        raise BenchError(f"--prompt-range selects none of the {len(records)} prompts in {source}; pick start:stop within 0:{len(records)}")
+    return [records[i] for i in indices], indices
+
+
+def _load_head(target: TargetModel, flag: str, value: str | None) -> tuple[Drafter, str]:
+    try:
+        return load_drafter(target, value)
+    except HeadConfigError as exc:
+        raise BenchError(f"{flag} {value}: {exc}") from exc
+
+
+def load_contenders(args, target: TargetModel) -> tuple[list[Contender], dict[str, str]]:
+    """Drafters for the requested methods (each head loaded once) and the label of each head used."""
+    labels: dict[str, str] = {}
+    head = dflash_head = None
+    if {"jetspec", "chain"} & set(args.methods):
+        head, labels["head"] = _load_head(target, "--head", args.head)
+    if "dflash" in args.methods:
+        dflash_head, labels["dflash_head"] = _load_head(target, "--dflash-head", args.dflash_head)
+    lookup = PromptLookupDrafter(target.info.vocab_size, args.lookup_depth, args.lookup_min_ngram, args.lookup_max_ngram)
+    drafting = {"jetspec": (head, args.tree_width), "dflash": (dflash_head, args.tree_width), "chain": (head, 1), "lookup": (lookup, 1)}
+    return [Contender(method, *drafting[method]) for method in args.methods], labels
+
+
+def make_requests(prompt_ids: list[list[int]], temperature: float, max_new_tokens: int, seed: int) -> list[Request]:
+    """One request per prompt; sampled requests get their own seed so every method sees the same streams."""
+    return [Request(ids, SamplingParams(temperature=temperature, seed=seed + i, max_new_tokens=max_new_tokens), str(i)) for i, ids in enumerate(prompt_ids)]
+
+
+class GridRunner:
+    """Runs cells on one target; a fresh engine per cell because the engine sets the target's tap layers."""
+
+    def __init__(self, target: TargetModel, args) -> None:
+        self.target = target
+        self.args = args
+
+    def engine(self, drafter: Drafter | None, tree_width: int, batch_size: int) -> ReferenceEngine:
+        config = EngineConfig(tree_width=tree_width, fanout=self.args.fanout, acceptance=self.args.acceptance, max_batch_size=batch_size)
+        return ReferenceEngine(self.target, drafter, config)
+
+    def warm_up(self, prompt_ids: list[list[int]], batch_size: int) -> None:
+        """A short run at this batch size, so one-off allocation costs do not land in the first measurement."""
+        requests = make_requests(prompt_ids[:batch_size], 0.0, min(WARMUP_TOKENS, self.args.max_new_tokens), self.args.seed)
+        timed_run(self.engine(None, 1, batch_size), requests, 0, "warmup")
+
+    def group(self, contenders: list[Contender], requests: list[Request], batch_size: int, temperature: float) -> list[BenchRecord]:
+        """Autoregressive, then every method x budget, on the same requests."""
+        baseline, baseline_outputs = timed_run(self.engine(None, 1, batch_size), requests, 0, AUTOREGRESSIVE)
+
+        def record(run: RunFigures, outputs: list[RequestOutput]) -> BenchRecord:
+            # sampled outputs legitimately differ from autoregressive ones: only greedy runs are compared
+            mismatches = sum(a.output_ids != b.output_ids for a, b in zip(outputs, baseline_outputs)) if temperature == 0 else None
+            cell = BenchRecord(run.mode, run.budget, batch_size, temperature, run.requests, run.tokens, run.seconds, run.tokens_per_s,
+                               run.mean_accept_length, run.tokens_per_s / baseline.tokens_per_s, mismatches)
+            print(f"batch {batch_size} T={temperature:g} {cell.method:<15} budget {cell.budget:>4}: {cell.tokens_per_s:8.2f} tok/s  "
+                  f"accept {cell.mean_accept_length:5.2f}  speedup {cell.speedup_vs_ar:5.2f}x", flush=True)
+            return cell
+
+        records = [record(baseline, baseline_outputs)]
+        for contender in contenders:
+            for budget in self.args.budgets:
+                engine = self.engine(contender.drafter, contender.tree_width, batch_size)
+                records.append(record(*timed_run(engine, requests, budget, contender.method)))
+        return records
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def describe_head(label: str) -> dict:
+    """A head's source and the sha256 of each of its files (labels of untrained heads have no files)."""
+    path = Path(label)
+    if not path.is_dir():
+        return {"source": label, "sha256": None}
+    return {"source": str(path.resolve()), "sha256": {f.name: sha256_file(f) for f in sorted(path.iterdir()) if f.is_file()}}
+
+
+def run_header(args, target: TargetModel, head_labels: dict[str, str], indices: range) -> dict:
+    machine = {"device": args.device, "cpu": cpu_model(), "threads": torch.get_num_threads()}
+    if target.device.type == "cuda":
+        machine["gpu"] = torch.cuda.get_device_name(target.device)
+    return {
+        "machine": machine,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "dtype": args.dtype,
+        "target": str(target.path),
+        "heads": {flag: describe_head(label) for flag, label in head_labels.items()},
+        "command_line": shlex.join(["jetspec", *args.argv]),
+        "prompts": args.prompts,
+        "prompt_range": f"{indices.start}:{indices.stop}",
+        "max_new_tokens": args.max_new_tokens,
+        "tree": {"width": args.tree_width, "fanout": args.fanout},
+        "acceptance": args.acceptance,
+        "seed": args.seed,
+        "lookup": {"min_ngram": args.lookup_min_ngram, "max_ngram": args.lookup_max_ngram, "max_depth": args.lookup_depth},
+    }
+
+
+def bench(args) -> dict:
+    check_options(args)
+    prompts, indices = select_prompts(args.prompts, args.prompt_range)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    target = load_target(args.target, args.dtype, args.device)
+    prompt_ids = [encode(p, target.tokenizer) for p in prompts]
+    contenders, head_labels = load_contenders(args, target)
+    runner = GridRunner(target, args)
+    records: list[BenchRecord] = []
+    for batch_size in args.batch_sizes:
+        runner.warm_up(prompt_ids, batch_size)
+        for temperature in args.temperatures:
+            requests = make_requests(prompt_ids, temperature, args.max_new_tokens, args.seed)
+            records += runner.group(contenders, requests, batch_size, temperature)
+    rows = [asdict(r) for r in records]
+    report = {"header": run_header(args, target, head_labels, indices), "records": rows, "summary": summarize(rows)}
+    write_outputs(report, args)
+    return report
+
+
+def write_outputs(report: dict, args) -> None:
+    print(format_summary(report["summary"]))
+    Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+    if args.markdown:
+        Path(args.markdown).write_text(markdown_report(report))
+    if args.plot:
+        plot_report(report["records"], args.plot)
+
+
+def run(args) -> int:
+    """The command: 0 on success, 2 with a message naming the flag on bad input."""
+    try:
+        bench(args)
+    except BenchError as exc:
+        print(f"jetspec bench: {exc}", file=sys.stderr)
+        return 2
+    return 0

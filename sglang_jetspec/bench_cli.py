@@ -1,0 +1,92 @@
+"""The `jetspec bench` command line: its arguments, checked at parse time so every error names its flag.
+
+Kept free of torch so building the `jetspec` parser stays fast; the run itself is `bench.run`.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Callable
+
+METHODS = ("jetspec", "dflash", "chain", "lookup")
+
+
+def comma_list(convert: Callable[[str], object], allowed: Callable[[object], bool], what: str, example: str) -> Callable[[str], list]:
+    """An argparse type for `a,b,c`: each part converted by `convert` and checked by `allowed`."""
+
+    def parse(text: str) -> list:
+        values = []
+        for part in (p.strip() for p in text.split(",")):
+            try:
+                value = convert(part)
+            except ValueError:
+                value = None
+            if value is None or not allowed(value):
+                raise argparse.ArgumentTypeError(f"{part!r}: each item must be {what}; write e.g. {example}")
+            values.append(value)
+        if len(set(values)) != len(values):
+            raise argparse.ArgumentTypeError(f"{text!r} repeats a value; list each once, e.g. {example}")
+        return values
+
+    return parse
+
+
+budget_list = comma_list(int, lambda v: v >= 1, "an integer >= 1 (tree nodes incl. the root; autoregressive is always measured)", "4,8,16")
+batch_size_list = comma_list(int, lambda v: v >= 1, "an integer >= 1", "1,4")
+temperature_list = comma_list(float, lambda v: v >= 0, "a number >= 0 (0 = greedy)", "0,1")
+method_list = comma_list(str, lambda v: v in METHODS, f"one of {', '.join(METHODS)}", ",".join(METHODS))
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be an integer >= 1")
+    return value
+
+
+def prompt_range(text: str) -> slice:
+    """`start:stop` (either may be empty) -> a slice over the prompt list."""
+    start, sep, stop = text.partition(":")
+    try:
+        if not sep:
+            raise ValueError(text)
+        bounds = [int(v) if v.strip() else None for v in (start, stop)]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: write start:stop, e.g. 0:164 or 100:") from None
+    if any(v is not None and v < 0 for v in bounds):
+        raise argparse.ArgumentTypeError(f"{text!r}: indices must be >= 0")
+    return slice(*bounds)
+
+
+def register(sub) -> None:
+    from .cli import add_target_arguments, add_tree_arguments
+
+    p = sub.add_parser("bench", help="speedup and accept length of every drafting method over budgets, batch sizes and temperatures")
+    add_target_arguments(p)
+    add_tree_arguments(p)
+    p.add_argument("--dflash-head", help="bidirectional head directory (config causal_head false), needed by the dflash method")
+    p.add_argument("--prompts", default="humaneval", help="'humaneval' or a JSONL file with prompt/messages per line")
+    p.add_argument("--prompt-range", type=prompt_range, help="start:stop of the prompts to use (default: all)")
+    p.add_argument("--budgets", type=budget_list, default=[4, 8, 16, 32, 64, 128, 256], help="tree budgets, comma-separated (autoregressive is always measured)")
+    p.add_argument("--batch-sizes", type=batch_size_list, default=[1, 4])
+    p.add_argument("--temperatures", type=temperature_list, default=[0.0, 1.0], help="0 = greedy; sampled requests get per-request seeds")
+    p.add_argument("--methods", type=method_list, default=list(METHODS), help=f"comma-separated, from {','.join(METHODS)}")
+    p.add_argument("--max-new-tokens", type=positive_int, default=64)
+    p.add_argument("--seed", type=int, default=0, help="request i samples with seed + i")
+    p.add_argument("--threads", type=positive_int, help="torch CPU threads (default: torch's choice); on a busy shared CPU, fewer threads than cores avoids stalls")
+    p.add_argument("--lookup-min-ngram", type=positive_int, default=2, help="shortest suffix n-gram the lookup drafter matches")
+    p.add_argument("--lookup-max-ngram", type=positive_int, default=4, help="longest suffix n-gram tried first")
+    p.add_argument("--lookup-depth", type=positive_int, default=15, help="longest chain the lookup drafter proposes")
+    p.add_argument("--json", required=True, help="write the header and every cell's record here")
+    p.add_argument("--markdown", help="also write a markdown report here")
+    p.add_argument("--plot", help="also write a PNG of accept length and speedup vs budget here")
+    p.set_defaults(func=_run)
+
+
+def _run(args) -> int:
+    from .bench import run
+
+    return run(args)

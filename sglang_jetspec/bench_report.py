@@ -1,0 +1,122 @@
+"""What `jetspec bench` records mean: per-method summary, markdown report and plot.
+
+Pure functions over the JSON records, so a saved report can be re-rendered without re-running.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+AUTOREGRESSIVE = "autoregressive"  # the method name of each group's budget-0 baseline record
+
+
+def _groups(records: list[dict]) -> dict[tuple[int, float], list[dict]]:
+    """Records by (batch size, temperature), in run order."""
+    groups: dict[tuple[int, float], list[dict]] = {}
+    for r in records:
+        groups.setdefault((r["batch_size"], r["temperature"]), []).append(r)
+    return groups
+
+
+def _methods(records: list[dict]) -> dict[str, list[dict]]:
+    """Speculative records by method, in run order (the autoregressive baseline left out)."""
+    methods: dict[str, list[dict]] = {}
+    for r in records:
+        if r["method"] != AUTOREGRESSIVE:
+            methods.setdefault(r["method"], []).append(r)
+    return methods
+
+
+def summarize(records: list[dict]) -> list[dict]:
+    """Per batch size x temperature x method: the best budget, and the largest budget that still pays (speedup >= 1)."""
+    summary = []
+    for (batch_size, temperature), group in _groups(records).items():
+        for method, cells in _methods(group).items():
+            best = max(cells, key=lambda c: c["speedup_vs_ar"])
+            paying = [c["budget"] for c in cells if c["speedup_vs_ar"] >= 1.0]
+            summary.append({
+                "batch_size": batch_size,
+                "temperature": temperature,
+                "method": method,
+                "best_budget": best["budget"],
+                "best_speedup": best["speedup_vs_ar"],
+                "pays_up_to_budget": max(paying) if paying else None,
+            })
+    return summary
+
+
+def _pays_text(pays_up_to_budget: int | None) -> str:
+    return "never pays" if pays_up_to_budget is None else f"speculation stops paying above budget {pays_up_to_budget}"
+
+
+def format_summary(summary: list[dict]) -> str:
+    return "\n".join(
+        f"batch {s['batch_size']} T={s['temperature']:g} {s['method']:<8} best budget {s['best_budget']} "
+        f"({s['best_speedup']:.2f}x); {_pays_text(s['pays_up_to_budget'])}"
+        for s in summary
+    )
+
+
+def _table(columns: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)] + ["| " + " | ".join(row) + " |" for row in rows]
+
+
+def _digests(sha256: dict[str, str] | None) -> str:
+    return f" (sha256 {', '.join(f'{name} {digest[:12]}' for name, digest in sha256.items())})" if sha256 else ""
+
+
+def markdown_report(report: dict) -> str:
+    h = report["header"]
+    machine = h["machine"]
+    heads = "; ".join(f"{flag} `{info['source']}`" + _digests(info["sha256"]) for flag, info in h["heads"].items())
+    lines = [
+        "# jetspec bench",
+        "",
+        f"- machine: {machine['device']}, {machine.get('gpu') or machine['cpu']}, {machine['threads']} threads; torch {h['torch']}, {h['dtype']}",
+        f"- target: `{h['target']}`",
+        f"- heads: {heads or 'none (lookup only)'}",
+        f"- prompts: {h['prompts']} [{h['prompt_range']}], {h['max_new_tokens']} new tokens; tree width {h['tree']['width']} ({h['tree']['fanout']})",
+        f"- command: `{h['command_line']}`",
+        "",
+        "## Results",
+        "",
+    ]
+    columns = ["batch", "temperature", "method", "budget", "tokens/s", "accept length", "speedup vs AR", "greedy mismatches"]
+    rows = [
+        [str(r["batch_size"]), f"{r['temperature']:g}", r["method"], str(r["budget"]), f"{r['tokens_per_s']:.2f}",
+         f"{r['mean_accept_length']:.2f}", f"{r['speedup_vs_ar']:.2f}x", "-" if r["greedy_mismatches"] is None else str(r["greedy_mismatches"])]
+        for r in report["records"]
+    ]
+    lines += _table(columns, rows) + ["", "## Summary", ""]
+    columns = ["batch", "temperature", "method", "best budget", "best speedup", "pays up to budget"]
+    rows = [
+        [str(s["batch_size"]), f"{s['temperature']:g}", s["method"], str(s["best_budget"]), f"{s['best_speedup']:.2f}x",
+         "never pays" if s["pays_up_to_budget"] is None else str(s["pays_up_to_budget"])]
+        for s in report["summary"]
+    ]
+    return "\n".join(lines + _table(columns, rows)) + "\n"
+
+
+def plot_report(records: list[dict], path: str | Path) -> None:
+    """One row per batch size x temperature: accept length and speedup vs budget, one line per method."""
+    from matplotlib.figure import Figure  # no pyplot: no global state, no display backend needed
+
+    groups = _groups(records)
+    fig = Figure(figsize=(11, 3.4 * len(groups)), layout="constrained")
+    axes = fig.subplots(len(groups), 2, squeeze=False)
+    for (accept_ax, speedup_ax), ((batch_size, temperature), group) in zip(axes, groups.items()):
+        for method, cells in _methods(group).items():
+            budgets = [c["budget"] for c in cells]
+            accept_ax.plot(budgets, [c["mean_accept_length"] for c in cells], marker="o", label=method)
+            speedup_ax.plot(budgets, [c["speedup_vs_ar"] for c in cells], marker="o", label=method)
+        speedup_ax.axhline(1.0, color="grey", linestyle="--", label=AUTOREGRESSIVE)
+        budgets = sorted({c["budget"] for c in group if c["method"] != AUTOREGRESSIVE})
+        for ax, what in ((accept_ax, "mean accept length (tokens / verify)"), (speedup_ax, "speedup vs autoregressive")):
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(budgets, labels=[str(b) for b in budgets])
+            ax.set_xlabel("tree budget (nodes incl. root)")
+            ax.set_ylabel(what)
+            ax.set_title(f"batch {batch_size}, temperature {temperature:g}")
+            ax.grid(True, alpha=0.3)
+            ax.legend(fontsize="small")
+    fig.savefig(path, dpi=100)

@@ -1,0 +1,179 @@
+"""Push client and controller loop against a real HTTP control endpoint on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+
+from controller.http import urllib_transport
+from controller.loop import Controller
+from controller.observability import Observer
+from controller.server_client import PushRejected, ServerClient, ServerUnavailable
+from controller.telemetry import ScrapeSource
+from policies.problems import PolicyError
+from policies.table import PolicyTable, default_table
+
+
+class Clock:
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make_client(server, policy, key=None, sleeps=None, attempts=4):
+    sleep = sleeps.append if sleeps is not None else (lambda s: None)
+    return ServerClient(server.url, policy, key or server.admin_key, sleep=sleep, attempts=attempts, timeout_s=5)
+
+
+def table_with(policy, budget=64, probe=None) -> PolicyTable:
+    data = default_table(policy).model_dump()
+    data["cohorts"][0].update(budget=budget, probe=probe)
+    return PolicyTable.model_validate(data)
+
+
+def make_controller(server, policy, clock, dry_run=False):
+    observer = Observer(TracerProvider().get_tracer("test"), started_at=clock())
+    controller = Controller(policy, ScrapeSource([server.url], urllib_transport), [make_client(server, policy)],
+                            clock, observer, dry_run=dry_run)
+    return controller, observer
+
+
+def test_push_sends_the_admin_key_and_the_contract_body(control_server, test_policy):
+    table = table_with(test_policy, probe={"budget": 16, "share": 0.05})
+    state = make_client(control_server, test_policy).push(table)
+    assert (state.source, state.table, state.generation) == ("pushed", table, 1)
+    (post,) = control_server.posts()
+    assert post.path == "/set_internal_state"
+    assert post.headers["Authorization"] == f"Bearer {control_server.admin_key}"
+    assert json.loads(post.body) == {"server_args": {"jetspec_policy": table.model_dump(mode="json")}}
+    readback = make_client(control_server, test_policy).read_state()
+    assert readback.table == table and readback.expires_at == control_server.now[0] + 90
+
+
+def test_push_retries_with_exponential_backoff(control_server, test_policy):
+    control_server.fail_next[0] = 2
+    sleeps: list[float] = []
+    make_client(control_server, test_policy, sleeps=sleeps).push(table_with(test_policy))
+    assert sleeps == [0.5, 1.0]
+    assert len(control_server.posts()) == 3
+
+
+def test_push_gives_up_after_the_last_attempt(control_server, test_policy):
+    control_server.fail_next[0] = 100
+    sleeps: list[float] = []
+    with pytest.raises(ServerUnavailable, match="gave up after 3 attempts"):
+        make_client(control_server, test_policy, sleeps=sleeps, attempts=3).push(table_with(test_policy))
+    assert sleeps == [0.5, 1.0]
+    assert len(control_server.posts()) == 3
+
+
+def test_wrong_admin_key_is_not_retried(control_server, test_policy):
+    with pytest.raises(PushRejected, match="401"):
+        make_client(control_server, test_policy, key="wrong").push(table_with(test_policy))
+    assert len(control_server.posts()) == 1
+    assert control_server.active.state(control_server.now[0]).source == "yaml"
+
+
+def test_invalid_table_is_never_sent(control_server, test_policy):
+    data = default_table(test_policy).model_dump()
+    data["cohorts"][0]["budget"] = 32  # pydantic-valid, but not a candidate of bs1
+    with pytest.raises(PolicyError, match=r"cohorts\[0\].budget 32 is not a candidate"):
+        make_client(control_server, test_policy).push(PolicyTable.model_validate(data))
+    assert control_server.requests == []
+
+
+def test_unreachable_server_is_unavailable(test_policy):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    client = ServerClient(f"http://127.0.0.1:{port}", test_policy, "any-key", sleep=lambda s: None, attempts=2)
+    with pytest.raises(ServerUnavailable):
+        client.read_state()
+
+
+def test_controller_pushes_renews_and_tracks_staleness(control_server, test_policy):
+    clock = Clock(1000.0)
+    controller, observer = make_controller(control_server, test_policy, clock)
+    controller.resume()
+    assert controller.step() == []  # first scrape only sets the counter baseline
+    assert control_server.posts() == []
+    clock.now += 10
+    decisions = controller.step()
+    assert {d.cohort for d in decisions} == {"bs1", "bs2-8"}
+    assert len(control_server.posts()) == 1  # probes started: one push
+    assert control_server.active.state(clock.now).table == controller.table
+    clock.now += 10
+    controller.step()
+    assert len(control_server.posts()) == 1  # same table, renewal not due yet
+    clock.now += test_policy.controller.ttl_s / 2
+    controller.step()
+    assert len(control_server.posts()) == 2  # renewed at half-life
+    assert observer.registry.get_sample_value("jetspec_controller_pushes_total", {"server": control_server.url}) == 2
+    assert observer.registry.get_sample_value("jetspec_controller_staleness_seconds",
+                                              {"server": control_server.url}) == 0.0
+
+
+def test_dry_run_never_pushes(control_server, test_policy):
+    clock = Clock(1000.0)
+    controller, _ = make_controller(control_server, test_policy, clock, dry_run=True)
+    controller.resume()
+    for _ in range(4):
+        controller.step()
+        clock.now += 10
+    assert control_server.posts() == []
+    assert len([r for r in control_server.requests if r.path == "/metrics"]) == 4
+
+
+def test_restart_reads_back_and_resumes_without_pushing(control_server, test_policy):
+    running = table_with(test_policy, budget=64, probe={"budget": 16, "share": 0.05})
+    make_client(control_server, test_policy).push(running)
+    control_server.requests.clear()
+    clock = Clock(control_server.now[0] + 20)
+    controller, observer = make_controller(control_server, test_policy, clock)
+    controller.resume()
+    assert controller.table == running
+    controller.step()
+    assert control_server.posts() == []
+    assert observer.registry.get_sample_value("jetspec_controller_staleness_seconds",
+                                              {"server": control_server.url}) == 0.0
+
+
+def test_invalid_decision_keeps_the_last_good_table(control_server, test_policy, monkeypatch):
+    clock = Clock(1000.0)
+    controller, observer = make_controller(control_server, test_policy, clock)
+    controller.resume()
+    controller.step()
+    clock.now += 10
+    controller.step()
+    good = control_server.active.state(clock.now).table
+    bad = default_table(test_policy).model_dump()
+    bad["cohorts"][0]["budget"] = 32
+    monkeypatch.setattr(controller._decider, "table", lambda: PolicyTable.model_validate(bad))
+    pushes_before = len(control_server.posts())
+    clock.now += 10
+    controller.step()
+    assert observer.registry.get_sample_value("jetspec_controller_invalid_tables_total") == 1
+    assert controller.table == good
+    assert len(control_server.posts()) == pushes_before
+    assert all(json.loads(p.body)["server_args"]["jetspec_policy"]["cohorts"][0]["budget"] != 32
+               for p in control_server.posts())
+
+
+def test_failed_push_is_counted_and_retried_next_interval(control_server, test_policy):
+    clock = Clock(1000.0)
+    controller, observer = make_controller(control_server, test_policy, clock)
+    controller.resume()
+    controller.step()
+    clock.now += 10
+    control_server.fail_next[0] = 4  # every attempt of the next push
+    controller.step()
+    labels = {"server": control_server.url, "kind": "unavailable"}
+    assert observer.registry.get_sample_value("jetspec_controller_push_failures_total", labels) == 1
+    clock.now += 10
+    controller.step()
+    assert control_server.active.state(clock.now).table == controller.table

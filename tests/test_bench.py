@@ -1,0 +1,126 @@
+"""`jetspec bench`: a tiny grid on SmolLM2 with untrained heads, the summary logic, and bad input."""
+
+import dataclasses
+import json
+
+import pytest
+
+from sglang_jetspec.bench_report import summarize
+from sglang_jetspec.cli import main
+from sglang_jetspec.core.head_io import init_head, save_head
+from sglang_jetspec.loading import untrained_head_config
+
+RECORD_FIELDS = {"method", "budget", "batch_size", "temperature", "requests", "tokens", "seconds", "tokens_per_s",
+                 "mean_accept_length", "speedup_vs_ar", "greedy_mismatches"}
+
+
+@pytest.fixture(scope="module")
+def heads(smollm2, tmp_path_factory):
+    """Two untrained heads on disk: causal (for --head) and bidirectional (for --dflash-head)."""
+    root = tmp_path_factory.mktemp("heads")
+    cfg = untrained_head_config(smollm2)
+    causal = save_head(init_head(cfg), root / "causal")
+    bidirectional = save_head(init_head(dataclasses.replace(cfg, causal_head=False), seed=1), root / "bidirectional")
+    return causal, bidirectional
+
+
+@pytest.fixture()
+def prompts_file(tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    lines = [{"prompt": "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n"}, {"messages": [{"role": "user", "content": "Count from 1 to 9."}]}]
+    path.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    return path
+
+
+def bench_args(smollm2_dir, heads, prompts, json_out, *extra):
+    causal, bidirectional = heads
+    return ["bench", "--target", str(smollm2_dir), "--head", str(causal), "--dflash-head", str(bidirectional),
+            "--prompts", str(prompts), "--json", str(json_out), *extra]
+
+
+def test_bench_grid_writes_json_markdown_and_plot(tmp_path, smollm2_dir, heads, prompts_file, capsys, single_thread):
+    out, md, png = tmp_path / "bench.json", tmp_path / "bench.md", tmp_path / "bench.png"
+    code = main(bench_args(smollm2_dir, heads, prompts_file, out, "--budgets", "4,8", "--batch-sizes", "1", "--temperatures", "0",
+                           "--methods", "jetspec,dflash,chain,lookup", "--max-new-tokens", "8", "--threads", "1", "--markdown", str(md), "--plot", str(png)))
+    assert code == 0
+    report = json.loads(out.read_text())
+    records = report["records"]
+    assert all(set(r) == RECORD_FIELDS for r in records)
+    assert [(r["method"], r["budget"]) for r in records] == [("autoregressive", 0)] + [(m, b) for m in ("jetspec", "dflash", "chain", "lookup") for b in (4, 8)]
+    ar = records[0]
+    assert ar["speedup_vs_ar"] == 1.0 and ar["mean_accept_length"] == 1.0
+    for r in records:
+        assert r["requests"] == 2 and r["tokens"] == ar["tokens"] and r["batch_size"] == 1 and r["temperature"] == 0
+        assert r["greedy_mismatches"] == 0
+        assert r["tokens_per_s"] > 0 and r["mean_accept_length"] >= 1.0
+        assert r["speedup_vs_ar"] == pytest.approx(r["tokens_per_s"] / ar["tokens_per_s"])
+    header = report["header"]
+    assert header["machine"]["cpu"] and header["machine"]["threads"] == 1 and header["torch"] and header["dtype"] == "fp32"
+    assert set(header["heads"]) == {"head", "dflash_head"}
+    assert all(len(h["sha256"]["model.safetensors"]) == 64 for h in header["heads"].values())
+    assert header["command_line"].startswith("jetspec bench --target")
+    assert {(s["method"], s["batch_size"]) for s in report["summary"]} == {(m, 1) for m in ("jetspec", "dflash", "chain", "lookup")}
+    table = md.read_text()
+    assert "| batch | temperature | method | budget |" in table and "| 1 | 0 | lookup | 8 |" in table
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    printed = capsys.readouterr().out
+    assert "best budget" in printed and ("stops paying above budget" in printed or "never pays" in printed)
+
+
+def cell(method, budget, speedup):
+    return {"method": method, "budget": budget, "batch_size": 1, "temperature": 0.0, "speedup_vs_ar": speedup}
+
+
+def test_summary_finds_best_budget_and_where_speculation_stops_paying():
+    records = [cell("autoregressive", 0, 1.0), cell("jetspec", 4, 1.2), cell("jetspec", 16, 1.5), cell("jetspec", 64, 1.0),
+               cell("jetspec", 256, 0.6), cell("lookup", 4, 0.9), cell("lookup", 16, 0.8)]
+    by_method = {s["method"]: s for s in summarize(records)}
+    assert set(by_method) == {"jetspec", "lookup"}
+    assert by_method["jetspec"]["best_budget"] == 16 and by_method["jetspec"]["pays_up_to_budget"] == 64
+    assert by_method["lookup"]["best_budget"] == 4 and by_method["lookup"]["pays_up_to_budget"] is None
+
+
+def run_failing(argv, capsys):
+    """Exit code and stderr of a bench call that must fail before loading anything."""
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # argparse errors
+        code = exc.code
+    return code, capsys.readouterr().err
+
+
+def test_dflash_without_dflash_head_names_the_flag(tmp_path, smollm2_dir, heads, prompts_file, capsys):
+    argv = ["bench", "--target", str(smollm2_dir), "--head", str(heads[0]), "--prompts", str(prompts_file), "--methods", "jetspec,dflash", "--json", str(tmp_path / "o.json")]
+    code, err = run_failing(argv, capsys)
+    assert code == 2 and "--dflash-head is missing" in err
+
+
+def test_unknown_method_names_the_flag(tmp_path, smollm2_dir, heads, prompts_file, capsys):
+    code, err = run_failing(bench_args(smollm2_dir, heads, prompts_file, tmp_path / "o.json", "--methods", "jetspec,medusa"), capsys)
+    assert code == 2 and "--methods" in err and "'medusa'" in err and "lookup" in err
+
+
+def test_swapped_heads_are_refused_with_the_fix(tmp_path, smollm2_dir, heads, prompts_file, capsys):
+    causal, bidirectional = heads
+    code, err = run_failing(bench_args(smollm2_dir, (causal, causal), prompts_file, tmp_path / "o.json"), capsys)
+    assert code == 2 and f"--dflash-head {causal}" in err and "causal_head true" in err and "--head" in err
+    code, err = run_failing(bench_args(smollm2_dir, (bidirectional, bidirectional), prompts_file, tmp_path / "o.json", "--methods", "chain"), capsys)
+    assert code == 2 and f"--head {bidirectional}" in err and "causal_head false" in err
+
+
+def test_malformed_prompt_line_names_the_flag_and_line(tmp_path, smollm2_dir, heads, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "ok"}\n{"prompt": "unterminated\n')
+    code, err = run_failing(bench_args(smollm2_dir, heads, bad, tmp_path / "o.json"), capsys)
+    assert code == 2 and "--prompts" in err and f"{bad}:2:" in err
+
+
+@pytest.mark.parametrize("flag, value", [("--budgets", "4,0"), ("--budgets", "4,4"), ("--batch-sizes", "one"), ("--temperatures", "-1"), ("--prompt-range", "7"), ("--lookup-depth", "0")])
+def test_bad_values_are_refused_at_parse_time_naming_the_flag(tmp_path, smollm2_dir, heads, prompts_file, capsys, flag, value):
+    code, err = run_failing(bench_args(smollm2_dir, heads, prompts_file, tmp_path / "o.json", flag, value), capsys)
+    assert code == 2 and f"argument {flag}" in err
+
+
+def test_prompt_range_selecting_nothing_says_how_many_prompts_there_are(tmp_path, smollm2_dir, heads, prompts_file, capsys):
+    code, err = run_failing(bench_args(smollm2_dir, heads, prompts_file, tmp_path / "o.json", "--prompt-range", "5:9"), capsys)
+    assert code == 2 and "--prompt-range" in err and "2 prompts" in err
