@@ -89,8 +89,7 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     try:
         policy = load_policy(args.policy)
     except PolicyError as exc:
-        for problem in exc.problems:
-            print(problem, file=sys.stderr)
+        exc.report()
         return 2
     admin_key = os.environ.get(args.admin_key_env)
     if not admin_key and not args.dry_run:

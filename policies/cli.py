@@ -20,8 +20,7 @@ def _check(args: argparse.Namespace) -> int:
         head = read_head_capacity(args.head) if args.head else None
         load_policy(args.file, head)
     except PolicyError as exc:
-        for problem in exc.problems:
-            print(problem, file=sys.stderr)
+        exc.report()
         return 1
     except ValueError as exc:  # unreadable head config
         print(exc, file=sys.stderr)
@@ -47,8 +46,7 @@ def _show(args: argparse.Namespace) -> int:
     try:
         policy = load_policy(args.file)
     except PolicyError as exc:
-        for problem in exc.problems:
-            print(problem, file=sys.stderr)
+        exc.report()
         return 1
     print(render_policy(policy))
     return 0

@@ -6,6 +6,8 @@ operator sees all of them at once; `PolicyError` carries the whole list.
 
 from __future__ import annotations
 
+import sys
+
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
@@ -47,3 +49,8 @@ class PolicyError(ValueError):
     def __init__(self, problems: Iterable[Problem]):
         self.problems = list(problems)
         super().__init__("\n".join(str(p) for p in self.problems))
+
+    def report(self, stream=None) -> None:
+        """Print every problem, one `file:line: problem -- fix` per line (stderr by default)."""
+        for problem in self.problems:
+            print(problem, file=stream or sys.stderr)
