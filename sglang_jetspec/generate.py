@@ -32,7 +32,6 @@ class RunFigures:
 
 
 def timed_run(engine: ReferenceEngine, requests: list[Request], budget: int, mode: str) -> tuple[RunFigures, list[RequestOutput]]:
-    engine.steps.clear()
     start = time.perf_counter()
     outputs = engine.generate(requests, budget=budget)
     seconds = time.perf_counter() - start

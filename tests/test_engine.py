@@ -19,11 +19,11 @@ def requests(tokenizer, max_new_tokens=12, **kwargs):
     return [Request(tokenizer(p)["input_ids"], SamplingParams(max_new_tokens=max_new_tokens, **kwargs), str(i)) for i, p in enumerate(PROMPTS)]
 
 
-def fresh_state(target, committed_ids):
+def fresh_state(target, committed_ids, taps):
     """KV and tapped rows of committed_ids[:-1] computed from scratch in one prefill."""
     ids = committed_ids[:-1]
     cache = target.new_cache(lanes=1, capacity=len(ids))
-    out = target.forward(cache, [Segment.chain(ids, 0)])
+    out = target.forward(cache, [Segment.chain(ids, 0)], taps)
     cache.commit(0, list(range(len(ids))))
     return cache, out.taps[0]
 
@@ -34,7 +34,7 @@ def test_kv_and_hidden_rows_match_a_fresh_prefill_after_every_step(smollm2, head
     def deep_check(record):
         cache, lanes = head_engine.live.cache, head_engine.live.lanes
         for b, lane in enumerate(lanes):
-            ref_cache, ref_taps = fresh_state(smollm2, lane.committed_ids)
+            ref_cache, ref_taps = fresh_state(smollm2, lane.committed_ids, head_engine.tap_layers)
             for layer in (0, 15, 29):
                 k, v = cache.lane_kv(b, layer)
                 rk, rv = ref_cache.lane_kv(0, layer)

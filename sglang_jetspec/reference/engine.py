@@ -137,9 +137,8 @@ class ReferenceEngine:
         self.target = target
         self.drafter = drafter
         self.config = config or EngineConfig()
-        target.set_tap_layers(tuple(getattr(drafter, "tap_layers", ())))
-        self.tap_width = target.info.hidden_size * len(target.tap_layers)
-        self.steps: list[StepRecord] = []
+        self.tap_layers: tuple[int, ...] = tuple(getattr(drafter, "tap_layers", ()))
+        self.tap_width = target.info.hidden_size * len(self.tap_layers)
 
     def start_batch(self) -> "RunningBatch":
         """An empty running batch; requests join with admit() and advance with step()."""
@@ -173,7 +172,7 @@ class ReferenceEngine:
             raise ValueError(f"request {request.request_id!r}: prompt_ids is empty; give at least one token")
         lane = Lane(request, self.target.tokenizer, self.target.eos_token_ids, self.tap_width, self.target.device)
         cache = self.target.new_cache(lanes=1, capacity=len(request.prompt_ids) + 64)
-        out = self.target.forward(cache, [Segment.chain(request.prompt_ids, 0)])
+        out = self.target.forward(cache, [Segment.chain(request.prompt_ids, 0)], self.tap_layers)
         n = len(request.prompt_ids)
         cache.commit(0, list(range(n)))
         if out.taps is not None:
@@ -207,7 +206,7 @@ class ReferenceEngine:
         segments = [
             Segment(tree.tokens, tree.positions(int(cache.lengths[b])), tree.ancestor_mask()) for b, tree in enumerate(trees)
         ]
-        out = self.target.forward(cache, segments)
+        out = self.target.forward(cache, segments, self.tap_layers)
         logits = self.target.logits(out.hidden)
         t_accept = time.perf_counter()
         results = accept_batch(trees, logits, [l.params for l in lanes], [l.generator for l in lanes], self.config.acceptance)
@@ -224,7 +223,6 @@ class ReferenceEngine:
             accept_s=t_end - t_accept,
             wall_s=t_end - t_start,
         )
-        self.steps.append(record)
         return record
 
     def _commit(self, cache: SlotKVCache, lanes: list[Lane], results: list[AcceptResult], taps: torch.Tensor | None) -> int:

@@ -73,9 +73,8 @@ class TargetModel:
             max_position_embeddings=cfg.max_position_embeddings,
         )
         self.eos_token_ids = self._eos_ids()
-        self._tap_layers: tuple[int, ...] = ()
         self._captured: dict[int, torch.Tensor] = {}
-        self._hooks: list = []
+        self._capture_every_layer()
 
     @property
     def embed_tokens(self) -> torch.nn.Module:
@@ -97,27 +96,21 @@ class TargetModel:
             ids.add(self.tokenizer.eos_token_id)
         return frozenset(ids)
 
-    @property
-    def tap_layers(self) -> tuple[int, ...]:
-        return self._tap_layers
-
-    def set_tap_layers(self, layers: tuple[int, ...]) -> None:
-        """Capture the outputs of these decoder layers (HF hidden_states[L + 1]) on every forward."""
-        for hook in self._hooks:
-            hook.remove()
-        self._hooks, self._tap_layers = [], tuple(layers)
-        decoder_layers = self.model.model.layers
-        for layer in self._tap_layers:
-            def capture(_module, _inputs, output, layer=layer):
-                self._captured[layer] = output[0] if isinstance(output, tuple) else output
-            self._hooks.append(decoder_layers[layer].register_forward_hook(capture))
+    def _capture_every_layer(self) -> None:
+        """Keep each decoder layer's output (HF hidden_states[L + 1]) for the duration of one forward,
+        so every caller names its own taps and no engine's choice leaks into another's."""
+        for index, layer in enumerate(self.model.model.layers):
+            def capture(_module, _inputs, output, index=index):
+                self._captured[index] = output[0] if isinstance(output, tuple) else output
+            layer.register_forward_hook(capture)
 
     def new_cache(self, lanes: int = 1, capacity: int = 256) -> SlotKVCache:
         return SlotKVCache(self.model.config.num_hidden_layers, lanes=lanes, capacity=capacity)
 
     @torch.no_grad()
-    def forward(self, cache: SlotKVCache, segments: list[Segment]) -> ForwardOutput:
-        """Run new tokens for every lane of `cache` (one segment per lane, in lane order)."""
+    def forward(self, cache: SlotKVCache, segments: list[Segment], taps: tuple[int, ...] = ()) -> ForwardOutput:
+        """Run new tokens for every lane of `cache` (one segment per lane, in lane order); `taps` names
+        the decoder layers whose outputs come back concatenated (none: taps is None)."""
         if len(segments) != cache.lanes:
             raise ValueError(f"{len(segments)} segments for {cache.lanes} lanes")
         n_max = max(int(s.ids.numel()) for s in segments)
@@ -137,7 +130,6 @@ class TargetModel:
             # Padding queries attend only to their own slot so no softmax row is empty.
             pad = torch.arange(n, n_max)
             mask[b, 0, pad, start + pad] = True
-        self._captured.clear()
         out = self.model.model(
             input_ids=ids.to(self.device),
             position_ids=positions.to(self.device),
@@ -145,10 +137,9 @@ class TargetModel:
             past_key_values=cache,
             use_cache=True,
         )
-        taps = None
-        if self._tap_layers:
-            taps = torch.cat([self._captured[layer] for layer in self._tap_layers], dim=-1)
-        return ForwardOutput(hidden=out.last_hidden_state, taps=taps)
+        tapped = torch.cat([self._captured[layer] for layer in taps], dim=-1) if taps else None
+        self._captured.clear()
+        return ForwardOutput(hidden=out.last_hidden_state, taps=tapped)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()

@@ -73,7 +73,6 @@ def featurize(target: TargetModel, out_dir: Path, tap_layers: tuple[int, ...], s
     """Teacher features per sequence into features-<taps>/shard-*.safetensors (resumable by shard)."""
     feature_dir = out_dir / ("features-" + "-".join(map(str, tap_layers)))
     feature_dir.mkdir(exist_ok=True)
-    target.set_tap_layers(tap_layers)
     responses = read_responses(out_dir)
     for shard_start in tqdm(range(0, len(responses), shard_size), desc="teacher features", unit="shard"):
         shard_path = feature_dir / f"shard-{shard_start // shard_size:05d}.safetensors"
@@ -83,7 +82,7 @@ def featurize(target: TargetModel, out_dir: Path, tap_layers: tuple[int, ...], s
         for offset, record in enumerate(responses[shard_start : shard_start + shard_size]):
             ids = record["prompt_ids"] + record["output_ids"]
             cache = target.new_cache(lanes=1, capacity=len(ids))
-            out = target.forward(cache, [Segment.chain(ids, 0)])
+            out = target.forward(cache, [Segment.chain(ids, 0)], tap_layers)
             key = str(shard_start + offset)
             tensors[f"{key}.ids"] = torch.tensor(ids, dtype=torch.int32)
             tensors[f"{key}.prompt_len"] = torch.tensor([len(record["prompt_ids"])], dtype=torch.int32)

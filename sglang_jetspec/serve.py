@@ -1,0 +1,90 @@
+"""`jetspec serve`: the reference engine behind HTTP (sglang_jetspec/server.py), driven by a policy file.
+
+    jetspec serve --policy policies/default.yaml [--target smollm2] [--head DIR] [--port 30000]
+                  [--admin-api-key-env JETSPEC_ADMIN_KEY] [--max-batch-size 8]
+
+Prints the server's URL on stdout once it accepts requests; everything else goes to stderr.
+SIGINT/SIGTERM stop it gracefully: new requests get 503, running ones may finish (JetspecServer.stop).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+
+DEFAULT_PORT = 30000  # SGLang's default
+DEFAULT_ADMIN_KEY_ENV = "JETSPEC_ADMIN_KEY"  # the controller's default too
+
+
+def register(sub) -> None:
+    from .cli import add_target_arguments, add_tree_arguments  # cli imports this module
+
+    p = sub.add_parser("serve", help="serve the reference engine over HTTP (SGLang's /generate subset, "
+                                     "/metrics, policy push/readback)")
+    add_target_arguments(p)
+    add_tree_arguments(p)
+    p.add_argument("--policy", required=True, metavar="FILE", help="policy YAML file (see policies/README.md)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0 = any free port)")
+    p.add_argument("--admin-api-key-env", default=DEFAULT_ADMIN_KEY_ENV, metavar="VAR",
+                   help=f"environment variable holding the admin key for policy pushes (default {DEFAULT_ADMIN_KEY_ENV}; "
+                        "unset = pushes refused with 403)")
+    p.add_argument("--max-batch-size", type=int, default=8, help="most requests decoding together (default 8)")
+    p.set_defaults(func=run)
+
+
+def _load_policy(path: str, head_dir: Path | None):
+    from policies import load_policy, read_head_capacity
+
+    return load_policy(path, read_head_capacity(head_dir) if head_dir else None)
+
+
+def run(args: argparse.Namespace) -> int:
+    from policies import PolicyError
+
+    from .loading import DTYPES, load_drafter, resolve_head_dir, resolve_target_dir
+    from .reference.engine import EngineConfig, ReferenceEngine
+    from .reference.target import TargetModel
+    from .server import JetspecServer
+
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.max_batch_size < 1:
+        print(f"jetspec serve: --max-batch-size {args.max_batch_size}: use 1 or more", file=sys.stderr)
+        return 2
+    target_dir = resolve_target_dir(args.target)
+    try:  # before the model loads: a policy mistake should fail in a second, not after the load
+        policy = _load_policy(args.policy, resolve_head_dir(target_dir, args.head))
+    except PolicyError as exc:
+        exc.report()
+        return 2
+    except ValueError as exc:  # unreadable head config
+        print(f"jetspec serve: {exc}", file=sys.stderr)
+        return 2
+    target = TargetModel(target_dir, dtype=DTYPES[args.dtype], device=args.device)
+    drafter, head_label = load_drafter(target, args.head)
+    config = EngineConfig(tree_width=args.tree_width, fanout=args.fanout, acceptance=args.acceptance,
+                          max_batch_size=args.max_batch_size)
+    admin_key = os.environ.get(args.admin_api_key_env) or None
+    if admin_key is None:
+        print(f"jetspec serve: ${args.admin_api_key_env} is not set: policy pushes will be refused (403)", file=sys.stderr)
+    try:
+        server = JetspecServer(ReferenceEngine(target, drafter, config), policy, admin_key, args.host, args.port)
+    except OSError as exc:
+        print(f"jetspec serve: cannot listen on {args.host}:{args.port} ({exc.strerror}) -- pick another --port", file=sys.stderr)
+        return 1
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    server.start()
+    print(f"jetspec serve: {target.path} with {head_label}, policy {args.policy}, batch <= {args.max_batch_size}",
+          file=sys.stderr)
+    print(server.url, flush=True)
+    stop.wait()
+    print("jetspec serve: stopping (finishing running requests)", file=sys.stderr)
+    server.stop()
+    return 0

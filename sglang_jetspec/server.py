@@ -1,0 +1,194 @@
+"""HTTP server for the reference engine, speaking the surface a JetSpec SGLang server offers.
+
+    POST /generate             SGLang's request/response subset (sglang_jetspec/generate_api.py)
+    GET  /metrics              Prometheus text: the telemetry contract (sglang_jetspec/telemetry.py)
+    GET  /health               200 while the engine thread runs
+    POST /set_internal_state   push a budget table (admin key), policies/control_api.py
+    GET  /get_internal_state   the table in force
+
+Routing lives in `JetspecServer.handle` (method, path, headers, body) -> Reply, independent of
+the socket layer; the standard library's threading HTTP server only moves bytes. One engine thread
+(sglang_jetspec/engine_worker.py) owns the engine; handler threads wait on futures.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import urlsplit
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from policies.control_api import handle_get_internal_state, handle_set_internal_state
+from policies.runtime import ActivePolicy
+from policies.schema import Policy
+
+from .engine_worker import EngineWorker, ServerClosing
+from .generate_api import BadRequest, generate_response, parse_generate_request
+from .reference.engine import ReferenceEngine
+from .telemetry import JetspecMetrics
+
+log = logging.getLogger(__name__)
+
+JSON = "application/json"
+
+
+@dataclass(frozen=True)
+class Reply:
+    status: int
+    body: bytes
+    content_type: str = JSON
+
+
+def _json(status: int, payload: Any) -> Reply:
+    return Reply(status, json.dumps(payload).encode())
+
+
+def _error(status: int, message: str) -> Reply:
+    return _json(status, {"error": {"message": message}})  # SGLang's /generate error shape
+
+
+def check_budgets_runnable(policy: Policy, has_drafter: bool) -> None:
+    """Budgets above 1 draft a tree: refuse a policy that lists them when no head is loaded."""
+    if has_drafter:
+        return
+    for i, cohort in enumerate(policy.cohorts):
+        for budget in cohort.budgets:
+            if budget > 1:
+                raise ValueError(f"policy cohorts[{i}] '{cohort.name}' lists budget {budget}, which needs a draft "
+                                 "head, but the server has none -- load a head or list only budgets 0 and 1")
+
+
+class JetspecServer:
+    def __init__(self, engine: ReferenceEngine, policy: Policy, admin_key: str | None = None,
+                 host: str = "127.0.0.1", port: int = 0, clock: Callable[[], float] = time.time):
+        check_budgets_runnable(policy, engine.drafter is not None)
+        self.registry = CollectorRegistry()
+        self.metrics = JetspecMetrics(self.registry)
+        self.active = ActivePolicy(policy)
+        self._engine = engine
+        self._admin_key = admin_key
+        self._clock = clock
+        self._worker = EngineWorker(engine, self.active, self.metrics, clock)
+        self._request_ids = itertools.count()
+        self._routes: dict[tuple[str, str], Callable[[Mapping[str, str], bytes], Reply]] = {
+            ("POST", "/generate"): self._generate,
+            ("GET", "/metrics"): self._metrics_page,
+            ("GET", "/health"): self._health,
+            ("POST", "/set_internal_state"): self._set_internal_state,
+            ("GET", "/get_internal_state"): self._get_internal_state,
+        }
+        self._httpd = _HTTPServer((host, port), self)
+        self._serving = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.1},
+                                         name="jetspec-http", daemon=True)
+
+    @property
+    def url(self) -> str:
+        host, port = self._httpd.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def start(self) -> JetspecServer:
+        self.metrics.show_policy(self.active.state(self._clock()))
+        self._worker.start()
+        self._serving.start()
+        return self
+
+    def stop(self, drain_timeout_s: float = 30.0) -> None:
+        """Graceful: refuse new generations (503), let running ones finish for up to
+        `drain_timeout_s` (then fail them with 503), then close the listening socket."""
+        self._worker.stop(drain_timeout_s)
+        self._httpd.shutdown()
+        self._httpd.server_close()  # waits for handler threads still writing their replies
+
+    def __enter__(self) -> JetspecServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def handle(self, method: str, target: str, headers: Mapping[str, str], body: bytes) -> Reply:
+        path = urlsplit(target).path
+        route = self._routes.get((method, path))
+        if route is not None:
+            return route(headers, body)
+        if any(p == path for _, p in self._routes):
+            return _error(405, f"{method} {path}: method not allowed")
+        return _error(404, f"{path}: no such endpoint -- see sglang_jetspec/server.py for the endpoints")
+
+    def _generate(self, headers: Mapping[str, str], body: bytes) -> Reply:
+        target = self._engine.target
+        try:
+            request = parse_generate_request(body, target.tokenizer, target.info.vocab_size,
+                                             target.info.max_position_embeddings, str(next(self._request_ids)))
+            output = self._worker.submit(request).result()
+        except BadRequest as exc:
+            return _error(400, str(exc))
+        except ServerClosing as exc:
+            return _error(503, str(exc))
+        except Exception as exc:  # the engine failed this request; the server keeps serving
+            return _error(500, f"generation failed: {type(exc).__name__}: {exc}")
+        return _json(200, generate_response(output, request.params, target.tokenizer))
+
+    def _metrics_page(self, headers: Mapping[str, str], body: bytes) -> Reply:
+        # Read the policy state now, so an expired push shows as the YAML default even while idle.
+        self.metrics.show_policy(self.active.state(self._clock()))
+        return Reply(200, generate_latest(self.registry), CONTENT_TYPE_LATEST)
+
+    def _health(self, headers: Mapping[str, str], body: bytes) -> Reply:
+        if self._worker.alive:
+            return _json(200, {"status": "ok"})
+        return _json(503, {"status": "engine thread stopped"})
+
+    def _set_internal_state(self, headers: Mapping[str, str], body: bytes) -> Reply:
+        now = self._clock()
+        status, payload = handle_set_internal_state(self.active, body, headers.get("Authorization"),
+                                                    self._admin_key, now)
+        if status == 200:
+            self.metrics.show_policy(self.active.state(now))
+        return _json(status, payload)
+
+    def _get_internal_state(self, headers: Mapping[str, str], body: bytes) -> Reply:
+        return _json(200, handle_get_internal_state(self.active, self._clock()))
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _HTTPServer
+    timeout = 60  # a client that stalls mid-request frees its thread
+
+    def _serve(self, method: str) -> None:
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            reply = _error(400, "Content-Length: not an integer")
+        else:
+            body = self.rfile.read(length) if length > 0 else b""
+            reply = self.server.app.handle(method, self.path, self.headers, body)
+        self.send_response(reply.status)
+        self.send_header("Content-Type", reply.content_type)
+        self.send_header("Content-Length", str(len(reply.body)))
+        self.end_headers()
+        self.wfile.write(reply.body)
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server naming)
+        self._serve("GET")
+
+    def do_POST(self) -> None:  # noqa: N802
+        self._serve("POST")
+
+    def log_message(self, format: str, *args) -> None:  # noqa: A002 (http.server's signature)
+        log.debug("%s %s", self.address_string(), format % args)
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    daemon_threads = False  # server_close() then waits for handlers to finish writing their replies
+
+    def __init__(self, address: tuple[str, int], app: JetspecServer):
+        self.app = app
+        super().__init__(address, _Handler)
