@@ -61,18 +61,16 @@ def prompt_range(text: str) -> slice:
     return slice(*bounds)
 
 
-def register(sub) -> None:
+def _drafting_arguments(p) -> None:
+    """Flags shared by `bench` and `replay`: target, tree, heads, prompts, grid, lookup settings, outputs."""
     from .cli import add_target_arguments, add_tree_arguments
 
-    p = sub.add_parser("bench", help="speedup and accept length of every drafting method over budgets, batch sizes and temperatures")
     add_target_arguments(p)
     add_tree_arguments(p)
     p.add_argument("--dflash-head", help="bidirectional head directory (config causal_head false), needed by the dflash method")
     p.add_argument("--prompts", default="humaneval", help="'humaneval' or a JSONL file with prompt/messages per line")
     p.add_argument("--prompt-range", type=prompt_range, help="start:stop of the prompts to use (default: all)")
     p.add_argument("--budgets", type=budget_list, default=[4, 8, 16, 32, 64, 128, 256], help="tree budgets, comma-separated (autoregressive is always measured)")
-    p.add_argument("--batch-sizes", type=batch_size_list, default=[1, 4])
-    p.add_argument("--temperatures", type=temperature_list, default=[0.0, 1.0], help="0 = greedy; sampled requests get per-request seeds")
     p.add_argument("--methods", type=method_list, default=list(METHODS), help=f"comma-separated, from {','.join(METHODS)}")
     p.add_argument("--max-new-tokens", type=positive_int, default=64)
     p.add_argument("--seed", type=int, default=0, help="request i samples with seed + i")
@@ -82,11 +80,32 @@ def register(sub) -> None:
     p.add_argument("--lookup-depth", type=positive_int, default=15, help="longest chain the lookup drafter proposes")
     p.add_argument("--json", required=True, help="write the header and every cell's record here")
     p.add_argument("--markdown", help="also write a markdown report here")
-    p.add_argument("--plot", help="also write a PNG of accept length and speedup vs budget here")
+    p.add_argument("--plot", help="also write a PNG of the results vs budget here")
+
+
+def register(sub) -> None:
+    p = sub.add_parser("bench", help="speedup and accept length of every drafting method over budgets, batch sizes and temperatures")
+    _drafting_arguments(p)
+    p.add_argument("--batch-sizes", type=batch_size_list, default=[1, 4])
+    p.add_argument("--temperatures", type=temperature_list, default=[0.0, 1.0], help="0 = greedy; sampled requests get per-request seeds")
     p.set_defaults(func=_run)
+
+
+def register_replay(sub) -> None:
+    p = sub.add_parser("replay", help="greedy accept length of every drafting method at every budget, replayed "
+                       "from one autoregressive run per prompt (no verify passes; exact up to float rounding)")
+    _drafting_arguments(p)
+    p.add_argument("--ar-batch-size", type=positive_int, default=8, help="batch size of the autoregressive run")
+    p.set_defaults(func=_run_replay)
 
 
 def _run(args) -> int:
     from .bench import run
+
+    return run(args)
+
+
+def _run_replay(args) -> int:
+    from .replay import run
 
     return run(args)

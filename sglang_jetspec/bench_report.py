@@ -57,7 +57,7 @@ def format_summary(summary: list[dict]) -> str:
     )
 
 
-def _table(columns: list[str], rows: list[list[str]]) -> list[str]:
+def markdown_table(columns: list[str], rows: list[list[str]]) -> list[str]:
     return ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)] + ["| " + " | ".join(row) + " |" for row in rows]
 
 
@@ -87,14 +87,14 @@ def markdown_report(report: dict) -> str:
          f"{r['mean_accept_length']:.2f}", f"{r['speedup_vs_ar']:.2f}x", "-" if r["greedy_mismatches"] is None else str(r["greedy_mismatches"])]
         for r in report["records"]
     ]
-    lines += _table(columns, rows) + ["", "## Summary", ""]
+    lines += markdown_table(columns, rows) + ["", "## Summary", ""]
     columns = ["batch", "temperature", "method", "best budget", "best speedup", "pays up to budget"]
     rows = [
         [str(s["batch_size"]), f"{s['temperature']:g}", s["method"], str(s["best_budget"]), f"{s['best_speedup']:.2f}x",
          "never pays" if s["pays_up_to_budget"] is None else str(s["pays_up_to_budget"])]
         for s in report["summary"]
     ]
-    return "\n".join(lines + _table(columns, rows)) + "\n"
+    return "\n".join(lines + markdown_table(columns, rows)) + "\n"
 
 
 def plot_report(records: list[dict], path: str | Path) -> None:

@@ -75,9 +75,10 @@ def _run_generate(args) -> int:
 
 
 def _register_bench(sub) -> None:
-    from .bench_cli import register
+    from .bench_cli import register, register_replay
 
     register(sub)
+    register_replay(sub)
 
 
 def _register_policy(sub) -> None:

@@ -1,0 +1,196 @@
+"""`jetspec replay`: greedy accept lengths of every drafting method at every budget, without verify passes.
+
+Under greedy decoding the engine commits, per step, the deepest tree path whose tokens equal the
+target's argmax continuation, plus one bonus token; and along a matching path that continuation is
+exactly the autoregressive output. So one autoregressive run and one tapped prefill of
+prompt + output per prompt replay every method's step trajectory at every budget: each step drafts
+from the rows of the committed prefix, builds the same best-first tree the engine builds, and
+advances by the matched depth + 1. The draft of a position does not depend on the budget, so it
+is computed once and shared by all budgets. Exact up to float rounding: the engine's tapped rows
+come from verify passes, here from one prefill (tests/test_replay.py checks the two agree).
+This is what makes a full HumanEval sweep over budgets up to 256 affordable on a CPU; wall-clock
+speedups still come from `jetspec bench`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from .bench import BenchError, Contender, check_options, load_contenders, make_requests, run_header, select_prompts
+from .bench_report import markdown_table
+from .core.drafter import ContextCache
+from .core.tree import DraftTree, TreeSpec, build_tree, top_k_per_depth
+from .loading import load_target
+from .prompts import encode
+from .reference.engine import EngineConfig, ReferenceEngine, RequestOutput
+from .reference.target import Segment, TargetModel
+
+
+@dataclass
+class ReplayLane:
+    """What a drafter reads from a request, frozen at `committed` tokens of the recorded output."""
+
+    prompt_ids: list[int]
+    output_ids: list[int]
+    rows: torch.Tensor  # tapped rows of prompt + output, one per token
+    committed: int = 0  # committed tokens, prompt included
+    draft_cache: ContextCache = field(default_factory=ContextCache)
+
+    @property
+    def committed_ids(self) -> list[int]:
+        return (self.prompt_ids + self.output_ids)[: self.committed]
+
+    @property
+    def root_token(self) -> int:
+        return self.committed_ids[-1]
+
+    def tap_rows(self) -> torch.Tensor:
+        return self.rows[: self.committed - 1]
+
+
+def matched_depth(tree: DraftTree, continuation: list[int]) -> int:
+    """Depth of the deepest tree path from the root whose tokens are a prefix of `continuation`."""
+    kids, node, depth = tree.children(), 0, 0
+    tokens = tree.tokens.tolist()
+    while depth < len(continuation):
+        node = next((c for c in kids[node] if tokens[c] == continuation[depth]), -1)
+        if node < 0:
+            break
+        depth += 1
+    return depth
+
+
+def tapped_rows(target: TargetModel, ids: list[int], taps: tuple[int, ...]) -> torch.Tensor:
+    cache = target.new_cache(lanes=1, capacity=len(ids))
+    out = target.forward(cache, [Segment.chain(ids, 0)], taps)
+    return out.taps[0, : len(ids)]
+
+
+class DraftMemo:
+    """Per position, a method's top-K candidates per depth, computed once for all budgets."""
+
+    def __init__(self, contender: Contender, lane: ReplayLane, depth: int) -> None:
+        self.contender, self.lane, self.depth = contender, lane, depth
+        self._by_position: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def at(self, committed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if committed not in self._by_position:
+            self.lane.committed = committed
+            logits = self.contender.drafter.propose([self.lane], min(self.depth, self.contender.drafter.max_depth))[0]
+            self._by_position[committed] = top_k_per_depth(logits, self.contender.tree_width)
+        return self._by_position[committed]
+
+
+def replay_request(memo: DraftMemo, output: RequestOutput, budget: int, fanout: str) -> list[int]:
+    """Accept lengths (bonus included) of each step when `memo`'s method drafts at `budget`."""
+    prompt_len, total = len(output.prompt_ids), len(output.prompt_ids) + len(output.output_ids)
+    committed, lengths = prompt_len + 1, []  # the prefill commits the first output token
+    full = output.prompt_ids + output.output_ids
+    while committed < total:
+        tokens, logprobs = memo.at(committed)
+        depth = min(budget - 1, tokens.shape[0])
+        tree = build_tree(full[committed - 1], tokens, logprobs, TreeSpec(budget, depth, memo.contender.tree_width, fanout))
+        kept = min(matched_depth(tree, full[committed:]) + 1, total - committed)
+        lengths.append(kept)
+        committed += kept
+    return lengths
+
+
+@dataclass
+class ReplayRecord:
+    method: str
+    budget: int
+    requests: int
+    steps: int
+    tokens: int
+    mean_accept_length: float  # committed tokens per verify, bonus included
+
+
+def replay(args) -> dict:
+    check_options(args)
+    prompts, indices = select_prompts(args.prompts, args.prompt_range)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    target = load_target(args.target, args.dtype, args.device)
+    contenders, head_labels = load_contenders(args, target)
+    requests = make_requests([encode(p, target.tokenizer) for p in prompts], 0.0, args.max_new_tokens, args.seed)
+    outputs = ReferenceEngine(target, None, EngineConfig(max_batch_size=args.ar_batch_size)).generate(requests, 0)
+    print(f"autoregressive outputs: {sum(len(o.output_ids) for o in outputs)} tokens over {len(outputs)} prompts", flush=True)
+    depth = max(args.budgets) - 1
+    steps = {(c.method, b): [] for c in contenders for b in args.budgets}
+    rows_by_taps: dict[tuple[int, ...], list[torch.Tensor]] = {}
+    for contender in contenders:
+        taps = tuple(getattr(contender.drafter, "tap_layers", ()))
+        if taps not in rows_by_taps:
+            rows_by_taps[taps] = [tapped_rows(target, o.prompt_ids + o.output_ids, taps) if taps else torch.zeros(0) for o in outputs]
+        for output, rows in zip(outputs, rows_by_taps[taps]):
+            memo = DraftMemo(contender, ReplayLane(output.prompt_ids, output.output_ids, rows), depth)
+            for budget in args.budgets:
+                steps[contender.method, budget].append(replay_request(memo, output, budget, args.fanout))
+        print(f"{contender.method}: " + "  ".join(f"{b}: {_mean(steps[contender.method, b]):.2f}" for b in args.budgets), flush=True)
+    records = [ReplayRecord(m, b, len(runs), sum(map(len, runs)), sum(map(sum, runs)), _mean(runs)) for (m, b), runs in steps.items()]
+    header = run_header(args, target, head_labels, indices) | {"ar_batch_size": args.ar_batch_size}
+    report = {"header": header, "records": [asdict(r) for r in records]}
+    Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+    if args.markdown:
+        Path(args.markdown).write_text(markdown_replay(report))
+    if args.plot:
+        plot_replay(report["records"], args.plot)
+    return report
+
+
+def _mean(runs: list[list[int]]) -> float:
+    steps = sum(map(len, runs))
+    return sum(map(sum, runs)) / steps if steps else 0.0
+
+
+def markdown_replay(report: dict) -> str:
+    h = report["header"]
+    budgets = sorted({r["budget"] for r in report["records"]})
+    by_method: dict[str, dict[int, float]] = {}
+    for r in report["records"]:
+        by_method.setdefault(r["method"], {})[r["budget"]] = r["mean_accept_length"]
+    lines = [
+        "# jetspec replay: greedy mean accept length (tokens per verify, bonus included)",
+        "",
+        f"- machine: {h['machine']['device']}, {h['machine']['cpu']}; torch {h['torch']}, {h['dtype']}",
+        f"- prompts: {h['prompts']} [{h['prompt_range']}], {h['max_new_tokens']} new tokens; tree width {h['tree']['width']} ({h['tree']['fanout']})",
+        f"- command: `{h['command_line']}`",
+        "",
+    ]
+    rows = [[m] + [f"{accepts[b]:.2f}" for b in budgets] for m, accepts in by_method.items()]
+    return "\n".join(lines + markdown_table(["method"] + [f"budget {b}" for b in budgets], rows)) + "\n"
+
+
+def plot_replay(records: list[dict], path: str | Path) -> None:
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6, 4), layout="constrained")
+    ax = fig.subplots()
+    methods: dict[str, list[dict]] = {}
+    for r in records:
+        methods.setdefault(r["method"], []).append(r)
+    for method, cells in methods.items():
+        ax.plot([c["budget"] for c in cells], [c["mean_accept_length"] for c in cells], marker="o", label=method)
+    budgets = sorted({r["budget"] for r in records})
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(budgets, labels=[str(b) for b in budgets])
+    ax.set_xlabel("tree budget (nodes incl. root)")
+    ax.set_ylabel("mean accept length (greedy)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize="small")
+    fig.savefig(path, dpi=100)
+
+
+def run(args) -> int:
+    try:
+        replay(args)
+    except BenchError as exc:
+        print(f"jetspec replay: {exc}", file=sys.stderr)
+        return 2
+    return 0
