@@ -1,11 +1,12 @@
-"""Entry point reserved for the SGLang adapter (group `sglang.srt.plugins`).
+"""SGLang plugin entry point (group `sglang.srt.plugins`, see pyproject.toml).
 
-SGLang imports every plugin of that group in each of its processes before parsing arguments, so
-this must stay importable and cheap. The JETSPEC worker is not implemented yet (see README):
-until then this registers nothing, and `--speculative-algorithm JETSPEC` is rejected by SGLang
-itself as an unknown algorithm.
+SGLang calls `load_plugin` in each of its processes before parsing arguments. Importing this
+module imports nothing; the call registers `--speculative-algorithm JETSPEC` (sglang_jetspec/adapter)
+once per process.
 """
 
 
 def load_plugin() -> None:
-    return None
+    from sglang_jetspec.adapter.registration import register
+
+    register()

@@ -1,0 +1,60 @@
+"""Policy push and readback through SGLang's /set_internal_state and /server_info.
+
+Two hooks on `SchedulerInternalStateController` (the scheduler-side handler of both endpoints):
+- AROUND `set_internal_state`: the `jetspec_policy.*` keys of one request form one table, which is
+  validated as a whole and applied only if every other key of the request was accepted too. The
+  per-key `_update_handlers` cannot do that: each handler sees one key, so a table split over
+  several keys could be applied half-way.
+- AFTER `get_internal_state`: adds the state in force under `jetspec_policy`; SGLang serves it on
+  GET /server_info as `internal_states[i].jetspec_policy` (it has no /get_internal_state route).
+The scheduler runs these requests between forward steps, so a table never changes inside a step.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from policies.control_api import POLICY_KEY
+
+from sglang_jetspec.adapter.policy import is_policy_key
+
+log = logging.getLogger(__name__)
+
+CONTROLLER = "sglang.srt.managers.scheduler_components.internal_state.SchedulerInternalStateController"
+SET_TARGET = f"{CONTROLLER}.set_internal_state"
+GET_TARGET = f"{CONTROLLER}.get_internal_state"
+
+
+def _policy_control(controller):
+    """The JETSPEC worker's PolicyControl, or None when this scheduler runs something else."""
+    return getattr(controller.scheduler.draft_worker, "policy_control", None)
+
+
+def around_set_internal_state(original, controller, recv_req):
+    from sglang.srt.managers.io_struct import SetInternalStateReq, SetInternalStateReqOutput
+
+    ours = {k: v for k, v in recv_req.server_args.items() if is_policy_key(k)}
+    control = _policy_control(controller)
+    if not ours or control is None:
+        return original(controller, recv_req)
+    # Validate before anything changes, so a rejected request leaves the previous table in force.
+    _, problems = control.check(ours)
+    if not problems:
+        rest = {k: v for k, v in recv_req.server_args.items() if not is_policy_key(k)}
+        if rest and not original(controller, SetInternalStateReq(server_args=rest)).updated:
+            return SetInternalStateReqOutput(updated=False)
+        problems = control.push(ours, time.time())
+    if problems:
+        for problem in problems:
+            log.warning("rejected %s push: %s", POLICY_KEY, problem)
+        return SetInternalStateReqOutput(updated=False)
+    log.info("applied pushed %s table: %s", POLICY_KEY, control.readback(time.time())["table"])
+    return SetInternalStateReqOutput(updated=True)
+
+
+def after_get_internal_state(result, controller, recv_req):
+    control = _policy_control(controller)
+    if control is not None:
+        result.internal_state[POLICY_KEY] = control.readback(time.time())
+    return result

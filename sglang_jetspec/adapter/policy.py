@@ -1,0 +1,86 @@
+"""The worker's runtime policy: YAML file (or the built-in default), per-step budgets, pushed tables.
+
+The file is named by the environment variable JETSPEC_POLICY (a path to a policy YAML, see
+policies/README.md); without it the packaged `policies/default.yaml` applies. SGLang has no
+per-plugin CLI flags, and an environment variable reaches every scheduler process unchanged.
+
+Pushes arrive as flat numeric keys through SGLang's /set_internal_state (policies/control_api.py
+explains why) and are honoured only when the server has an admin API key, so that only the admin
+key can change what the server speculates.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from policies import ActivePolicy, Policy, PolicyError, PolicyState, PolicyTable, load_policy, read_head_capacity
+from policies.control_api import FLAT_PREFIX, table_from_flat_args
+
+log = logging.getLogger(__name__)
+
+POLICY_ENV = "JETSPEC_POLICY"
+
+
+def policy_path() -> Path:
+    configured = os.environ.get(POLICY_ENV, "").strip()
+    if configured:
+        return Path(configured)
+    return Path(str(resources.files("policies").joinpath("default.yaml")))
+
+
+def load_runtime_policy(head_dir: str | Path) -> Policy:
+    """The policy in force at startup, checked against the head's capacity; PolicyError if invalid."""
+    return load_policy(policy_path(), read_head_capacity(head_dir))
+
+
+def max_budget(policy: Policy) -> int:
+    """Widest verify any table of this policy can ask for (>= 1: budget 0 still verifies the root)."""
+    return max(1, max(max(c.budgets) for c in policy.cohorts))
+
+
+def is_policy_key(key: str) -> bool:
+    return key.startswith(FLAT_PREFIX)
+
+
+class PolicyControl:
+    """What the worker asks each step, and what /set_internal_state and its readback reach."""
+
+    def __init__(self, policy: Policy, admin_key_configured: bool, on_change=None):
+        self.policy = policy
+        self.active = ActivePolicy(policy)
+        self.admin_key_configured = admin_key_configured
+        self._on_change = on_change  # called with the new PolicyState (metrics gauges)
+        self._shown_generation = -1
+
+    def budget_for_step(self, batch_size: int, now: float) -> tuple[str, int]:
+        state = self.active.state(now)  # also reverts an expired push
+        self._notify(state)
+        return self.active.budget_for_step(batch_size, now)
+
+    def check(self, flat: dict[str, Any]) -> tuple[PolicyTable | None, list[str]]:
+        """Validate a flat pushed table without applying it: (table, []) or (None, problems)."""
+        if not self.admin_key_configured:
+            return None, ["policy pushes are disabled -- start the server with --admin-api-key"]
+        try:
+            return table_from_flat_args(flat, self.policy), []
+        except PolicyError as exc:
+            return None, [str(p) for p in exc.problems]
+
+    def push(self, flat: dict[str, Any], now: float) -> list[str]:
+        """Apply a flat table atomically; returns the problems (empty = applied, else nothing changed)."""
+        table, problems = self.check(flat)
+        if table is not None:
+            self._notify(self.active.apply(table, now))
+        return problems
+
+    def readback(self, now: float) -> dict[str, Any]:
+        return self.active.state(now).model_dump(mode="json")
+
+    def _notify(self, state: PolicyState) -> None:
+        if state.generation != self._shown_generation and self._on_change is not None:
+            self._on_change(state)
+        self._shown_generation = state.generation

@@ -1,0 +1,36 @@
+"""Register JETSPEC with SGLang: the algorithm (spec class + argument checks + worker factory) and
+the policy hooks on the internal-state controller. Idempotent; imports no model code and touches no
+device, because SGLang runs it in every one of its processes."""
+
+from __future__ import annotations
+
+from sglang_jetspec.adapter import internal_state
+
+# (dotted target, hook, HookType member name): every SGLang function the plugin patches.
+HOOKS = (
+    (internal_state.SET_TARGET, internal_state.around_set_internal_state, "AROUND"),
+    (internal_state.GET_TARGET, internal_state.after_get_internal_state, "AFTER"),
+)
+
+
+def _worker_class(server_args):
+    from sglang_jetspec.adapter.worker import JetSpecWorker
+
+    return JetSpecWorker
+
+
+def register() -> None:
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+    from sglang.srt.speculative.spec_registry import get_spec
+
+    from sglang_jetspec.adapter.server_args import validate_server_args
+    from sglang_jetspec.adapter.spec_algo import NAME, JetSpecAlgo
+
+    if get_spec(NAME) is None:
+        SpeculativeAlgorithm.register(
+            NAME, supports_overlap=False, validate_server_args=validate_server_args, spec_class=JetSpecAlgo,
+        )(_worker_class)
+    for target, hook, kind in HOOKS:
+        if not any(registered is hook for _, registered, _ in HookRegistry._hooks.get(target, ())):
+            HookRegistry.register(target, hook, HookType[kind])

@@ -1,0 +1,125 @@
+"""Server-argument checks and defaults for --speculative-algorithm JETSPEC.
+
+SGLang calls `validate_server_args` and then the spec class's `handle_server_args` during argument
+resolution, each with a recorder whose reads are the resolved values and whose writes become
+declared resolutions. Every problem found is reported at once, each naming the flag and the fix.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from policies import PolicyError, read_head_capacity
+
+from sglang_jetspec.adapter.policy import POLICY_ENV, load_runtime_policy, max_budget, policy_path
+from sglang_jetspec.core.head_config import HeadConfigError, TargetInfo
+
+log = logging.getLogger(__name__)
+
+# Backends whose TARGET_VERIFY path applies spec_info.custom_mask for a tree (notes section 4).
+TREE_MASK_BACKENDS = ("flashinfer", "triton")
+
+
+class JetSpecArgsError(ValueError):
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("--speculative-algorithm JETSPEC cannot start:\n" + "\n".join(f"  - {p}" for p in problems))
+
+
+def target_info(model_path: str, trust_remote_code: bool = False) -> TargetInfo:
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code).get_text_config()
+    return TargetInfo(hidden_size=config.hidden_size, vocab_size=config.vocab_size,
+                      num_hidden_layers=config.num_hidden_layers)
+
+
+def verify_attention_backend(cfg) -> tuple[str, str | None]:
+    """(flag, backend) that runs TARGET_VERIFY: the prefill or decode backend per
+    --speculative-attention-mode, falling back to --attention-backend."""
+    if cfg.speculative_attention_mode == "decode":
+        return ("--decode-attention-backend", cfg.decode_attention_backend) if cfg.decode_attention_backend else ("--attention-backend", cfg.attention_backend)
+    return ("--prefill-attention-backend", cfg.prefill_attention_backend) if cfg.prefill_attention_backend else ("--attention-backend", cfg.attention_backend)
+
+
+def _head_problems(cfg) -> list[str]:
+    draft = cfg.speculative_draft_model_path
+    if draft is None:
+        return ["--speculative-draft-model-path is missing: pass the directory of a JetSpec/DFlash draft head "
+                "(config.json + model.safetensors), e.g. sglang_jetspec/heads/smollm2-135m-instruct"]
+    if not Path(draft).is_dir():
+        return [f"--speculative-draft-model-path {draft}: not a local directory; pass a downloaded head directory"]
+    from sglang_jetspec.core.head_io import read_head_config  # imports the head module: only when validating
+
+    problems = []
+    try:
+        head = read_head_config(draft)
+        head.check_fits(target_info(cfg.model_path, cfg.trust_remote_code))
+    except HeadConfigError as exc:
+        problems.append(f"--speculative-draft-model-path {draft}: {exc}")
+    try:
+        load_runtime_policy(draft)
+    except (PolicyError, ValueError) as exc:
+        where = f"{POLICY_ENV}={policy_path()}"
+        problems.append(f"{where}: the speculation policy is invalid:\n      " + str(exc).replace("\n", "\n      "))
+    return problems
+
+
+def _runtime_problems(cfg) -> list[str]:
+    from sglang.srt.runtime_context import attn_dp_enabled_of
+
+    problems = []
+    flag, backend = verify_attention_backend(cfg)
+    if backend not in TREE_MASK_BACKENDS:
+        problems.append(
+            f"{flag} {backend}: this attention backend ignores the tree mask in target verification (fa3, the "
+            "Hopper default, and trtllm_mha take the causal path); pass --attention-backend flashinfer (or triton)")
+    if cfg.speculative_use_rejection_sampling:
+        problems.append("--speculative-use-rejection-sampling: JETSPEC accepts with its own lossless rules for each "
+                        "request's sampling parameters; remove the flag")
+    if cfg.speculative_use_block_verification:
+        problems.append("--speculative-use-block-verification is not supported by JETSPEC; remove the flag")
+    if cfg.pp_size > 1:
+        problems.append(f"--pp-size {cfg.pp_size}: pipeline parallelism is not supported by JETSPEC; use --pp-size 1")
+    if cfg.tp_size > 1:
+        problems.append(f"--tp-size {cfg.tp_size}: JETSPEC drafts and accepts on one rank for now; use --tp-size 1 "
+                        "(or --dp-size for more GPUs)")
+    if attn_dp_enabled_of(cfg):
+        problems.append(f"attention data parallelism (--attn-dp-size {cfg.attn_dp_size}, or the deprecated "
+                        "--enable-dp-attention) is not supported by JETSPEC; remove the flag")
+    if cfg.enable_mixed_chunk:
+        problems.append("--enable-mixed-chunk is not supported by JETSPEC (prefill and verify cannot share a batch); "
+                        "remove the flag")
+    if not cfg.disable_overlap_schedule:
+        problems.append("the overlap scheduler is on: JETSPEC runs synchronously (its tree and acceptance need the "
+                        "previous step's tokens on the host); pass --disable-overlap-schedule")
+    if cfg.cuda_graph_config.decode.backend != "disabled":
+        problems.append("decode CUDA graphs are on: JETSPEC's verify width changes with the policy budget and SGLang "
+                        "cannot capture a plugin's verify input; pass --disable-decode-cuda-graph")
+    if cfg.page_size != 1:
+        problems.append(f"--page-size {cfg.page_size}: JETSPEC compacts accepted tree nodes slot by slot; use --page-size 1")
+    if cfg.speculative_eagle_topk not in (None, 1):
+        problems.append(f"--speculative-eagle-topk {cfg.speculative_eagle_topk}: JETSPEC's tree width comes from the "
+                        "head (tree_width in its config.json, default 8); remove the flag")
+    return problems
+
+
+def validate_server_args(cfg) -> None:
+    """SGLang's `validate_server_args` callback; raises JetSpecArgsError listing every problem."""
+    problems = _head_problems(cfg) + _runtime_problems(cfg)
+    if problems:
+        raise JetSpecArgsError(problems)
+
+
+def resolve_speculative_shape(cfg) -> tuple[int, int, int]:
+    """(num_steps, topk, num_draft_tokens) SGLang sizes KV and buffers by: depth = the head's drafted
+    depths, topk 1 (the tree lives in the verify mask), draft tokens = the policy's largest budget."""
+    draft = cfg.speculative_draft_model_path
+    depth = read_head_capacity(draft).block_size - 1
+    widest = max_budget(load_runtime_policy(draft))
+    requested = cfg.speculative_num_draft_tokens
+    if requested is not None and requested < widest:
+        raise JetSpecArgsError([f"--speculative-num-draft-tokens {requested} is below the policy's largest budget "
+                                f"{widest} ({POLICY_ENV}={policy_path()}); remove the flag or raise it to {widest}"])
+    return depth, 1, requested or widest

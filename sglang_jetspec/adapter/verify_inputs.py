@@ -1,0 +1,101 @@
+"""SGLang TARGET_VERIFY tensors for a batch of draft trees (pure PyTorch, no SGLang import).
+
+SGLang verifies a uniform N nodes per request. Request b's tree has at most N nodes; the rest are
+padding nodes that no retrieve link reaches, so the tree walk (greedy kernel or the core's
+acceptance) can never accept one. Layouts, as `reconstruct_indices_from_tree_mask` and FlashInfer's
+custom-mask path read them:
+
+- draft_token [bs*N]: node tokens, node 0 = the root (last committed token, not yet in KV).
+- positions [bs*N] int64: seq_len_b + depth (padding nodes at seq_len_b + 1).
+- qlen_mask [bs, N, N] bool: row i is True at node i's ancestors and at i (tree part only).
+- full_mask: for every request, N row-major rows of width seq_len_b + N: the prefix columns all
+  True, then the qlen row. Concatenated over the batch: length sum_b N*(seq_len_b + N).
+- retrieve_index [bs, N]: b*N + i.  retrieve_next_token [bs, N]: first child (lowest index),
+  retrieve_next_sibling [bs, N]: next sibling by index; -1 for none. Children are in index order,
+  which for core trees is sibling-rank order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from sglang_jetspec.core.tree import DraftTree
+
+
+@dataclass
+class VerifyTensors:
+    draft_token: torch.Tensor
+    positions: torch.Tensor
+    qlen_mask: torch.Tensor
+    retrieve_index: torch.Tensor
+    retrieve_next_token: torch.Tensor
+    retrieve_next_sibling: torch.Tensor
+    num_nodes: int  # N, the uniform width per request
+    max_depth: int  # deepest tree level in the batch
+
+    def full_mask(self, seq_lens: list[int]) -> torch.Tensor:
+        """Flattened FULL custom mask (prefix columns + tree columns), FlashInfer/Triton layout."""
+        rows = []
+        for b, length in enumerate(seq_lens):
+            prefix = torch.ones(self.num_nodes, length, dtype=torch.bool, device=self.qlen_mask.device)
+            rows.append(torch.cat([prefix, self.qlen_mask[b]], dim=1).flatten())
+        return torch.cat(rows)
+
+
+def _links(tree: DraftTree, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """First-child and next-sibling links of one tree, -1 padded to `width`."""
+    parents = tree.parents
+    n = tree.size
+    idx = torch.arange(n)
+    first_child = torch.full((width,), -1, dtype=torch.long)
+    next_sibling = torch.full((width,), -1, dtype=torch.long)
+    if n > 1:
+        # same parent, larger index: the sibling with the smallest such index is the next one
+        same_parent = (parents.unsqueeze(0) == parents.unsqueeze(1)) & (idx.unsqueeze(0) > idx.unsqueeze(1))
+        same_parent[0] = False  # the root has no siblings
+        later = torch.where(same_parent, idx.unsqueeze(0), n)
+        nearest = later.min(dim=1).values
+        next_sibling[:n] = torch.where(nearest < n, nearest, -1)
+        is_child = parents.unsqueeze(0) == idx.unsqueeze(1)  # [parent, child]
+        kids = torch.where(is_child, idx.unsqueeze(0), n).min(dim=1).values
+        first_child[:n] = torch.where(kids < n, kids, -1)
+    return first_child, next_sibling
+
+
+def build_verify_tensors(trees: list[DraftTree], seq_lens: list[int], num_nodes: int | None = None) -> VerifyTensors:
+    """Verify tensors for one tree per request, each padded to `num_nodes` (default: largest tree)."""
+    if len(trees) != len(seq_lens):
+        raise ValueError(f"{len(trees)} trees but {len(seq_lens)} seq_lens: pass one per request")
+    width = num_nodes if num_nodes is not None else max(t.size for t in trees)
+    too_big = [b for b, t in enumerate(trees) if t.size > width]
+    if too_big:
+        raise ValueError(f"trees {too_big} have more than num_nodes={width} nodes: raise num_nodes to the step's budget")
+    bs = len(trees)
+    tokens = torch.empty(bs, width, dtype=torch.long)
+    positions = torch.empty(bs, width, dtype=torch.long)
+    mask = torch.zeros(bs, width, width, dtype=torch.bool)
+    next_token = torch.empty(bs, width, dtype=torch.long)
+    next_sibling = torch.empty(bs, width, dtype=torch.long)
+    eye = torch.eye(width, dtype=torch.bool)
+    for b, (tree, length) in enumerate(zip(trees, seq_lens)):
+        n = tree.size
+        tokens[b] = tree.tokens[0]
+        tokens[b, :n] = tree.tokens
+        positions[b] = length + 1
+        positions[b, :n] = tree.positions(length)
+        mask[b] = eye
+        mask[b, :, 0] = True  # padding rows see the root, like a depth-1 node
+        mask[b, :n, :n] = tree.ancestor_mask()
+        next_token[b], next_sibling[b] = _links(tree, width)
+    return VerifyTensors(
+        draft_token=tokens.flatten(),
+        positions=positions.flatten(),
+        qlen_mask=mask,
+        retrieve_index=torch.arange(bs * width, dtype=torch.long).view(bs, width),
+        retrieve_next_token=next_token,
+        retrieve_next_sibling=next_sibling,
+        num_nodes=width,
+        max_depth=max(t.max_depth for t in trees),
+    )

@@ -1,0 +1,122 @@
+"""Runtime policy: flat pushes through SGLang's /set_internal_state controller, readback, TTL revert."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from policies import load_policy
+from policies.control_api import table_from_flat_args, table_to_flat_args
+from policies.table import default_table
+from sglang_jetspec.adapter.policy import POLICY_ENV, PolicyControl, load_runtime_policy, max_budget, policy_path
+
+
+@pytest.fixture()
+def policy():
+    return load_policy(policy_path())
+
+
+def _push(policy, **budgets):
+    flat = table_to_flat_args(default_table(policy))
+    flat.update({f"jetspec_policy.{k.replace('_', '-')}.budget": v for k, v in budgets.items()})
+    return flat
+
+
+def test_default_policy_file_and_env_override(head_dir, tmp_path, monkeypatch):
+    assert policy_path().name == "default.yaml"
+    assert max_budget(load_runtime_policy(head_dir)) == 256
+    other = tmp_path / "p.yaml"
+    other.write_text("cohorts:\n  - {name: all, min_batch: 1, max_batch: 4, budgets: [0], default: 0}\n")
+    monkeypatch.setenv(POLICY_ENV, str(other))
+    assert max_budget(load_runtime_policy(head_dir)) == 1  # budget 0 still verifies the root
+
+
+def test_flat_round_trip_with_probe(policy):
+    table = default_table(policy).model_copy(update={"ttl_s": 30.0})
+    flat = table_to_flat_args(table)
+    assert all(isinstance(v, (int, float)) for v in flat.values())  # what SGLang's request type admits
+    assert table_from_flat_args(flat, policy) == table
+    flat["jetspec_policy.bs1.probe_budget"] = 64
+    flat["jetspec_policy.bs1.probe_share"] = 0.05
+    assert table_from_flat_args(flat, policy).cohorts[0].probe.budget == 64
+
+
+def test_budget_by_cohort_zero_means_off(policy):
+    control = PolicyControl(policy, admin_key_configured=True)
+    assert control.budget_for_step(1, now=0.0) == ("bs1", 32)
+    assert control.budget_for_step(4, now=0.0) == ("bs2-6", 16)
+    assert control.budget_for_step(300, now=0.0) == ("bs25-256", 0)
+
+
+def test_bad_push_is_rejected_and_previous_table_stays(policy):
+    shown = []
+    control = PolicyControl(policy, admin_key_configured=True, on_change=shown.append)
+    assert control.push(_push(policy, bs1=64), now=0.0) == []
+    problems = control.push(_push(policy, bs1=48), now=1.0)  # 48 is not a candidate of bs1
+    assert problems and "cohorts[0].budget 48 is not a candidate of 'bs1'" in problems[0]
+    problems = control.push({"jetspec_policy.nosuch.budget": 8, **_push(policy)}, now=1.0)
+    assert any("unknown key jetspec_policy.nosuch.budget" in p for p in problems)
+    assert control.budget_for_step(1, now=2.0) == ("bs1", 64)
+    assert control.readback(2.0)["generation"] == 1 and control.readback(2.0)["source"] == "pushed"
+    assert [s.generation for s in shown] == [1]
+
+
+def test_ttl_revert_to_yaml_default(policy):
+    control = PolicyControl(policy, admin_key_configured=True)
+    flat = _push(policy, bs1=64)
+    flat["jetspec_policy.ttl_s"] = 10.0
+    assert control.push(flat, now=100.0) == []
+    assert control.budget_for_step(1, now=109.0) == ("bs1", 64)
+    assert control.budget_for_step(1, now=110.0) == ("bs1", 32)
+    assert control.readback(110.0)["source"] == "yaml"
+
+
+def test_pushes_need_an_admin_key(policy):
+    control = PolicyControl(policy, admin_key_configured=False)
+    assert "--admin-api-key" in control.push(_push(policy, bs1=64), now=0.0)[0]
+    assert control.budget_for_step(1, now=0.0) == ("bs1", 32)
+
+
+class _FakeWorker:
+    def __init__(self, control):
+        self.policy_control = control
+
+
+def _controller(control):
+    from sglang.srt.managers.scheduler_components.internal_state import SchedulerInternalStateController
+
+    return SchedulerInternalStateController(SimpleNamespace(draft_worker=_FakeWorker(control)), record_step_time=False)
+
+
+def test_hooked_sglang_controller_applies_and_rejects(jetspec_registered, policy):
+    """The hooks installed on SGLang's real SchedulerInternalStateController (as load_plugins does)."""
+    from sglang.srt.managers.io_struct import GetInternalStateReqOutput, SetInternalStateReq
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    from sglang_jetspec.adapter import internal_state
+
+    HookRegistry.apply_hooks()
+    control = PolicyControl(policy, admin_key_configured=True)
+    controller = _controller(control)
+    good = controller.set_internal_state(SetInternalStateReq(server_args=_push(policy, bs1=128)))
+    assert good.updated is True and control.budget_for_step(1, now=0.0)[1] == 128
+    bad = controller.set_internal_state(SetInternalStateReq(server_args=_push(policy, bs1=48)))
+    assert bad.updated is False and control.budget_for_step(1, now=0.0)[1] == 128
+    # a valid table next to a key SGLang rejects: all or nothing
+    mixed = controller.set_internal_state(SetInternalStateReq(server_args={**_push(policy, bs1=8), "nope": 1}))
+    assert mixed.updated is False and control.budget_for_step(1, now=0.0)[1] == 128
+    # readback: the AFTER hook on get_internal_state adds the state in force
+    result = internal_state.after_get_internal_state(GetInternalStateReqOutput(internal_state={}), controller, None)
+    assert result.internal_state["jetspec_policy"]["table"]["cohorts"][0]["budget"] == 128
+
+
+def test_other_algorithms_pass_through(jetspec_registered):
+    from sglang.srt.managers.io_struct import SetInternalStateReq
+
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    HookRegistry.apply_hooks()
+    controller = _controller(None)
+    controller.scheduler.draft_worker = None  # e.g. an EAGLE server: SGLang's own answer
+    assert controller.set_internal_state(SetInternalStateReq(server_args={"jetspec_policy.ttl_s": 9.0})).updated is False

@@ -1,0 +1,137 @@
+"""Argument validation on real ServerArgs objects, resolved by SGLang's own pipeline on this CPU."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sglang_jetspec.adapter.policy import POLICY_ENV
+
+# Everything JETSPEC needs; each test breaks one thing.
+GOOD = ["--attention-backend", "flashinfer", "--disable-overlap-schedule", "--disable-decode-cuda-graph",
+        "--device", "cpu"]
+
+
+@pytest.fixture(scope="module")
+def resolve(jetspec_registered, smollm2_dir, head_dir):
+    from sglang.srt.arg_groups.overrides import resolving_view
+    from sglang.srt.server_args import prepare_server_args
+
+    def run(*extra, head=head_dir, base=GOOD):
+        argv = ["--model-path", str(smollm2_dir), "--speculative-algorithm", "jetspec", *base, *extra]
+        if head is not None:
+            argv += ["--speculative-draft-model-path", str(head)]
+        server_args = prepare_server_args(argv)
+        server_args.resolve_once()
+        return resolving_view(server_args)
+
+    return run
+
+
+def _problems(resolve, *extra, **kw) -> str:
+    from sglang_jetspec.adapter.server_args import JetSpecArgsError
+
+    with pytest.raises(JetSpecArgsError) as info:
+        resolve(*extra, **kw)
+    return str(info.value)
+
+
+def test_valid_arguments_resolve_the_speculative_shape(resolve):
+    cfg = resolve()
+    assert cfg.speculative_algorithm == "JETSPEC"
+    # shipped head: block_size 16 -> 15 drafted depths; default policy's largest budget is 256
+    assert (cfg.speculative_num_steps, cfg.speculative_eagle_topk, cfg.speculative_num_draft_tokens) == (15, 1, 256)
+
+
+def test_missing_draft_path(resolve):
+    assert "--speculative-draft-model-path is missing" in _problems(resolve, head=None)
+
+
+def test_head_that_does_not_fit_the_target(resolve, head_dir, tmp_path):
+    config = json.loads((head_dir / "config.json").read_text())
+    config["hidden_size"] = 1024
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    text = _problems(resolve, head=tmp_path)
+    assert "head hidden_size=1024 but target hidden_size=576" in text
+
+
+def test_head_tapping_layers_the_target_lacks(resolve, head_dir, tmp_path):
+    config = json.loads((head_dir / "config.json").read_text())
+    config["dflash_config"]["target_layer_ids"] = [1, 40]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert "layers [40] do not exist in a target with num_hidden_layers=30" in _problems(resolve, head=tmp_path)
+
+
+@pytest.mark.parametrize("backend", ["fa3", "torch_native"])
+def test_attention_backend_that_ignores_tree_masks(resolve, backend):
+    base = [a for a in GOOD if a not in ("--attention-backend", "flashinfer")]
+    text = _problems(resolve, "--attention-backend", backend, base=base)
+    assert f"--attention-backend {backend}: this attention backend ignores the tree mask" in text
+    assert "pass --attention-backend flashinfer (or triton)" in text
+
+
+def test_triton_is_accepted(resolve):
+    base = [a for a in GOOD if a != "flashinfer"]
+    base[base.index("--attention-backend") + 1:1] = ["triton"]
+    assert resolve(base=base).attention_backend == "triton"
+
+
+def test_prefill_backend_decides_in_prefill_mode(resolve):
+    text = _problems(resolve, "--prefill-attention-backend", "fa3")
+    assert "--prefill-attention-backend fa3: this attention backend ignores the tree mask" in text
+
+
+@pytest.mark.parametrize("flag, expected", [
+    (["--speculative-use-rejection-sampling"], "--speculative-use-rejection-sampling: JETSPEC accepts with its own"),
+    (["--pp-size", "2"], "--pp-size 2: pipeline parallelism is not supported"),
+    (["--tp-size", "2"], "--tp-size 2: JETSPEC drafts and accepts on one rank"),
+    (["--enable-mixed-chunk"], "--enable-mixed-chunk is not supported by JETSPEC"),
+    (["--page-size", "16"], "--page-size 16: JETSPEC compacts accepted tree nodes slot by slot"),
+    (["--speculative-eagle-topk", "4"], "--speculative-eagle-topk 4: JETSPEC's tree width comes from the head"),
+    (["--speculative-num-draft-tokens", "64"], "--speculative-num-draft-tokens 64 is below the policy's largest budget 256"),
+])
+def test_unsupported_flags(resolve, flag, expected):
+    assert expected in _problems(resolve, *flag)
+
+
+def test_block_verification_is_refused(resolve):
+    # SGLang refuses it for plugin algorithms before JETSPEC's own check runs
+    with pytest.raises(ValueError, match="--speculative-use-block-verification only supports"):
+        resolve("--speculative-use-block-verification")
+
+
+def test_dp_attention_is_refused(resolve):
+    text = _problems(resolve, "--tp-size", "2", "--attn-dp-size", "2")
+    assert "attention data parallelism (--attn-dp-size 2, or the deprecated --enable-dp-attention)" in text
+
+
+def test_overlap_scheduler_and_decode_graphs_must_be_off(resolve):
+    text = _problems(resolve, base=["--attention-backend", "flashinfer", "--device", "cpu"])
+    assert "the overlap scheduler is on: JETSPEC runs synchronously" in text and "pass --disable-overlap-schedule" in text
+    assert "decode CUDA graphs are on" in text and "pass --disable-decode-cuda-graph" in text
+
+
+def test_every_problem_is_reported_at_once(resolve):
+    text = _problems(resolve, "--pp-size", "2", "--enable-mixed-chunk", base=["--device", "cpu"])
+    lines = text.splitlines()[1:]
+    # the CPU default backend, pp, mixed chunk, graphs (pp > 1 already switches overlap off in SGLang)
+    assert [line.split(":")[0].split(" is ")[0] for line in lines] == [
+        "  - --attention-backend torch_native", "  - --pp-size 2", "  - --enable-mixed-chunk",
+        "  - decode CUDA graphs are on"]
+
+
+def test_bad_policy_file_names_the_env_var_and_the_line(resolve, tmp_path, monkeypatch):
+    bad = tmp_path / "policy.yaml"
+    bad.write_text("cohorts:\n  - name: all\n    min_batch: 1\n    max_batch: 8\n    budgets: [0, 8]\n    default: 5\n")
+    monkeypatch.setenv(POLICY_ENV, str(bad))
+    text = _problems(resolve)
+    assert f"{POLICY_ENV}={bad}" in text and f"{bad}:6: cohorts[0] 'all' default 5 is not one of its budgets" in text
+
+
+def test_policy_budgets_set_the_verify_width(resolve, tmp_path, monkeypatch):
+    small = tmp_path / "policy.yaml"
+    small.write_text("cohorts:\n  - name: all\n    min_batch: 1\n    max_batch: 8\n    budgets: [0, 4, 24]\n"
+                     "    default: 24\ngate:\n  reprobe_budget: 4\n")
+    monkeypatch.setenv(POLICY_ENV, str(small))
+    assert resolve().speculative_num_draft_tokens == 24
