@@ -54,6 +54,8 @@ class ControllerPolicy(StrictModel):
 class ShadowPolicy(StrictModel):
     sample_rate: float = Field(default=0.01, ge=0, le=1)
     alpha: float = Field(default=0.01, gt=0, lt=1)
+    # What the controller does while the shadow checker's drift alarm is in force (shadow/README.md).
+    gate_on_alarm: bool = Field(default=False, description="gate speculation off in every cohort on alarm")
 
 
 class HeadLimits(StrictModel):
@@ -125,6 +127,16 @@ def _timing_problems(policy: Policy) -> list[Problem]:
     return problems
 
 
+def _shadow_problems(policy: Policy) -> list[Problem]:
+    if not policy.shadow.gate_on_alarm:
+        return []
+    return [Problem(("cohorts", i, "budgets"),
+                    f"shadow.gate_on_alarm is true but cohorts[{i}] '{cohort.name}' cannot be gated off "
+                    f"(budgets {cohort.budgets} lack 0)", "add 0 to its budgets or set shadow.gate_on_alarm: false")
+            for i, cohort in enumerate(policy.cohorts) if 0 not in cohort.budgets]
+
+
 def policy_problems(policy: Policy, head: HeadCapacity | None = None) -> list[Problem]:
     """Rules across fields; `head` adds the limit of a concrete draft head checkpoint."""
-    return coverage_problems(policy.cohorts) + _budget_problems(policy, head) + _timing_problems(policy)
+    return (coverage_problems(policy.cohorts) + _budget_problems(policy, head) + _timing_problems(policy)
+            + _shadow_problems(policy))

@@ -1,0 +1,67 @@
+"""The shadow record: what a worker tees about one finished request (one JSON line in the spool).
+
+Engine-agnostic on purpose: the reference server and the SGLang worker build the same record, and
+the checker needs nothing else to re-score the request on a non-speculative target.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from sglang_jetspec.core.sampling import SamplingParams
+
+SCHEMA_VERSION = 1
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RecordSampling(_Model):
+    """The request's own sampling configuration (SGLang names); temperature 0 = greedy."""
+
+    temperature: float = Field(ge=0)
+    top_p: float = Field(gt=0, le=1)
+    top_k: int = Field(ge=-1)
+    min_p: float = Field(ge=0, lt=1)
+    seed: int | None = None
+    max_new_tokens: int = Field(ge=1)
+    ignore_eos: bool = False
+
+    @classmethod
+    def of(cls, params: SamplingParams) -> RecordSampling:
+        return cls(temperature=params.temperature, top_p=params.top_p, top_k=params.top_k, min_p=params.min_p,
+                   seed=params.seed, max_new_tokens=params.max_new_tokens, ignore_eos=params.ignore_eos)
+
+    def params(self) -> SamplingParams:
+        """The core's SamplingParams, so the checker applies exactly the transforms decoding applied."""
+        return SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
+                              min_p=self.min_p, seed=self.seed, max_new_tokens=self.max_new_tokens,
+                              ignore_eos=self.ignore_eos)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+class SpecStats(_Model):
+    """Speculation as it ran for this request, one entry per verify step (prefill excluded)."""
+
+    budgets: list[int] = Field(default_factory=list, description="tree budget of each step, 0 = off")
+    accept_lengths: list[int] = Field(default_factory=list, description="tokens committed per step, bonus included")
+
+
+class ShadowRecord(_Model):
+    schema_version: Literal[1] = SCHEMA_VERSION
+    request_id: str
+    model: str = Field(description="target identity, e.g. checkpoint path or served model name")
+    head: str = Field(default="", description="draft head identity ('' = no head)")
+    prompt_ids: list[int] = Field(min_length=1)
+    output_ids: list[int]
+    sampling: RecordSampling
+    finish_reason: str = Field(description="eos | length | stop (stop-string requests may hold extra tokens)")
+    spec: SpecStats = SpecStats()
+    started_at: float = Field(description="Unix seconds the request was admitted")
+    finished_at: float = Field(description="Unix seconds it finished")

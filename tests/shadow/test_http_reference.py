@@ -1,0 +1,88 @@
+"""The SGLang-endpoint reference client against a small HTTP server that answers SGLang's /generate
+logprob fields with real SmolLM2 log-probabilities computed locally (not a mocked target)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import numpy as np
+import pytest
+import torch
+
+from shadow.checks import sampled_transform
+from shadow.record import RecordSampling, ShadowRecord
+from shadow.reference import HttpReference, LocalReference, ReferenceError
+from sglang_jetspec.core.sampling import SamplingParams
+
+
+@pytest.fixture(scope="module")
+def sglang_like(smollm2):
+    """SGLang's prompt-logprob contract: for input token i >= logprob_start_len, input_token_logprobs[i - s]
+    = [log p(token_i | tokens_<i), token_i, None] and input_top_logprobs[i - s] the top-N of that distribution."""
+    local = LocalReference(smollm2)
+    requests = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            requests.append(body)
+            ids, start, top = body["input_ids"], body["logprob_start_len"], body["top_logprobs_num"]
+            probe = ShadowRecord(request_id="x", model="", prompt_ids=ids[:start], output_ids=ids[start:],
+                                 sampling=RecordSampling(temperature=0, top_p=1, top_k=-1, min_p=0, max_new_tokens=1),
+                                 finish_reason="length", started_at=0, finished_at=0)
+            logprobs = torch.log_softmax(local.score(probe).logits.double(), -1)
+            values, indices = logprobs.topk(top, dim=-1)
+            meta = {"input_token_logprobs": [[float(logprobs[j, t]), t, None] for j, t in enumerate(ids[start:])],
+                    "input_top_logprobs": [[[float(v), int(i), None] for v, i in zip(vs, ix)]
+                                           for vs, ix in zip(values.tolist(), indices.tolist())]}
+            payload = json.dumps({"text": "", "output_ids": [], "meta_info": meta}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", requests, local
+    server.shutdown()
+
+
+def _record(smollm2, temperature: float) -> ShadowRecord:
+    prompt = smollm2.tokenizer("def fibonacci(n):")["input_ids"]
+    output = smollm2.tokenizer("\n    if n < 2:\n        return n")["input_ids"]
+    return ShadowRecord(request_id="7", model="smollm2", prompt_ids=prompt, output_ids=output,
+                        sampling=RecordSampling(temperature=temperature, top_p=0.95, top_k=-1, min_p=0.0, max_new_tokens=32),
+                        finish_reason="length", started_at=0.0, finished_at=1.0)
+
+
+def test_full_vocabulary_scores_match_the_local_target(sglang_like, smollm2):
+    url, requests, local = sglang_like
+    record = _record(smollm2, 0.8)
+    remote = HttpReference(url, smollm2.info.vocab_size).score(record)
+    assert remote.complete and requests[-1]["top_logprobs_num"] == smollm2.info.vocab_size
+    assert requests[-1]["logprob_start_len"] == len(record.prompt_ids)
+    assert requests[-1]["sampling_params"]["max_new_tokens"] == 0
+    params = record.sampling.params()
+    a = sampled_transform(remote.logits, record.output_ids, params, np.random.default_rng(0))
+    b = sampled_transform(local.score(record).logits, record.output_ids, params, np.random.default_rng(0))
+    np.testing.assert_allclose(a.pit, b.pit, atol=1e-5)  # logprobs = logits up to a per-row constant
+
+
+def test_greedy_asks_for_the_top_two_only(sglang_like, smollm2):
+    url, requests, local = sglang_like
+    record = _record(smollm2, 0.0)
+    remote = HttpReference(url, smollm2.info.vocab_size).score(record)
+    assert requests[-1]["top_logprobs_num"] == 2 and not remote.complete
+    assert torch.equal(remote.logits.argmax(-1), local.score(record).logits.argmax(-1))
+    known = torch.isfinite(remote.logits).sum(-1)
+    assert known.min() >= 2 and known.max() <= 3  # top 2 plus the emitted token
+
+
+def test_unreachable_endpoint_names_the_fix(smollm2):
+    with pytest.raises(ReferenceError, match="is the reference server up"):
+        HttpReference("http://127.0.0.1:9", smollm2.info.vocab_size).score(_record(smollm2, 0.8))

@@ -1,0 +1,59 @@
+"""The statistics: Holm, rank buckets, the PIT's exactness and the betting monitor's error control."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from shadow.checks import greedy_mismatches, sampled_transform
+from shadow.stats import BettingMonitor, WindowTestResult, holm, merge_small, tokens_to_cross, window_tests
+from sglang_jetspec.core.sampling import SamplingParams, processed_probs
+
+
+def test_holm_step_down():
+    out = holm([WindowTestResult("a", 0, 0.01), WindowTestResult("b", 0, 0.04), WindowTestResult("c", 0, 0.03)])
+    assert [r.p_holm for r in out] == pytest.approx([0.03, 0.06, 0.06])
+
+
+def test_merge_small_folds_thin_buckets():
+    obs, exp = merge_small(np.array([50, 30, 3, 1, 1, 0, 0]), np.array([48.0, 31.0, 2.5, 1.5, 1.0, 0.5, 0.5]))
+    assert obs.tolist() == [50, 30, 5] and exp.tolist() == [48.0, 31.0, 6.0]
+
+
+def test_randomized_pit_is_uniform_for_a_correct_sampler():
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(4000, 50, generator=gen) * 2
+    params = SamplingParams(temperature=0.8, top_p=0.9)
+    tokens = torch.multinomial(processed_probs(logits, params), 1, generator=gen)[:, 0].tolist()
+    t = sampled_transform(logits, tokens, params, np.random.default_rng(0))
+    assert not t.impossible and len(t.pit) == 4000
+    assert min(r.p_holm for r in window_tests(t.pit, t.rank_observed, t.rank_expected)) > 0.01
+    # ...and skewed for one drawing at temperature 1.0 instead
+    wrong = torch.multinomial(processed_probs(logits, SamplingParams(temperature=1.0, top_p=0.9)), 1, generator=gen)[:, 0].tolist()
+    t = sampled_transform(logits, wrong, params, np.random.default_rng(0))
+    assert min(r.p_holm for r in window_tests(t.pit, t.rank_observed, t.rank_expected)) < 1e-6
+
+
+def test_greedy_margin_classifies_ties_and_errors():
+    logits = torch.tensor([[5.0, 4.99, 0.0], [5.0, 3.0, 0.0], [1.0, 1.0, 0.0]])
+    found = greedy_mismatches(logits, [1, 1, 1], tie_margin=0.05)
+    assert [(m.position, m.kind) for m in found] == [(0, "tie"), (1, "error")]  # position 2: an exact tie for max
+    assert found[1].margin == pytest.approx(2.0)
+
+
+def test_betting_monitor_false_alarms_within_alpha_and_detects_shift():
+    rng = np.random.default_rng(1)
+    null = tokens_to_cross(rng.random((2000, 2000)), alpha=0.05)
+    assert (null <= 2000).mean() <= 0.05 + 3 * np.sqrt(0.05 * 0.95 / 2000)
+    shifted = tokens_to_cross(rng.random((50, 2000)) ** 1.3, alpha=0.001)
+    assert np.median(shifted) < 1000
+
+
+def test_monitor_state_round_trips_and_stays_crossed():
+    monitor = BettingMonitor(0.01)
+    monitor.update(np.random.default_rng(0).random(500) ** 2)
+    assert monitor.crossed and monitor.p_value() <= 0.01
+    again = BettingMonitor.from_json(monitor.to_json())
+    again.update(np.random.default_rng(1).random(100))
+    assert again.crossed_at == monitor.crossed_at and again.state.tokens == 600
