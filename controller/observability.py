@@ -7,33 +7,24 @@ import logging
 import math
 from typing import Any
 
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SimpleSpanProcessor
+from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 from opentelemetry.trace import Tracer
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from controller.decider import Decision
+from sglang_jetspec.tracing import build_provider, otlp_endpoint_in_env, otlp_exporter  # torch-free
 
-log = logging.getLogger(__name__)
 decision_log = logging.getLogger("jetspec.controller.decisions")
 
 
 def make_tracer(otlp_endpoint: str | None = None, console: bool = False) -> Tracer:
-    """Spans go nowhere by default; to the console on request; over OTLP when an endpoint is set
-    and an OTLP exporter package is installed."""
-    provider = TracerProvider(resource=Resource.create({"service.name": "jetspec-controller"}))
-    if otlp_endpoint:
-        try:
-            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-        except ImportError:
-            log.warning("OTLP endpoint %s set but opentelemetry-exporter-otlp is not installed: "
-                        "spans are dropped (pip install opentelemetry-exporter-otlp)", otlp_endpoint)
-        else:
-            provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=otlp_endpoint)))
+    """Spans go nowhere by default; to the console on request; over OTLP when an endpoint is given
+    or OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT is set (protocol, sampler, service name: OTEL_* variables,
+    read the same way as by `jetspec serve --enable-trace`, sglang_jetspec/tracing.py)."""
+    exporters = [otlp_exporter(otlp_endpoint)] if otlp_endpoint or otlp_endpoint_in_env() else []
     if console:
-        provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter()))
-    return provider.get_tracer("jetspec.controller")
+        exporters.append(ConsoleSpanExporter())
+    return build_provider("jetspec-controller", exporters).get_tracer("jetspec.controller")
 
 
 def _finite(value: float | None) -> float | None:

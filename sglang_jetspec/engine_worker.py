@@ -15,11 +15,19 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
+from typing import TYPE_CHECKING
+
+from opentelemetry import trace
+from opentelemetry.trace import SpanContext, Tracer
 
 from policies.runtime import ActivePolicy
 
 from .reference.engine import ReferenceEngine, Request, RequestOutput, RunningBatch
 from .telemetry import JetspecMetrics
+from .tracing import STEP_SPAN, WORKER_TRACER, record_step_phases, step_links
+
+if TYPE_CHECKING:
+    from shadow.engine_hook import EngineTee
 
 log = logging.getLogger(__name__)
 
@@ -30,13 +38,19 @@ class ServerClosing(RuntimeError):
 
 class EngineWorker:
     def __init__(self, engine: ReferenceEngine, active: ActivePolicy, metrics: JetspecMetrics,
-                 clock: Callable[[], float] = time.time, idle_poll_s: float = 0.05):
+                 clock: Callable[[], float] = time.time, idle_poll_s: float = 0.05, tracer: Tracer | None = None,
+                 shadow: EngineTee | None = None):
         self._engine = engine
+        self._shadow = shadow  # tees a sampled share of finished requests to the shadow spool
+        self._tracer = tracer if tracer is not None else trace.get_tracer(WORKER_TRACER)
         self._active = active
         self._metrics = metrics
         self._clock = clock
         self._idle_poll_s = idle_poll_s
-        self._queue: queue.Queue[tuple[Request, Future]] = queue.Queue()
+        # Each request travels with the span context of the caller (its request span), so the
+        # steps that advance it can link to it.
+        self._queue: queue.Queue[tuple[Request, Future, SpanContext]] = queue.Queue()
+        self._span_contexts: dict[str, SpanContext] = {}
         # Closing and submitting share a lock: once closing is set nothing more is queued, so the
         # thread's final sweep of the queue resolves every future.
         self._submit_lock = threading.Lock()
@@ -57,7 +71,7 @@ class EngineWorker:
         with self._submit_lock:
             if self._closing.is_set():
                 raise ServerClosing("the server is shutting down -- send the request to another replica")
-            self._queue.put((request, future))
+            self._queue.put((request, future, trace.get_current_span().get_span_context()))
         return future
 
     def stop(self, drain_timeout_s: float) -> None:
@@ -84,21 +98,27 @@ class EngineWorker:
                     log.exception("engine step failed; failing the %d running requests", len(running))
                     self._fail(running.values(), exc)
                     running.clear()
+                    self._span_contexts.clear()
+                    if self._shadow:
+                        self._shadow.clear()
                     batch = self._engine.start_batch()
         finally:
             leftover = ServerClosing("the server shut down before the request finished")
             self._fail(running.values(), leftover)
             while not self._queue.empty():
                 self._fail([self._queue.get_nowait()[1]], leftover)
+            self._span_contexts.clear()
 
     def _admit(self, batch: RunningBatch, running: dict[str, Future[RequestOutput]]) -> None:
         while batch.has_room():
             try:
                 # Idle: wait briefly for work (and notice stop/close); busy: never delay the next step.
-                request, future = (self._queue.get_nowait() if len(batch)
-                                   else self._queue.get(timeout=self._idle_poll_s))
+                request, future, span_context = (self._queue.get_nowait() if len(batch)
+                                                 else self._queue.get(timeout=self._idle_poll_s))
             except queue.Empty:
                 return
+            if self._shadow:
+                self._shadow.admitted(request, self._clock())
             try:
                 finished = batch.admit(request)
             except Exception as exc:  # a failed prefill sinks only its own request
@@ -107,14 +127,25 @@ class EngineWorker:
                 continue
             if finished is None:
                 running[request.request_id] = future
+                self._span_contexts[request.request_id] = span_context
             else:
+                if self._shadow:
+                    self._shadow.finished(request, finished, self._clock())
                 future.set_result(finished)
 
     def _step(self, batch: RunningBatch, running: dict[str, Future[RequestOutput]]) -> None:
         cohort, budget = self._active.budget_for_step(len(batch), self._clock())
-        record, finished = batch.step(budget)
+        links = step_links([self._span_contexts[lane.request.request_id] for lane in batch.lanes])
+        if self._shadow:
+            self._shadow.stepped([lane.request for lane in batch.lanes], budget)
+        with self._tracer.start_as_current_span(STEP_SPAN, links=links) as span:
+            record, finished = batch.step(budget)
+            record_step_phases(self._tracer, span, cohort, record)
         self._metrics.record_step(cohort, record)
         for request, output in finished:
+            self._span_contexts.pop(request.request_id)
+            if self._shadow:
+                self._shadow.finished(request, output, self._clock())
             running.pop(request.request_id).set_result(output)
 
     @staticmethod

@@ -1,7 +1,8 @@
 """`jetspec serve`: the reference engine behind HTTP (sglang_jetspec/server.py), driven by a policy file.
 
     jetspec serve --policy policies/default.yaml [--target smollm2] [--head DIR] [--port 30000]
-                  [--admin-api-key-env JETSPEC_ADMIN_KEY] [--max-batch-size 8]
+                  [--admin-api-key-env JETSPEC_ADMIN_KEY] [--max-batch-size 8] [--shadow-spool DIR]
+                  [--enable-trace [--otlp-traces-endpoint http://HOST:4317]]
 
 Prints the server's URL on stdout once it accepts requests; everything else goes to stderr.
 SIGINT/SIGTERM stop it gracefully: new requests get 503, running ones may finish (JetspecServer.stop).
@@ -19,6 +20,7 @@ from pathlib import Path
 
 DEFAULT_PORT = 30000  # SGLang's default
 DEFAULT_ADMIN_KEY_ENV = "JETSPEC_ADMIN_KEY"  # the controller's default too
+SERVICE_NAME = "jetspec-worker"  # OTel service.name unless OTEL_SERVICE_NAME says otherwise
 
 
 def register(sub) -> None:
@@ -35,6 +37,16 @@ def register(sub) -> None:
                    help=f"environment variable holding the admin key for policy pushes (default {DEFAULT_ADMIN_KEY_ENV}; "
                         "unset = pushes refused with 403)")
     p.add_argument("--max-batch-size", type=int, default=8, help="most requests decoding together (default 8)")
+    p.add_argument("--shadow-spool", metavar="DIR", help="spool the policy's shadow.sample_rate of finished requests "
+                   "here for `jetspec shadow run` (default: no shadow records)")
+    # Named as SGLang's flags; everything else (sampler, protocol, headers, service name) is OTEL_* env.
+    p.add_argument("--enable-trace", action="store_true",
+                   help="export OpenTelemetry spans (request, step and phases) as the OTEL_* variables say "
+                        "(OTLP over gRPC to localhost:4317 by default)")
+    p.add_argument("--otlp-traces-endpoint", metavar="ENDPOINT",
+                   help="with --enable-trace: OTLP traces endpoint (gRPC: http://HOST:4317 plaintext, https:// TLS; "
+                        "with OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf the full /v1/traces URL); "
+                        "default $OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT")
     p.set_defaults(func=run)
 
 
@@ -44,8 +56,23 @@ def _load_policy(path: str, head_dir: Path | None):
     return load_policy(path, read_head_capacity(head_dir) if head_dir else None)
 
 
+def _install_tracing(args: argparse.Namespace):
+    """The global tracer provider for --enable-trace (None without it: spans cost nothing)."""
+    if not args.enable_trace:
+        return None
+    from opentelemetry import trace
+
+    from .tracing import build_provider, exporters_from_env
+
+    provider = build_provider(SERVICE_NAME, exporters_from_env(args.otlp_traces_endpoint))
+    trace.set_tracer_provider(provider)
+    return provider
+
+
 def run(args: argparse.Namespace) -> int:
     from policies import PolicyError
+
+    from .tracing import TracingConfigError
 
     from .loading import DTYPES, load_drafter, resolve_head_dir, resolve_target_dir
     from .reference.engine import EngineConfig, ReferenceEngine
@@ -65,15 +92,26 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:  # unreadable head config
         print(f"jetspec serve: {exc}", file=sys.stderr)
         return 2
+    try:
+        provider = _install_tracing(args)
+    except TracingConfigError as exc:
+        print(f"jetspec serve: {exc}", file=sys.stderr)
+        return 2
     target = TargetModel(target_dir, dtype=DTYPES[args.dtype], device=args.device)
     drafter, head_label = load_drafter(target, args.head)
     config = EngineConfig(tree_width=args.tree_width, fanout=args.fanout, acceptance=args.acceptance,
-                          max_batch_size=args.max_batch_size)
+                          max_batch_size=args.max_batch_size, draft_rounds=args.draft_rounds)
+    try:
+        engine = ReferenceEngine(target, drafter, config)
+    except ValueError as exc:  # --draft-rounds with a head that cannot read tree tokens
+        print(f"jetspec serve: {exc}", file=sys.stderr)
+        return 2
     admin_key = os.environ.get(args.admin_api_key_env) or None
     if admin_key is None:
         print(f"jetspec serve: ${args.admin_api_key_env} is not set: policy pushes will be refused (403)", file=sys.stderr)
     try:
-        server = JetspecServer(ReferenceEngine(target, drafter, config), policy, admin_key, args.host, args.port)
+        server = JetspecServer(engine, policy, admin_key, args.host, args.port,
+                               shadow_spool=args.shadow_spool, head=head_label)
     except OSError as exc:
         print(f"jetspec serve: cannot listen on {args.host}:{args.port} ({exc.strerror}) -- pick another --port", file=sys.stderr)
         return 1
@@ -87,4 +125,6 @@ def run(args: argparse.Namespace) -> int:
     stop.wait()
     print("jetspec serve: stopping (finishing running requests)", file=sys.stderr)
     server.stop()
+    if provider is not None:
+        provider.shutdown()  # flush the spans still batched
     return 0

@@ -3,8 +3,9 @@
     POST /generate             SGLang's request/response subset (sglang_jetspec/generate_api.py)
     GET  /metrics              Prometheus text: the telemetry contract (sglang_jetspec/telemetry.py)
     GET  /health               200 while the engine thread runs
-    POST /set_internal_state   push a budget table (admin key), policies/control_api.py
-    GET  /get_internal_state   the table in force
+    POST /set_internal_state   push a budget table as flat numeric keys (admin key), as to SGLang:
+                               policies/control_api.py
+    GET  /server_info          SGLang's readback: internal_states[0].jetspec_policy is the table in force
 
 Routing lives in `JetspecServer.handle` (method, path, headers, body) -> Reply, independent of
 the socket layer; the standard library's threading HTTP server only moves bytes. One engine thread
@@ -20,13 +21,16 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlsplit
 
+from opentelemetry import propagate, trace
+from opentelemetry.trace import SpanKind, Tracer
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from policies.control_api import handle_get_internal_state, handle_set_internal_state
+from policies.control_api import handle_server_info, handle_set_internal_state
 from policies.runtime import ActivePolicy
 from policies.schema import Policy
 
@@ -34,6 +38,7 @@ from .engine_worker import EngineWorker, ServerClosing
 from .generate_api import BadRequest, generate_response, parse_generate_request
 from .reference.engine import ReferenceEngine
 from .telemetry import JetspecMetrics
+from .tracing import WORKER_TRACER, finish_request_span, request_span_attributes
 
 log = logging.getLogger(__name__)
 
@@ -66,9 +71,21 @@ def check_budgets_runnable(policy: Policy, has_drafter: bool) -> None:
                                  "head, but the server has none -- load a head or list only budgets 0 and 1")
 
 
+def _shadow_tee(spool: str | Path | None, policy: Policy, registry: CollectorRegistry, model: str, head: str):
+    """The tee of shadow verification (shadow/README.md): policy shadow.sample_rate of finished requests."""
+    if spool is None:
+        return None
+    from shadow.engine_hook import EngineTee
+    from shadow.spool import SpoolWriter
+    from shadow.tee import ShadowTee
+
+    return EngineTee(ShadowTee(SpoolWriter(spool), policy.shadow.sample_rate, registry).start(), model, head)
+
+
 class JetspecServer:
     def __init__(self, engine: ReferenceEngine, policy: Policy, admin_key: str | None = None,
-                 host: str = "127.0.0.1", port: int = 0, clock: Callable[[], float] = time.time):
+                 host: str = "127.0.0.1", port: int = 0, clock: Callable[[], float] = time.time,
+                 tracer: Tracer | None = None, shadow_spool: str | Path | None = None, head: str = ""):
         check_budgets_runnable(policy, engine.drafter is not None)
         self.registry = CollectorRegistry()
         self.metrics = JetspecMetrics(self.registry)
@@ -76,14 +93,18 @@ class JetspecServer:
         self._engine = engine
         self._admin_key = admin_key
         self._clock = clock
-        self._worker = EngineWorker(engine, self.active, self.metrics, clock)
+        # Default: the process's global tracer provider (a no-op one unless `--enable-trace` set it).
+        self._tracer = tracer if tracer is not None else trace.get_tracer(WORKER_TRACER)
+        self._model = engine.target.path.name  # gen_ai.request.model
+        self._shadow = _shadow_tee(shadow_spool, policy, self.registry, str(engine.target.path), head)
+        self._worker = EngineWorker(engine, self.active, self.metrics, clock, tracer=self._tracer, shadow=self._shadow)
         self._request_ids = itertools.count()
         self._routes: dict[tuple[str, str], Callable[[Mapping[str, str], bytes], Reply]] = {
             ("POST", "/generate"): self._generate,
             ("GET", "/metrics"): self._metrics_page,
             ("GET", "/health"): self._health,
             ("POST", "/set_internal_state"): self._set_internal_state,
-            ("GET", "/get_internal_state"): self._get_internal_state,
+            ("GET", "/server_info"): self._server_info,
         }
         self._httpd = _HTTPServer((host, port), self)
         self._serving = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.1},
@@ -104,6 +125,8 @@ class JetspecServer:
         """Graceful: refuse new generations (503), let running ones finish for up to
         `drain_timeout_s` (then fail them with 503), then close the listening socket."""
         self._worker.stop(drain_timeout_s)
+        if self._shadow is not None:
+            self._shadow.tee.close()
         self._httpd.shutdown()
         self._httpd.server_close()  # waits for handler threads still writing their replies
 
@@ -123,18 +146,31 @@ class JetspecServer:
         return _error(404, f"{path}: no such endpoint -- see sglang_jetspec/server.py for the endpoints")
 
     def _generate(self, headers: Mapping[str, str], body: bytes) -> Reply:
+        # The request span continues the caller's trace when it sent a W3C traceparent header.
+        with self._tracer.start_as_current_span(f"generate {self._model}", context=propagate.extract(headers),
+                                                kind=SpanKind.SERVER, record_exception=False) as span:
+            reply, error_type = self._generate_traced(span, body)
+            if error_type is not None:
+                span.set_attribute("error.type", error_type)
+                span.set_status(trace.StatusCode.ERROR)
+            return reply
+
+    def _generate_traced(self, span: trace.Span, body: bytes) -> tuple[Reply, str | None]:
+        """The reply, and the error type for the span (None on success)."""
         target = self._engine.target
         try:
             request = parse_generate_request(body, target.tokenizer, target.info.vocab_size,
                                              target.info.max_position_embeddings, str(next(self._request_ids)))
+            span.set_attributes(request_span_attributes(self._model, request.params, len(request.prompt_ids)))
             output = self._worker.submit(request).result()
         except BadRequest as exc:
-            return _error(400, str(exc))
+            return _error(400, str(exc)), "400"
         except ServerClosing as exc:
-            return _error(503, str(exc))
+            return _error(503, str(exc)), "503"
         except Exception as exc:  # the engine failed this request; the server keeps serving
-            return _error(500, f"generation failed: {type(exc).__name__}: {exc}")
-        return _json(200, generate_response(output, request.params, target.tokenizer))
+            return _error(500, f"generation failed: {type(exc).__name__}: {exc}"), type(exc).__qualname__
+        finish_request_span(span, self._model, output)
+        return _json(200, generate_response(output, request.params, target.tokenizer)), None
 
     def _metrics_page(self, headers: Mapping[str, str], body: bytes) -> Reply:
         # Read the policy state now, so an expired push shows as the YAML default even while idle.
@@ -154,8 +190,8 @@ class JetspecServer:
             self.metrics.show_policy(self.active.state(now))
         return _json(status, payload)
 
-    def _get_internal_state(self, headers: Mapping[str, str], body: bytes) -> Reply:
-        return _json(200, handle_get_internal_state(self.active, self._clock()))
+    def _server_info(self, headers: Mapping[str, str], body: bytes) -> Reply:
+        return _json(200, handle_server_info(self.active, self._clock()))
 
 
 class _Handler(BaseHTTPRequestHandler):

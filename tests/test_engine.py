@@ -38,8 +38,10 @@ def test_kv_and_hidden_rows_match_a_fresh_prefill_after_every_step(smollm2, head
             for layer in (0, 15, 29):
                 k, v = cache.lane_kv(b, layer)
                 rk, rv = ref_cache.lane_kv(0, layer)
-                assert torch.allclose(k, rk, atol=1e-4) and torch.allclose(v, rv, atol=1e-4)
-            assert torch.allclose(lane.tap_rows(), ref_taps, atol=1e-4)
+                # fp32 rounding differs between step-wise and one-shot prefill (values reach ~100);
+                # a wrong or stale slot differs by O(1)
+                assert torch.allclose(k, rk, rtol=1e-5, atol=1e-4) and torch.allclose(v, rv, rtol=1e-5, atol=1e-4)
+            assert torch.allclose(lane.tap_rows(), ref_taps, rtol=1e-5, atol=1e-4)
             checked.append(lane.request.request_id)
 
     # max_batch_size 2 with 3 requests: the third joins when one finishes (continuous batching)

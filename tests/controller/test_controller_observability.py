@@ -57,12 +57,4 @@ def test_staleness_counts_from_the_last_confirmation():
     assert observer.registry.get_sample_value("jetspec_controller_staleness_seconds", {"server": "http://b"}) == 40
 
 
-def test_otlp_endpoint_without_exporter_package_falls_back(caplog):
-    with caplog.at_level(logging.WARNING, logger="controller.observability"):
-        tracer = make_tracer(otlp_endpoint="http://127.0.0.1:4317")
-    with tracer.start_as_current_span("x"):
-        pass
-    try:
-        import opentelemetry.exporter.otlp  # noqa: F401
-    except ImportError:
-        assert "opentelemetry-exporter-otlp is not installed" in caplog.text
+# OTLP export of decision spans to a real receiver: tests/ops/test_tracing_otlp.py

@@ -1,0 +1,1 @@
+"""Operations files (rules, dashboard, collector, manifests, runbook) and the metric catalogue generator."""
