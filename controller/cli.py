@@ -1,7 +1,7 @@
 """`python -m controller` (console script `jetspec-controller`): run the control loop or a simulation.
 
     python -m controller --policy FILE --server URL [--server URL ...] [--prometheus URL]
-                         [--admin-key-env VAR] [--dry-run] [--metrics-port PORT]
+                         [--admin-key-env VAR] [--dry-run] [--metrics-port PORT] [--shadow-alarm URL|FILE]
     python -m controller --simulate SCENARIO [--json OUT.json] [--plot OUT.png]
 
 Decisions are logged as one JSON line each on stdout; everything else goes to stderr.
@@ -21,6 +21,7 @@ from controller.http import urllib_transport
 from controller.loop import Controller
 from controller.observability import Observer, decision_log, make_tracer
 from controller.server_client import ServerClient
+from controller.shadow_alarm import ShadowAlarmSource
 from controller.sim_scenarios import SCENARIOS
 from controller.telemetry import PrometheusApiSource, ScrapeSource, TelemetrySource
 from policies.loader import load_policy
@@ -43,9 +44,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--metrics-port", type=int, default=DEFAULT_METRICS_PORT,
                         help=f"port for the controller's own /metrics (default {DEFAULT_METRICS_PORT}, 0 = off)")
     parser.add_argument("--metrics-addr", default="0.0.0.0", help="address for the controller's /metrics")
-    parser.add_argument("--otlp-endpoint", default=os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"),
-                        help="send decision spans over OTLP (default $OTEL_EXPORTER_OTLP_ENDPOINT)")
+    parser.add_argument("--otlp-endpoint", metavar="ENDPOINT",
+                        help="send decision spans to this OTLP traces endpoint (default: "
+                             "$OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT when set, else no export)")
     parser.add_argument("--trace-console", action="store_true", help="print decision spans to stderr")
+    parser.add_argument("--shadow-alarm", metavar="URL|FILE",
+                        help="the shadow checker's /metrics URL or its shadow.prom file: with the policy's "
+                             "shadow.gate_on_alarm, speculation is gated off everywhere while jetspec_shadow_alarm is 1")
     parser.add_argument("--max-intervals", type=int, help="stop after this many intervals (default: run forever)")
     parser.add_argument("--log-level", default="INFO", help="stderr log level (default INFO)")
     parser.add_argument("--simulate", choices=sorted(SCENARIOS), metavar="SCENARIO",
@@ -103,7 +108,12 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
         start_http_server(args.metrics_port, addr=args.metrics_addr, registry=observer.registry)
     clients = [ServerClient(url, policy, admin_key) for url in args.server]
-    controller = Controller(policy, telemetry, clients, time.time, observer, dry_run=args.dry_run)
+    shadow_alarm = ShadowAlarmSource(args.shadow_alarm, urllib_transport) if args.shadow_alarm else None
+    if shadow_alarm is not None and not policy.shadow.gate_on_alarm:
+        logging.getLogger("controller").warning("--shadow-alarm given but the policy's shadow.gate_on_alarm is "
+                                                "false: the alarm will not gate speculation")
+    controller = Controller(policy, telemetry, clients, time.time, observer, dry_run=args.dry_run,
+                            shadow_alarm=shadow_alarm)
     controller.resume()
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -16,12 +16,15 @@ from controller.decider import BudgetDecider, Decision
 from controller.estimator import GoodputEstimator
 from controller.observability import Observer
 from controller.server_client import PushRejected, ServerClient, ServerUnavailable
+from controller.shadow_alarm import ShadowAlarmSource
 from controller.telemetry import TelemetrySource
 from policies.problems import PolicyError
 from policies.schema import Policy
-from policies.table import PolicyState, PolicyTable, default_table, validate_table
+from policies.table import CohortBudget, PolicyState, PolicyTable, default_table, validate_table
 
 log = logging.getLogger(__name__)
+
+SHADOW_ALARM = "shadow_alarm"  # decision reason: the shadow drift alarm gated speculation off
 
 
 @dataclass(frozen=True)
@@ -34,7 +37,8 @@ class ServerView:
 
 class Controller:
     def __init__(self, policy: Policy, telemetry: TelemetrySource, servers: Sequence[ServerClient],
-                 clock: Callable[[], float], observer: Observer, dry_run: bool = False):
+                 clock: Callable[[], float], observer: Observer, dry_run: bool = False,
+                 shadow_alarm: ShadowAlarmSource | None = None):
         self._policy = policy
         self._telemetry = telemetry
         self._servers = list(servers)
@@ -45,6 +49,8 @@ class Controller:
         self._estimator = GoodputEstimator(policy.controller.window_s)
         self._table = default_table(policy)  # last known good table: the one servers should run
         self._views = {s.url: ServerView() for s in self._servers}
+        self._shadow_alarm = shadow_alarm
+        self._gated = False  # the shadow alarm gated speculation off at the last step
 
     @property
     def table(self) -> PolicyTable:
@@ -90,8 +96,37 @@ class Controller:
             for decision in decisions:
                 self._observer.record_decision(decision)
             self._adopt(self._decider.table())
+        gated = self._shadow_gate(now)
+        if gated:
+            decisions = self._gate_off_everywhere(now)
+        elif self._gated:  # the alarm cleared: back to the decider's table
+            self._adopt(self._decider.table())
+        self._gated = gated
         self._sync(now)
         self._observer.update_staleness([s.url for s in self._servers], now)
+        return decisions
+
+    def _shadow_gate(self, now: float) -> bool:
+        """Whether the shadow alarm is in force and the policy says to gate speculation off on it."""
+        if self._shadow_alarm is None or not self._policy.shadow.gate_on_alarm:
+            return False
+        try:
+            self._shadow_alarm.read()
+        except (ConnectionError, OSError, ValueError) as exc:
+            self._observer.telemetry_failures.labels(self._shadow_alarm.location).inc()
+            log.warning("shadow alarm: cannot read %s, keeping the last value (%s): %s",
+                        self._shadow_alarm.location, self._shadow_alarm.in_force, exc)
+        return self._shadow_alarm.in_force
+
+    def _gate_off_everywhere(self, now: float) -> list[Decision]:
+        """Budget 0 (no probes) in every cohort; the decider keeps its own table for when the alarm clears."""
+        previous = self._table.budgets()
+        self._table = PolicyTable(cohorts=[CohortBudget(name=c.name, min_batch=c.min_batch, max_batch=c.max_batch,
+                                                        budget=0) for c in self._policy.cohorts],
+                                  ttl_s=self._policy.controller.ttl_s)
+        decisions = [Decision(c.name, now, previous[c.name], 0, None, SHADOW_ALARM, ()) for c in self._policy.cohorts]
+        for decision in decisions:
+            self._observer.record_decision(decision)
         return decisions
 
     def _adopt(self, table: PolicyTable) -> None:

@@ -1,13 +1,16 @@
 """Push budget tables to one server and read back the table it runs (the control contract).
 
-    POST {server}/set_internal_state  {"server_args": {"jetspec_policy": TABLE}}
-         Authorization: Bearer <admin key>
-    GET  {server}/get_internal_state  -> {..., "jetspec_policy": {"table", "source", "expires_at",
-                                                                   "generation"}}
+    POST {server}/set_internal_state  {"server_args": {"jetspec_policy.ttl_s": 90.0,
+                                                       "jetspec_policy.<cohort>.budget": 32, ...}}
+         Authorization: Bearer <admin key>                         -> [true] (one flag per DP rank)
+    GET  {server}/server_info  -> {"internal_states": [{"jetspec_policy": {"table", "source",
+                                                                          "expires_at", "generation"}}, ...]}
 
-Everything SGLang-specific about the control surface lives here. Every table is validated with
-the policies schema before it is sent, so an invalid table never leaves the controller.
-Connection errors and 5xx answers are retried with exponential backoff; 4xx answers are not.
+This is SGLang's own protocol (policies/control_api.py has the why), which the reference server
+speaks too. Everything SGLang-specific about the control surface lives here. Every table is
+validated with the policies schema before it is sent, so an invalid table never leaves the
+controller. Connection errors and 5xx answers are retried with exponential backoff; 4xx answers
+are not, and each names its likely fix.
 """
 
 from __future__ import annotations
@@ -20,17 +23,41 @@ from typing import Any
 from pydantic import ValidationError
 
 from controller.http import Transport, urllib_transport
-from policies.control_api import POLICY_KEY, SERVER_ARGS_KEY
+from policies.control_api import INTERNAL_STATES_KEY, POLICY_KEY, SERVER_ARGS_KEY, table_to_flat_args
 from policies.schema import Policy
 from policies.table import PolicyState, PolicyTable, validate_table
 
+# What an operator most likely has to change when a server refuses a control request.
+_FIXES = {
+    400: "the server could not take the request: compare its policy file with the controller's --policy "
+         "(same cohorts and candidate budgets), and its jetspec version with the controller's",
+    401: "missing or wrong admin key: give the controller the servers' admin API key (--admin-key-env)",
+    403: "the server refuses policy pushes: start it with an admin API key (SGLang --admin-api-key, "
+         "jetspec serve --admin-api-key-env)",
+    404: "no such endpoint: is this the URL of a JetSpec server (SGLang with the jetspec plugin, or jetspec serve)?",
+    422: "the server refused the body's types: SGLang's server_args take numbers only; run a controller and "
+         "server of the same jetspec version",
+}
+_REFUSED = ("the server refused the table without saying why (SGLang logs it: 'rejected jetspec_policy push') "
+            "-- is its admin API key set, and does it run the controller's policy file?")
+
 
 class PushRejected(Exception):
-    """The server refused the request (4xx or success=false): retrying the same request won't help."""
+    """The server refused the request (4xx, or SGLang's [false]): retrying the same request won't help."""
 
 
 class ServerUnavailable(Exception):
     """No usable answer after every retry."""
+
+
+def _detail(payload: Any) -> Any:
+    """The server's own words: our problems list, SGLang's ErrorResponse message, its auth error, FastAPI's detail."""
+    if not isinstance(payload, dict):
+        return payload
+    for key in ("problems", "message", "error", "detail"):
+        if payload.get(key):
+            return payload[key]
+    return payload
 
 
 class ServerClient:
@@ -52,7 +79,7 @@ class ServerClient:
             headers["Authorization"] = f"Bearer {self._admin_key}"
         return headers
 
-    def _request(self, method: str, path: str, body: bytes | None) -> dict[str, Any]:
+    def _request(self, method: str, path: str, body: bytes | None) -> Any:
         url = f"{self.url}{path}"
         failure = ""
         for attempt in range(self._attempts):
@@ -70,29 +97,41 @@ class ServerClient:
                 payload = json.loads(raw)
             except (json.JSONDecodeError, UnicodeDecodeError):
                 payload = {"error": raw[:200].decode(errors="replace")}
-            if status >= 400 or (isinstance(payload, dict) and payload.get("success") is False):
-                detail = payload.get("problems") or payload.get("error") if isinstance(payload, dict) else payload
-                raise PushRejected(f"{method} {url} answered {status}: {detail}")
-            return payload if isinstance(payload, dict) else {}
+            if status >= 400:
+                fix = _FIXES.get(status, "see the server's log")
+                raise PushRejected(f"{method} {url} answered {status}: {_detail(payload)} -- {fix}")
+            return payload
         raise ServerUnavailable(f"{failure} (gave up after {self._attempts} attempts)")
 
-    def _state_from(self, payload: dict[str, Any]) -> PolicyState:
+    def _read_states(self) -> list[PolicyState]:
+        """The state each data-parallel rank of the server runs (GET /server_info)."""
+        payload = self._request("GET", "/server_info", None)
+        ranks = payload.get(INTERNAL_STATES_KEY) if isinstance(payload, dict) else None
         try:
-            return PolicyState.model_validate(payload[POLICY_KEY])
-        except (KeyError, ValidationError) as exc:
-            raise ServerUnavailable(f"{self.url} returned no valid {POLICY_KEY} state: {exc}") from None
+            if not ranks:
+                raise ValueError(f"no {INTERNAL_STATES_KEY}")
+            return [PolicyState.model_validate(rank[POLICY_KEY]) for rank in ranks]
+        except (KeyError, TypeError, ValueError, ValidationError) as exc:
+            raise ServerUnavailable(f"{self.url}/server_info has no valid {INTERNAL_STATES_KEY}[i].{POLICY_KEY} "
+                                    f"({type(exc).__name__}: {exc}) -- is it a JetSpec server?") from None
 
     def read_state(self) -> PolicyState:
-        return self._state_from(self._request("GET", "/get_internal_state", None))
+        """The state the server runs; ServerUnavailable while its ranks run different tables."""
+        states = self._read_states()
+        if any(s.table != states[0].table for s in states[1:]):
+            raise ServerUnavailable(f"the data-parallel ranks of {self.url} run different tables: "
+                                    f"{[s.table.budgets() for s in states]}")
+        return states[0]
 
     def push(self, table: PolicyTable) -> PolicyState:
         """Send `table`; returns the state the server then runs. Raises PolicyError before sending
         an invalid table, PushRejected on a refusal, ServerUnavailable when retries ran out."""
         validate_table(table, self._policy)
-        body = json.dumps({SERVER_ARGS_KEY: {POLICY_KEY: table.model_dump(mode="json")}}).encode()
-        payload = self._request("POST", "/set_internal_state", body)
-        # Our servers echo the new state; SGLang's generic answer does not, so read it back.
-        state = self._state_from(payload) if POLICY_KEY in payload else self.read_state()
+        body = json.dumps({SERVER_ARGS_KEY: table_to_flat_args(table)}).encode()
+        answer = self._request("POST", "/set_internal_state", body)
+        if not (isinstance(answer, list) and answer and all(flag is True for flag in answer)):
+            raise PushRejected(f"POST {self.url}/set_internal_state answered {answer!r}: {_REFUSED}")
+        state = self.read_state()  # neither SGLang nor our servers echo the new state
         if state.table != table:
-            raise PushRejected(f"{self.url} accepted the push but runs a different table")
+            raise PushRejected(f"{self.url} accepted the push but runs a different table: {state.table.budgets()}")
         return state

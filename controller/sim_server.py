@@ -1,7 +1,7 @@
 """A simulated serving replica: the real control endpoint and policy runtime, simulated steps.
 
 It answers the same HTTP requests a server does (`/metrics`, `/set_internal_state`,
-`/get_internal_state`) through an in-process transport, keeps its table with the same
+`/server_info`) through an in-process transport, keeps its table with the same
 `ActivePolicy` the worker uses (TTL expiry back to the YAML default included) and exports the
 worker's Prometheus counters, so the controller under test cannot tell it from a real server.
 """
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from controller.sim_costs import AcceptanceProfile, CostModel, StepCost
 from policies.cohorts import cohort_index_for_batch
-from policies.control_api import handle_get_internal_state, handle_set_internal_state
+from policies.control_api import handle_server_info, handle_set_internal_state
 from policies.runtime import ActivePolicy
 from policies.schema import Policy
 
@@ -62,8 +62,8 @@ class FakeServer:
     def handle(self, method: str, path: str, headers: dict[str, str], body: bytes | None) -> tuple[int, bytes]:
         if method == "GET" and path == "/metrics":
             return 200, self.render_metrics().encode()
-        if method == "GET" and path == "/get_internal_state":
-            return 200, json.dumps(handle_get_internal_state(self.active, self.now)).encode()
+        if method == "GET" and path == "/server_info":
+            return 200, json.dumps(handle_server_info(self.active, self.now)).encode()
         if method == "POST" and path == "/set_internal_state":
             before = self.active.table(self.now)
             status, payload = handle_set_internal_state(self.active, body or b"", headers.get("Authorization"),

@@ -1,9 +1,25 @@
-"""Server side of the control endpoint, independent of any web framework.
+"""Server side of the control endpoint, in SGLang's protocol, independent of any web framework.
 
-`POST /set_internal_state` with `{"server_args": {"jetspec_policy": TABLE}}` and
-`Authorization: Bearer <admin key>`; `GET /get_internal_state` returns `{"jetspec_policy": STATE}`.
-A server (reference engine, SGLang hook, simulator) passes the raw body and header in and sends
-back the (status, JSON) it gets.
+    POST /set_internal_state   {"server_args": {"jetspec_policy.ttl_s": 90.0,
+                                                "jetspec_policy.bs1.budget": 32,
+                                                "jetspec_policy.bs1.probe_budget": 64,
+                                                "jetspec_policy.bs1.probe_share": 0.05, ...}}
+                               Authorization: Bearer <admin key>           -> 200 [true]
+    GET  /server_info          -> {"internal_states": [{"jetspec_policy": STATE}, ...], ...}
+
+SGLang's own /set_internal_state admits only numbers ({"server_args": {key: int|float}}: its
+request type rejects a nested TABLE before any plugin code runs), so the table travels as flat
+numeric keys, all in one request: jetspec_policy.ttl_s, jetspec_policy.<cohort>.budget, and
+jetspec_policy.<cohort>.probe_budget + jetspec_policy.<cohort>.probe_share (both or neither).
+Cohort ranges are not sent: they are the server policy's own, in its order. SGLang has no
+/get_internal_state route; its /server_info lists each data-parallel rank's internal state.
+
+The JetSpec SGLang plugin answers both through SGLang (sglang_jetspec/adapter/internal_state.py);
+the reference server and the controller's simulator pass the raw body and header to
+`handle_set_internal_state` and send back the (status, JSON) it returns. Both validate with
+`table_from_flat_args` and read back with `policy_readback`. One deliberate difference: SGLang
+answers a refused table with 200 [false] and logs the problems; these servers answer 400 and list
+them, since nothing stops them from telling the client.
 """
 
 from __future__ import annotations
@@ -18,47 +34,70 @@ from policies.schema import Policy
 from policies.table import PolicyTable, validate_table
 
 SERVER_ARGS_KEY = "server_args"
+INTERNAL_STATES_KEY = "internal_states"
 POLICY_KEY = "jetspec_policy"
+FLAT_PREFIX = POLICY_KEY + "."
+_FLAT_FIELDS = ("budget", "probe_budget", "probe_share")
 
 
-def _error(status: int, message: str, problems: list[str] | None = None) -> tuple[int, dict[str, Any]]:
-    return status, {"success": False, "error": message, "problems": problems or [message]}
+def _bad_request(message: str, problems: list[str] | None = None) -> tuple[int, dict[str, Any]]:
+    """SGLang's answer to a body it cannot take (its ErrorResponse), plus every problem found."""
+    return 400, {"object": "error", "message": message, "type": "Bad Request", "param": None, "code": 400,
+                 "problems": problems or [message]}
 
 
-def handle_set_internal_state(active: ActivePolicy, body: bytes, authorization: str | None,
-                              admin_key: str | None, now: float) -> tuple[int, dict[str, Any]]:
-    if not admin_key:
-        return _error(403, "policy pushes are disabled -- start the server with an admin API key")
-    if not hmac.compare_digest((authorization or "").encode(), f"Bearer {admin_key}".encode()):
-        return _error(401, "missing or wrong admin key -- send 'Authorization: Bearer <admin key>'")
+def _authorized(authorization: str | None, admin_key: str) -> bool:
+    # As SGLang's admin check: scheme "Bearer" in any case, constant-time comparison of the key.
+    scheme, _, token = (authorization or "").partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(token.encode(), admin_key.encode())
+
+
+def _numeric_server_args(body: bytes) -> dict[str, int | float]:
+    """The `server_args` of a request body; ValueError naming the field and the fix."""
+    shape = f'send {{"{SERVER_ARGS_KEY}": {{"{FLAT_PREFIX}ttl_s": 90.0, "{FLAT_PREFIX}<cohort>.budget": 32, ...}}}}'
     try:
         payload = json.loads(body or b"null")
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        return _error(400, f"body is not JSON ({exc}) -- send a JSON object")
+        raise ValueError(f"body: not JSON ({exc}) -- {shape}") from None
     server_args = payload.get(SERVER_ARGS_KEY) if isinstance(payload, dict) else None
-    if not isinstance(server_args, dict) or POLICY_KEY not in server_args:
-        return _error(400, f"{SERVER_ARGS_KEY}.{POLICY_KEY} is missing -- send "
-                           f'{{"{SERVER_ARGS_KEY}": {{"{POLICY_KEY}": TABLE}}}}')
+    if not isinstance(server_args, dict):
+        raise ValueError(f"{SERVER_ARGS_KEY}: missing or not an object -- {shape}")
+    for key, value in server_args.items():
+        if not isinstance(value, (int, float)):
+            raise ValueError(f"{SERVER_ARGS_KEY}.{key}: {type(value).__name__} is not a number -- SGLang's "
+                             f"/set_internal_state takes numbers only: send the table as flat keys "
+                             f"(policies.control_api.table_to_flat_args)")
+    return server_args
+
+
+def handle_set_internal_state(active: ActivePolicy, body: bytes, authorization: str | None,
+                              admin_key: str | None, now: float) -> tuple[int, Any]:
+    """Apply a flat pushed table whole, or change nothing: (status, JSON answer)."""
+    if not admin_key:
+        return 403, {"error": "Forbidden -- policy pushes are disabled: start the server with an admin API key"}
+    if not _authorized(authorization, admin_key):
+        return 401, {"error": "Unauthorized -- send 'Authorization: Bearer <admin key>'"}
     try:
-        state = active.apply(server_args[POLICY_KEY], now)
+        server_args = _numeric_server_args(body)
+    except ValueError as exc:
+        return _bad_request(str(exc))
+    try:
+        table = table_from_flat_args(server_args, active.policy)
     except PolicyError as exc:
-        problems = [f"{POLICY_KEY}: {p}" for p in exc.problems]
-        return _error(400, "invalid jetspec_policy table", problems)
-    return 200, {"success": True, POLICY_KEY: state.model_dump(mode="json")}
+        return _bad_request(f"invalid {POLICY_KEY} push, nothing changed", [str(p) for p in exc.problems])
+    active.apply(table, now)
+    return 200, [True]  # SGLang's answer: one flag per data-parallel rank
 
 
-def handle_get_internal_state(active: ActivePolicy, now: float) -> dict[str, Any]:
-    return {POLICY_KEY: active.state(now).model_dump(mode="json")}
+def policy_readback(active: ActivePolicy, now: float) -> dict[str, Any]:
+    """The state in force, as every server reads it back under `jetspec_policy`."""
+    return active.state(now).model_dump(mode="json")
 
 
-# SGLang's own /set_internal_state admits only numbers ({"server_args": {key: int|float}}: its
-# request type rejects a nested TABLE with 422 before any plugin code runs), so a push to an SGLang
-# server carries the table as flat numeric keys, all in one request:
-#   jetspec_policy.ttl_s, jetspec_policy.<cohort>.budget,
-#   jetspec_policy.<cohort>.probe_budget + jetspec_policy.<cohort>.probe_share (both or neither).
-# Cohort ranges are not sent: they are the server policy's own, in its order.
-FLAT_PREFIX = POLICY_KEY + "."
-_FLAT_FIELDS = ("budget", "probe_budget", "probe_share")
+def handle_server_info(active: ActivePolicy, now: float) -> dict[str, Any]:
+    """The part of SGLang's GET /server_info a controller reads: one internal state (one rank)."""
+    return {INTERNAL_STATES_KEY: [{POLICY_KEY: policy_readback(active, now)}]}
+
 
 
 def table_to_flat_args(table: PolicyTable) -> dict[str, int | float]:
@@ -78,11 +117,10 @@ def table_from_flat_args(flat: dict[str, Any], policy: Policy) -> PolicyTable:
     ttl_s = None
     problems: list[Problem] = []
     for key, value in flat.items():
-        rest = key.removeprefix(FLAT_PREFIX)
-        cohort, _, field = rest.rpartition(".")
-        if rest == "ttl_s":
+        cohort, _, field = key.removeprefix(FLAT_PREFIX).rpartition(".")
+        if key == f"{FLAT_PREFIX}ttl_s":
             ttl_s = value
-        elif cohort in values and field in _FLAT_FIELDS:
+        elif key.startswith(FLAT_PREFIX) and cohort in values and field in _FLAT_FIELDS:
             values[cohort][field] = value
         else:
             problems.append(Problem((key,), f"unknown key {key}",

@@ -1,10 +1,13 @@
 """The runtime budget table (TABLE) that a controller pushes and a server applies.
 
-Wire format, inside `POST /set_internal_state {"server_args": {"jetspec_policy": TABLE}}`:
+As read back (`GET /server_info` -> `internal_states[i].jetspec_policy.table`):
 
     {"cohorts": [{"name": "bs1", "min_batch": 1, "max_batch": 1, "budget": 32,
                   "probe": {"budget": 64, "share": 0.05} | null}, ...],
      "ttl_s": 90.0}
+
+A push carries it as flat numeric keys instead (SGLang admits only numbers there):
+policies/control_api.py.
 
 The server validates a push with `validate_table(data, policy)` against its own YAML policy, the
 same function the controller runs before every push, so both sides agree on what is valid.
@@ -43,7 +46,7 @@ class PolicyTable(StrictModel):
 
 
 class PolicyState(StrictModel):
-    """Readback: `GET /get_internal_state` returns it under the key `jetspec_policy`."""
+    """Readback: `GET /server_info` returns it as `internal_states[i].jetspec_policy`."""
 
     table: PolicyTable
     source: Literal["yaml", "pushed"]

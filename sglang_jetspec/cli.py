@@ -43,10 +43,35 @@ def add_target_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cuda" if _cuda() else "cpu")
 
 
-def add_tree_arguments(parser: argparse.ArgumentParser) -> None:
+def draft_rounds_value(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: draft rounds must be an integer >= 0 (0 = marginal tree only)")
+    return value
+
+
+def draft_rounds_list(text: str) -> list[int]:
+    values = [draft_rounds_value(part.strip()) for part in text.split(",")]
+    if len(set(values)) != len(values):
+        raise argparse.ArgumentTypeError(f"{text!r} repeats a value; list each once, e.g. 0,1,2")
+    return values
+
+
+def add_tree_arguments(parser: argparse.ArgumentParser, several_rounds: bool = False) -> None:
+    """Tree flags; `several_rounds` (bench, replay) takes a list of draft rounds, one jetspec method each."""
     parser.add_argument("--tree-width", type=int, default=8, help="top-K candidates per depth")
     parser.add_argument("--fanout", choices=["uniform", "top2gap"], default="uniform")
     parser.add_argument("--acceptance", choices=["match", "residual"], default="match", help="lossless rule for sampled requests")
+    rounds_help = ("tree-causal draft rounds after the marginal tree: each re-drafts every node's children conditioned on its "
+                   "real path and rebuilds the tree within the same budget (needs a head trained with --reveal prefix; 0 = off)")
+    if several_rounds:
+        parser.add_argument("--draft-rounds", type=draft_rounds_list, default=[0],
+                            help=rounds_help + "; comma-separated, e.g. 0,1,2: the jetspec method once per value (jetspec, jetspec-r1, ...)")
+    else:
+        parser.add_argument("--draft-rounds", type=draft_rounds_value, default=0, help=rounds_help)
 
 
 def _register_generate(sub) -> None:
@@ -70,15 +95,20 @@ def _register_generate(sub) -> None:
 def _run_generate(args) -> int:
     from .generate import run
 
-    run(args)
+    try:
+        run(args)
+    except ValueError as exc:  # e.g. --draft-rounds with a head that cannot read tree tokens
+        print(f"jetspec generate: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 
 def _register_bench(sub) -> None:
-    from .bench_cli import register, register_replay
+    from .bench_cli import register, register_gap, register_replay
 
     register(sub)
     register_replay(sub)
+    register_gap(sub)
 
 
 def _register_policy(sub) -> None:
@@ -99,8 +129,15 @@ def _register_serve(sub) -> None:
     register(sub)
 
 
+def _register_shadow(sub) -> None:
+    from shadow.cli import register
+
+    register(sub)
+
+
 # One line per subcommand module.
-REGISTRARS = [_register_model, _register_generate, _register_bench, _register_policy, _register_train, _register_serve]
+REGISTRARS = [_register_model, _register_generate, _register_bench, _register_policy, _register_train, _register_serve,
+              _register_shadow]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -206,7 +206,8 @@ def test_the_controller_picks_the_measured_best_budget_per_cohort(tmp_path, smol
         controller.stop()  # its log is complete and nothing pushes while we read the server
         assert controller.popen.returncode == 0, controller.log_tail()
 
-        state = get_json(f"{url}/get_internal_state")["jetspec_policy"]
+        (rank,) = get_json(f"{url}/server_info")["internal_states"]  # SGLang's readback, one rank
+        state = rank["jetspec_policy"]
         records = decisions(controller)
         served = {c["name"]: c["budget"] for c in state["table"]["cohorts"]}
         samples = scrape(url)

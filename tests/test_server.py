@@ -11,7 +11,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from controller.http import urllib_transport
-from policies import parse_policy_text
+from controller.server_client import PushRejected, ServerClient
+from policies import parse_policy_text, validate_table
 from sglang_jetspec.cli import main
 from sglang_jetspec.core.sampling import SamplingParams
 from sglang_jetspec.reference.engine import EngineConfig, ReferenceEngine, Request
@@ -54,19 +55,19 @@ def metric_samples(url: str) -> dict[tuple[str, tuple], float]:
 
 
 def table(bs1: int, bs2: int, ttl_s: float = 60.0) -> dict:
-    return {"cohorts": [{"name": "bs1", "min_batch": 1, "max_batch": 1, "budget": bs1, "probe": None},
-                        {"name": "bs2-4", "min_batch": 2, "max_batch": 4, "budget": bs2, "probe": None}],
-            "ttl_s": ttl_s}
+    """A table without probes as SGLang's /set_internal_state takes it: flat numeric keys."""
+    return {"jetspec_policy.ttl_s": ttl_s, "jetspec_policy.bs1.budget": bs1, "jetspec_policy.bs2-4.budget": bs2}
 
 
-def push(url: str, tbl, key: str | None = ADMIN_KEY) -> tuple[int, dict]:
-    return call(f"{url}/set_internal_state", "POST", {"server_args": {"jetspec_policy": tbl}}, key)
+def push(url: str, flat: dict, key: str | None = ADMIN_KEY) -> tuple[int, dict | list]:
+    return call(f"{url}/set_internal_state", "POST", {"server_args": flat}, key)
 
 
 def readback(url: str) -> dict:
-    status, state = call(f"{url}/get_internal_state")
+    status, info = call(f"{url}/server_info")
     assert status == 200
-    return state["jetspec_policy"]
+    (rank,) = info["internal_states"]  # one engine: one data-parallel rank
+    return rank["jetspec_policy"]
 
 
 def bs1_budget(url: str) -> int:
@@ -166,16 +167,32 @@ def test_pushes_need_the_admin_key(server):
 
 def test_a_bad_push_is_400_and_the_running_table_stays(server):
     status, out = push(server.url, table(8, 0))
-    assert status == 200, out
+    assert (status, out) == (200, [True])  # SGLang's answer
     good = readback(server.url)
     assert good["source"] == "pushed" and good["table"]["cohorts"][0]["budget"] == 8
     status, out = push(server.url, table(16, 0))  # 16 is not a candidate of bs1
     assert status == 400
-    assert out["problems"] == ["jetspec_policy: cohorts[0].budget 16 is not a candidate of 'bs1' -- use one of [0, 4, 8]"]
+    assert out["problems"] == ["cohorts[0].budget 16 is not a candidate of 'bs1' -- use one of [0, 4, 8]"]
+    nested = {"cohorts": [{"name": "bs1", "min_batch": 1, "max_batch": 1, "budget": 4, "probe": None}], "ttl_s": 60}
+    status, out = push(server.url, {"jetspec_policy": nested})  # the form SGLang's request type refuses
+    assert status == 400 and out["message"].startswith("server_args.jetspec_policy: dict is not a number")
     assert readback(server.url) == good
     gauges = metric_samples(server.url)
     assert gauges[("jetspec_policy_budget", (("cohort", "bs1"),))] == 8
     assert gauges[("jetspec_policy_generation", ())] == good["generation"]
+
+
+def test_the_controller_client_pushes_and_reads_back(server):
+    client = ServerClient(server.url, POLICY, ADMIN_KEY, timeout_s=TIMEOUT_S)
+    pushed = validate_table({"cohorts": [{"name": "bs1", "min_batch": 1, "max_batch": 1, "budget": 0,
+                                          "probe": {"budget": 4, "share": 0.05}},
+                                         {"name": "bs2-4", "min_batch": 2, "max_batch": 4, "budget": 8}],
+                             "ttl_s": 60.0}, POLICY)
+    state = client.push(pushed)
+    assert state.table == pushed and state.source == "pushed"
+    assert client.read_state() == state
+    with pytest.raises(PushRejected, match="answered 401: Unauthorized"):
+        ServerClient(server.url, POLICY, "wrong-key", timeout_s=TIMEOUT_S).push(pushed)
 
 
 def test_an_expired_push_reverts_to_the_yaml_default(server):
@@ -207,6 +224,7 @@ def test_metrics_page_carries_the_contract_names(server):
 
 def test_unknown_paths_are_404_and_wrong_methods_405(server):
     assert call(f"{server.url}/v1/completions", "POST", {})[0] == 404
+    assert call(f"{server.url}/get_internal_state")[0] == 404  # SGLang has no such route either: /server_info
     assert call(f"{server.url}/generate")[0] == 405
     assert call(f"{server.url}/health") == (200, {"status": "ok"})
 

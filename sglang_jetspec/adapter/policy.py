@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from policies import ActivePolicy, Policy, PolicyError, PolicyState, PolicyTable, load_policy, read_head_capacity
-from policies.control_api import FLAT_PREFIX, table_from_flat_args
+from policies.control_api import FLAT_PREFIX, policy_readback, table_from_flat_args
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ class PolicyControl:
         return problems
 
     def readback(self, now: float) -> dict[str, Any]:
-        return self.active.state(now).model_dump(mode="json")
+        return policy_readback(self.active, now)
 
     def _notify(self, state: PolicyState) -> None:
         if state.generation != self._shown_generation and self._on_change is not None:

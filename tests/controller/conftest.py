@@ -1,7 +1,7 @@
 """A real HTTP control endpoint on 127.0.0.1 for controller tests.
 
 It serves the contract the SGLang worker and the reference engine implement: `/set_internal_state`
-and `/get_internal_state` (through policies.control_api, as a server would) and a `/metrics` page
+and `/server_info` (through policies.control_api, as a server would) and a `/metrics` page
 whose jetspec counters grow on every scrape. Tests can make the next control requests fail with 503.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from policies.control_api import handle_get_internal_state, handle_set_internal_state
+from policies.control_api import handle_server_info, handle_set_internal_state
 from policies.loader import parse_policy_text
 from policies.runtime import ActivePolicy
 from policies.schema import Policy
@@ -110,8 +110,8 @@ def control_server(test_policy: Policy):
             if method == "GET" and self.path == "/metrics":
                 scrapes[0] += 1
                 return self._answer(200, _metrics_page(scrapes[0]).encode(), "text/plain")
-            if method == "GET" and self.path == "/get_internal_state":
-                return self._answer(200, json.dumps(handle_get_internal_state(active, state.now[0])).encode())
+            if method == "GET" and self.path == "/server_info":
+                return self._answer(200, json.dumps(handle_server_info(active, state.now[0])).encode())
             if method == "POST" and self.path == "/set_internal_state":
                 status, payload = handle_set_internal_state(active, body, self.headers.get("Authorization"),
                                                             ADMIN_KEY, state.now[0])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import socket
 
 import pytest
@@ -43,14 +44,17 @@ def make_controller(server, policy, clock, dry_run=False):
     return controller, observer
 
 
-def test_push_sends_the_admin_key_and_the_contract_body(control_server, test_policy):
+def test_push_sends_the_admin_key_and_flat_numeric_keys(control_server, test_policy):
     table = table_with(test_policy, probe={"budget": 16, "share": 0.05})
     state = make_client(control_server, test_policy).push(table)
     assert (state.source, state.table, state.generation) == ("pushed", table, 1)
     (post,) = control_server.posts()
     assert post.path == "/set_internal_state"
     assert post.headers["Authorization"] == f"Bearer {control_server.admin_key}"
-    assert json.loads(post.body) == {"server_args": {"jetspec_policy": table.model_dump(mode="json")}}
+    assert json.loads(post.body) == {"server_args": {  # SGLang's request type admits only numbers
+        "jetspec_policy.ttl_s": 90.0, "jetspec_policy.bs1.budget": 64, "jetspec_policy.bs1.probe_budget": 16,
+        "jetspec_policy.bs1.probe_share": 0.05, "jetspec_policy.bs2-8.budget": 4}}
+    assert [r.path for r in control_server.requests] == ["/set_internal_state", "/server_info"]  # push, readback
     readback = make_client(control_server, test_policy).read_state()
     assert readback.table == table and readback.expires_at == control_server.now[0] + 90
 
@@ -72,8 +76,8 @@ def test_push_gives_up_after_the_last_attempt(control_server, test_policy):
     assert len(control_server.posts()) == 3
 
 
-def test_wrong_admin_key_is_not_retried(control_server, test_policy):
-    with pytest.raises(PushRejected, match="401"):
+def test_wrong_admin_key_is_not_retried_and_names_the_fix(control_server, test_policy):
+    with pytest.raises(PushRejected, match=r"answered 401: Unauthorized.* -- missing or wrong admin key: .*--admin-key-env"):
         make_client(control_server, test_policy, key="wrong").push(table_with(test_policy))
     assert len(control_server.posts()) == 1
     assert control_server.active.state(control_server.now[0]).source == "yaml"
@@ -160,8 +164,7 @@ def test_invalid_decision_keeps_the_last_good_table(control_server, test_policy,
     assert observer.registry.get_sample_value("jetspec_controller_invalid_tables_total") == 1
     assert controller.table == good
     assert len(control_server.posts()) == pushes_before
-    assert all(json.loads(p.body)["server_args"]["jetspec_policy"]["cohorts"][0]["budget"] != 32
-               for p in control_server.posts())
+    assert all(json.loads(p.body)["server_args"]["jetspec_policy.bs1.budget"] != 32 for p in control_server.posts())
 
 
 def test_failed_push_is_counted_and_retried_next_interval(control_server, test_policy):
@@ -177,3 +180,79 @@ def test_failed_push_is_counted_and_retried_next_interval(control_server, test_p
     clock.now += 10
     controller.step()
     assert control_server.active.state(clock.now).table == controller.table
+
+
+class SGLangAnswers:
+    """A transport answering like an SGLang server would: set_internal_state -> `set_answer`,
+    /server_info -> one internal state per data-parallel rank."""
+
+    def __init__(self, set_answer=(200, [True]), ranks=()):
+        self.set_answer = set_answer
+        self.ranks = list(ranks)
+        self.calls: list[tuple[str, str]] = []
+
+    def __call__(self, method, url, headers, body, timeout_s):
+        self.calls.append((method, url.rsplit("/", 1)[1]))
+        if url.endswith("/set_internal_state"):
+            status, payload = self.set_answer
+        else:
+            status, payload = 200, {"version": "0.5.23", "internal_states": self.ranks}
+        return status, json.dumps(payload).encode()
+
+
+def rank(table: PolicyTable, generation: int = 1) -> dict:
+    """One rank's internal state: SGLang's own keys plus what the plugin adds under jetspec_policy."""
+    return {"pp_max_micro_batch_size": 8, "jetspec_policy": {"table": table.model_dump(mode="json"),
+                                                             "source": "pushed", "expires_at": 1090.0,
+                                                             "generation": generation}}
+
+
+def sglang_client(policy, transport) -> ServerClient:
+    return ServerClient("http://sglang:30000", policy, "key", transport=transport, sleep=lambda s: None)
+
+
+def test_push_reads_back_every_data_parallel_rank(test_policy):
+    table = table_with(test_policy)
+    transport = SGLangAnswers((200, [True, True]), [rank(table, 3), rank(table, 5)])
+    state = sglang_client(test_policy, transport).push(table)
+    assert (state.table, state.generation) == (table, 3)
+    assert transport.calls == [("POST", "set_internal_state"), ("GET", "server_info")]
+
+
+@pytest.mark.parametrize("answer", [[False], [True, False], []])
+def test_sglang_refusing_a_table_is_rejected_pointing_at_its_log(test_policy, answer):
+    table = table_with(test_policy)
+    transport = SGLangAnswers((200, answer), [rank(table)])
+    with pytest.raises(PushRejected, match=rf"answered {re.escape(repr(answer))}: .*'rejected jetspec_policy push'"):
+        sglang_client(test_policy, transport).push(table)
+    assert transport.calls == [("POST", "set_internal_state")]  # not retried, nothing read back
+
+
+@pytest.mark.parametrize("status, payload, says", [
+    (401, {"error": "Unauthorized"}, "Unauthorized -- missing or wrong admin key"),
+    (403, {"error": "Forbidden"}, "Forbidden -- the server refuses policy pushes: start it with an admin API key"),
+    (400, {"object": "error", "message": "1 validation error", "type": "Bad Request", "code": 400},
+     "1 validation error -- the server could not take the request: compare its policy file"),
+    (422, {"detail": [{"loc": ["body", "server_args"], "msg": "Input should be a valid number"}]},
+     "Input should be a valid number'}] -- the server refused the body's types"),
+    (404, {"detail": "Not Found"}, "Not Found -- no such endpoint: is this the URL of a JetSpec server"),
+])
+def test_refusals_name_the_fix(test_policy, status, payload, says):
+    transport = SGLangAnswers((status, payload))
+    with pytest.raises(PushRejected) as refused:
+        sglang_client(test_policy, transport).push(table_with(test_policy))
+    assert f"answered {status}: " in str(refused.value) and says in str(refused.value)
+    assert len(transport.calls) == 1
+
+
+def test_ranks_running_different_tables_are_not_a_state(test_policy):
+    transport = SGLangAnswers(ranks=[rank(table_with(test_policy, budget=64)), rank(table_with(test_policy, budget=4))])
+    with pytest.raises(ServerUnavailable, match=r"ranks of http://sglang:30000 run different tables: "
+                                                r"\[\{'bs1': 64, 'bs2-8': 4\}, \{'bs1': 4, 'bs2-8': 4\}\]"):
+        sglang_client(test_policy, transport).read_state()
+
+
+@pytest.mark.parametrize("ranks", [[], [{"pp_max_micro_batch_size": 8}], [{"jetspec_policy": {"table": None}}]])
+def test_a_server_without_the_plugin_has_no_state(test_policy, ranks):
+    with pytest.raises(ServerUnavailable, match=r"(?s)has no valid internal_states\[i\].jetspec_policy .* JetSpec server"):
+        sglang_client(test_policy, SGLangAnswers(ranks=ranks)).read_state()

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import copy
 import json
 
 import pytest
 
-from policies.control_api import handle_get_internal_state, handle_set_internal_state
+from policies.control_api import (handle_server_info, handle_set_internal_state, policy_readback,
+                                  table_from_flat_args, table_to_flat_args)
 from policies.loader import parse_policy_text
 from policies.problems import PolicyError
 from policies.runtime import ActivePolicy
@@ -110,26 +110,76 @@ def _push(active, payload, authorization=f"Bearer {KEY}", admin_key=KEY):
     return handle_set_internal_state(active, body, authorization, admin_key, now=10.0)
 
 
+def flat(**changes) -> dict:
+    """A flat push (what SGLang's /set_internal_state admits) of table(**changes)."""
+    return {"server_args": table_to_flat_args(validate_table(table(**changes), POLICY))}
+
+
+def test_flat_keys_are_numbers_and_round_trip():
+    pushed = validate_table(table(budget=64, probe={"budget": 16, "share": 0.05}), POLICY)
+    assert table_to_flat_args(pushed) == {"jetspec_policy.ttl_s": 90.0, "jetspec_policy.bs1.budget": 64,
+                                          "jetspec_policy.bs1.probe_budget": 16, "jetspec_policy.bs1.probe_share": 0.05,
+                                          "jetspec_policy.bs2-8.budget": 4}
+    assert table_from_flat_args(table_to_flat_args(pushed), POLICY) == pushed
+
+
+@pytest.mark.parametrize("key, expected", [
+    ("ttl_s", "unknown key ttl_s"),                                  # the prefix is part of the key
+    ("bs1.budget", "unknown key bs1.budget"),
+    ("jetspec_policy.bs9.budget", "unknown key jetspec_policy.bs9.budget"),
+    ("jetspec_policy.bs1.colour", "unknown key jetspec_policy.bs1.colour"),
+])
+def test_flat_keys_outside_the_scheme_are_unknown(key, expected):
+    with pytest.raises(PolicyError) as caught:
+        table_from_flat_args({**flat()["server_args"], key: 4}, POLICY)
+    assert [str(p) for p in caught.value.problems] == [
+        f"{expected} -- send jetspec_policy.ttl_s and jetspec_policy.<cohort>.{{budget,probe_budget,probe_share}} "
+        "for cohorts ['bs1', 'bs2-8']"]
+
+
 def test_endpoint_requires_the_admin_key():
     active = ActivePolicy(POLICY)
-    payload = {"server_args": {"jetspec_policy": table(budget=64)}}
-    assert _push(active, payload, authorization=None)[0] == 401
+    payload = flat(budget=64)
+    assert _push(active, payload, authorization=None) == (401, {"error": "Unauthorized -- send 'Authorization: "
+                                                                         "Bearer <admin key>'"})
     assert _push(active, payload, authorization="Bearer wrong")[0] == 401
-    assert _push(active, payload, admin_key=None)[0] == 403
+    assert _push(active, payload, authorization=KEY)[0] == 401  # no scheme
+    status, answer = _push(active, payload, admin_key=None)
+    assert status == 403 and "start the server with an admin API key" in answer["error"]
     assert active.state(11.0).source == "yaml"
-    status, answer = _push(active, payload)
-    assert status == 200 and answer["jetspec_policy"]["table"]["cohorts"][0]["budget"] == 64
-    assert handle_get_internal_state(active, now=11.0)["jetspec_policy"]["expires_at"] == 100.0
+    assert _push(active, payload, authorization=f"bearer {KEY}") == (200, [True])  # SGLang's answer, any case
+    readback = handle_server_info(active, now=11.0)["internal_states"][0]["jetspec_policy"]
+    assert readback == policy_readback(active, now=11.0)
+    assert (readback["source"], readback["expires_at"], readback["table"]["cohorts"][0]["budget"]) == ("pushed", 100.0, 64)
 
 
-def test_endpoint_rejects_bad_bodies_with_the_field_named():
+@pytest.mark.parametrize("payload, message", [
+    (b"{not json", "body: not JSON"),
+    ({"server_args": "jetspec_policy.ttl_s=9"}, "server_args: missing or not an object"),
+    ({"server_args": {"jetspec_policy": table()}},  # the nested table SGLang's request type refuses
+     "server_args.jetspec_policy: dict is not a number -- SGLang's /set_internal_state takes numbers only"),
+])
+def test_endpoint_refuses_bodies_sglang_would_not_take(payload, message):
     active = ActivePolicy(POLICY)
-    assert _push(active, b"{not json")[0] == 400
-    status, answer = _push(active, {"server_args": {"other": 1}})
-    assert status == 400 and "server_args.jetspec_policy is missing" in answer["error"]
-    bad = copy.deepcopy(table())
-    bad["cohorts"][1]["budget"] = 16
-    status, answer = _push(active, {"server_args": {"jetspec_policy": bad}})
-    assert status == 400
-    assert answer["problems"] == ["jetspec_policy: cohorts[1].budget 16 is not a candidate of 'bs2-8' "
-                                  "-- use one of [0, 4, 8]"]
+    status, answer = _push(active, payload)
+    assert status == 400 and answer["message"].startswith(message), answer
+    assert (answer["object"], answer["code"]) == ("error", 400)  # SGLang's ErrorResponse shape
+    assert active.state(11.0).source == "yaml"
+
+
+def test_endpoint_applies_a_table_whole_or_not_at_all():
+    active = ActivePolicy(POLICY)
+    assert _push(active, flat(budget=64)) == (200, [True])
+    bad = flat()
+    bad["server_args"]["jetspec_policy.bs2-8.budget"] = 16   # not a candidate of bs2-8
+    bad["server_args"]["jetspec_policy.bs1.probe_budget"] = 4  # without its probe_share
+    status, answer = _push(active, bad)
+    assert status == 400 and answer["message"] == "invalid jetspec_policy push, nothing changed"
+    assert answer["problems"] == ["cohort bs1: probe_budget and probe_share come together -- send both or neither"]
+    del bad["server_args"]["jetspec_policy.bs1.probe_budget"]
+    assert _push(active, bad)[1]["problems"] == [
+        "cohorts[1].budget 16 is not a candidate of 'bs2-8' -- use one of [0, 4, 8]"]
+    unknown = flat(budget=0)
+    unknown["server_args"]["pp_max_micro_batch_size"] = 8  # the reference server has no other knobs
+    assert "unknown key pp_max_micro_batch_size" in _push(active, unknown)[1]["problems"][0]
+    assert active.state(11.0).table.budgets() == {"bs1": 64, "bs2-8": 4}
