@@ -155,13 +155,14 @@ def accept_batch(
     if method not in METHODS:
         raise ValueError(f"method={method!r}: choose one of {METHODS}")
     padded = _PaddedTrees.from_trees(trees)
-    logits = logits[:, : padded.tokens.shape[1]].float().cpu()
+    logits = logits[:, : padded.tokens.shape[1]]
     batch = len(trees)
     greedy = torch.tensor([p.greedy for p in params])
-    choice = logits.argmax(-1)
+    # argmax where the logits live (a GPU in SGLang): greedy batches copy only [B, N] ids to the host
+    choice = logits.argmax(-1).cpu()
     probs = None
     if not bool(greedy.all()):
-        probs = node_probs(logits, params)
+        probs = node_probs(logits.float().cpu(), params)
 
     residual_rows = [] if method == "match" else [b for b in range(batch) if not greedy[b]]
     residual_set = set(residual_rows)

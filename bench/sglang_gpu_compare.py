@@ -1,0 +1,223 @@
+"""JETSPEC vs plain SGLang vs SGLang's NGRAM on one GPU: greedy identity and tokens/s (issue 4, "On a GPU").
+
+    jetspec model fetch smollm2
+    python bench/sglang_gpu_compare.py --model ~/.cache/sglang-jetspec/models/smollm2-135m-instruct \
+        --head sglang_jetspec/heads/smollm2-135m-instruct --out bench/results
+
+Starts each server in turn (`python -m sglang.launch_server`, FlashInfer attention), sends the
+first 50 HumanEval prompts greedily, and writes `sglang_gpu_compare.{json,md}`:
+- identity: per prompt, JETSPEC's tokens vs the plain server's; exact-match rate, and at the first
+  divergence the target's logprob margin there (plain token's logprob minus JETSPEC token's, from
+  the plain server's top logprobs at that position, whose prefix both share);
+- throughput: generated tokens per second over all prompts at concurrency 1, 4 and 16, for plain,
+  JETSPEC and NGRAM.
+Every server runs with the radix cache off (JETSPEC needs it off; the others match it so the
+comparison is fair) and without the overlap scheduler or decode CUDA graphs (JETSPEC refuses both;
+plain and NGRAM are also measured with their defaults, labelled "+defaults").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+TOP_LOGPROBS = 5
+COMMON = ["--attention-backend", "flashinfer", "--disable-radix-cache", "--mem-fraction-static", "0.6"]
+SYNC = ["--disable-overlap-schedule", "--disable-decode-cuda-graph"]
+
+
+# ---- pure parts (unit-tested on CPU) ----
+
+def first_divergence(reference: list[int], candidate: list[int]) -> int | None:
+    """Index of the first differing token (a length difference counts), None if identical."""
+    for i, (a, b) in enumerate(zip(reference, candidate)):
+        if a != b:
+            return i
+    return None if len(reference) == len(candidate) else min(len(reference), len(candidate))
+
+
+def divergence_margin(top_logprobs: list[dict[int, float]], position: int, reference_token: int,
+                      candidate_token: int) -> float | None:
+    """Target logprob margin at `position`: logprob(reference token) - logprob(candidate token).
+
+    `top_logprobs[position]` maps token -> logprob for the target's top tokens there. A candidate
+    outside that list gets a lower bound (the smallest listed logprob). None without data."""
+    if position >= len(top_logprobs) or reference_token not in top_logprobs[position]:
+        return None
+    top = top_logprobs[position]
+    candidate = top.get(candidate_token, min(top.values()))
+    return top[reference_token] - candidate
+
+
+@dataclass
+class IdentityRow:
+    prompt: int
+    exact: bool
+    first_divergence: int | None
+    margin: float | None
+    tokens: int
+
+
+def identity_rows(plain: list[list[int]], jetspec: list[list[int]], plain_top: list[list[dict[int, float]]]) -> list[IdentityRow]:
+    rows = []
+    for i, (ref, cand, top) in enumerate(zip(plain, jetspec, plain_top)):
+        at = first_divergence(ref, cand)
+        margin = None
+        if at is not None and at < min(len(ref), len(cand)):
+            margin = divergence_margin(top, at, ref[at], cand[at])
+        rows.append(IdentityRow(i, at is None, at, margin, len(ref)))
+    return rows
+
+
+def results_markdown(identity: list[IdentityRow], throughput: dict[str, dict[int, float]], meta: dict) -> str:
+    exact = sum(r.exact for r in identity)
+    lines = [f"# SGLang GPU comparison ({meta.get('device', '?')}, SGLang {meta.get('sglang', '?')})", "",
+             f"Model {meta.get('model', '?')}, head {meta.get('head', '?')}; {len(identity)} HumanEval prompts, greedy, "
+             f"max_new_tokens {meta.get('max_new_tokens', '?')}.", "",
+             f"Greedy identity JETSPEC vs plain: {exact}/{len(identity)} exact ({exact / max(1, len(identity)):.0%}).", ""]
+    diverged = [r for r in identity if not r.exact]
+    if diverged:
+        lines += ["| prompt | first divergence | target logprob margin |", "|---|---|---|"]
+        lines += [f"| {r.prompt} | {r.first_divergence} | {'n/a' if r.margin is None else f'{r.margin:.4f}'} |" for r in diverged]
+        lines.append("")
+    batch_sizes = sorted({bs for by_bs in throughput.values() for bs in by_bs})
+    plain = throughput.get("plain", {})
+    lines += ["| server | " + " | ".join(f"bs {bs} tok/s (x plain)" for bs in batch_sizes) + " |",
+              "|---|" + "---|" * len(batch_sizes)]
+    for name, by_bs in throughput.items():
+        cells = []
+        for bs in batch_sizes:
+            value = by_bs.get(bs)
+            ratio = f" ({value / plain[bs]:.2f}x)" if value and plain.get(bs) else ""
+            cells.append("n/a" if value is None else f"{value:.1f}{ratio}")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_results(out_dir: Path, identity: list[IdentityRow], throughput: dict[str, dict[int, float]], meta: dict) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "sglang_gpu_compare.json").write_text(json.dumps(
+        {"meta": meta, "identity": [asdict(r) for r in identity],
+         "throughput": {k: {str(bs): v for bs, v in by.items()} for k, by in throughput.items()}}, indent=2) + "\n")
+    path = out_dir / "sglang_gpu_compare.md"
+    path.write_text(results_markdown(identity, throughput, meta))
+    return path
+
+
+# ---- servers and requests (GPU only) ----
+
+def _post(url: str, payload: dict, timeout: float = 600.0) -> dict:
+    request = urllib.request.Request(url, json.dumps(payload).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        return json.loads(response.read())
+
+
+class Server:
+    def __init__(self, name: str, args: list[str], port: int, log_dir: Path, env: dict | None = None):
+        self.name, self.url = name, f"http://127.0.0.1:{port}"
+        cmd = [sys.executable, "-m", "sglang.launch_server", "--port", str(port), *args]
+        self.log = open(log_dir / f"server-{name}.log", "w")
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
+                                     start_new_session=True)
+
+    def wait_ready(self, timeout_s: float = 900.0) -> None:
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} server exited ({self.proc.returncode}); see {self.log.name}")
+            try:
+                urllib.request.urlopen(self.url + "/health_generate", timeout=30).read()
+                return
+            except OSError:
+                time.sleep(2)
+        raise TimeoutError(f"{self.name} server not ready after {timeout_s}s; see {self.log.name}")
+
+    def generate(self, prompt: str, max_new_tokens: int, logprobs: bool = False) -> dict:
+        payload = {"text": prompt, "sampling_params": {"temperature": 0.0, "max_new_tokens": max_new_tokens}}
+        if logprobs:
+            payload.update(return_logprob=True, top_logprobs_num=TOP_LOGPROBS)
+        return _post(self.url + "/generate", payload)
+
+    def stop(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGTERM)  # the server's own process group (start_new_session)
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.log.close()
+
+
+def output_ids(response: dict) -> list[int]:
+    return list(response["output_ids"])
+
+
+def top_logprob_maps(response: dict) -> list[dict[int, float]]:
+    # meta_info.output_top_logprobs: per position a list of (logprob, token_id, text) triples
+    return [{int(t[1]): float(t[0]) for t in position} for position in response["meta_info"]["output_top_logprobs"]]
+
+
+def throughput(server: Server, prompts: list[str], concurrency: int, max_new_tokens: int) -> float:
+    server.generate(prompts[0], 8)  # warm-up
+    start = time.perf_counter()
+    with ThreadPoolExecutor(concurrency) as pool:
+        responses = list(pool.map(lambda p: server.generate(p, max_new_tokens), prompts))
+    wall = time.perf_counter() - start
+    return sum(r["meta_info"]["completion_tokens"] for r in responses) / wall
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True, help="SmolLM2 checkpoint directory (jetspec model fetch smollm2)")
+    p.add_argument("--head", required=True, help="JetSpec head directory")
+    p.add_argument("--prompts", type=int, default=50)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 16])
+    p.add_argument("--ngram-draft-tokens", type=int, default=8)
+    p.add_argument("--port", type=int, default=31000)
+    p.add_argument("--out", type=Path, default=Path("bench/results"))
+    args = p.parse_args(argv)
+
+    from sglang_jetspec.prompts import humaneval_prompts
+
+    prompts = humaneval_prompts(range(args.prompts))
+    base = ["--model-path", args.model, *COMMON]
+    configs = {
+        "plain": base + SYNC,
+        "plain+defaults": base,
+        "jetspec": base + SYNC + ["--speculative-algorithm", "JETSPEC", "--speculative-draft-model-path", args.head],
+        "ngram": base + SYNC + ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", str(args.ngram_draft_tokens)],
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    greedy: dict[str, list[dict]] = {}
+    speeds: dict[str, dict[int, float]] = {}
+    for name, server_args in configs.items():
+        server = Server(name, server_args, args.port, args.out)
+        try:
+            server.wait_ready()
+            if name in ("plain", "jetspec"):
+                greedy[name] = [server.generate(q, args.max_new_tokens, logprobs=name == "plain") for q in prompts]
+            speeds[name] = {bs: throughput(server, prompts, bs, args.max_new_tokens) for bs in args.batch_sizes}
+        finally:
+            server.stop()
+    identity = identity_rows([output_ids(r) for r in greedy["plain"]], [output_ids(r) for r in greedy["jetspec"]],
+                             [top_logprob_maps(r) for r in greedy["plain"]])
+    import sglang
+    import torch
+
+    meta = {"device": torch.cuda.get_device_name(0), "sglang": sglang.__version__, "model": args.model, "head": args.head,
+            "max_new_tokens": args.max_new_tokens, "servers": configs}
+    print(write_results(args.out, identity, speeds, meta).read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,45 @@
+"""An SGLang request's sampling configuration as the core's SamplingParams (pure, no SGLang import).
+
+The core's acceptance is lossless for the distribution `core.sampling.processed_probs` gives
+(temperature, top-k, top-p, min-p). SGLang normalises its `SamplingParams` before the scheduler
+sees a request (sampling/sampling_params.py `__post_init__`): temperature 0 becomes
+temperature 1 with top_k 1, and top_k -1 becomes TOP_K_ALL. Greedy is therefore "top_k == 1"
+on SGLang's side, and a top_k covering the vocabulary means "no top-k".
+
+Request features the tree acceptance cannot honour are named by `unsupported_feature`, so the
+worker refuses such a request with a message naming the field instead of decoding it wrongly.
+"""
+
+from __future__ import annotations
+
+from sglang_jetspec.core.sampling import SamplingParams
+
+# SGLang has no limit when max_new_tokens is None; the core needs a positive number.
+UNLIMITED_NEW_TOKENS = 1 << 31
+
+
+def core_sampling_params(sp, vocab_size: int) -> SamplingParams:
+    """`sp`: a normalised sglang.srt.sampling.sampling_params.SamplingParams (read by attribute)."""
+    common = dict(seed=sp.sampling_seed, max_new_tokens=sp.max_new_tokens or UNLIMITED_NEW_TOKENS,
+                  ignore_eos=bool(sp.ignore_eos))
+    if sp.top_k == 1:
+        return SamplingParams(temperature=0.0, **common)
+    top_k = -1 if sp.top_k < 1 or sp.top_k >= vocab_size else int(sp.top_k)
+    return SamplingParams(temperature=float(sp.temperature), top_p=float(sp.top_p), top_k=top_k,
+                          min_p=float(sp.min_p), **common)
+
+
+def unsupported_feature(req) -> str | None:
+    """Why JETSPEC cannot decode this sglang Req losslessly, naming the request field; None if it can."""
+    sp = req.sampling_params
+    if req.grammar is not None or any(getattr(sp, f, None) for f in ("json_schema", "regex", "ebnf", "structural_tag")):
+        return ("constrained decoding (json_schema / regex / ebnf / structural_tag) is not supported by "
+                "--speculative-algorithm JETSPEC yet; send the request without it or use a non-speculative server")
+    if getattr(sp, "watermark", None):
+        return "sampling_params.watermark is not supported by --speculative-algorithm JETSPEC; remove it"
+    if getattr(req, "custom_logit_processor", None):
+        return "custom_logit_processor is not supported by --speculative-algorithm JETSPEC; remove it"
+    if getattr(req, "return_hidden_states", False):
+        return ("return_hidden_states is not supported by --speculative-algorithm JETSPEC (its forward captures "
+                "the draft head's tap layers instead); remove it")
+    return None

@@ -1,0 +1,117 @@
+"""Per-request draft state of the SGLang worker, keyed by SGLang's request id (pure PyTorch).
+
+For every running request the worker keeps what the core's drafter and acceptance read: the tapped
+target rows (one per KV position, the source of truth for the head's context), the head's
+ContextCache derived from them, the request's SamplingParams and its own random generator.
+
+Invariant, as in the reference engine: rows == KV length == committed tokens - 1 (the newest token,
+the next root, has neither). Prefill writes rows for the positions it computed; each verify
+appends the rows of [root, accepted nodes]. A request whose rows have a gap (its prefix came from
+SGLang's radix cache, which holds no tap rows) is `blind`: it still decodes, root-only, with no
+draft work, so it stays lossless and only loses speculation.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from sglang_jetspec.core.drafter import ContextCache
+from sglang_jetspec.core.sampling import SamplingParams, make_generator
+
+log = logging.getLogger(__name__)
+
+
+class RequestDraftState:
+    """One request as the drafter (a DraftLane) and the acceptance see it."""
+
+    def __init__(self, rid: str, params: SamplingParams, tap_width: int, device, dtype) -> None:
+        self.rid = rid
+        self.params = params
+        self.generator = make_generator(params.seed)  # acceptance draws its uniforms on the host
+        self.draft_cache = ContextCache()
+        self.blind = False
+        self.req = None  # the engine's own request object (SGLang's Req), for its finish state and token ids
+        self.root_token = -1  # set before each draft: the request's last committed token
+        self.started_at = time.time()  # for the shadow record
+        self.budgets: list[int] = []  # tree budget of each verify step (0 = off)
+        self.accept_lengths: list[int] = []  # tokens committed by each verify step, bonus included
+        self._rows = torch.empty(0, tap_width, device=device, dtype=dtype)
+        self._num_rows = 0
+
+    @property
+    def num_rows(self) -> int:
+        return self._num_rows
+
+    def tap_rows(self) -> torch.Tensor:
+        return self._rows[: self._num_rows]
+
+    def truncate(self, length: int) -> None:
+        """Forget rows from `length` on (a retracted request is prefilled again from there)."""
+        if length < self._num_rows:
+            self._num_rows = length
+            if self.draft_cache.length > length:
+                self.draft_cache = ContextCache()  # its projections of the dropped rows are stale
+
+    def append(self, rows: torch.Tensor) -> None:
+        need = self._num_rows + rows.shape[0]
+        if need > self._rows.shape[0]:
+            grown = torch.empty(max(2 * need, 64), self._rows.shape[1], device=self._rows.device, dtype=self._rows.dtype)
+            grown[: self._num_rows] = self._rows[: self._num_rows]
+            self._rows = grown
+        self._rows[self._num_rows : need] = rows
+        self._num_rows = need
+
+
+class DraftStateStore:
+    """The running requests' states; the worker adds them at prefill and drops them when they finish."""
+
+    def __init__(self, tap_width: int, device, dtype) -> None:
+        self.tap_width, self.device, self.dtype = tap_width, device, dtype
+        self._states: dict[str, RequestDraftState] = {}
+
+    def __len__(self) -> int:
+        return len(self._states)
+
+    def __contains__(self, rid: str) -> bool:
+        return rid in self._states
+
+    def get(self, rid: str) -> RequestDraftState | None:
+        return self._states.get(rid)
+
+    def extended(self, rid: str, params: SamplingParams, prefix_len: int, rows: torch.Tensor) -> RequestDraftState:
+        """A prefill (or one chunk of it) computed positions prefix_len .. prefix_len+len(rows)-1."""
+        state = self._states.get(rid)
+        if state is None:
+            state = self._states[rid] = RequestDraftState(rid, params, self.tap_width, self.device, self.dtype)
+        if prefix_len > state.num_rows:
+            if not state.blind:
+                log.warning("request %s: prefill starts at %d but only %d tap rows are known (a radix-cache hit?); "
+                            "it decodes without speculation", rid, prefix_len, state.num_rows)
+            state.blind = True
+            return state
+        state.truncate(prefix_len)
+        state.append(rows)
+        return state
+
+    def committed(self, state: RequestDraftState, rows: torch.Tensor, kv_len: int) -> None:
+        """A verify kept `rows` (root + accepted nodes); `kv_len` is the KV length before it."""
+        if state.blind:
+            return
+        if state.num_rows != kv_len:  # bookkeeping broke: never draft from misaligned context
+            log.warning("request %s: %d tap rows for KV length %d; it decodes without speculation from now on",
+                        state.rid, state.num_rows, kv_len)
+            state.blind = True
+            return
+        state.append(rows)
+
+    def drop(self, rid: str) -> RequestDraftState | None:
+        return self._states.pop(rid, None)
+
+    def drop_all(self) -> None:
+        self._states.clear()
+
+    def rids(self) -> list[str]:
+        return list(self._states)

@@ -1,0 +1,57 @@
+"""The SpecInput objects JETSPEC puts on SGLang's ScheduleBatch.
+
+- JetSpecVerifyInput: the TARGET_VERIFY input. It is SGLang's NgramVerifyInput (NGRAM verifies
+  arbitrary trees with a FULL custom mask, and FlashInfer / Triton plan such a verify through its
+  `generate_attn_arg_prefill`) plus FULL hidden-state capture, so the verify pass also returns the
+  tap layers' rows the head needs for the accepted nodes.
+- JetSpecDraftState: what a request carries between rounds (`GenerationBatchResult.next_draft_input`,
+  then `batch.spec_info`). The worker keeps its real state by request id, so this only has to
+  survive ScheduleBatch.filter_batch / merge_batch; it carries the last committed tokens and the new
+  sequence lengths, plus the empty fields SGLang's relay code reads by name. It reuses the
+  NGRAM_VERIFY type, the type SGLang's own NGRAM worker gives its between-round input.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
+from sglang.srt.speculative.ngram_info import NgramVerifyInput
+from sglang.srt.speculative.spec_info import SpecInput, SpecInputType
+
+
+class JetSpecVerifyInput(NgramVerifyInput):
+    # ForwardBatch.init_new takes max(request mode, spec_info.capture_hidden_mode): FULL makes the
+    # logits processor return the packed tap rows of every verify token.
+    capture_hidden_mode = CaptureHiddenMode.FULL
+
+
+class JetSpecDraftState(SpecInput):
+    # Read with getattr by SGLang's relay (RelayPayload.from_draft_input); JETSPEC relays nothing.
+    topk_p = None
+    topk_index = None
+    hidden_states = None
+    draft_probs = None
+
+    def __init__(self, bonus_tokens: torch.Tensor, new_seq_lens: torch.Tensor,
+                 future_indices: Optional[torch.Tensor] = None) -> None:
+        super().__init__(SpecInputType.NGRAM_VERIFY)
+        self.bonus_tokens = bonus_tokens  # [bs] the last committed token of each request
+        self.new_seq_lens = new_seq_lens
+        self.future_indices = future_indices
+
+    def filter_batch(self, new_indices: torch.Tensor, new_indices_cpu=None) -> None:
+        if self.future_indices is not None:
+            self.future_indices = self.future_indices[new_indices]
+            return
+        self.bonus_tokens = self.bonus_tokens[new_indices]
+        self.new_seq_lens = self.new_seq_lens[new_indices]
+
+    def merge_batch(self, other: "JetSpecDraftState") -> None:
+        if self.future_indices is not None:
+            self.future_indices = torch.cat([self.future_indices, other.future_indices])
+            return
+        self.bonus_tokens = torch.cat([self.bonus_tokens, other.bonus_tokens])
+        self.new_seq_lens = torch.cat([self.new_seq_lens, other.new_seq_lens])

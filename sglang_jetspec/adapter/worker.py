@@ -1,0 +1,317 @@
+"""JetSpecWorker: `--speculative-algorithm JETSPEC` as an SGLang 0.5.23 spec-V2 worker.
+
+Structure follows SGLang's NGRAMWorker (speculative/ngram_worker.py), the in-tree worker that
+verifies arbitrary trees: no draft TpModelWorker, the target's memory pools, a TARGET_VERIFY pass
+with a FULL custom mask, `move_accept_tokens_to_target_kvcache`, the same GenerationBatchResult.
+What differs:
+- drafting: the core's DraftHead in plain PyTorch beside the target (core.drafter.HeadDrafter,
+  core.drafting.draft_trees), fed by tap-layer rows the target captures in every forward
+  (`set_dflash_layers_to_capture`, the hook SGLang's DFLASH uses) and kept per request
+  (request_state.DraftStateStore, keyed by rid);
+- acceptance: the core's lossless rules (adapter.accept.accept_step) with each request's own
+  sampling parameters and generator, instead of `eagle_sample`;
+- the tree budget of each step comes from the runtime policy (adapter.policy.PolicyControl) by
+  the batch size's cohort; budget 0 verifies the root alone, i.e. one ordinary decoding step with
+  no draft work.
+The scheduler runs it synchronously: the overlap scheduler and decode CUDA graphs are refused by
+adapter.server_args, so every call sees the previous step's results in req.output_ids.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+from torch import nn
+
+from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_func
+from sglang.srt.layers.logprob_processor import compute_spec_logprobs
+from sglang.srt.managers.utils import GenerationBatchResult
+from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
+from sglang.srt.observability.req_time_stats import set_time_batch
+from sglang.srt.runtime_context import get_device, get_spec
+from sglang.srt.sampling.penaltylib.repetition_penalty import apply_scaling_penalties
+from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
+from sglang.srt.speculative.spec_utils import move_accept_tokens_to_target_kvcache, record_stream_for_v2_verify
+
+from policies import read_head_capacity
+from sglang_jetspec.adapter.accept import accept_step
+from sglang_jetspec.adapter.policy import PolicyControl, load_runtime_policy
+from sglang_jetspec.adapter.request_sampling import core_sampling_params, unsupported_feature
+from sglang_jetspec.adapter.request_state import DraftStateStore, RequestDraftState
+from sglang_jetspec.adapter.server_args import JetSpecArgsError, target_info
+from sglang_jetspec.adapter.spec_inputs import JetSpecDraftState, JetSpecVerifyInput
+from sglang_jetspec.adapter.step_outputs import step_outputs
+from sglang_jetspec.adapter.verify_inputs import build_verify_tensors
+from sglang_jetspec.adapter.worker_observability import VerifyStep, WorkerShadow, worker_metrics
+from sglang_jetspec.core.drafter import HeadDrafter
+from sglang_jetspec.core.drafting import draft_trees
+from sglang_jetspec.core.head_io import load_head
+from sglang_jetspec.core.tree import DraftTree, TreeSpec, root_only_tree
+
+log = logging.getLogger(__name__)
+
+
+class _SharedEmbedding(nn.Module):
+    """The target's input embedding table, read in place (no copy), for the head's block tokens."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        super().__init__()
+        self.weight = weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return nn.functional.embedding(ids, self.weight)
+
+
+class _SharedLMHead(nn.Module):
+    """The target's lm_head rows for the real vocabulary (SGLang may pad the table)."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        super().__init__()
+        self.weight = weight
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return nn.functional.linear(hidden, self.weight)
+
+
+def apply_sglang_logit_adjustments(logits: torch.Tensor, sampling_info, num_nodes: int) -> None:
+    """Penalties and logit bias on the verify logits, in place, exactly as SGLang's eagle_sample
+    (speculative/eagle_utils.py) applies them to tree verification: each request's accumulated
+    penalties and bias repeated over its num_nodes rows. SGLang calls this "a relaxed version of
+    penalties for speculative decoding"; JETSPEC matches what SGLang's EAGLE/NGRAM do."""
+    if sampling_info.acc_additive_penalties is not None:
+        logits.add_(torch.repeat_interleave(sampling_info.acc_additive_penalties, num_nodes, dim=0))
+    if sampling_info.acc_scaling_penalties is not None:
+        apply_scaling_penalties(logits, torch.repeat_interleave(sampling_info.acc_scaling_penalties, num_nodes, dim=0))
+    if sampling_info.logit_bias is not None:
+        logits.add_(torch.repeat_interleave(sampling_info.logit_bias, num_nodes, dim=0))
+
+
+class JetSpecWorker(BaseSpecWorker):
+    def __init__(self, server_args, gpu_id: int, nccl_port: int, target_worker) -> None:
+        super().__init__()
+        if not server_args.disable_radix_cache:
+            # The head's context is the tap rows of every prompt position; a radix-cache hit skips
+            # the target forward over the cached prefix, so those rows would never exist.
+            raise JetSpecArgsError(["the radix (prefix) cache is on: JETSPEC needs the target's tap rows of every "
+                                    "prompt token, which a cache hit never computes; pass --disable-radix-cache"])
+        self.server_args = server_args
+        self._target_worker = target_worker
+        self._draft_worker = None  # no draft TpModelWorker: the head runs in PyTorch beside the target
+        self.model_runner = target_worker.model_runner  # NGRAMWorker exposes the target's runner the same way
+        self.device = get_device().device
+        # Read by SGLang's metrics reporter (sglang:spec_num_steps / spec_num_draft_tokens) and
+        # reported as the result's speculative_num_draft_tokens: the widest tree any policy allows.
+        self.speculative_num_steps = get_spec().speculative_num_steps
+        self.speculative_num_draft_tokens = get_spec().speculative_num_draft_tokens
+
+        draft_path = server_args.speculative_draft_model_path
+        target = target_info(server_args.model_path, server_args.trust_remote_code)
+        self.head = load_head(draft_path, target, dtype=self.model_runner.dtype, device=self.device)
+        self.tree_width = read_head_capacity(draft_path).tree_width
+        model = self.model_runner.model
+        if not hasattr(model, "set_dflash_layers_to_capture"):
+            raise JetSpecArgsError([f"--model-path {server_args.model_path}: SGLang's {type(model).__name__} cannot "
+                                    "capture the tap layers' hidden states (no set_dflash_layers_to_capture); JETSPEC "
+                                    "needs a target architecture that DFLASH supports (Llama, Qwen2/3, ...)"])
+        # The target's backends and graphs are not built yet, so every forward from now on captures.
+        model.set_dflash_layers_to_capture(list(self.head.config.target_layer_ids))
+        vocab = self.head.config.vocab_size
+        self.drafter = HeadDrafter(self.head, _SharedEmbedding(model.get_input_embeddings().weight),
+                                   _SharedLMHead(model.lm_head.weight[:vocab]))
+        self.vocab_size = vocab
+        self.states = DraftStateStore(self.head.config.num_taps * self.head.config.hidden_size, self.device,
+                                      self.model_runner.dtype)
+
+        self.metrics = worker_metrics(server_args.enable_metrics)
+        policy = load_runtime_policy(draft_path)
+        self.policy_control = PolicyControl(  # read by adapter.internal_state's /set_internal_state hooks
+            policy, admin_key_configured=server_args.admin_api_key is not None,
+            on_change=self.metrics.show_policy if self.metrics is not None else None)
+        self.shadow = WorkerShadow.from_env(policy.shadow.sample_rate, model=server_args.served_model_name
+                                            or server_args.model_path, head=str(draft_path))
+
+    # ---- lifecycle (scheduler.py init_memory_pools / init_all_* / result processor) ----
+
+    def alloc_memory_pool(self, **kwargs) -> None:
+        # As NGRAMWorker: the verify writes the target's own pools; nothing of ours lives in them.
+        self.req_to_token_pool, self.token_to_kv_pool_allocator = self._target_worker.get_memory_pool()
+
+    def _draft_model_runners(self) -> tuple:
+        return ()  # no SGLang draft runner: no draft KV pool for disaggregation, HiCache or resizing
+
+    def weight_update_runners(self) -> list:
+        return []  # the head is loaded from --speculative-draft-model-path, not through SGLang's updates
+
+    def clear_cache_pool(self) -> None:
+        self.states.drop_all()
+
+    def note_request_finished(self, *, rid: str, natural_stop: bool) -> None:
+        # Called by the decode result processor; the per-forward sweep catches every other exit.
+        self.states.drop(rid)
+
+    # ---- forward ----
+
+    def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None,
+                                 pp_proxy_tensors=None) -> GenerationBatchResult:
+        record_stream_for_v2_verify(batch, None, torch.get_device_module(self.device).current_stream())
+        self._sweep_finished()
+        if batch.forward_mode.is_decode():
+            return self._verify(batch, on_publish)
+        return self._prefill(batch, on_publish, pp_proxy_tensors)
+
+    def _sweep_finished(self) -> None:
+        """Drop the states of requests that finished since the last forward (and tee a sampled share).
+        The scheduler set their finish reason while processing the previous result, so every exit
+        (finished at prefill, aborted, finished mid-decode) is seen here exactly once."""
+        for rid in self.states.rids():
+            state = self.states.get(rid)
+            if state.req.finished():
+                if self.shadow is not None:
+                    self.shadow.finished(state.req, state)
+                self.states.drop(rid)
+
+    def _prefill(self, batch, on_publish, pp_proxy_tensors) -> GenerationBatchResult:
+        """Extend (or idle): the target forward samples the first token (SGLang's sampler, as in
+        NGRAMWorker); FULL capture returns the tap rows of every computed position."""
+        is_extend = batch.forward_mode.is_extend()
+        if is_extend:
+            for req in batch.reqs:
+                reason = unsupported_feature(req)
+                if reason is not None:
+                    req.set_finish_with_abort(reason)
+        result = self._target_worker.forward_batch_generation(
+            batch, pp_proxy_tensors=pp_proxy_tensors,
+            capture_hidden_mode=CaptureHiddenMode.FULL if is_extend else None)
+        logits_output = result.logits_output
+        if is_extend:
+            self._store_prefill_rows(batch, logits_output.hidden_states)
+        logits_output.hidden_states = None  # tap rows stay on the device; nothing for the host to copy
+        new_seq_lens = batch.seq_lens.clone()
+        if on_publish is not None:
+            on_publish(new_seq_lens)
+        predict = result.next_token_ids
+        return GenerationBatchResult(
+            logits_output=logits_output,
+            next_token_ids=predict,
+            can_run_cuda_graph=result.can_run_cuda_graph,
+            accept_lens=torch.ones(len(batch.reqs), dtype=torch.int32, device=self.device),
+            new_seq_lens=new_seq_lens,
+            next_draft_input=JetSpecDraftState(predict, new_seq_lens),
+            speculative_num_draft_tokens=self.speculative_num_draft_tokens,
+        )
+
+    def _store_prefill_rows(self, batch, taps: torch.Tensor) -> None:
+        offset = 0
+        for req, prefix_len, extend_len in zip(batch.reqs, batch.prefix_lens, batch.extend_lens):
+            params = core_sampling_params(req.sampling_params, self.vocab_size)
+            state = self.states.extended(req.rid, params, prefix_len, taps[offset : offset + extend_len])
+            state.req = req  # the live Req: its finish reason and token ids for the sweep and the shadow
+            offset += extend_len
+
+    def _trees(self, lanes: list[RequestDraftState], budget: int) -> tuple[list[DraftTree], float, float]:
+        """Each request's tree (root-only for budget <= 1 and for blind requests), head and tree seconds."""
+        trees = [root_only_tree(lane.root_token) for lane in lanes]
+        drafting = [b for b, lane in enumerate(lanes) if budget > 1 and not lane.blind]
+        if not drafting:
+            return trees, 0.0, 0.0
+        # a tree of `budget` nodes is at most budget-1 deep: never pay for deeper draft rows
+        spec = TreeSpec(budget=budget, max_depth=min(self.drafter.max_depth, budget - 1), width=self.tree_width)
+        drafted, timing = draft_trees(self.drafter, [lanes[b] for b in drafting], spec)
+        for b, tree in zip(drafting, drafted):
+            trees[b] = tree
+        return trees, timing.draft_s, timing.tree_s
+
+    def _sync(self) -> float:
+        """Wait for the device, so phase timings measure work rather than kernel launches."""
+        torch.get_device_module(self.device).synchronize()
+        return time.perf_counter()
+
+    def _verify(self, batch, on_publish) -> GenerationBatchResult:
+        t_start = time.perf_counter()
+        bs = len(batch.reqs)
+        seq_lens = (batch.seq_lens_cpu if batch.seq_lens_cpu is not None else batch.seq_lens.cpu()).tolist()
+        cohort, budget = self.policy_control.budget_for_step(bs, time.time())
+        # KV reservations and buffers were sized for speculative_num_draft_tokens nodes
+        num_nodes = max(1, min(budget, self.speculative_num_draft_tokens))
+        lanes = []
+        for req, kv_len in zip(batch.reqs, seq_lens):
+            state = self.states.get(req.rid)
+            if state is None:  # not prefilled through this worker (e.g. after clear_cache_pool): no rows
+                state = self.states.extended(req.rid, core_sampling_params(req.sampling_params, self.vocab_size),
+                                             kv_len, torch.empty(0))
+                state.req = req
+            state.root_token = int(req.output_ids[-1])  # sync scheduler: the last committed token
+            lanes.append(state)
+
+        set_time_batch(batch.reqs, "set_spec_draft_start_time", trace_only=True)
+        trees, draft_s, tree_s = self._trees(lanes, num_nodes)
+        set_time_batch(batch.reqs, "set_spec_draft_end_time", trace_only=True)
+        t_verify = self._sync()
+
+        # Rebind the verify inputs on the batch, as NGRAMWorker._prepare_for_speculative_decoding
+        # does; the scheduler's _forward_isolation restores every field afterwards.
+        tensors = build_verify_tensors(trees, seq_lens, num_nodes)
+        device = self.device
+        draft_token = tensors.draft_token.to(device, non_blocking=True)
+        batch.forward_mode = ForwardMode.TARGET_VERIFY
+        batch.input_ids = draft_token
+        batch.out_cache_loc = assign_extend_cache_locs_func(
+            req_pool_indices=batch.req_pool_indices, req_to_token=batch.req_to_token_pool.req_to_token,
+            start_offset=batch.seq_lens, end_offset=batch.seq_lens + num_nodes, batch_size=bs,
+            draft_token_num=num_nodes, device=device)
+        batch.spec_info = JetSpecVerifyInput(
+            draft_token=draft_token,
+            custom_mask=tensors.full_mask(seq_lens).to(device, non_blocking=True),
+            positions=tensors.positions.to(device, non_blocking=True),
+            retrieve_index=tensors.retrieve_index.to(device, non_blocking=True),
+            retrieve_next_token=tensors.retrieve_next_token.to(device, non_blocking=True),
+            retrieve_next_sibling=tensors.retrieve_next_sibling.to(device, non_blocking=True),
+            draft_token_num=num_nodes)
+        result = self._target_worker.forward_batch_generation(batch, is_verify=True)
+        logits_output = result.logits_output
+        taps = logits_output.hidden_states  # [bs*N, taps*H]: every node's tap rows
+        logits = logits_output.next_token_logits
+        apply_sglang_logit_adjustments(logits, batch.sampling_info, num_nodes)
+        t_accept = self._sync()
+
+        acceptance = accept_step(trees, logits, num_nodes, [lane.params for lane in lanes],
+                                 [lane.generator for lane in lanes])
+        out = step_outputs(acceptance, num_nodes)
+        accept_lens = out.accept_lens.to(device)
+        accept_index = out.accept_index.to(device)
+        new_seq_lens = batch.seq_lens + accept_lens
+        # Target KV of the kept nodes moves to the front of each request's verify window.
+        move_accept_tokens_to_target_kvcache(batch, accept_index, accept_lens - 1, self.token_to_kv_pool_allocator)
+        if batch.return_logprob:
+            compute_spec_logprobs(batch, logits_output, out.predict.to(device), accept_index=accept_index)
+        if on_publish is not None:
+            on_publish(new_seq_lens)  # once per forward, right after acceptance (overlap_utils contract)
+
+        # Draft context for the committed tokens: the verify pass's tap rows at [root, accepted nodes].
+        kept_rows = taps[out.row_index.to(device)].split(out.row_counts)
+        for lane, rows, kv_len, length in zip(lanes, kept_rows, seq_lens, out.row_counts):
+            self.states.committed(lane, rows, kv_len)
+            lane.budgets.append(budget)
+            lane.accept_lengths.append(length)
+        logits_output.hidden_states = None
+        batch.forward_mode = ForwardMode.DECODE
+        t_end = self._sync()
+
+        if self.metrics is not None:
+            self.metrics.record_step(cohort, VerifyStep(
+                batch_size=bs, budget=budget, committed_tokens=sum(out.row_counts), accept_lengths=out.row_counts,
+                draft_s=draft_s, tree_s=tree_s, verify_s=t_accept - t_verify, accept_s=t_end - t_accept,
+                wall_s=t_end - t_start))
+        next_token_ids = out.next_token_ids.to(device)
+        return GenerationBatchResult(
+            logits_output=logits_output,
+            next_token_ids=next_token_ids,
+            can_run_cuda_graph=result.can_run_cuda_graph,
+            accept_lens=accept_lens,
+            new_seq_lens=new_seq_lens,
+            next_draft_input=JetSpecDraftState(out.bonus_tokens.to(device), new_seq_lens),
+            speculative_num_draft_tokens=self.speculative_num_draft_tokens,
+            speculative_output_stride=out.stride,
+        )

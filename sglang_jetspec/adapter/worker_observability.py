@@ -1,0 +1,90 @@
+"""The SGLang worker's telemetry and shadow tee (DESIGN.md telemetry and shadow contracts).
+
+- Metrics: `telemetry.JetspecMetrics`, the same `jetspec_*` counters the reference server exports.
+  SGLang's scheduler processes inherit PROMETHEUS_MULTIPROC_DIR from its launcher when
+  `--enable-metrics` is on, so prometheus_client (imported only then, after the variable is set)
+  writes the values to that directory and SGLang's /metrics merges them with its own.
+- Shadow: with JETSPEC_SHADOW_SPOOL naming a directory, policy `shadow.sample_rate` of the requests
+  that finish naturally are spooled as ShadowRecords (shadow/README.md) for `jetspec shadow run`.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+from sglang_jetspec.adapter.request_state import RequestDraftState
+
+SHADOW_SPOOL_ENV = "JETSPEC_SHADOW_SPOOL"
+
+# SGLang finish-reason classes (managers/schedule_batch.py) -> the shadow record's finish_reason.
+# Aborts are absent on purpose: an aborted request says nothing about the target distribution.
+FINISH_REASONS = {"FINISH_MATCHED_TOKEN": "eos", "FINISH_LENGTH": "length", "FINISH_MATCHED_STR": "stop",
+                  "FINISHED_MATCHED_REGEX": "stop"}
+
+
+@dataclass
+class VerifyStep:
+    """One verify step in the fields JetspecMetrics.record_step reads (the reference StepRecord's)."""
+
+    batch_size: int
+    budget: int
+    committed_tokens: int
+    accept_lengths: list[int]
+    draft_s: float
+    tree_s: float
+    verify_s: float
+    accept_s: float
+    wall_s: float
+
+
+def worker_metrics(enable_metrics: bool):
+    """JetspecMetrics on a private registry (values go to the multiprocess directory), or None."""
+    if not enable_metrics:
+        return None
+    from prometheus_client import CollectorRegistry
+
+    from sglang_jetspec.telemetry import JetspecMetrics
+
+    return JetspecMetrics(CollectorRegistry())
+
+
+class WorkerShadow:
+    """Offers finished requests to a ShadowTee; built only when JETSPEC_SHADOW_SPOOL is set."""
+
+    def __init__(self, tee, model: str, head: str) -> None:
+        self.tee, self.model, self.head = tee, model, head
+
+    @classmethod
+    def from_env(cls, sample_rate: float, model: str, head: str) -> "WorkerShadow | None":
+        spool = os.environ.get(SHADOW_SPOOL_ENV, "").strip()
+        if not spool:
+            return None
+        from prometheus_client import CollectorRegistry
+
+        from shadow.spool import SpoolWriter
+        from shadow.tee import ShadowTee
+
+        return cls(ShadowTee(SpoolWriter(spool), sample_rate, CollectorRegistry()).start(), model, head)
+
+    def finished(self, req, state: RequestDraftState) -> bool:
+        """Offer the record of a finished SGLang Req if it is sampled; True if one was queued."""
+        reason = FINISH_REASONS.get(type(req.finished_reason).__name__)
+        if reason is None or not self.tee.sampled():
+            return False
+        return self.tee.offer(shadow_record(req, state, reason, self.model, self.head))
+
+    def close(self) -> None:
+        self.tee.close()
+
+
+def shadow_record(req, state: RequestDraftState, finish_reason: str, model: str, head: str):
+    from shadow.record import RecordSampling, ShadowRecord, SpecStats
+
+    return ShadowRecord(
+        request_id=str(req.rid), model=model, head=head,
+        prompt_ids=list(req.origin_input_ids), output_ids=list(req.output_ids),
+        sampling=RecordSampling.of(state.params), finish_reason=finish_reason,
+        spec=SpecStats(budgets=list(state.budgets), accept_lengths=list(state.accept_lengths)),
+        started_at=state.started_at, finished_at=time.time())

@@ -1,0 +1,225 @@
+"""JetSpecWorker.forward_batch_generation driven the way SGLang's synchronous scheduler drives it,
+on this CPU: the target is SmolLM2 fp32 behind a fake TpModelWorker that computes each forward
+from scratch from what the worker put on the batch (tokens, positions, FULL custom mask, capture
+mode). The KV mover and cache-location kernels, which need a GPU pool, are stubbed; everything
+else is the worker's real code. Greedy output must equal plain greedy decoding token for token."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+pytest.importorskip("sglang")
+
+from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode  # noqa: E402
+from sglang.srt.sampling.sampling_params import SamplingParams as SGLangParams  # noqa: E402
+
+from policies import load_policy  # noqa: E402
+from sglang_jetspec.adapter import worker as worker_module  # noqa: E402
+from sglang_jetspec.adapter.policy import PolicyControl, policy_path  # noqa: E402
+from sglang_jetspec.adapter.request_state import DraftStateStore  # noqa: E402
+from sglang_jetspec.core.drafter import HeadDrafter  # noqa: E402
+from sglang_jetspec.core.head_io import load_head  # noqa: E402
+from sglang_jetspec.reference.target import Segment  # noqa: E402
+
+
+class FakeReq:
+    def __init__(self, rid, prompt, max_new_tokens, **sampling):
+        self.rid, self.origin_input_ids, self.output_ids = rid, list(prompt), []
+        self.sampling_params = SGLangParams(max_new_tokens=max_new_tokens, **sampling)
+        self.grammar = self.custom_logit_processor = self.finished_reason = None
+        self.return_hidden_states = False
+
+    def finished(self):
+        return self.finished_reason is not None
+
+
+class FakeTarget:
+    """The target side of TpModelWorker.forward_batch_generation, recomputed without a KV cache."""
+
+    def __init__(self, target, taps):
+        self.target, self.taps = target, tuple(taps)
+
+    def _run(self, lanes):  # lanes: (ids, positions, mask) per request
+        cache = self.target.new_cache(lanes=len(lanes), capacity=max(len(ids) for ids, _, _ in lanes) + 1)
+        out = self.target.forward(cache, [Segment(torch.tensor(i), p, m) for i, p, m in lanes], self.taps)
+        return self.target.logits(out.hidden), out.taps
+
+    def forward_batch_generation(self, batch, pp_proxy_tensors=None, is_verify=False, capture_hidden_mode=None):
+        if batch.forward_mode == ForwardMode.TARGET_VERIFY:
+            assert is_verify and batch.spec_info.capture_hidden_mode == CaptureHiddenMode.FULL
+            return self._verify(batch)
+        assert capture_hidden_mode == CaptureHiddenMode.FULL
+        lanes = [(r.origin_input_ids, torch.arange(len(r.origin_input_ids)),
+                  torch.ones(len(r.origin_input_ids), len(r.origin_input_ids), dtype=torch.bool).tril()) for r in batch.reqs]
+        logits, taps = self._run(lanes)
+        last = torch.stack([logits[b, len(r.origin_input_ids) - 1] for b, r in enumerate(batch.reqs)])
+        rows = torch.cat([taps[b, : len(r.origin_input_ids)] for b, r in enumerate(batch.reqs)])
+        return SimpleNamespace(logits_output=SimpleNamespace(hidden_states=rows, next_token_logits=last),
+                               next_token_ids=last.argmax(-1), can_run_cuda_graph=False)
+
+    def _verify(self, batch):
+        spec, n = batch.spec_info, batch.spec_info.draft_token_num
+        lanes, offset = [], 0
+        for b, req in enumerate(batch.reqs):
+            prefix = req.origin_input_ids + req.output_ids[:-1]
+            length = len(prefix)
+            assert length == int(batch.seq_lens[b])
+            full = spec.custom_mask[offset : offset + n * (length + n)].view(n, length + n)
+            offset += n * (length + n)
+            assert full[:, :length].all()  # the prefix is visible to every node
+            mask = torch.zeros(length + n, length + n, dtype=torch.bool)
+            mask[:length, :length] = torch.ones(length, length, dtype=torch.bool).tril()
+            mask[length:] = full
+            tokens = prefix + spec.draft_token[b * n : (b + 1) * n].tolist()
+            positions = torch.cat([torch.arange(length), spec.positions[b * n : (b + 1) * n]])
+            lanes.append((tokens, positions, mask))
+        logits, taps = self._run(lanes)
+        rows = [(b, len(lane[0]) - n) for b, lane in enumerate(lanes)]
+        return SimpleNamespace(logits_output=SimpleNamespace(
+            next_token_logits=torch.cat([logits[b, s : s + n] for b, s in rows]),
+            hidden_states=torch.cat([taps[b, s : s + n] for b, s in rows])), can_run_cuda_graph=False)
+
+
+@pytest.fixture(scope="module")
+def worker(smollm2, head_dir):
+    head = load_head(head_dir, smollm2.info)
+    w = worker_module.JetSpecWorker.__new__(worker_module.JetSpecWorker)  # no SGLang runtime on this CPU
+    w._target_worker = FakeTarget(smollm2, head.config.target_layer_ids)
+    w.device = torch.device("cpu")
+    w.speculative_num_draft_tokens = 256
+    w.drafter = HeadDrafter(head, smollm2.embed_tokens, smollm2.lm_head)
+    w.tree_width, w.vocab_size = 8, head.config.vocab_size
+    w.metrics = w.shadow = w.token_to_kv_pool_allocator = None
+    return w
+
+
+@pytest.fixture()
+def fresh(worker, monkeypatch):
+    """The worker with empty state and the default policy; GPU-pool kernels stubbed."""
+    worker.states = DraftStateStore(worker.drafter.head.config.num_taps * 576, "cpu", torch.float32)
+    worker.policy_control = PolicyControl(load_policy(policy_path()), admin_key_configured=False)
+    monkeypatch.setattr(worker_module, "record_stream_for_v2_verify", lambda *a: None)
+    monkeypatch.setattr(worker_module, "move_accept_tokens_to_target_kvcache", lambda *a: None)
+    monkeypatch.setattr(worker_module, "assign_extend_cache_locs_func", lambda **kw: None)
+    return worker
+
+
+class Scheduler:
+    """The synchronous spec-V2 loop of Scheduler.run_batch + _resolve_spec_v2_tokens, reduced."""
+
+    def __init__(self, worker):
+        self.worker, self.running, self.publishes, self.accept_lens = worker, [], [], []
+        self.forwards = 0
+
+    def _batch(self, mode, reqs, **extra):
+        info = SimpleNamespace(acc_additive_penalties=None, acc_scaling_penalties=None, logit_bias=None)
+        return SimpleNamespace(forward_mode=mode, reqs=reqs, sampling_info=info, return_logprob=False,
+                               req_pool_indices=None, req_to_token_pool=SimpleNamespace(req_to_token=None),
+                               spec_info=None, **extra)
+
+    def admit(self, reqs):
+        batch = self._batch(ForwardMode.EXTEND, reqs, seq_lens=torch.tensor([len(r.origin_input_ids) for r in reqs]),
+                            prefix_lens=[0] * len(reqs), extend_lens=[len(r.origin_input_ids) for r in reqs])
+        result = self.worker.forward_batch_generation(batch, on_publish=self.publishes.append)
+        self.forwards += 1
+        for req, token in zip(reqs, result.next_token_ids.tolist()):
+            self._commit(req, [token])
+        self.running += [r for r in reqs if not r.finished()]
+
+    def step(self):
+        kv = [len(r.origin_input_ids) + len(r.output_ids) - 1 for r in self.running]
+        batch = self._batch(ForwardMode.DECODE, list(self.running), seq_lens=torch.tensor(kv), seq_lens_cpu=torch.tensor(kv))
+        result = self.worker.forward_batch_generation(batch, on_publish=self.publishes.append)
+        self.forwards += 1
+        assert result.new_seq_lens.tolist() == [k + a for k, a in zip(kv, result.accept_lens.tolist())]
+        tokens, stride = result.next_token_ids.tolist(), result.speculative_output_stride
+        for i, req in enumerate(batch.reqs):
+            accepted = tokens[i * stride : i * stride + int(result.accept_lens[i])]
+            assert accepted[-1] == int(result.next_draft_input.bonus_tokens[i])
+            self.accept_lens.append(len(accepted))
+            self._commit(req, accepted)
+        self.running = [r for r in self.running if not r.finished()]
+
+    @staticmethod
+    def _commit(req, tokens):
+        for token in tokens:
+            req.output_ids.append(token)
+            if len(req.output_ids) >= req.sampling_params.max_new_tokens:
+                req.finished_reason = SimpleNamespace()
+                return
+
+
+def _plain_greedy(target, prompt, n):
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(n):
+            logits = target.model(torch.tensor([ids])).logits[0, -1]
+            ids.append(int(logits.argmax()))
+    return ids[len(prompt):]
+
+
+PROMPTS = ["def fibonacci(n):\n    ", "The capital of France is", "for i in range(10):\n    print("]
+
+
+def test_greedy_output_equals_plain_decoding_with_requests_joining_and_finishing(fresh, smollm2, single_thread):
+    encode = lambda text: smollm2.tokenizer(text)["input_ids"]  # noqa: E731
+    reqs = [FakeReq("a", encode(PROMPTS[0]), 24, temperature=0.0), FakeReq("b", encode(PROMPTS[1]), 6, temperature=0.0),
+            FakeReq("c", encode(PROMPTS[2]), 16, temperature=0.0)]
+    sched = Scheduler(fresh)
+    sched.admit(reqs[:2])
+    steps = 0
+    while sched.running or steps == 0:
+        if steps == 2:
+            sched.admit(reqs[2:])  # joins a running batch
+        sched.step()
+        steps += 1
+    sched.admit([FakeReq("d", encode("x"), 1, temperature=0.0)])  # one more forward runs the sweep
+    for req in reqs:
+        assert req.output_ids[: req.sampling_params.max_new_tokens] == _plain_greedy(smollm2, req.origin_input_ids, req.sampling_params.max_new_tokens), req.rid
+        assert req.rid not in fresh.states
+    assert len(sched.publishes) == sched.forwards == steps + 3  # on_publish once per forward (3 prefills)
+    assert max(sched.accept_lens) > 1, "the shipped head never got a draft accepted: drafting is not wired"
+
+
+def test_budget_zero_is_plain_decoding_with_no_draft_work(fresh, smollm2, single_thread, monkeypatch, tmp_path):
+    fresh.policy_control = _one_budget(tmp_path, 0)
+    monkeypatch.setattr(fresh.drafter, "propose", lambda *a, **k: pytest.fail("budget 0 must not run the head"))
+    req = FakeReq("z", smollm2.tokenizer(PROMPTS[0])["input_ids"], 6, temperature=0.0)
+    sched = Scheduler(fresh)
+    sched.admit([req])
+    while sched.running:
+        sched.step()
+    assert sched.accept_lens == [1] * 5
+    assert req.output_ids == _plain_greedy(smollm2, req.origin_input_ids, 6)
+    assert fresh.states.get("z").budgets == [0] * 5
+
+
+def _one_budget(tmp_path, budget):
+    path = tmp_path / "one.yaml"
+    path.write_text(f"cohorts:\n  - {{name: all, min_batch: 1, max_batch: 256, budgets: [{budget}], default: {budget}}}\n")
+    return PolicyControl(load_policy(path), admin_key_configured=False)
+
+
+def test_seeded_sampling_does_not_depend_on_the_batch(fresh, smollm2, single_thread, tmp_path):
+    """Same seed and same budget: the same tokens alone or next to another request (a request's
+    draws come from its own generator, one uniform per node of its own tree)."""
+    fresh.policy_control = _one_budget(tmp_path, 16)
+    prompt = smollm2.tokenizer(PROMPTS[1])["input_ids"]
+
+    def run(with_neighbour):
+        fresh.states.drop_all()
+        req = FakeReq("s", prompt, 10, temperature=0.9, top_p=0.95, sampling_seed=1234)
+        batch = [req] + ([FakeReq("n", smollm2.tokenizer(PROMPTS[2])["input_ids"], 10, temperature=1.0, sampling_seed=9)]
+                         if with_neighbour else [])
+        sched = Scheduler(fresh)
+        sched.admit(batch)
+        while sched.running:
+            sched.step()
+        return req.output_ids
+
+    alone, batched = run(False), run(True)
+    # the first token is SGLang's sampler (greedy argmax in the fake); the rest are the request's own draws
+    assert alone == batched

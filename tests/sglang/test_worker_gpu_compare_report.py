@@ -1,0 +1,50 @@
+"""bench/sglang_gpu_compare.py's pure parts: first divergence, target logprob margin, results table."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "sglang_gpu_compare.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("sglang_gpu_compare", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve their module by name
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_first_divergence(bench):
+    assert bench.first_divergence([1, 2, 3], [1, 2, 3]) is None
+    assert bench.first_divergence([1, 2, 3], [1, 5, 3]) == 1
+    assert bench.first_divergence([1, 2, 3], [1, 2]) == 2  # a shorter output diverges where it stops
+
+
+def test_margin_at_divergence_from_the_plain_servers_top_logprobs(bench):
+    top = [{7: -0.1, 8: -2.5}, {4: -0.01, 9: -0.02, 3: -6.0}]
+    assert bench.divergence_margin(top, 1, 4, 9) == pytest.approx(0.01)  # a near tie
+    assert bench.divergence_margin(top, 1, 4, 99) == pytest.approx(5.99)  # outside the top list: a lower bound
+    assert bench.divergence_margin(top, 5, 4, 9) is None
+
+
+def test_identity_rows_and_table(bench, tmp_path):
+    plain = [[1, 2, 3], [4, 5, 6], [7, 8]]
+    jet = [[1, 2, 3], [4, 9, 6], [7]]
+    tops = [[{}] * 3, [{4: -0.1}, {5: -0.3, 9: -0.35}, {6: -0.1}], [{7: -0.1}, {8: -0.2}]]
+    rows = bench.identity_rows(plain, jet, tops)
+    assert [(r.exact, r.first_divergence) for r in rows] == [(True, None), (False, 1), (False, 1)]
+    assert rows[1].margin == pytest.approx(0.05) and rows[2].margin is None
+    speeds = {"plain": {1: 100.0, 4: 300.0}, "jetspec": {1: 250.0, 4: 450.0}, "ngram": {1: 120.0}}
+    path = bench.write_results(tmp_path, rows, speeds, {"device": "H100", "sglang": "0.5.23", "max_new_tokens": 3})
+    text = path.read_text()
+    assert "1/3 exact (33%)" in text and "| 1 | 1 | 0.0500 |" in text
+    assert "| jetspec | 250.0 (2.50x) | 450.0 (1.50x) |" in text and "| ngram | 120.0 (1.20x) | n/a |" in text
+    saved = json.loads((tmp_path / "sglang_gpu_compare.json").read_text())
+    assert saved["throughput"]["jetspec"] == {"1": 250.0, "4": 450.0} and saved["identity"][1]["margin"] == pytest.approx(0.05)

@@ -1,0 +1,222 @@
+"""The worker's pure pieces: SGLang sampling params -> core params, per-request draft state across
+join / re-prefill / finish, result assembly (accept lengths incl. bonus, output layout, tap rows),
+SGLang's relaxed penalties, and the argmax-on-device acceptance the worker relies on."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from sglang_jetspec.adapter.accept import accept_step
+from sglang_jetspec.adapter.request_sampling import UNLIMITED_NEW_TOKENS, core_sampling_params, unsupported_feature
+from sglang_jetspec.adapter.request_state import DraftStateStore
+from sglang_jetspec.adapter.step_outputs import step_outputs
+from sglang_jetspec.core.sampling import SamplingParams, make_generator
+from sglang_jetspec.core.tree import TreeSpec, build_tree, root_only_tree, top_k_per_depth
+
+
+# ---- sampling params ----
+
+def _sglang_params(**kw):
+    pytest.importorskip("sglang")
+    from sglang.srt.sampling.sampling_params import SamplingParams as SGLangParams
+
+    return SGLangParams(**kw)
+
+
+def test_sglang_greedy_normalisation_maps_to_core_greedy():
+    core = core_sampling_params(_sglang_params(temperature=0.0, max_new_tokens=7, sampling_seed=3), 49152)
+    assert core == SamplingParams(temperature=0.0, max_new_tokens=7, seed=3)
+
+
+def test_sampled_params_carry_over_and_top_k_all_means_off():
+    sp = _sglang_params(temperature=0.7, top_p=0.9, top_k=-1, min_p=0.05, max_new_tokens=None, ignore_eos=True)
+    assert sp.top_k == 1 << 30  # SGLang's TOP_K_ALL after normalisation
+    core = core_sampling_params(sp, 49152)
+    assert (core.temperature, core.top_p, core.top_k, core.min_p) == (pytest.approx(0.7), pytest.approx(0.9), -1, pytest.approx(0.05))
+    assert core.max_new_tokens == UNLIMITED_NEW_TOKENS and core.ignore_eos and core.seed is None
+    assert core_sampling_params(_sglang_params(temperature=1.0, top_k=20), 49152).top_k == 20
+    assert core_sampling_params(_sglang_params(temperature=1.0, top_k=60000), 49152).top_k == -1
+
+
+def _req(**kw):
+    fields = dict(sampling_params=_sglang_params(), grammar=None, custom_logit_processor=None, return_hidden_states=False)
+    fields.update(kw)
+    return SimpleNamespace(**fields)
+
+
+@pytest.mark.parametrize("change, field", [
+    (dict(sampling_params={"json_schema": '{"type": "object"}'}), "json_schema"),
+    (dict(grammar=object()), "constrained decoding"),
+    (dict(custom_logit_processor="x"), "custom_logit_processor"),
+    (dict(return_hidden_states=True), "return_hidden_states"),
+])
+def test_unsupported_request_features_are_named(change, field):
+    if "sampling_params" in change:
+        change = dict(sampling_params=_sglang_params(**change["sampling_params"]))
+    assert field in unsupported_feature(_req(**change))
+
+
+def test_plain_request_is_supported():
+    assert unsupported_feature(_req()) is None
+
+
+# ---- per-request draft state ----
+
+def _rows(positions, width=4):
+    """Fake tap rows whose value is their position: misplacement shows in the values."""
+    return torch.tensor(positions, dtype=torch.float32).unsqueeze(1).expand(-1, width).clone()
+
+
+def test_join_chunked_prefill_verify_and_finish():
+    store = DraftStateStore(4, "cpu", torch.float32)
+    a = store.extended("a", SamplingParams(), 0, _rows(range(0, 5)))  # first chunk
+    a = store.extended("a", SamplingParams(), 5, _rows(range(5, 9)))  # second chunk
+    b = store.extended("b", SamplingParams(temperature=1.0, seed=5), 0, _rows(range(0, 3)))  # joins mid-batch
+    store.committed(a, _rows([9, 10, 11]), kv_len=9)  # root + 2 accepted nodes
+    assert a.tap_rows()[:, 0].tolist() == list(range(12)) and b.num_rows == 3
+    assert not a.blind and len(store) == 2
+    assert store.drop("a") is a and "a" not in store and store.drop("a") is None
+    assert store.rids() == ["b"]
+
+
+def test_re_prefill_after_retraction_truncates_and_resets_the_head_cache():
+    store = DraftStateStore(4, "cpu", torch.float32)
+    state = store.extended("r", SamplingParams(), 0, _rows(range(10)))
+    state.draft_cache.length = 10  # as if the head had projected all ten rows
+    store.extended("r", SamplingParams(), 0, _rows(range(12)))  # prefilled again from scratch
+    assert state.num_rows == 12 and state.draft_cache.length == 0 and not state.blind
+
+
+def test_a_gap_in_rows_makes_the_request_blind_not_wrong():
+    store = DraftStateStore(4, "cpu", torch.float32)
+    hit = store.extended("h", SamplingParams(), 6, _rows(range(6, 9)))  # prefix came from a cache
+    assert hit.blind and hit.num_rows == 0
+    ok = store.extended("o", SamplingParams(), 0, _rows(range(4)))
+    store.committed(ok, _rows([7]), kv_len=5)  # the worker thinks KV has 5 positions, rows say 4
+    assert ok.blind and ok.num_rows == 4
+    store.committed(ok, _rows([8]), kv_len=4)  # blind stays blind: rows are never appended again
+    assert ok.num_rows == 4
+
+
+def test_each_request_has_its_own_seeded_generator():
+    store = DraftStateStore(4, "cpu", torch.float32)
+    x = store.extended("x", SamplingParams(temperature=1.0, seed=11), 0, _rows([0]))
+    y = store.extended("y", SamplingParams(temperature=1.0, seed=11), 0, _rows([0]))
+    assert x.generator is not y.generator
+    assert torch.equal(torch.rand(3, generator=x.generator), torch.rand(3, generator=y.generator))
+
+
+# ---- result assembly ----
+
+def _tree(seed, budget=10):
+    gen = torch.Generator().manual_seed(seed)
+    tokens, logprobs = top_k_per_depth(torch.randn(4, 30, generator=gen) * 3, 3)
+    return build_tree(1, tokens, logprobs, TreeSpec(budget, 4, 3))
+
+
+def test_outputs_follow_sglang_slicing_and_the_kv_mover_layout():
+    trees = [_tree(0), root_only_tree(4), _tree(2)]
+    n = 12
+    logits = torch.randn(3 * n, 30)
+    for b, tree in enumerate(trees):  # make the target agree with every first child: long paths
+        for node, kids in enumerate(tree.children()):
+            if kids:
+                logits[b * n + node, int(tree.tokens[kids[0]])] = 50.0
+    acc = accept_step(trees, logits, n, [SamplingParams()] * 3, [make_generator(0)] * 3)
+    out = step_outputs(acc, n)
+    lens = out.accept_lens.tolist()
+    assert lens[1] == 1 and lens[0] > 1 and lens[2] > 1  # bonus included; root-only commits one token
+    flat = out.next_token_ids.tolist()
+    for b, result in enumerate(acc.results):
+        # what batch_result_processor._resolve_spec_v2_tokens takes for request b
+        assert flat[b * out.stride : b * out.stride + lens[b]] == result.tokens
+        assert out.accept_index[b, : lens[b]].tolist() == [b * n + node for node in result.path]
+        assert (out.accept_index[b, lens[b]:] == -1).all()
+        assert out.bonus_tokens[b] == result.tokens[-1]
+    # compute_spec_logprobs reads predict[accept_index]: the committed tokens again
+    kept = out.accept_index >= 0
+    assert out.predict[out.accept_index[kept].long()].tolist() == [t for r in acc.results for t in r.tokens]
+    # tap rows for the draft context: root + accepted nodes, request-major
+    assert out.row_index.tolist() == [b * n + node for b, r in enumerate(acc.results) for node in r.path]
+    assert out.row_counts == lens and out.accept_index.dtype == torch.int32
+
+
+def test_relaxed_penalties_and_bias_match_sglang_repeat_per_node():
+    pytest.importorskip("sglang")
+    from sglang_jetspec.adapter.worker import apply_sglang_logit_adjustments
+
+    logits = torch.zeros(2 * 3, 5)
+    info = SimpleNamespace(acc_additive_penalties=torch.tensor([[1.0, 0, 0, 0, 0], [0, 2.0, 0, 0, 0]]),
+                           acc_scaling_penalties=None, logit_bias=torch.tensor([[0, 0, 0, 0, -1.0], [0] * 5]))
+    apply_sglang_logit_adjustments(logits, info, num_nodes=3)
+    assert logits[:3, 0].tolist() == [1.0] * 3 and logits[3:, 1].tolist() == [2.0] * 3
+    assert logits[:3, 4].tolist() == [-1.0] * 3 and logits[3:, 4].tolist() == [0.0] * 3
+
+
+class _CopyCounting(torch.Tensor):
+    """Records the shape of every tensor moved with .cpu() (a device-to-host copy on a GPU)."""
+
+    copied: list = []
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if func is torch.Tensor.cpu:
+            cls.copied.append(tuple(args[0].shape))
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+def test_greedy_acceptance_copies_only_argmax_ids_to_the_host():
+    trees = [_tree(0), _tree(1)]
+    logits = torch.randn(2 * 10, 30)
+    plain = accept_step(trees, logits, 10, [SamplingParams()] * 2, [make_generator(0)] * 2)
+    _CopyCounting.copied = []
+    counted = accept_step(trees, logits.as_subclass(_CopyCounting), 10, [SamplingParams()] * 2, [make_generator(0)] * 2)
+    assert _CopyCounting.copied and all(len(shape) == 2 for shape in _CopyCounting.copied)  # [B, N] ids, no vocab axis
+    assert [r.tokens for r in counted.results] == [r.tokens for r in plain.results]
+    _CopyCounting.copied = []
+    accept_step(trees, logits.as_subclass(_CopyCounting), 10, [SamplingParams(temperature=1.0)] * 2, [make_generator(0)] * 2)
+    assert (2, 10, 30) in _CopyCounting.copied  # sampling needs the full distribution on the host
+
+
+# ---- telemetry and shadow ----
+
+def test_verify_step_feeds_the_jetspec_step_metrics():
+    from prometheus_client import CollectorRegistry
+
+    from sglang_jetspec.adapter.worker_observability import VerifyStep
+    from sglang_jetspec.telemetry import JetspecMetrics
+
+    registry = CollectorRegistry()
+    JetspecMetrics(registry).record_step("bs1", VerifyStep(batch_size=2, budget=16, committed_tokens=7, accept_lengths=[3, 4],
+                                                           draft_s=0.1, tree_s=0.01, verify_s=0.2, accept_s=0.05, wall_s=0.4))
+    labels = {"cohort": "bs1", "budget": "16"}
+    assert registry.get_sample_value("jetspec_committed_tokens_total", labels) == 7
+    assert registry.get_sample_value("jetspec_request_seconds_total", labels) == pytest.approx(0.8)
+    assert registry.get_sample_value("jetspec_accept_length_count", labels) == 2
+
+
+def test_finished_requests_are_spooled_with_their_speculation_log(tmp_path):
+    pytest.importorskip("sglang")
+    from sglang.srt.managers.schedule_batch import FINISH_ABORT, FINISH_LENGTH
+
+    from shadow.spool import SpoolWriter
+    from shadow.tee import ShadowTee
+    from sglang_jetspec.adapter.worker_observability import WorkerShadow
+
+    store = DraftStateStore(4, "cpu", torch.float32)
+    state = store.extended("q", SamplingParams(temperature=0.5, seed=2, max_new_tokens=3), 0, _rows([0, 1]))
+    state.budgets, state.accept_lengths = [16, 0], [2, 1]
+    req = SimpleNamespace(rid="q", origin_input_ids=[5, 6], output_ids=[7, 8, 9], finished_reason=FINISH_LENGTH(3))
+    shadow = WorkerShadow(ShadowTee(SpoolWriter(tmp_path), sample_rate=1.0).start(), model="m", head="h")
+    assert shadow.finished(req, state)
+    req.finished_reason = FINISH_ABORT("bad")
+    assert not shadow.finished(req, state)  # an abort says nothing about the target distribution
+    shadow.close()
+    (line,) = [line for f in tmp_path.glob("*.jsonl") for line in f.read_text().splitlines()]
+    record = json.loads(line)
+    assert (record["prompt_ids"], record["output_ids"], record["finish_reason"]) == ([5, 6], [7, 8, 9], "length")
+    assert record["spec"] == {"budgets": [16, 0], "accept_lengths": [2, 1]} and record["sampling"]["seed"] == 2
