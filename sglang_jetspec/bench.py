@@ -2,7 +2,8 @@
 
 Each (batch size, temperature) group first measures autoregressive decoding (budget 0, no drafter)
 on the same requests; every speculative cell's speedup is relative to that run. Methods:
-  jetspec  the causal head from --head, best-first tree of width --tree-width
+  jetspec  the causal head from --head, best-first tree of width --tree-width; with --draft-rounds
+           0,1,2 once per value (jetspec, jetspec-r1, jetspec-r2: r tree-causal rounds after the marginal tree)
   dflash   the bidirectional head from --dflash-head, same tree
   chain    the --head head with tree width 1 (a single drafted path)
   lookup   prompt lookup (n-gram match in the request's own tokens), width 1, no model
@@ -25,11 +26,10 @@ from .core.head_config import HeadConfigError
 from .core.head_io import read_head_config
 from .core.sampling import SamplingParams
 from .generate import RunFigures, timed_run
-from .loading import load_drafter, load_target
+from .loading import DrafterOptionError, check_lookup_options, load_drafter, load_target, lookup_drafter
 from .models.fetch import sha256_file
 from .prompts import HUMANEVAL, PromptError, encode, humaneval_prompts, read_prompt_file
 from .reference.engine import Drafter, EngineConfig, ReferenceEngine, Request, RequestOutput
-from .reference.lookup import PromptLookupDrafter
 from .reference.target import TargetModel
 
 WARMUP_TOKENS = 8
@@ -41,11 +41,16 @@ class BenchError(ValueError):
 
 @dataclass(frozen=True)
 class Contender:
-    """A method ready to run: its drafter and the tree width it drafts with."""
+    """A method ready to run: its drafter, the tree width and the tree-causal rounds it drafts with."""
 
     method: str
     drafter: Drafter
     tree_width: int
+    draft_rounds: int = 0
+
+
+def jetspec_label(rounds: int) -> str:
+    return "jetspec" if rounds == 0 else f"jetspec-r{rounds}"
 
 
 @dataclass
@@ -61,6 +66,7 @@ class BenchRecord:
     mean_accept_length: float  # committed tokens per verify, bonus included
     speedup_vs_ar: float
     greedy_mismatches: int | None  # requests whose output differs from autoregressive; None when sampled
+    draft_round_s: list[float]  # mean draft head seconds per verify step by round: [marginal pass, round 1, ...]
 
 
 def _head_is_causal(flag: str, head_dir: str) -> bool:
@@ -87,8 +93,26 @@ def check_options(args) -> None:
             f"--head {args.head}: config.json has dflash_config.causal_head false, a bidirectional head; "
             "jetspec and chain need a causal head. Pass this head as --dflash-head instead"
         )
-    if args.lookup_min_ngram > args.lookup_max_ngram:
-        raise BenchError(f"--lookup-min-ngram {args.lookup_min_ngram} is above --lookup-max-ngram {args.lookup_max_ngram}; lower the first or raise the second")
+    if "jetspec" in methods and max(args.draft_rounds) > 0 and not _reads_tree_tokens(args.head):
+        raise BenchError(
+            f"--draft-rounds {','.join(map(str, args.draft_rounds))} needs a head trained with revealed tokens (config.json "
+            f"dflash_config.draft_reveal); --head {args.head or '(shipped head)'} drafts per-depth marginals only. "
+            "Train one with `jetspec train --reveal prefix` and pass it as --head, or use --draft-rounds 0"
+        )
+    try:
+        check_lookup_options(args)
+    except DrafterOptionError as exc:  # replay shares these checks and reports BenchError
+        raise BenchError(str(exc)) from None
+
+
+def _reads_tree_tokens(head: str | None) -> bool:
+    """Unset or 'untrained' means the shipped or a fresh head: neither was trained with revealed tokens."""
+    if head in (None, "untrained"):
+        return False
+    try:
+        return read_head_config(head).reads_tree_tokens
+    except HeadConfigError as exc:
+        raise BenchError(f"--head {head}: {exc}") from exc
 
 
 def select_prompts(source: str, selection: slice | None) -> tuple[list, range]:
@@ -123,9 +147,15 @@ def load_contenders(args, target: TargetModel) -> tuple[list[Contender], dict[st
         head, labels["head"] = _load_head(target, "--head", args.head)
     if "dflash" in args.methods:
         dflash_head, labels["dflash_head"] = _load_head(target, "--dflash-head", args.dflash_head)
-    lookup = PromptLookupDrafter(target.info.vocab_size, args.lookup_depth, args.lookup_min_ngram, args.lookup_max_ngram)
-    drafting = {"jetspec": (head, args.tree_width), "dflash": (dflash_head, args.tree_width), "chain": (head, 1), "lookup": (lookup, 1)}
-    return [Contender(method, *drafting[method]) for method in args.methods], labels
+    lookup = lookup_drafter(target.info.vocab_size, args)
+    drafting = {"dflash": (dflash_head, args.tree_width), "chain": (head, 1), "lookup": (lookup, 1)}
+    contenders = []
+    for method in args.methods:
+        if method == "jetspec":
+            contenders += [Contender(jetspec_label(r), head, args.tree_width, r) for r in args.draft_rounds]
+        else:
+            contenders.append(Contender(method, *drafting[method]))
+    return contenders, labels
 
 
 def make_requests(prompt_ids: list[list[int]], temperature: float, max_new_tokens: int, seed: int) -> list[Request]:
@@ -140,8 +170,9 @@ class GridRunner:
         self.target = target
         self.args = args
 
-    def engine(self, drafter: Drafter | None, tree_width: int, batch_size: int) -> ReferenceEngine:
-        config = EngineConfig(tree_width=tree_width, fanout=self.args.fanout, acceptance=self.args.acceptance, max_batch_size=batch_size)
+    def engine(self, drafter: Drafter | None, tree_width: int, batch_size: int, draft_rounds: int = 0) -> ReferenceEngine:
+        config = EngineConfig(tree_width=tree_width, fanout=self.args.fanout, acceptance=self.args.acceptance, max_batch_size=batch_size,
+                              draft_rounds=draft_rounds)
         return ReferenceEngine(self.target, drafter, config)
 
     def warm_up(self, prompt_ids: list[list[int]], batch_size: int) -> None:
@@ -157,15 +188,16 @@ class GridRunner:
             # sampled outputs legitimately differ from autoregressive ones: only greedy runs are compared
             mismatches = sum(a.output_ids != b.output_ids for a, b in zip(outputs, baseline_outputs)) if temperature == 0 else None
             cell = BenchRecord(run.mode, run.budget, batch_size, temperature, run.requests, run.tokens, run.seconds, run.tokens_per_s,
-                               run.mean_accept_length, run.tokens_per_s / baseline.tokens_per_s, mismatches)
+                               run.mean_accept_length, run.tokens_per_s / baseline.tokens_per_s, mismatches, run.draft_round_s)
             print(f"batch {batch_size} T={temperature:g} {cell.method:<15} budget {cell.budget:>4}: {cell.tokens_per_s:8.2f} tok/s  "
-                  f"accept {cell.mean_accept_length:5.2f}  speedup {cell.speedup_vs_ar:5.2f}x", flush=True)
+                  f"accept {cell.mean_accept_length:5.2f}  speedup {cell.speedup_vs_ar:5.2f}x  "
+                  f"draft ms/step by round {[round(1000 * s, 1) for s in cell.draft_round_s]}", flush=True)
             return cell
 
         records = [record(baseline, baseline_outputs)]
         for contender in contenders:
             for budget in self.args.budgets:
-                engine = self.engine(contender.drafter, contender.tree_width, batch_size)
+                engine = self.engine(contender.drafter, contender.tree_width, batch_size, contender.draft_rounds)
                 records.append(record(*timed_run(engine, requests, budget, contender.method)))
         return records
 
@@ -203,10 +235,11 @@ def run_header(args, target: TargetModel, head_labels: dict[str, str], indices: 
         "prompts": args.prompts,
         "prompt_range": f"{indices.start}:{indices.stop}",
         "max_new_tokens": args.max_new_tokens,
-        "tree": {"width": args.tree_width, "fanout": args.fanout},
+        "tree": {"width": args.tree_width, "fanout": args.fanout, "draft_rounds": args.draft_rounds},
         "acceptance": args.acceptance,
         "seed": args.seed,
-        "lookup": {"min_ngram": args.lookup_min_ngram, "max_ngram": args.lookup_max_ngram, "max_depth": args.lookup_depth},
+        # commands without the lookup method's flags (jetspec gap) record none
+        "lookup": {"min_ngram": args.lookup_min_ngram, "max_ngram": args.lookup_max_ngram, "max_depth": args.lookup_depth} if hasattr(args, "lookup_depth") else None,
     }
 
 

@@ -63,10 +63,10 @@ def prompt_range(text: str) -> slice:
 
 def _drafting_arguments(p) -> None:
     """Flags shared by `bench` and `replay`: target, tree, heads, prompts, grid, lookup settings, outputs."""
-    from .cli import add_target_arguments, add_tree_arguments
+    from .cli import add_lookup_arguments, add_target_arguments, add_tree_arguments
 
     add_target_arguments(p)
-    add_tree_arguments(p)
+    add_tree_arguments(p, several_rounds=True)
     p.add_argument("--dflash-head", help="bidirectional head directory (config causal_head false), needed by the dflash method")
     p.add_argument("--prompts", default="humaneval", help="'humaneval' or a JSONL file with prompt/messages per line")
     p.add_argument("--prompt-range", type=prompt_range, help="start:stop of the prompts to use (default: all)")
@@ -75,12 +75,30 @@ def _drafting_arguments(p) -> None:
     p.add_argument("--max-new-tokens", type=positive_int, default=64)
     p.add_argument("--seed", type=int, default=0, help="request i samples with seed + i")
     p.add_argument("--threads", type=positive_int, help="torch CPU threads (default: torch's choice); on a busy shared CPU, fewer threads than cores avoids stalls")
-    p.add_argument("--lookup-min-ngram", type=positive_int, default=2, help="shortest suffix n-gram the lookup drafter matches")
-    p.add_argument("--lookup-max-ngram", type=positive_int, default=4, help="longest suffix n-gram tried first")
-    p.add_argument("--lookup-depth", type=positive_int, default=15, help="longest chain the lookup drafter proposes")
+    add_lookup_arguments(p)
     p.add_argument("--json", required=True, help="write the header and every cell's record here")
     p.add_argument("--markdown", help="also write a markdown report here")
     p.add_argument("--plot", help="also write a PNG of the results vs budget here")
+
+
+def register_gap(sub) -> None:
+    from .cli import add_target_arguments, add_tree_arguments
+
+    p = sub.add_parser("gap", help="the paper's rank-1 branch gap (draft minus target log-prob) and accept length per "
+                       "--draft-rounds and budget, greedy, on the reference engine")
+    add_target_arguments(p)
+    add_tree_arguments(p, several_rounds=True)
+    p.add_argument("--prompts", default="humaneval", help="'humaneval' or a JSONL file with prompt/messages per line")
+    p.add_argument("--prompt-range", type=prompt_range, help="start:stop of the prompts to use (default: all)")
+    p.add_argument("--budgets", type=budget_list, default=[16, 64, 256], help="tree budgets, comma-separated")
+    p.add_argument("--batch-size", type=positive_int, default=1)
+    p.add_argument("--max-new-tokens", type=positive_int, default=64)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=positive_int, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--json", required=True, help="write the header, every cell's summary and the raw gaps here")
+    p.add_argument("--markdown", help="also write a markdown table here")
+    p.add_argument("--plot", help="also write a PNG of the gap distributions (empirical CDFs) here")
+    p.set_defaults(func=_run_gap)
 
 
 def register(sub) -> None:
@@ -101,6 +119,12 @@ def register_replay(sub) -> None:
 
 def _run(args) -> int:
     from .bench import run
+
+    return run(args)
+
+
+def _run_gap(args) -> int:
+    from .gap import run
 
     return run(args)
 

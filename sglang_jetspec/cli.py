@@ -43,6 +43,23 @@ def add_target_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cuda" if _cuda() else "cpu")
 
 
+def add_lookup_arguments(parser: argparse.ArgumentParser) -> None:
+    """The prompt-lookup drafter's n-gram flags (sglang_jetspec/reference/lookup.py)."""
+    from .bench_cli import positive_int
+
+    parser.add_argument("--lookup-min-ngram", type=positive_int, default=2, help="shortest suffix n-gram the lookup drafter matches")
+    parser.add_argument("--lookup-max-ngram", type=positive_int, default=4, help="longest suffix n-gram tried first")
+    parser.add_argument("--lookup-depth", type=positive_int, default=15, help="longest chain the lookup drafter proposes")
+
+
+def add_drafter_arguments(parser: argparse.ArgumentParser) -> None:
+    """--drafter and the lookup flags, for the commands that run one drafter (serve, generate)."""
+    parser.add_argument("--drafter", choices=["head", "lookup"], default="head",
+                        help="head: the draft head from --head, trees of --tree-width (default); lookup: prompt lookup, "
+                             "no model, one chain copied from the request's own tokens (tree width 1; pays on copy-heavy text)")
+    add_lookup_arguments(parser)
+
+
 def draft_rounds_value(text: str) -> int:
     try:
         value = int(text)
@@ -78,6 +95,7 @@ def _register_generate(sub) -> None:
     gen = sub.add_parser("generate", help="decode prompts autoregressively and with JETSPEC side by side on the reference engine")
     add_target_arguments(gen)
     add_tree_arguments(gen)
+    add_drafter_arguments(gen)
     gen.add_argument("--prompts", default="humaneval", help="'humaneval' or a JSONL file with prompt/messages per line")
     gen.add_argument("--num-prompts", type=int, default=8)
     gen.add_argument("--max-new-tokens", type=int, default=64)
@@ -97,7 +115,7 @@ def _run_generate(args) -> int:
 
     try:
         run(args)
-    except ValueError as exc:  # e.g. --draft-rounds with a head that cannot read tree tokens
+    except ValueError as exc:  # e.g. --draft-rounds with a head that cannot read tree tokens, --drafter lookup with --head
         print(f"jetspec generate: {exc}", file=sys.stderr)
         return 2
     return 0

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from .core.sampling import SamplingParams
-from .loading import load_drafter, load_target
+from .loading import load_engine_drafter, load_target
 from .prompts import load_prompt_ids
 from .reference.engine import EngineConfig, ReferenceEngine, Request, RequestOutput
 
@@ -29,39 +29,43 @@ class RunFigures:
     seconds: float
     tokens_per_s: float
     mean_accept_length: float
+    draft_round_s: list[float]  # mean draft head seconds per verify step, by round: [marginal pass, tree-causal round 1, ...]
 
 
 def timed_run(engine: ReferenceEngine, requests: list[Request], budget: int, mode: str) -> tuple[RunFigures, list[RequestOutput]]:
+    rounds: list[list[float]] = []
     start = time.perf_counter()
-    outputs = engine.generate(requests, budget=budget)
+    outputs = engine.generate(requests, budget=budget, on_step=lambda record: rounds.append(record.draft_round_s))
     seconds = time.perf_counter() - start
     tokens = sum(len(o.output_ids) for o in outputs)
     verifies = sum(len(o.accept_lengths) for o in outputs)
     accept = sum(sum(o.accept_lengths) for o in outputs) / max(1, verifies)
-    return RunFigures(mode, budget, len(outputs), tokens, seconds, tokens / seconds, accept), outputs
+    per_round = [sum(col) / len(rounds) for col in zip(*rounds)] if rounds else []
+    return RunFigures(mode, budget, len(outputs), tokens, seconds, tokens / seconds, accept, per_round), outputs
 
 
 def run(args) -> dict:
     torch.manual_seed(0)
     target = load_target(args.target, args.dtype, args.device)
-    drafter, head_label = load_drafter(target, args.head)
+    chosen = load_engine_drafter(target, args)
     prompt_ids = load_prompt_ids(args.prompts, target.tokenizer, limit=args.num_prompts)
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p, seed=args.seed, max_new_tokens=args.max_new_tokens)
     requests = [Request(ids, params, str(i)) for i, ids in enumerate(prompt_ids)]
-    engine = ReferenceEngine(target, drafter, EngineConfig(tree_width=args.tree_width, fanout=args.fanout, acceptance=args.acceptance, max_batch_size=args.batch_size))
+    engine = ReferenceEngine(target, chosen.drafter, EngineConfig(tree_width=chosen.tree_width, fanout=args.fanout, acceptance=args.acceptance, max_batch_size=args.batch_size,
+                                                        draft_rounds=args.draft_rounds))
     timed_run(engine, requests[:1], 0, "warmup")  # first calls pay one-off allocation costs
     ar, ar_out = timed_run(engine, requests, 0, "autoregressive")
     spec, spec_out = timed_run(engine, requests, args.budget, "jetspec")
     differing = sum(a.output_ids != b.output_ids for a, b in zip(ar_out, spec_out)) if params.greedy else None
     report = {
         "target": str(target.path),
-        "head": head_label,
+        "head": chosen.label,
         "prompts": args.prompts,
         "num_prompts": len(requests),
         "batch_size": args.batch_size,
         "max_new_tokens": args.max_new_tokens,
         "sampling": asdict(params),
-        "tree": {"budget": args.budget, "width": args.tree_width, "fanout": args.fanout, "max_depth": drafter.max_depth},
+        "tree": {"budget": args.budget, "width": chosen.tree_width, "fanout": args.fanout, "max_depth": chosen.drafter.max_depth, "draft_rounds": args.draft_rounds},
         "device": f"{args.device} ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads), {args.dtype}",
         "autoregressive": asdict(ar),
         "jetspec": asdict(spec),

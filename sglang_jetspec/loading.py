@@ -1,7 +1,10 @@
-"""Resolve command-line names to loaded objects: a target ("smollm2" or a directory) and a head."""
+"""Resolve command-line names to loaded objects: a target ("smollm2" or a directory) and a drafter
+(--drafter head: a trained or untrained head; --drafter lookup: prompt lookup, no model)."""
 
 from __future__ import annotations
 
+from argparse import Namespace
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -9,6 +12,8 @@ import torch
 from .core.drafter import HeadDrafter
 from .core.head_config import HeadConfig, default_tap_layers
 from .core.head_io import init_head, load_head
+from .reference.engine import Drafter
+from .reference.lookup import PromptLookupDrafter
 from .reference.target import TargetModel
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -75,3 +80,51 @@ def load_drafter(target: TargetModel, head: str | None) -> tuple[HeadDrafter, st
             model, label = load_head(head_dir, target.info), str(head_dir)
     model = model.to(device=target.device, dtype=target.dtype)
     return HeadDrafter(model, target.embed_tokens, target.lm_head), label
+
+
+class DrafterOptionError(ValueError):
+    """Drafter flags that cannot run together; the message names the flag and the fix."""
+
+
+def check_lookup_options(args: Namespace) -> None:
+    if args.lookup_min_ngram > args.lookup_max_ngram:
+        raise DrafterOptionError(f"--lookup-min-ngram {args.lookup_min_ngram} is above --lookup-max-ngram "
+                                 f"{args.lookup_max_ngram}; lower the first or raise the second")
+
+
+def check_drafter_options(args: Namespace) -> None:
+    """The --drafter choice against the flags of the other drafter; cheap, so commands call it before loading."""
+    if args.drafter == "head":
+        return
+    check_lookup_options(args)
+    if args.head is not None:
+        raise DrafterOptionError(f"--head {args.head} is for --drafter head; drop it or use --drafter head")
+    if args.draft_rounds:
+        raise DrafterOptionError(f"--draft-rounds {args.draft_rounds} needs a head; --drafter lookup drafts one chain, "
+                                 "use --draft-rounds 0")
+
+
+def lookup_drafter(vocab_size: int, args: Namespace) -> PromptLookupDrafter:
+    """The prompt-lookup drafter its --lookup-* flags describe (it drafts one chain: run it at tree width 1)."""
+    check_lookup_options(args)
+    return PromptLookupDrafter(vocab_size, args.lookup_depth, args.lookup_min_ngram, args.lookup_max_ngram)
+
+
+@dataclass(frozen=True)
+class EngineDrafter:
+    """What --drafter chose, ready for an EngineConfig: the drafter, its label and the tree width it drafts at."""
+
+    drafter: Drafter
+    label: str
+    tree_width: int
+
+
+def load_engine_drafter(target: TargetModel, args: Namespace) -> EngineDrafter:
+    """--drafter head: the --head head at --tree-width; --drafter lookup: prompt lookup, one chain (width 1)."""
+    check_drafter_options(args)
+    if args.drafter == "lookup":
+        label = (f"prompt lookup (n-grams {args.lookup_min_ngram}-{args.lookup_max_ngram}, "
+                 f"chains of <= {args.lookup_depth} tokens)")
+        return EngineDrafter(lookup_drafter(target.info.vocab_size, args), label, tree_width=1)
+    drafter, label = load_drafter(target, args.head)
+    return EngineDrafter(drafter, label, args.tree_width)

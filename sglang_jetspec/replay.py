@@ -5,8 +5,10 @@ target's argmax continuation, plus one bonus token; and along a matching path th
 exactly the autoregressive output. So one autoregressive run and one tapped prefill of
 prompt + output per prompt replay every method's step trajectory at every budget: each step drafts
 from the rows of the committed prefix, builds the same best-first tree the engine builds, and
-advances by the matched depth + 1. The draft of a position does not depend on the budget, so it
-is computed once and shared by all budgets. Exact up to float rounding: the engine's tapped rows
+advances by the matched depth + 1. The marginal draft of a position does not depend on the budget,
+so it is computed once and shared by all budgets. Tree-causal rounds (--draft-rounds) do depend on
+the tree, hence on the budget: per position and budget the trees of successive rounds are kept, so
+r = 1 and r = 2 share their first round. Exact up to float rounding: the engine's tapped rows
 come from verify passes, here from one prefill (tests/test_replay.py checks the two agree).
 This is what makes a full HumanEval sweep over budgets up to 256 affordable on a CPU; wall-clock
 speedups still come from `jetspec bench`.
@@ -21,13 +23,14 @@ from pathlib import Path
 
 import torch
 
-from .bench import BenchError, Contender, check_options, load_contenders, make_requests, run_header, select_prompts
+from .bench import BenchError, check_options, load_contenders, make_requests, run_header, select_prompts
 from .bench_report import markdown_table
 from .core.drafter import ContextCache
-from .core.tree import DraftTree, TreeSpec, build_tree, top_k_per_depth
+from .core.drafting import TreeDraft, refine
+from .core.tree import DraftTree, TreeSpec, top_k_per_depth
 from .loading import load_target
 from .prompts import encode
-from .reference.engine import EngineConfig, ReferenceEngine, RequestOutput
+from .reference.engine import Drafter, EngineConfig, ReferenceEngine, RequestOutput
 from .reference.target import Segment, TargetModel
 
 
@@ -72,29 +75,45 @@ def tapped_rows(target: TargetModel, ids: list[int], taps: tuple[int, ...]) -> t
 
 
 class DraftMemo:
-    """Per position, a method's top-K candidates per depth, computed once for all budgets."""
+    """One drafter at one tree width on one request: per position its marginal top-K per depth (for
+    all budgets), and per (position, budget, fanout) the trees after 0, 1, ... tree-causal rounds."""
 
-    def __init__(self, contender: Contender, lane: ReplayLane, depth: int) -> None:
-        self.contender, self.lane, self.depth = contender, lane, depth
-        self._by_position: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    def __init__(self, drafter: Drafter, tree_width: int, lane: ReplayLane, depth: int) -> None:
+        self.drafter, self.tree_width, self.lane, self.depth = drafter, tree_width, lane, depth
+        self._marginal: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._rounds: dict[tuple[int, int, str], tuple[TreeDraft, list[DraftTree]]] = {}
 
     def at(self, committed: int) -> tuple[torch.Tensor, torch.Tensor]:
-        if committed not in self._by_position:
+        if committed not in self._marginal:
             self.lane.committed = committed
-            logits = self.contender.drafter.propose([self.lane], min(self.depth, self.contender.drafter.max_depth))[0]
-            self._by_position[committed] = top_k_per_depth(logits, self.contender.tree_width)
-        return self._by_position[committed]
+            logits = self.drafter.propose([self.lane], min(self.depth, self.drafter.max_depth))[0]
+            self._marginal[committed] = top_k_per_depth(logits, self.tree_width)
+        return self._marginal[committed]
+
+    def tree(self, committed: int, budget: int, fanout: str, rounds: int = 0) -> DraftTree:
+        """The tree the engine drafts at this position: the marginal tree, then `rounds` tree-causal rounds."""
+        key = (committed, budget, fanout)
+        if key not in self._rounds:
+            tokens, logprobs = self.at(committed)
+            spec = TreeSpec(budget, min(budget - 1, tokens.shape[0]), self.tree_width, fanout)
+            self.lane.committed = committed
+            draft = TreeDraft(self.lane.root_token, tokens, logprobs, spec)
+            self._rounds[key] = (draft, [draft.tree])
+        draft, trees = self._rounds[key]
+        while len(trees) <= rounds:
+            self.lane.committed = committed
+            refine(self.drafter, [self.lane], [draft])
+            trees.append(draft.tree)
+        return trees[rounds]
 
 
-def replay_request(memo: DraftMemo, output: RequestOutput, budget: int, fanout: str) -> list[int]:
-    """Accept lengths (bonus included) of each step when `memo`'s method drafts at `budget`."""
+def replay_request(memo: DraftMemo, output: RequestOutput, budget: int, fanout: str, rounds: int = 0) -> list[int]:
+    """Accept lengths (bonus included) of each step when `memo`'s drafter drafts at `budget` with `rounds`."""
     prompt_len, total = len(output.prompt_ids), len(output.prompt_ids) + len(output.output_ids)
     committed, lengths = prompt_len + 1, []  # the prefill commits the first output token
     full = output.prompt_ids + output.output_ids
     while committed < total:
-        tokens, logprobs = memo.at(committed)
-        depth = min(budget - 1, tokens.shape[0])
-        tree = build_tree(full[committed - 1], tokens, logprobs, TreeSpec(budget, depth, memo.contender.tree_width, fanout))
+        tree = memo.tree(committed, budget, fanout, rounds)
         kept = min(matched_depth(tree, full[committed:]) + 1, total - committed)
         lengths.append(kept)
         committed += kept
@@ -123,15 +142,21 @@ def replay(args) -> dict:
     print(f"autoregressive outputs: {sum(len(o.output_ids) for o in outputs)} tokens over {len(outputs)} prompts", flush=True)
     depth = max(args.budgets) - 1
     steps = {(c.method, b): [] for c in contenders for b in args.budgets}
-    rows_by_taps: dict[tuple[int, ...], list[torch.Tensor]] = {}
-    for contender in contenders:
-        taps = tuple(getattr(contender.drafter, "tap_layers", ()))
-        if taps not in rows_by_taps:
-            rows_by_taps[taps] = [tapped_rows(target, o.prompt_ids + o.output_ids, taps) if taps else torch.zeros(0) for o in outputs]
-        for output, rows in zip(outputs, rows_by_taps[taps]):
-            memo = DraftMemo(contender, ReplayLane(output.prompt_ids, output.output_ids, rows), depth)
+    for i, output in enumerate(outputs):
+        # one memo per (drafter, width) and request: jetspec at several --draft-rounds shares it
+        rows_by_taps: dict[tuple[int, ...], torch.Tensor] = {}
+        memos: dict[tuple[int, int], DraftMemo] = {}
+        for contender in contenders:
+            taps = tuple(getattr(contender.drafter, "tap_layers", ()))
+            if taps not in rows_by_taps:
+                rows_by_taps[taps] = tapped_rows(target, output.prompt_ids + output.output_ids, taps) if taps else torch.zeros(0)
+            key = (id(contender.drafter), contender.tree_width)
+            if key not in memos:
+                memos[key] = DraftMemo(contender.drafter, contender.tree_width, ReplayLane(output.prompt_ids, output.output_ids, rows_by_taps[taps]), depth)
             for budget in args.budgets:
-                steps[contender.method, budget].append(replay_request(memo, output, budget, args.fanout))
+                steps[contender.method, budget].append(replay_request(memos[key], output, budget, args.fanout, contender.draft_rounds))
+        print(f"request {i + 1}/{len(outputs)} replayed", flush=True)
+    for contender in contenders:
         print(f"{contender.method}: " + "  ".join(f"{b}: {_mean(steps[contender.method, b]):.2f}" for b in args.budgets), flush=True)
     records = [ReplayRecord(m, b, len(runs), sum(map(len, runs)), sum(map(sum, runs)), _mean(runs)) for (m, b), runs in steps.items()]
     header = run_header(args, target, head_labels, indices) | {"ar_batch_size": args.ar_batch_size}

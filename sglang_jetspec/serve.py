@@ -1,6 +1,6 @@
 """`jetspec serve`: the reference engine behind HTTP (sglang_jetspec/server.py), driven by a policy file.
 
-    jetspec serve --policy policies/default.yaml [--target smollm2] [--head DIR] [--port 30000]
+    jetspec serve --policy policies/default.yaml [--target smollm2] [--head DIR | --drafter lookup] [--port 30000]
                   [--admin-api-key-env JETSPEC_ADMIN_KEY] [--max-batch-size 8] [--shadow-spool DIR]
                   [--enable-trace [--otlp-traces-endpoint http://HOST:4317]]
 
@@ -24,12 +24,13 @@ SERVICE_NAME = "jetspec-worker"  # OTel service.name unless OTEL_SERVICE_NAME sa
 
 
 def register(sub) -> None:
-    from .cli import add_target_arguments, add_tree_arguments  # cli imports this module
+    from .cli import add_drafter_arguments, add_target_arguments, add_tree_arguments  # cli imports this module
 
     p = sub.add_parser("serve", help="serve the reference engine over HTTP (SGLang's /generate subset, "
                                      "/metrics, policy push/readback)")
     add_target_arguments(p)
     add_tree_arguments(p)
+    add_drafter_arguments(p)
     p.add_argument("--policy", required=True, metavar="FILE", help="policy YAML file (see policies/README.md)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0 = any free port)")
@@ -50,10 +51,19 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def _load_policy(path: str, head_dir: Path | None):
+def _load_policy(args: argparse.Namespace, target_dir: Path):
+    """The policy file, its budgets checked against what the chosen drafter can use."""
     from policies import load_policy, read_head_capacity
+    from policies.head import HeadCapacity
 
-    return load_policy(path, read_head_capacity(head_dir) if head_dir else None)
+    from .loading import resolve_head_dir
+
+    if args.drafter == "lookup":  # one chain of up to --lookup-depth tokens: a larger budget buys nothing
+        capacity = HeadCapacity(f"prompt lookup (--lookup-depth {args.lookup_depth})", args.lookup_depth + 1, tree_width=1)
+    else:
+        head_dir = resolve_head_dir(target_dir, args.head)
+        capacity = read_head_capacity(head_dir) if head_dir else None
+    return load_policy(args.policy, capacity)
 
 
 def _install_tracing(args: argparse.Namespace):
@@ -74,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
 
     from .tracing import TracingConfigError
 
-    from .loading import DTYPES, load_drafter, resolve_head_dir, resolve_target_dir
+    from .loading import DTYPES, check_drafter_options, load_engine_drafter, resolve_target_dir
     from .reference.engine import EngineConfig, ReferenceEngine
     from .reference.target import TargetModel
     from .server import JetspecServer
@@ -84,12 +94,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"jetspec serve: --max-batch-size {args.max_batch_size}: use 1 or more", file=sys.stderr)
         return 2
     target_dir = resolve_target_dir(args.target)
-    try:  # before the model loads: a policy mistake should fail in a second, not after the load
-        policy = _load_policy(args.policy, resolve_head_dir(target_dir, args.head))
+    try:  # before the model loads: a policy or flag mistake should fail in a second, not after the load
+        check_drafter_options(args)
+        policy = _load_policy(args, target_dir)
     except PolicyError as exc:
         exc.report()
         return 2
-    except ValueError as exc:  # unreadable head config
+    except ValueError as exc:  # unreadable head config, or drafter flags that do not go together (DrafterOptionError)
         print(f"jetspec serve: {exc}", file=sys.stderr)
         return 2
     try:
@@ -98,11 +109,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"jetspec serve: {exc}", file=sys.stderr)
         return 2
     target = TargetModel(target_dir, dtype=DTYPES[args.dtype], device=args.device)
-    drafter, head_label = load_drafter(target, args.head)
-    config = EngineConfig(tree_width=args.tree_width, fanout=args.fanout, acceptance=args.acceptance,
+    chosen = load_engine_drafter(target, args)
+    config = EngineConfig(tree_width=chosen.tree_width, fanout=args.fanout, acceptance=args.acceptance,
                           max_batch_size=args.max_batch_size, draft_rounds=args.draft_rounds)
     try:
-        engine = ReferenceEngine(target, drafter, config)
+        engine = ReferenceEngine(target, chosen.drafter, config)
     except ValueError as exc:  # --draft-rounds with a head that cannot read tree tokens
         print(f"jetspec serve: {exc}", file=sys.stderr)
         return 2
@@ -111,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"jetspec serve: ${args.admin_api_key_env} is not set: policy pushes will be refused (403)", file=sys.stderr)
     try:
         server = JetspecServer(engine, policy, admin_key, args.host, args.port,
-                               shadow_spool=args.shadow_spool, head=head_label)
+                               shadow_spool=args.shadow_spool, head=chosen.label)
     except OSError as exc:
         print(f"jetspec serve: cannot listen on {args.host}:{args.port} ({exc.strerror}) -- pick another --port", file=sys.stderr)
         return 1
@@ -119,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     server.start()
-    print(f"jetspec serve: {target.path} with {head_label}, policy {args.policy}, batch <= {args.max_batch_size}",
+    print(f"jetspec serve: {target.path} with {chosen.label}, policy {args.policy}, batch <= {args.max_batch_size}",
           file=sys.stderr)
     print(server.url, flush=True)
     stop.wait()

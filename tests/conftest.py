@@ -46,3 +46,17 @@ def single_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def reveal_drafter(smollm2):
+    """The shipped head's weights flagged as prefix-reveal trained (dflash_config.draft_reveal), so
+    tree-causal rounds run: its conditioned drafts are real (accepts vary) though it never saw revealed
+    tokens in training. For losslessness and replay-exactness tests, not for accept-length claims."""
+    from dataclasses import replace
+
+    from sglang_jetspec.loading import load_drafter
+
+    drafter, _ = load_drafter(smollm2, None)
+    drafter.head.config = replace(drafter.head.config, draft_reveal={"scheme": "prefix", "all_mask_share": 0.5})
+    return drafter

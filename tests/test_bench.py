@@ -11,7 +11,7 @@ from sglang_jetspec.core.head_io import init_head, save_head
 from sglang_jetspec.loading import untrained_head_config
 
 RECORD_FIELDS = {"method", "budget", "batch_size", "temperature", "requests", "tokens", "seconds", "tokens_per_s",
-                 "mean_accept_length", "speedup_vs_ar", "greedy_mismatches"}
+                 "mean_accept_length", "speedup_vs_ar", "greedy_mismatches", "draft_round_s"}
 
 
 @pytest.fixture(scope="module")
@@ -46,6 +46,8 @@ def test_bench_grid_writes_json_markdown_and_plot(tmp_path, smollm2_dir, heads, 
     report = json.loads(out.read_text())
     records = report["records"]
     assert all(set(r) == RECORD_FIELDS for r in records)
+    # draft seconds per verify step by round: none for autoregressive, the marginal pass only for every drafter here
+    assert all(len(r["draft_round_s"]) == (0 if r["method"] == "autoregressive" else 1) for r in records)
     assert [(r["method"], r["budget"]) for r in records] == [("autoregressive", 0)] + [(m, b) for m in ("jetspec", "dflash", "chain", "lookup") for b in (4, 8)]
     ar = records[0]
     assert ar["speedup_vs_ar"] == 1.0 and ar["mean_accept_length"] == 1.0
@@ -124,3 +126,18 @@ def test_bad_values_are_refused_at_parse_time_naming_the_flag(tmp_path, smollm2_
 def test_prompt_range_selecting_nothing_says_how_many_prompts_there_are(tmp_path, smollm2_dir, heads, prompts_file, capsys):
     code, err = run_failing(bench_args(smollm2_dir, heads, prompts_file, tmp_path / "o.json", "--prompt-range", "5:9"), capsys)
     assert code == 2 and "--prompt-range" in err and "2 prompts" in err
+
+
+def test_bench_runs_jetspec_once_per_draft_rounds_value(tmp_path, smollm2, smollm2_dir, heads, prompts_file, single_thread):
+    cfg = dataclasses.replace(untrained_head_config(smollm2), draft_reveal={"scheme": "prefix", "all_mask_share": 0.5})
+    reveal_head = save_head(init_head(cfg), tmp_path / "reveal")
+    out = tmp_path / "bench.json"
+    args = ["bench", "--target", str(smollm2_dir), "--head", str(reveal_head), "--prompts", str(prompts_file), "--json", str(out),
+            "--budgets", "8", "--batch-sizes", "2", "--temperatures", "0", "--methods", "jetspec", "--draft-rounds", "0,2",
+            "--max-new-tokens", "6", "--threads", "1"]
+    assert main(args) == 0
+    records = json.loads(out.read_text())["records"]
+    assert [(r["method"], len(r["draft_round_s"])) for r in records] == [("autoregressive", 0), ("jetspec", 1), ("jetspec-r2", 3)]
+    assert all(r["greedy_mismatches"] == 0 for r in records)
+    # the shipped-style head without draft_reveal is refused before anything loads, naming the flag
+    assert main(bench_args(smollm2_dir, heads, prompts_file, tmp_path / "x.json", "--methods", "jetspec", "--draft-rounds", "1")) == 2

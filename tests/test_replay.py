@@ -5,7 +5,6 @@ import json
 import pytest
 import torch
 
-from sglang_jetspec.bench import Contender
 from sglang_jetspec.cli import main
 from sglang_jetspec.core.tree import TreeSpec, build_tree
 from sglang_jetspec.loading import load_drafter
@@ -24,19 +23,20 @@ def test_matched_depth_follows_the_matching_branch():
     assert matched_depth(tree, []) == 0
 
 
-@pytest.mark.parametrize("budget", [4, 32])
-def test_replay_reproduces_the_engines_accept_lengths(smollm2, single_thread, budget):
-    drafter, _ = load_drafter(smollm2, None)  # the shipped head: accepts vary, so the check has teeth
+@pytest.mark.parametrize("budget, rounds", [(4, 0), (32, 0), (16, 1)])
+def test_replay_reproduces_the_engines_accept_lengths(smollm2, reveal_drafter, single_thread, budget, rounds):
+    # the shipped head (accepts vary, so the check has teeth); flagged as reveal-trained for tree-causal rounds
+    drafter = reveal_drafter if rounds else load_drafter(smollm2, None)[0]
     prompt_ids = [encode(p, smollm2.tokenizer) for p in humaneval_prompts()[:2]]
     requests = [Request(ids, SamplingParams(max_new_tokens=24), str(i)) for i, ids in enumerate(prompt_ids)]
-    engine_outputs = ReferenceEngine(smollm2, drafter, EngineConfig(max_batch_size=1)).generate(requests, budget)
+    engine_outputs = ReferenceEngine(smollm2, drafter, EngineConfig(max_batch_size=1, draft_rounds=rounds)).generate(requests, budget)
     ar_outputs = ReferenceEngine(smollm2, None, EngineConfig(max_batch_size=2)).generate(requests, 0)
     assert any(length > 1 for o in engine_outputs for length in o.accept_lengths)
     for spec, ar in zip(engine_outputs, ar_outputs):
-        assert spec.output_ids == ar.output_ids
+        assert spec.output_ids == ar.output_ids  # greedy identity, with tree-causal rounds too
         rows = tapped_rows(smollm2, ar.prompt_ids + ar.output_ids, drafter.tap_layers)
-        memo = DraftMemo(Contender("jetspec", drafter, 8), ReplayLane(ar.prompt_ids, ar.output_ids, rows), budget - 1)
-        assert replay_request(memo, ar, budget, "uniform") == spec.accept_lengths
+        memo = DraftMemo(drafter, 8, ReplayLane(ar.prompt_ids, ar.output_ids, rows), budget - 1)
+        assert replay_request(memo, ar, budget, "uniform", rounds) == spec.accept_lengths
 
 
 def test_replay_command_writes_one_record_per_method_and_budget(tmp_path, smollm2_dir, single_thread):
@@ -55,3 +55,11 @@ def test_replay_command_writes_one_record_per_method_and_budget(tmp_path, smollm
     # a budget-2 tree is a single drafted token: at most 2 tokens per step
     assert all(r["mean_accept_length"] <= 2 for r in records if r["budget"] == 2)
     assert "| jetspec |" in md.read_text()
+
+
+def test_replay_refuses_draft_rounds_with_a_marginal_only_head(tmp_path, smollm2_dir, capsys):
+    code = main(["replay", "--target", str(smollm2_dir), "--methods", "jetspec", "--budgets", "16", "--draft-rounds", "0,1",
+                 "--json", str(tmp_path / "r.json")])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "--draft-rounds 0,1" in err and "--reveal prefix" in err and not (tmp_path / "r.json").exists()

@@ -2,6 +2,7 @@
 
 import json
 import math
+import random
 
 import pytest
 import torch
@@ -10,7 +11,7 @@ from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 from sglang_jetspec.cli import main
 from sglang_jetspec.core.head_io import load_head, read_head_config
 from sglang_jetspec.reference.target import TargetModel
-from sglang_jetspec.train.objective import block_inputs, distillation_loss, target_rows, training_mask
+from sglang_jetspec.train.objective import block_inputs, distillation_loss, position_weights, sample_reveals, target_rows, training_mask
 
 
 def brute_force_mask(anchors, block_size, context_len, causal):
@@ -47,6 +48,30 @@ def test_block_inputs_and_target_rows():
     assert depths.tolist() == [1, 2, 3, 1, 2]
 
 
+def test_prefix_reveal_shows_true_tokens_and_trains_only_masked_rows():
+    ids = torch.arange(100, 120)
+    anchors, revealed = torch.tensor([2, 10, 17]), torch.tensor([2, 0, 1])
+    block_ids, positions = block_inputs(ids, anchors, 4, mask_token_id=9, revealed=revealed)
+    assert block_ids.tolist() == [102, 103, 104, 9, 110, 9, 9, 9, 117, 118, 9, 9]
+    assert positions.tolist() == [2, 3, 4, 5, 10, 11, 12, 13, 17, 18, 19, 20]
+    query, teacher, distance = target_rows(anchors, 4, 20, revealed)
+    # block 0: rows 1, 2 revealed -> only row 3; block 1: all three; block 2: row 1 revealed, row 2 (token 19) left
+    assert query.tolist() == [3, 5, 6, 7, 10]
+    assert teacher.tolist() == [4, 10, 11, 12, 18]
+    assert distance.tolist() == [1, 1, 2, 3, 1]
+    assert position_weights(distance, 2.0).tolist() == pytest.approx([1.0, 1.0, math.exp(-0.5), math.exp(-1.0), 1.0])
+
+
+def test_sampled_reveals_keep_the_all_mask_share_and_a_token_to_predict():
+    anchors = torch.tensor([0, 5, 17] * 2000)
+    k = sample_reveals(random.Random(0), anchors, 6, 20, 0.5)
+    assert k.min() == 0 and k.max() == 4  # uniform in 1..B-2 otherwise
+    # anchor 17 of 20 tokens: token 18 may be shown, token 19 must stay masked to be predicted
+    assert set(k[anchors == 17].tolist()) == {0, 1}
+    assert abs(float((k[anchors == 0] == 0).float().mean()) - 0.5) < 0.03
+    assert set(k[anchors == 0].tolist()) == {0, 1, 2, 3, 4}
+
+
 def test_forward_kl_equals_hand_computation():
     teacher = torch.tensor([[math.log(0.5), math.log(0.25), math.log(0.25)], [0.0, 0.0, 0.0]])
     draft = torch.tensor([[math.log(0.25), math.log(0.5), math.log(0.25)], [0.0, 0.0, 0.0]])
@@ -76,15 +101,16 @@ def tiny_target(tmp_path_factory, smollm2_dir):
     return out
 
 
-@pytest.mark.parametrize("bidirectional", [False, True])
-def test_short_training_run_lowers_loss_and_yields_a_loadable_head(tmp_path, tiny_target, bidirectional):
+@pytest.mark.parametrize("bidirectional, reveal", [(False, False), (True, False), (False, True)], ids=["causal", "bidirectional", "reveal"])
+def test_short_training_run_lowers_loss_and_yields_a_loadable_head(tmp_path, tiny_target, bidirectional, reveal):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("\n".join(json.dumps({"prompt": f"def function_{i}(x):\n    return"}) for i in range(8)) + "\n")
     out = tmp_path / "head"
     args = ["train", "--target", str(tiny_target), "--out", str(out), "--prompts", str(prompts), "--data-dir", str(tmp_path / "data"),
             "--max-new-tokens", "16", "--regen-batch-size", "4", "--block-size", "6", "--taps", "2", "--steps", "40", "--eval-every", "20",
             "--warmup-steps", "5", "--lr", "3e-3", "--save-dtype", "fp32"]
-    assert main(args + (["--bidirectional"] if bidirectional else [])) == 0
+    args += (["--bidirectional"] if bidirectional else []) + (["--reveal", "prefix", "--all-mask-share", "0.4"] if reveal else [])
+    assert main(args) == 0
     record = json.loads((out / "training_record.json").read_text())
     evals = [h for h in record["history"] if "heldout_loss" in h]
     losses = [h["loss"] for h in record["history"]]
@@ -94,9 +120,51 @@ def test_short_training_run_lowers_loss_and_yields_a_loadable_head(tmp_path, tin
     assert evals and evals[-1]["step"] == 40
     cfg = read_head_config(out)
     assert cfg.causal_head is (not bidirectional) and cfg.block_size == 6 and len(cfg.target_layer_ids) == 2
+    assert cfg.draft_reveal == ({"scheme": "prefix", "all_mask_share": 0.4} if reveal else None)
+    assert ("heldout_conditioned_chain_accept_length" in evals[-1]) is reveal
+    if reveal:
+        # depth d drafted with the true depths 1..d-1 shown: never worse than the all-mask chain on the same blocks
+        assert evals[-1]["heldout_conditioned_chain_accept_length"] >= evals[-1]["heldout_chain_accept_length"] - 0.05
     target = TargetModel(tiny_target)
     load_head(out, target.info)
     assert record["files_sha256"]["model.safetensors"]
     # resuming a finished run does not train further
-    assert main(args + (["--bidirectional"] if bidirectional else []) + ["--resume"]) == 0
+    assert main(args + ["--resume"]) == 0
     assert json.loads((out / "training_record.json").read_text())["steps"] == 40
+
+
+def test_reveal_is_refused_for_a_bidirectional_head(tmp_path, capsys):
+    with pytest.raises(SystemExit, match="--reveal prefix needs a causal head"):
+        main(["train", "--target", str(tmp_path), "--out", str(tmp_path / "h"), "--bidirectional", "--reveal", "prefix"])
+
+
+def test_conditioned_chain_accept_in_one_pass_equals_one_pass_per_revealed_prefix(tmp_path):
+    from sglang_jetspec.core.head_config import HeadConfig
+    from sglang_jetspec.train.data import Sequence
+    from sglang_jetspec.train.trainer import TrainConfig, Trainer
+
+    vocab, hidden = 12, 16  # a tiny vocabulary: argmax hits at several depths, so the runs have length
+    cfg = HeadConfig(hidden_size=hidden, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=8,
+                     intermediate_size=32, vocab_size=vocab, block_size=5, target_layer_ids=(0,), mask_token_id=vocab - 1)
+    gen = torch.Generator().manual_seed(0)
+    # mostly token 0, which a biased lm_head mostly predicts: chains of varied length
+    seqs = [Sequence((torch.rand(30, generator=gen) < 0.2).long(), 4, torch.randn(30, hidden, generator=gen), torch.randn(30, hidden, generator=gen))
+            for _ in range(3)]
+    lm_head = torch.nn.Linear(hidden, vocab)
+    with torch.no_grad():
+        lm_head.bias.copy_(torch.tensor([3.0] + [0.0] * (vocab - 1)))
+    trainer = Trainer(cfg, TrainConfig(reveal="prefix"), torch.nn.Embedding(vocab, hidden), lm_head, seqs, tmp_path, torch.device("cpu"))
+    with torch.no_grad():
+        for p in trainer.head.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
+    seq, anchors = seqs[0], torch.tensor([4, 10, 25, 27])  # the last two blocks run out of tokens
+    room = 30 - 2 - anchors
+    slow = []
+    for k in range(4):
+        _, argmax, labels, distance = trainer.sequence_loss(seq, anchors, torch.clamp(room, max=k))
+        first = distance == 1
+        slow.append((argmax[first] == labels[first]) & (k <= room))
+    expected = (1 + torch.stack(slow, 1).int().cumprod(1).sum(1)).tolist()
+    with torch.no_grad():
+        assert trainer._conditioned_chain_accepts(seq, anchors) == expected
+    assert max(expected) > 2 and min(expected) < max(expected)  # runs of varied length, so the check has teeth

@@ -1,5 +1,8 @@
-"""Turn a draft head into per-depth candidates for a batch of requests.
+"""Turn a draft head into draft distributions for a batch of requests.
 
+Two passes: `propose`, one block [root, MASK x (B-1)] giving per-depth marginals; and
+`propose_children`, the tree-causal pass over a drafted tree giving every node the distribution of
+its children conditioned on the node's own path (heads trained with revealed tokens only).
 Each request keeps a `ContextCache`: the head's projected context K/V for its tapped target rows.
 It is derived state, synced lazily from the rows (the source of truth), so after any number of
 non-speculative steps the next draft sees a context rebuilt from fresh rows, never a stale one.
@@ -12,7 +15,8 @@ from typing import Protocol
 import torch
 from torch import nn
 
-from .head import DraftHead, LayerContext, block_mask
+from .head import DraftHead, LayerContext, block_mask, tree_causal_mask
+from .tree import DraftTree
 
 
 class ContextCache:
@@ -64,31 +68,72 @@ class HeadDrafter:
     def tap_layers(self) -> tuple[int, ...]:
         return self.head.config.target_layer_ids
 
-    @torch.no_grad()
-    def propose(self, lanes: list[DraftLane], depth: int) -> torch.Tensor:
-        """[B, depth, V] draft logits for depths 1..depth (<= block_size-1); a lane's context is its
-        tapped rows (one per committed token but the root). Only the needed rows pay for the lm_head."""
+    @property
+    def reads_tree_tokens(self) -> bool:
+        """Whether `propose_children` means anything: the head was trained with revealed block tokens."""
+        return self.head.config.reads_tree_tokens
+
+    def _padded_context(self, lanes: list[DraftLane]) -> tuple[list[LayerContext], torch.Tensor, torch.Tensor]:
+        """Every lane's context K/V right-padded to the longest ([B, H_kv, L, D] per layer), the valid
+        mask [B, L] that hides the padding, and each lane's context length [B]."""
         cfg = self.head.config
-        dtype = self.head.fc.weight.dtype
-        device = self.head.fc.weight.device
+        dtype, device = self.head.fc.weight.dtype, self.head.fc.weight.device
         caches = [lane.draft_cache for lane in lanes]
         for lane in lanes:
             lane.draft_cache.sync(self.head, lane.tap_rows())
-        batch, size = len(lanes), cfg.block_size
         ctx_len = max(c.length for c in caches)
-        # Right-pad every request's context to the longest one; `valid` hides the padding.
-        shape = (batch, cfg.num_key_value_heads, ctx_len, cfg.head_dim)
+        shape = (len(lanes), cfg.num_key_value_heads, ctx_len, cfg.head_dim)
         context = [LayerContext(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device)) for _ in range(cfg.num_hidden_layers)]
-        valid = torch.zeros(batch, ctx_len, dtype=torch.bool, device=device)
+        valid = torch.zeros(len(lanes), ctx_len, dtype=torch.bool, device=device)
         for b, cache in enumerate(caches):
             valid[b, : cache.length] = True
             for padded, own in zip(context, cache.layers):
                 padded.keys[b, :, : cache.length] = own.keys[0]
                 padded.values[b, :, : cache.length] = own.values[0]
-        ids = torch.full((batch, size), cfg.mask_token_id, dtype=torch.long, device=device)
+        return context, valid, torch.tensor([c.length for c in caches], device=device)
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden.to(self.lm_head.weight.dtype)).float()
+
+    @torch.no_grad()
+    def propose(self, lanes: list[DraftLane], depth: int) -> torch.Tensor:
+        """[B, depth, V] draft logits for depths 1..depth (<= block_size-1); a lane's context is its
+        tapped rows (one per committed token but the root). Only the needed rows pay for the lm_head."""
+        cfg = self.head.config
+        context, valid, lengths = self._padded_context(lanes)
+        device, size = valid.device, cfg.block_size
+        ids = torch.full((len(lanes), size), cfg.mask_token_id, dtype=torch.long, device=device)
         ids[:, 0] = torch.tensor([lane.root_token for lane in lanes], device=device)
-        lengths = torch.tensor([c.length for c in caches], device=device)
         positions = lengths.unsqueeze(1) + torch.arange(size, device=device)
-        embeds = self.embed_tokens(ids).to(dtype)
+        embeds = self.embed_tokens(ids).to(self.head.fc.weight.dtype)
         hidden = self.head(embeds, positions, context, block_mask(valid, size, cfg.causal_head))
-        return self.lm_head(hidden[:, 1 : depth + 1].to(self.lm_head.weight.dtype)).float()
+        return self._logits(hidden[:, 1 : depth + 1])
+
+    @torch.no_grad()
+    def propose_children(self, lanes: list[DraftLane], trees: list[DraftTree]) -> list[torch.Tensor]:
+        """Per lane, [N_i, V] logits: row j is the distribution of node j's children given node j's path.
+
+        One head pass over 2N rows per tree (N = the batch's largest tree): node rows hold the node
+        tokens at position ctx_len + depth under the ancestor-or-self mask; child slot j holds MASK at
+        ctx_len + depth_j + 1 and sees node j's ancestors-or-self. This is the block a prefix-reveal
+        head was trained on (path tokens revealed, the next row masked). Only slot rows pay for the lm_head.
+        """
+        if not self.reads_tree_tokens:
+            raise ValueError("propose_children needs a head trained with revealed tokens (config.json dflash_config.draft_reveal; "
+                             "`jetspec train --reveal prefix`); this head drafts per-depth marginals only")
+        cfg = self.head.config
+        context, valid, lengths = self._padded_context(lanes)
+        device, n = valid.device, max(t.size for t in trees)
+        ids = torch.full((len(lanes), 2 * n), cfg.mask_token_id, dtype=torch.long, device=device)
+        depths = torch.zeros(len(lanes), n, dtype=torch.long, device=device)
+        ancestors = torch.zeros(len(lanes), n, n, dtype=torch.bool, device=device)
+        for b, tree in enumerate(trees):
+            ids[b, : tree.size] = tree.tokens.to(device)
+            depths[b, : tree.size] = tree.depths.to(device)
+            ancestors[b, : tree.size, : tree.size] = tree.ancestor_mask().to(device)
+        node_positions = lengths.unsqueeze(1) + depths
+        positions = torch.cat([node_positions, node_positions + 1], dim=1)
+        embeds = self.embed_tokens(ids).to(self.head.fc.weight.dtype)
+        hidden = self.head(embeds, positions, context, tree_causal_mask(valid, ancestors))
+        slots = torch.cat([hidden[b, n : n + tree.size] for b, tree in enumerate(trees)])
+        return list(self._logits(slots).split([tree.size for tree in trees]))

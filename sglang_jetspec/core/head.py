@@ -154,3 +154,21 @@ def block_mask(context_valid: torch.Tensor, block_size: int, causal: bool) -> to
     if causal:
         inner = inner.tril()
     return torch.cat([ctx, inner.expand(batch, 1, block_size, block_size)], dim=-1)
+
+
+def tree_causal_mask(context_valid: torch.Tensor, ancestors: torch.Tensor) -> torch.Tensor:
+    """bool [B, 1, 2N, L+2N] for the tree-causal draft pass over rows [N node rows ; N child-slot rows].
+
+    context_valid: bool [B, L]; ancestors: bool [B, N, N], row i True at node i's ancestors and i
+    itself (the paper's Eq. 8), all False on padding rows. Node row i sees its ancestors-or-self;
+    child slot i sees node i's ancestors-or-self and itself. Padding rows see only themselves (and
+    the context), so no row is ever fully masked.
+    """
+    batch, n, _ = ancestors.shape
+    eye = torch.eye(n, dtype=torch.bool, device=ancestors.device).expand(batch, n, n)
+    padding = ~ancestors.any(-1, keepdim=True)  # [B, N, 1]
+    nodes = ancestors | (eye & padding)
+    node_rows = torch.cat([nodes, torch.zeros_like(nodes)], dim=-1)
+    slot_rows = torch.cat([ancestors, eye], dim=-1)
+    ctx = context_valid[:, None, :].expand(batch, 2 * n, context_valid.shape[1])
+    return torch.cat([ctx, torch.cat([node_rows, slot_rows], dim=1)], dim=-1).unsqueeze(1)

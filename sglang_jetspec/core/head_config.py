@@ -2,6 +2,9 @@
 
 config.json is a plain Qwen3 config plus `block_size` and
 `dflash_config = {target_layer_ids, mask_token_id, causal_head}`; published heads load unchanged.
+A head trained to read real tokens in its block (tree-causal drafting) also records how in
+`dflash_config.draft_reveal = {"scheme": "prefix", "all_mask_share": s}`; without it a head only
+drafts per-depth marginals.
 """
 
 from __future__ import annotations
@@ -9,7 +12,8 @@ from __future__ import annotations
 from dataclasses import MISSING, asdict, dataclass, field, fields
 
 
-_NOT_QWEN3_KEYS = ("target_layer_ids", "mask_token_id", "causal_head", "extra")
+_NOT_QWEN3_KEYS = ("target_layer_ids", "mask_token_id", "causal_head", "draft_reveal", "extra")
+REVEAL_SCHEMES = ("prefix",)
 
 
 class HeadConfigError(ValueError):
@@ -51,6 +55,8 @@ class HeadConfig:
     rope_theta: float = 10000.0
     max_position_embeddings: int = 8192
     attention_bias: bool = False
+    # how training revealed true tokens inside the block; None = all-mask only (marginal drafting)
+    draft_reveal: dict | None = field(default=None, hash=False)
     extra: dict = field(default_factory=dict, compare=False)  # unknown keys, kept for round trips
 
     def __post_init__(self) -> None:
@@ -67,10 +73,22 @@ class HeadConfig:
             raise HeadConfigError("dflash_config.target_layer_ids is empty: list the target layers the head reads")
         if not 0 <= self.mask_token_id < self.vocab_size:
             raise HeadConfigError(f"dflash_config.mask_token_id={self.mask_token_id}: must be a token id below vocab_size={self.vocab_size}")
+        if self.draft_reveal is not None:
+            scheme = self.draft_reveal.get("scheme") if isinstance(self.draft_reveal, dict) else None
+            if scheme not in REVEAL_SCHEMES:
+                raise HeadConfigError(f"dflash_config.draft_reveal={self.draft_reveal!r}: scheme must be one of {list(REVEAL_SCHEMES)}")
+            if not self.causal_head:
+                raise HeadConfigError("dflash_config.draft_reveal is set on a bidirectional head (causal_head false): "
+                                      "revealed tokens need a causal head; drop draft_reveal or set causal_head true")
 
     @property
     def num_taps(self) -> int:
         return len(self.target_layer_ids)
+
+    @property
+    def reads_tree_tokens(self) -> bool:
+        """Trained with true tokens revealed in its block, so it can draft conditioned on a tree path."""
+        return self.draft_reveal is not None
 
     @property
     def max_depth(self) -> int:
@@ -80,14 +98,13 @@ class HeadConfig:
     def to_json_dict(self) -> dict:
         d = {k: v for k, v in asdict(self).items() if k not in _NOT_QWEN3_KEYS}
         d.update(self.extra)
+        dflash = {"target_layer_ids": list(self.target_layer_ids), "mask_token_id": self.mask_token_id, "causal_head": self.causal_head}
+        if self.draft_reveal is not None:
+            dflash["draft_reveal"] = dict(self.draft_reveal)
         d.update(
             architectures=["DFlashDraftModel"],
             model_type="qwen3",
-            dflash_config={
-                "target_layer_ids": list(self.target_layer_ids),
-                "mask_token_id": self.mask_token_id,
-                "causal_head": self.causal_head,
-            },
+            dflash_config=dflash,
             num_target_layers=self.extra.get("num_target_layers", max(self.target_layer_ids) + 1),
         )
         return d
@@ -126,6 +143,7 @@ class HeadConfig:
             target_layer_ids=tuple(int(t) for t in taps),
             mask_token_id=int(dflash["mask_token_id"]),
             causal_head=bool(dflash.get("causal_head", False)),
+            draft_reveal=dflash.get("draft_reveal"),
             extra=extra,
             **values,
         )

@@ -1,8 +1,10 @@
 """Draft token trees: best-first construction under a node budget, and the tensors verification needs.
 
-The draft gives one distribution per depth (every node at depth d shares the same top-K children).
-The tree keeps the `budget` nodes (root included) with the highest cumulative draft log-probability,
-which is the tree that maximises the expected number of accepted tokens when depths are independent.
+A node's candidate children are its own conditioned top-K when the draft knows them (keyed by the
+node's token path from the root, from a tree-causal pass), else its depth's marginal top-K (one
+distribution per depth, shared by every node at that depth). The tree keeps the `budget` nodes
+(root included) with the highest cumulative draft log-probability, which is the tree that maximises
+the expected number of accepted tokens when the draft is right about those probabilities.
 Ties break towards shallower nodes, then lower sibling ranks, so parents always precede children.
 """
 
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -45,7 +48,7 @@ class DraftTree:
     tokens: torch.Tensor  # [N] long
     parents: torch.Tensor  # [N] long, -1 for the root
     depths: torch.Tensor  # [N] long, root 0
-    ranks: torch.Tensor  # [N] long, the token's rank among its depth's top-K (root 0)
+    ranks: torch.Tensor  # [N] long, the token's rank among its parent's candidates (root 0)
     cum_logprobs: torch.Tensor  # [N] float, root 0
 
     @property
@@ -88,6 +91,22 @@ class DraftTree:
     def max_depth(self) -> int:
         return int(self.depths.max())
 
+    def token_paths(self) -> list[tuple[int, ...]]:
+        """Every node's tokens from the root's first child down to the node (the root's path is ())."""
+        paths: list[tuple[int, ...]] = [()]
+        tokens, parents = self.tokens.tolist(), self.parents.tolist()
+        for i in range(1, self.size):
+            paths.append(paths[parents[i]] + (tokens[i],))
+        return paths
+
+    def rank1_branch(self) -> list[int]:
+        """Node indices of the rank-1 branch: from the root, always the best-scoring (first) child."""
+        table, node, path = self.child_table.tolist(), 0, [0]
+        while table[node][0] >= 0:
+            node = table[node][0]
+            path.append(node)
+        return path
+
     def path_to(self, node: int) -> list[int]:
         """Node indices from the root to `node`, both included."""
         path = []
@@ -128,35 +147,66 @@ def fanout_caps(top_logprobs: torch.Tensor, spec: TreeSpec) -> list[int]:
     return [max(1, round(k * float(s))) for s in shares]
 
 
-def build_tree(root_token: int, top_tokens: torch.Tensor, top_logprobs: torch.Tensor, spec: TreeSpec) -> DraftTree:
-    """Best-first tree from per-depth top-K candidates ([D, K] tokens and log-probs, D >= max_depth)."""
+@dataclass(frozen=True)
+class Candidates:
+    """A node's possible children: tokens and log-probs in rank order, and how many it may keep."""
+
+    tokens: list[int]
+    logprobs: list[float]
+    cap: int
+
+
+def candidate_lists(logits: torch.Tensor, spec: TreeSpec) -> list[Candidates]:
+    """Top-`spec.width` candidates of each row of [R, V] draft logits, with the row's fanout cap."""
+    tokens, logprobs = top_k_per_depth(logits, spec.width)
+    caps = fanout_caps(logprobs, spec)
+    return [Candidates(t, lp, cap) for t, lp, cap in zip(tokens.tolist(), logprobs.double().tolist(), caps)]
+
+
+def build_tree(root_token: int, top_tokens: torch.Tensor, top_logprobs: torch.Tensor, spec: TreeSpec,
+               conditioned: Mapping[tuple[int, ...], Candidates] | None = None) -> DraftTree:
+    """Best-first tree from per-depth top-K candidates ([D, K] tokens and log-probs, D >= max_depth),
+    where `conditioned` (token path from the root -> that node's own candidates) overrides them."""
     depth_limit = min(spec.max_depth, top_tokens.shape[0])
     caps = fanout_caps(top_logprobs[:depth_limit, : spec.width], spec)
-    tok = top_tokens.tolist()
-    lp = top_logprobs.double().tolist()
+    marginal = [Candidates(t[: spec.width], lp[: spec.width], cap)
+                for t, lp, cap in zip(top_tokens[:depth_limit].tolist(), top_logprobs[:depth_limit].double().tolist(), caps)]
+    conditioned = conditioned or {}
 
     tokens, parents, depths, ranks, cums = [root_token], [-1], [0], [0], [0.0]
     paths: list[tuple[int, ...]] = [()]
+    token_paths: list[tuple[int, ...]] = [()]
+    options: list[Candidates | None] = []  # each node's candidate children, looked up once
+
+    def candidates_of(node: int) -> Candidates | None:
+        if depths[node] >= depth_limit:
+            return None
+        return conditioned.get(token_paths[node], marginal[depths[node]])
+
     # Frontier entry: (-cum, depth, rank path, parent index). Each node keeps at most two entries
     # alive (its next sibling and its first child), so the heap stays O(budget).
     frontier: list[tuple[float, int, tuple[int, ...], int]] = []
 
     def push_child(parent: int, rank: int) -> None:
-        d = depths[parent] + 1
+        option = options[parent]
         # -inf marks "no candidate" (e.g. a lookup draft that found nothing): never a node
-        if d <= depth_limit and rank < caps[d - 1] and lp[d - 1][rank] != -math.inf:
-            heapq.heappush(frontier, (-(cums[parent] + lp[d - 1][rank]), d, paths[parent] + (rank,), parent))
+        if option is not None and rank < min(option.cap, len(option.tokens)) and option.logprobs[rank] != -math.inf:
+            heapq.heappush(frontier, (-(cums[parent] + option.logprobs[rank]), depths[parent] + 1, paths[parent] + (rank,), parent))
 
+    options.append(candidates_of(0))
     push_child(0, 0)
     while frontier and len(tokens) < spec.budget:
         neg_cum, d, path, parent = heapq.heappop(frontier)
         rank = path[-1]
-        tokens.append(tok[d - 1][rank])
+        token = options[parent].tokens[rank]
+        tokens.append(token)
         parents.append(parent)
         depths.append(d)
         ranks.append(rank)
         cums.append(-neg_cum)
         paths.append(path)
+        token_paths.append(token_paths[parent] + (token,))
+        options.append(candidates_of(len(tokens) - 1))
         push_child(parent, rank + 1)
         push_child(len(tokens) - 1, 0)
 

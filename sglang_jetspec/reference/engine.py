@@ -16,9 +16,11 @@ from typing import Callable, Protocol
 import torch
 
 from ..core.acceptance import AcceptResult, accept_batch
+from ..core.branch_gap import BranchGap, rank1_branch_gap
 from ..core.drafter import ContextCache
 from ..core.sampling import SamplingParams, make_generator
-from ..core.tree import DraftTree, TreeSpec, build_tree, root_only_tree, top_k_per_depth
+from ..core.drafting import draft_trees
+from ..core.tree import DraftTree, TreeSpec, root_only_tree
 from .kv_cache import SlotKVCache
 from .target import Segment, TargetModel
 
@@ -53,6 +55,9 @@ class StepRecord:
     verify_s: float
     accept_s: float
     wall_s: float
+    commit_s: float = 0.0  # the part of accept_s spent committing tokens, KV and hidden rows (trace spans)
+    draft_round_s: list[float] = field(default_factory=list)  # draft_s by round: [marginal pass, tree-causal round 1, ...]
+    rank1_gaps: list[BranchGap] | None = None  # per lane, with EngineConfig.rank1_gap (the paper's coherence diagnostic)
 
 
 class Drafter(Protocol):
@@ -69,6 +74,12 @@ class EngineConfig:
     acceptance: str = "match"  # "match" or "residual" for sampled requests
     max_batch_size: int = 4
     check_invariants: bool = False  # verify KV / hidden-row bookkeeping after every step (debugging, tests)
+    draft_rounds: int = 0  # tree-causal rounds after the marginal tree (0 = per-depth marginals only)
+    rank1_gap: bool = False  # record each lane's rank-1 branch gap (draft - target log-prob) in StepRecord
+
+    def __post_init__(self) -> None:
+        if self.draft_rounds < 0:
+            raise ValueError(f"draft_rounds={self.draft_rounds}: must be >= 0 (0 = marginal tree only)")
 
 
 class Lane:
@@ -139,6 +150,12 @@ class ReferenceEngine:
         self.config = config or EngineConfig()
         self.tap_layers: tuple[int, ...] = tuple(getattr(drafter, "tap_layers", ()))
         self.tap_width = target.info.hidden_size * len(self.tap_layers)
+        if self.config.draft_rounds and not getattr(drafter, "reads_tree_tokens", False):
+            raise ValueError(
+                f"draft_rounds={self.config.draft_rounds} needs a head trained with revealed tokens (config.json "
+                "dflash_config.draft_reveal, written by `jetspec train --reveal prefix`); this drafter only gives per-depth "
+                "marginals: use draft rounds 0 or such a head"
+            )
 
     def start_batch(self) -> "RunningBatch":
         """An empty running batch; requests join with admit() and advance with step()."""
@@ -182,26 +199,21 @@ class ReferenceEngine:
         lane.commit(first.tokens)
         return lane, cache
 
-    def _trees(self, lanes: list[Lane], budget: int) -> tuple[list[DraftTree], float, float]:
+    def _trees(self, lanes: list[Lane], budget: int) -> tuple[list[DraftTree], list[float], float]:
+        """Each lane's tree, the draft head seconds per round and the tree-building seconds."""
         if budget <= 1 or self.drafter is None:
             if budget > 1:
                 raise ValueError(f"budget={budget} needs a drafter; pass a head (or use budget 0 for ordinary decoding)")
-            return [root_only_tree(lane.root_token) for lane in lanes], 0.0, 0.0
-        t0 = time.perf_counter()
+            return [root_only_tree(lane.root_token) for lane in lanes], [], 0.0
         # a tree of `budget` nodes is at most budget-1 deep: never pay for deeper draft rows
         depth = min(self.drafter.max_depth, budget - 1)
-        depth_logits = self.drafter.propose(lanes, depth)
-        t1 = time.perf_counter()
         spec = TreeSpec(budget=budget, max_depth=depth, width=self.config.tree_width, fanout=self.config.fanout)
-        trees = []
-        for lane, logits in zip(lanes, depth_logits):
-            tokens, logprobs = top_k_per_depth(logits, spec.width)
-            trees.append(build_tree(lane.root_token, tokens, logprobs, spec))
-        return trees, t1 - t0, time.perf_counter() - t1
+        trees, timing = draft_trees(self.drafter, lanes, spec, self.config.draft_rounds)
+        return trees, timing.round_s, timing.tree_s
 
     def _step(self, cache: SlotKVCache, lanes: list[Lane], budget: int) -> StepRecord:
         t_start = time.perf_counter()
-        trees, draft_s, tree_s = self._trees(lanes, budget)
+        trees, draft_round_s, tree_s = self._trees(lanes, budget)
         t_verify = time.perf_counter()
         segments = [
             Segment(tree.tokens, tree.positions(int(cache.lengths[b])), tree.ancestor_mask()) for b, tree in enumerate(trees)
@@ -210,6 +222,7 @@ class ReferenceEngine:
         logits = self.target.logits(out.hidden)
         t_accept = time.perf_counter()
         results = accept_batch(trees, logits, [l.params for l in lanes], [l.generator for l in lanes], self.config.acceptance)
+        t_commit = time.perf_counter()
         committed = self._commit(cache, lanes, results, out.taps)
         t_end = time.perf_counter()
         record = StepRecord(
@@ -217,11 +230,14 @@ class ReferenceEngine:
             budget=budget,
             committed_tokens=committed,
             accept_lengths=[r.accept_length for r in results],
-            draft_s=draft_s,
+            draft_s=sum(draft_round_s),
             tree_s=tree_s,
             verify_s=t_accept - t_verify,
             accept_s=t_end - t_accept,
             wall_s=t_end - t_start,
+            commit_s=t_end - t_commit,
+            draft_round_s=draft_round_s,
+            rank1_gaps=[rank1_branch_gap(tree, logits[b]) for b, tree in enumerate(trees)] if self.config.rank1_gap else None,
         )
         return record
 

@@ -20,7 +20,7 @@ from ..core.head_config import default_tap_layers
 from ..models.fetch import cache_root, sha256_file
 from ..prompts import read_prompt_file
 from .data import MANIFEST, RegenerationConfig, featurize, load_sequences, regenerate, write_manifest
-from .objective import LOSSES
+from .objective import LOSSES, REVEALS
 from .prompt_sources import default_prompt_records
 from .trainer import TrainConfig, Trainer
 
@@ -44,6 +44,11 @@ def register(sub) -> None:
     p.add_argument("--taps", type=int, default=4, help="number of evenly spaced target layers to tap")
     p.add_argument("--tap-layers", help="explicit comma-separated target layers (overrides --taps)")
     p.add_argument("--bidirectional", action="store_true", help="DFlash-style baseline: full attention inside the block")
+    p.add_argument("--reveal", choices=REVEALS, default=TrainConfig.reveal,
+                   help="prefix: blocks may show the true tokens before their masks, so the head can draft conditioned on a "
+                        "tree branch (--draft-rounds at decode time); causal heads only; recorded in config.json dflash_config.draft_reveal")
+    p.add_argument("--all-mask-share", type=float, default=TrainConfig.all_mask_share,
+                   help="with --reveal prefix: share of blocks with nothing revealed (keeps the marginal first pass as good)")
     p.add_argument("--loss", choices=LOSSES, default=TrainConfig.loss)
     p.add_argument("--kd-temperature", type=float, default=TrainConfig.kd_temperature)
     p.add_argument("--position-decay", type=float, help="weight depth d by exp(-(d-1)/DECAY) (default: uniform)")
@@ -70,6 +75,11 @@ def pick_mask_token_id(tokenizer) -> int:
 def run(args) -> int:
     from ..loading import load_target, untrained_head_config
 
+    if args.reveal != "none" and args.bidirectional:
+        raise SystemExit(f"jetspec train: --reveal {args.reveal} needs a causal head (revealed tokens would leak into earlier "
+                         "rows of a bidirectional block); drop --bidirectional or use --reveal none")
+    if not 0.0 <= args.all_mask_share <= 1.0:
+        raise SystemExit(f"jetspec train: --all-mask-share {args.all_mask_share}: must be within [0, 1]")
     target = load_target(args.target, "fp32", args.device)
     if args.prompts:
         records = read_prompt_file(args.prompts)
@@ -86,13 +96,15 @@ def run(args) -> int:
     taps = tuple(int(t) for t in args.tap_layers.split(",")) if args.tap_layers else tuple(default_tap_layers(target.info.num_hidden_layers, args.taps))
     from dataclasses import replace
 
-    head_cfg = replace(head_cfg, target_layer_ids=taps, causal_head=not args.bidirectional, mask_token_id=pick_mask_token_id(target.tokenizer))
+    reveal = {"scheme": args.reveal, "all_mask_share": args.all_mask_share} if args.reveal != "none" else None
+    head_cfg = replace(head_cfg, target_layer_ids=taps, causal_head=not args.bidirectional, mask_token_id=pick_mask_token_id(target.tokenizer),
+                       draft_reveal=reveal)
     head_cfg.check_fits(target.info)
     sequences = load_sequences(featurize(target, data_dir, taps))
 
     train_cfg = TrainConfig(steps=args.steps, lr=args.lr, seqs_per_step=args.seqs_per_step, blocks_per_seq=args.blocks_per_seq, warmup_steps=args.warmup_steps,
                             loss=args.loss, kd_temperature=args.kd_temperature, position_decay=args.position_decay, eval_every=args.eval_every,
-                            save_every=args.eval_every, seed=args.seed, bf16=args.bf16)
+                            save_every=args.eval_every, seed=args.seed, bf16=args.bf16, reveal=args.reveal, all_mask_share=args.all_mask_share)
     torch.manual_seed(args.seed)
     out = Path(args.out)
     trainer = Trainer(head_cfg, train_cfg, target.embed_tokens, target.lm_head, sequences, out, target.device)

@@ -4,14 +4,21 @@ One sequence trains many blocks in one head pass. Block j is [ids[a_j], MASK x (
 a_j..a_j+B-1; it sees the context rows 0..a_j-1 (the committed tokens but its root), and inside the
 block either causally (JetSpec) or fully (DFlash-style baseline); never another block. Row d of a
 block is trained towards the target's distribution for token a_j+d (teacher logits at a_j+d-1).
+
+Prefix reveal (tree-causal drafting): a block may hold the TRUE tokens ids[a+1..a+k] in rows 1..k
+and MASK after them; only the masked rows are trained, so row k+1 learns the next token given a real
+branch, exactly what the tree-causal draft pass asks of a child slot. k = 0 is today's all-mask block.
 """
 
 from __future__ import annotations
+
+import random
 
 import torch
 import torch.nn.functional as F
 
 LOSSES = ("forward_kl", "reverse_kl", "sft")
+REVEALS = ("none", "prefix")
 
 
 def training_mask(anchors: torch.Tensor, block_size: int, context_len: int, causal: bool) -> torch.Tensor:
@@ -27,28 +34,41 @@ def training_mask(anchors: torch.Tensor, block_size: int, context_len: int, caus
     return torch.cat([ctx, same_block], dim=1)[None, None]
 
 
-def block_inputs(ids: torch.Tensor, anchors: torch.Tensor, block_size: int, mask_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Block token ids [nb*B] (root then masks) and their positions [nb*B]."""
+def sample_reveals(rng: random.Random, anchors: torch.Tensor, block_size: int, seq_len: int, all_mask_share: float) -> torch.Tensor:
+    """Revealed tokens k per block: 0 with probability `all_mask_share`, else uniform in 1..B-2,
+    capped so at least one masked row still has a token to predict (a+k+1 < seq_len)."""
+    picks = [0 if rng.random() < all_mask_share else rng.randint(1, block_size - 2) for _ in range(anchors.numel())]
+    return torch.minimum(torch.tensor(picks, device=anchors.device), seq_len - 2 - anchors)
+
+
+def block_inputs(ids: torch.Tensor, anchors: torch.Tensor, block_size: int, mask_token_id: int, revealed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Block token ids [nb*B] (root, `revealed` true tokens, then masks) and their positions [nb*B]."""
     offsets = torch.arange(block_size, device=ids.device)
     positions = (anchors.unsqueeze(1) + offsets).flatten()
     block_ids = torch.full((anchors.numel(), block_size), mask_token_id, dtype=torch.long, device=ids.device)
     block_ids[:, 0] = ids[anchors]
+    if revealed is not None:
+        shown = offsets.unsqueeze(0) <= revealed.unsqueeze(1)  # rows 0..k hold real tokens
+        block_ids = torch.where(shown, ids[(anchors.unsqueeze(1) + offsets).clamp(max=ids.numel() - 1)], block_ids)
     return block_ids.flatten(), positions
 
 
-def target_rows(anchors: torch.Tensor, block_size: int, seq_len: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """For every trained row (depth d >= 1 inside the sequence): its query index, the teacher position
-    a+d-1 whose logits are its target, and its depth d."""
+def target_rows(anchors: torch.Tensor, block_size: int, seq_len: int, revealed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """For every trained row (a masked depth d > k inside the sequence): its query index, the teacher
+    position a+d-1 whose logits are its target, and its distance d-k from the last real token
+    (the depth itself when nothing is revealed)."""
     depth = torch.arange(1, block_size, device=anchors.device)
+    shown = torch.zeros_like(anchors) if revealed is None else revealed
     teacher_pos = (anchors.unsqueeze(1) + depth - 1).flatten()
     query = (torch.arange(anchors.numel(), device=anchors.device).unsqueeze(1) * block_size + depth).flatten()
-    depths = depth.repeat(anchors.numel())
-    keep = teacher_pos + 1 < seq_len  # the token a+d must exist
-    return query[keep], teacher_pos[keep], depths[keep]
+    distance = (depth.unsqueeze(0) - shown.unsqueeze(1)).flatten()
+    keep = (teacher_pos + 1 < seq_len) & (distance >= 1)  # the token a+d must exist and be masked
+    return query[keep], teacher_pos[keep], distance[keep]
 
 
 def position_weights(depths: torch.Tensor, decay: float | None) -> torch.Tensor:
-    """Optional exp(-(d-1)/decay) weights: early depths decide acceptance most."""
+    """Optional exp(-(d-1)/decay) weights over the distance d from the last real token: early depths
+    decide acceptance most."""
     if decay is None:
         return torch.ones_like(depths, dtype=torch.float32)
     return torch.exp(-(depths.float() - 1) / decay)

@@ -16,7 +16,7 @@ from ..core.head import DraftHead
 from ..core.head_config import HeadConfig
 from ..core.head_io import init_head, save_head
 from .data import Sequence
-from .objective import block_inputs, distillation_loss, position_weights, target_rows, training_mask
+from .objective import REVEALS, block_inputs, distillation_loss, position_weights, sample_reveals, target_rows, training_mask
 
 CHECKPOINT = "checkpoint.pt"
 
@@ -39,10 +39,22 @@ class TrainConfig:
     save_every: int = 250
     seed: int = 0
     bf16: bool = False
+    reveal: str = "none"  # "prefix": blocks may hold true tokens before their masks (tree-causal drafting)
+    all_mask_share: float = 0.5  # with reveal "prefix": share of blocks with nothing revealed
+
+    def __post_init__(self) -> None:
+        if self.reveal not in REVEALS:
+            raise ValueError(f"reveal={self.reveal!r}: choose one of {REVEALS}")
+        if not 0.0 <= self.all_mask_share <= 1.0:
+            raise ValueError(f"all_mask_share={self.all_mask_share}: must be within [0, 1]")
 
 
 class Trainer:
     def __init__(self, head_cfg: HeadConfig, cfg: TrainConfig, embed_tokens: torch.nn.Module, lm_head: torch.nn.Module, sequences: list[Sequence], out_dir: Path, device: torch.device) -> None:
+        if cfg.reveal != "none" and not head_cfg.causal_head:
+            raise ValueError(f"reveal={cfg.reveal!r} needs a causal head: revealed tokens would leak into earlier rows of a bidirectional block")
+        if cfg.reveal != "none" and head_cfg.block_size < 3:
+            raise ValueError(f"reveal={cfg.reveal!r} needs block_size >= 3 (root, a revealed token, a masked one); got {head_cfg.block_size}")
         self.head_cfg, self.cfg, self.out_dir, self.device = head_cfg, cfg, out_dir, device
         self.embed_tokens, self.lm_head = embed_tokens, lm_head
         for module in (embed_tokens, lm_head):
@@ -72,17 +84,24 @@ class Trainer:
         picks = rng.sample(range(low, high + 1), min(count, high - low + 1))
         return torch.tensor(sorted(picks), device=self.device)
 
-    def sequence_loss(self, seq: Sequence, anchors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Loss of one sequence's blocks; also (draft argmax, labels, depths) of the trained rows."""
+    def _block_hidden(self, seq: Sequence, anchors: torch.Tensor, revealed: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Head hidden states of one sequence's blocks (block j showing `revealed[j]` true tokens) and,
+        for the trained rows block by block: query index, teacher position, distance from the last real token."""
         cfg = self.head_cfg
         ids = seq.ids.to(self.device)
         length = ids.numel()
         taps = seq.taps.to(self.device, torch.float32)
         context = self.head.project_context(taps.unsqueeze(0), torch.arange(length, device=self.device).unsqueeze(0))
-        block_ids, positions = block_inputs(ids, anchors, cfg.block_size, cfg.mask_token_id)
+        block_ids, positions = block_inputs(ids, anchors, cfg.block_size, cfg.mask_token_id, revealed)
         mask = training_mask(anchors, cfg.block_size, length, cfg.causal_head)
         hidden = self.head(self.embed_tokens(block_ids).unsqueeze(0).float(), positions.unsqueeze(0), context, mask)[0]
-        query, teacher_pos, depths = target_rows(anchors, cfg.block_size, length)
+        return (hidden, *target_rows(anchors, cfg.block_size, length, revealed))
+
+    def sequence_loss(self, seq: Sequence, anchors: torch.Tensor, revealed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Loss of one sequence's blocks (block j showing `revealed[j]` true tokens); also (draft argmax,
+        labels, distances from the last real token) of the trained rows, block by block."""
+        ids = seq.ids.to(self.device)
+        hidden, query, teacher_pos, depths = self._block_hidden(seq, anchors, revealed)
         draft_logits = self.lm_head(hidden[query])
         with torch.no_grad():
             teacher_logits = self.lm_head(seq.final.to(self.device, torch.float32)[teacher_pos])
@@ -94,8 +113,12 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         total = 0.0
         for seq in self.rng.sample(self.train, min(self.cfg.seqs_per_step, len(self.train))):
+            anchors = self._anchors(seq, self.rng, self.cfg.blocks_per_seq)
+            revealed = None
+            if self.cfg.reveal == "prefix":
+                revealed = sample_reveals(self.rng, anchors, self.head_cfg.block_size, seq.ids.numel(), self.cfg.all_mask_share)
             with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.bf16):
-                loss, *_ = self.sequence_loss(seq, self._anchors(seq, self.rng, self.cfg.blocks_per_seq))
+                loss, *_ = self.sequence_loss(seq, anchors, revealed)
             (loss / self.cfg.seqs_per_step).backward()
             total += loss.item() / self.cfg.seqs_per_step
         torch.nn.utils.clip_grad_norm_(self.head.parameters(), self.cfg.grad_clip)
@@ -106,10 +129,14 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self) -> dict:
-        """Held-out loss and chain accept length: 1 + leading depths whose draft argmax is the real next token."""
+        """Held-out loss and chain accept length: 1 + leading depths whose draft argmax is the real next token.
+
+        With prefix reveal, also the conditioned chain accept length: the same, but depth d is drafted
+        with the true tokens of depths 1..d-1 revealed (what a tree-causal round sees on the right branch).
+        """
         self.head.eval()
         rng = random.Random(12345)  # the same held-out blocks every evaluation
-        losses, accept = [], []
+        losses, accept, conditioned = [], [], []
         for seq in self.heldout:
             anchors = self._anchors(seq, rng, self.cfg.blocks_per_seq)
             loss, argmax, labels, depths = self.sequence_loss(seq, anchors)
@@ -118,8 +145,28 @@ class Trainer:
             # rows are ordered block by block, depth 1.. within each block
             for block in hit.split(torch.bincount((depths == 1).cumsum(0) - 1).tolist()):
                 accept.append(1 + int(block.cumprod(0).sum()))
+            if self.cfg.reveal == "prefix":
+                conditioned += self._conditioned_chain_accepts(seq, anchors)
         self.head.train()
-        return {"heldout_loss": sum(losses) / len(losses), "heldout_chain_accept_length": sum(accept) / len(accept)}
+        metrics = {"heldout_loss": sum(losses) / len(losses), "heldout_chain_accept_length": sum(accept) / len(accept)}
+        if conditioned:
+            metrics["heldout_conditioned_chain_accept_length"] = sum(conditioned) / len(conditioned)
+        return metrics
+
+    def _conditioned_chain_accepts(self, seq: Sequence, anchors: torch.Tensor) -> list[int]:
+        """Per block, 1 + leading depths d whose argmax with depths 1..d-1 revealed is the real token.
+
+        One head pass: every anchor repeated once per k = 0..B-2 (blocks never see each other), and
+        only each block's first masked row pays for the lm_head."""
+        steps = self.head_cfg.block_size - 1
+        anchors = anchors.to(self.device).repeat_interleave(steps)
+        shown = torch.arange(steps, device=self.device).repeat(anchors.numel() // steps)
+        room = seq.ids.numel() - 2 - anchors  # the most tokens a block can reveal and still predict one
+        hidden, query, teacher_pos, distance = self._block_hidden(seq, anchors, torch.minimum(shown, room))
+        first = distance == 1  # the first masked row: exactly one per block, in block order
+        argmax = self.lm_head(hidden[query[first]]).argmax(-1)
+        hits = (argmax == seq.ids.to(self.device)[teacher_pos[first] + 1]) & (shown <= room)
+        return (1 + hits.view(-1, steps).int().cumprod(1).sum(1)).tolist()
 
     def save_checkpoint(self) -> None:
         state = {"head": self.head.state_dict(), "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
@@ -133,7 +180,8 @@ class Trainer:
         if not path.exists():
             return False
         state = torch.load(path, map_location=self.device, weights_only=False)
-        if state["config"] != asdict(self.cfg):
+        # keys a checkpoint predates (e.g. reveal) had their default value when it was written
+        if {**asdict(TrainConfig()), **state["config"]} != asdict(self.cfg):
             raise ValueError(f"{path}: written with a different training config; start a fresh --out directory or drop --resume")
         self.head.load_state_dict(state["head"])
         self.optimizer.load_state_dict(state["optimizer"])

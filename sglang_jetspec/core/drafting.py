@@ -1,0 +1,89 @@
+"""Draft trees for a batch of requests: the marginal tree, then r tree-causal rounds.
+
+Round 0 is one head pass over [root, MASK x (B-1)]: per-depth marginals and the best-first tree
+(what the public JetSpec code does). Each further round runs the tree-causal pass over the current
+trees, files every node's conditioned top-K under its token path (kept across rounds: a path's
+conditioned distribution depends only on the path), and rebuilds each tree best-first within the
+same budget, so nodes whose parents were evaluated are scored by their real branch. The reference
+engine and `jetspec replay` draft through this module; so can the SGLang worker.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from .tree import Candidates, DraftTree, TreeSpec, build_tree, candidate_lists, top_k_per_depth
+
+
+class TreeDrafter(Protocol):
+    max_depth: int
+
+    def propose(self, lanes: list, depth: int) -> torch.Tensor:
+        """[B, depth, V] per-depth marginal logits."""
+
+    def propose_children(self, lanes: list, trees: list[DraftTree]) -> list[torch.Tensor]:
+        """Per lane [N_i, V]: node j's children's logits given node j's path."""
+
+
+@dataclass
+class TreeDraft:
+    """One request's draft under construction: its marginal candidates, what the conditioned passes
+    taught so far, and the current tree."""
+
+    root_token: int
+    top_tokens: torch.Tensor  # [D, K] marginal top-K per depth
+    top_logprobs: torch.Tensor  # [D, K]
+    spec: TreeSpec
+    conditioned: dict[tuple[int, ...], Candidates] = field(default_factory=dict)
+    tree: DraftTree | None = None
+
+    def __post_init__(self) -> None:
+        if self.tree is None:
+            self.tree = self.rebuild()
+
+    def rebuild(self) -> DraftTree:
+        return build_tree(self.root_token, self.top_tokens, self.top_logprobs, self.spec, self.conditioned)
+
+    def learn(self, child_logits: torch.Tensor) -> None:
+        """File the current tree's conditioned candidates ([N, V] from propose_children) and rebuild."""
+        for path, candidates in zip(self.tree.token_paths(), candidate_lists(child_logits, self.spec)):
+            self.conditioned.setdefault(path, candidates)
+        self.tree = self.rebuild()
+
+
+@dataclass
+class DraftTiming:
+    round_s: list[float]  # head seconds per round: [marginal pass, tree-causal round 1, ...]
+    tree_s: float  # seconds spent building trees
+
+    @property
+    def draft_s(self) -> float:
+        return sum(self.round_s)
+
+
+def refine(drafter: TreeDrafter, lanes: list, drafts: list[TreeDraft]) -> tuple[float, float]:
+    """One tree-causal round over every lane's current tree; returns (head seconds, tree seconds)."""
+    t0 = time.perf_counter()
+    child_logits = drafter.propose_children(lanes, [d.tree for d in drafts])
+    t1 = time.perf_counter()
+    for draft, logits in zip(drafts, child_logits):
+        draft.learn(logits)
+    return t1 - t0, time.perf_counter() - t1
+
+
+def draft_trees(drafter: TreeDrafter, lanes: list, spec: TreeSpec, rounds: int = 0) -> tuple[list[DraftTree], DraftTiming]:
+    """Every lane's tree after the marginal pass and `rounds` tree-causal rounds (0 = marginal only)."""
+    t0 = time.perf_counter()
+    depth_logits = drafter.propose(lanes, spec.max_depth)
+    t1 = time.perf_counter()
+    drafts = [TreeDraft(lane.root_token, *top_k_per_depth(logits, spec.width), spec) for lane, logits in zip(lanes, depth_logits)]
+    timing = DraftTiming([t1 - t0], time.perf_counter() - t1)
+    for _ in range(rounds):
+        head_s, tree_s = refine(drafter, lanes, drafts)
+        timing.round_s.append(head_s)
+        timing.tree_s += tree_s
+    return [d.tree for d in drafts], timing
