@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 if TYPE_CHECKING:  # only for annotations: the SGLang worker must not import the reference engine
     from policies.table import PolicyState
-    from sglang_jetspec.reference.engine import StepRecord
+    from sglang_jetspec.core.step_record import StepRecord
 
 LABELS = ("cohort", "budget")
 

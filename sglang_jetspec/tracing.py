@@ -34,7 +34,8 @@ from opentelemetry.trace import Link, Span, SpanContext, Tracer
 
 if TYPE_CHECKING:
     from sglang_jetspec.core.sampling import SamplingParams
-    from sglang_jetspec.reference.engine import RequestOutput, StepRecord
+    from sglang_jetspec.core.step_record import StepRecord
+    from sglang_jetspec.reference.engine import RequestOutput
 
 WORKER_TRACER = "jetspec.worker"
 STEP_SPAN = "jetspec.step"

@@ -20,7 +20,8 @@ from controller.estimator import GoodputEstimator
 from controller.telemetry import COUNTERS, ScrapeSource, Usage, parse_counters
 from policies import ActivePolicy, parse_policy_text
 from sglang_jetspec.core.sampling import SamplingParams
-from sglang_jetspec.reference.engine import EngineConfig, ReferenceEngine, Request, StepRecord
+from sglang_jetspec.core.step_record import StepRecord
+from sglang_jetspec.reference.engine import EngineConfig, ReferenceEngine, Request
 from sglang_jetspec.telemetry import STEP_COUNTERS, JetspecMetrics
 
 REPO = Path(__file__).resolve().parents[1]

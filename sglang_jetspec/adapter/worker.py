@@ -44,10 +44,11 @@ from sglang_jetspec.adapter.server_args import JetSpecArgsError, target_info
 from sglang_jetspec.adapter.spec_inputs import JetSpecDraftState, JetSpecVerifyInput
 from sglang_jetspec.adapter.step_outputs import step_outputs
 from sglang_jetspec.adapter.verify_inputs import build_verify_tensors
-from sglang_jetspec.adapter.worker_observability import VerifyStep, WorkerShadow, worker_metrics
+from sglang_jetspec.adapter.worker_observability import WorkerShadow, worker_metrics
 from sglang_jetspec.core.drafter import HeadDrafter
 from sglang_jetspec.core.drafting import draft_trees
 from sglang_jetspec.core.head_io import load_head
+from sglang_jetspec.core.step_record import StepRecord
 from sglang_jetspec.core.tree import DraftTree, TreeSpec, root_only_tree
 
 log = logging.getLogger(__name__)
@@ -300,7 +301,7 @@ class JetSpecWorker(BaseSpecWorker):
         t_end = self._sync()
 
         if self.metrics is not None:
-            self.metrics.record_step(cohort, VerifyStep(
+            self.metrics.record_step(cohort, StepRecord(
                 batch_size=bs, budget=budget, committed_tokens=sum(out.row_counts), accept_lengths=out.row_counts,
                 draft_s=draft_s, tree_s=tree_s, verify_s=t_accept - t_verify, accept_s=t_end - t_accept,
                 wall_s=t_end - t_start))

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
 
 from sglang_jetspec.adapter.request_state import RequestDraftState
 
@@ -22,21 +21,6 @@ SHADOW_SPOOL_ENV = "JETSPEC_SHADOW_SPOOL"
 # Aborts are absent on purpose: an aborted request says nothing about the target distribution.
 FINISH_REASONS = {"FINISH_MATCHED_TOKEN": "eos", "FINISH_LENGTH": "length", "FINISH_MATCHED_STR": "stop",
                   "FINISHED_MATCHED_REGEX": "stop"}
-
-
-@dataclass
-class VerifyStep:
-    """One verify step in the fields JetspecMetrics.record_step reads (the reference StepRecord's)."""
-
-    batch_size: int
-    budget: int
-    committed_tokens: int
-    accept_lengths: list[int]
-    draft_s: float
-    tree_s: float
-    verify_s: float
-    accept_s: float
-    wall_s: float
 
 
 def worker_metrics(enable_metrics: bool):

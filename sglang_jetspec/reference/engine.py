@@ -16,9 +16,10 @@ from typing import Callable, Protocol
 import torch
 
 from ..core.acceptance import AcceptResult, accept_batch
-from ..core.branch_gap import BranchGap, rank1_branch_gap
+from ..core.branch_gap import rank1_branch_gap
 from ..core.drafter import ContextCache
 from ..core.sampling import SamplingParams, make_generator
+from ..core.step_record import StepRecord
 from ..core.drafting import draft_trees
 from ..core.tree import DraftTree, TreeSpec, root_only_tree
 from .kv_cache import SlotKVCache
@@ -40,24 +41,6 @@ class RequestOutput:
     finish_reason: str  # "eos" | "length" | "stop"
     accept_lengths: list[int]  # committed tokens per verify step (bonus included), prefill excluded
     text: str = ""
-
-
-@dataclass
-class StepRecord:
-    """What one verify step did; the telemetry contract's per-step fields."""
-
-    batch_size: int
-    budget: int
-    committed_tokens: int
-    accept_lengths: list[int]
-    draft_s: float
-    tree_s: float
-    verify_s: float
-    accept_s: float
-    wall_s: float
-    commit_s: float = 0.0  # the part of accept_s spent committing tokens, KV and hidden rows (trace spans)
-    draft_round_s: list[float] = field(default_factory=list)  # draft_s by round: [marginal pass, tree-causal round 1, ...]
-    rank1_gaps: list[BranchGap] | None = None  # per lane, with EngineConfig.rank1_gap (the paper's coherence diagnostic)
 
 
 class Drafter(Protocol):

@@ -12,7 +12,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 from ops_support import ADMIN_KEY, post_json, push_budget
 
-from sglang_jetspec.reference.engine import StepRecord
+from sglang_jetspec.core.step_record import StepRecord
 from sglang_jetspec.server import JetspecServer
 from sglang_jetspec.tracing import (WORKER_TRACER, TracingConfigError, build_provider, exporters_from_env,
                                     record_step_phases)

@@ -187,11 +187,11 @@ def test_greedy_acceptance_copies_only_argmax_ids_to_the_host():
 def test_verify_step_feeds_the_jetspec_step_metrics():
     from prometheus_client import CollectorRegistry
 
-    from sglang_jetspec.adapter.worker_observability import VerifyStep
+    from sglang_jetspec.core.step_record import StepRecord
     from sglang_jetspec.telemetry import JetspecMetrics
 
     registry = CollectorRegistry()
-    JetspecMetrics(registry).record_step("bs1", VerifyStep(batch_size=2, budget=16, committed_tokens=7, accept_lengths=[3, 4],
+    JetspecMetrics(registry).record_step("bs1", StepRecord(batch_size=2, budget=16, committed_tokens=7, accept_lengths=[3, 4],
                                                            draft_s=0.1, tree_s=0.01, verify_s=0.2, accept_s=0.05, wall_s=0.4))
     labels = {"cohort": "bs1", "budget": "16"}
     assert registry.get_sample_value("jetspec_committed_tokens_total", labels) == 7
