@@ -28,6 +28,13 @@ def fresh_state(target, committed_ids, taps):
     return cache, out.taps[0]
 
 
+def close_at_scale(got: torch.Tensor, want: torch.Tensor) -> bool:
+    """Equal up to fp32 rounding, which differs between step-wise decoding and a one-shot prefill and
+    grows with the largest magnitudes in the reductions (hidden rows carry outliers of several hundred);
+    a wrong or stale slot is off by the size of typical values, far above this bound."""
+    return got.shape == want.shape and bool((got - want).abs().max() <= 1e-4 + 1e-5 * want.abs().max())
+
+
 def test_kv_and_hidden_rows_match_a_fresh_prefill_after_every_step(smollm2, head_engine):
     checked = []
 
@@ -38,10 +45,8 @@ def test_kv_and_hidden_rows_match_a_fresh_prefill_after_every_step(smollm2, head
             for layer in (0, 15, 29):
                 k, v = cache.lane_kv(b, layer)
                 rk, rv = ref_cache.lane_kv(0, layer)
-                # fp32 rounding differs between step-wise and one-shot prefill (values reach ~100);
-                # a wrong or stale slot differs by O(1)
-                assert torch.allclose(k, rk, rtol=1e-5, atol=1e-4) and torch.allclose(v, rv, rtol=1e-5, atol=1e-4)
-            assert torch.allclose(lane.tap_rows(), ref_taps, rtol=1e-5, atol=1e-4)
+                assert close_at_scale(k, rk) and close_at_scale(v, rv)
+            assert close_at_scale(lane.tap_rows(), ref_taps)
             checked.append(lane.request.request_id)
 
     # max_batch_size 2 with 3 requests: the third joins when one finishes (continuous batching)

@@ -43,7 +43,7 @@ def test_killed_writer_leaves_only_complete_records(tmp_path):
         sys.path.insert(0, {os.getcwd()!r})
         from tests.shadow.test_spool import record
         from shadow.spool import SpoolWriter
-        writer = SpoolWriter({str(tmp_path)!r}, max_bytes=4096)
+        writer = SpoolWriter({str(tmp_path)!r}, max_bytes=4096, max_files=1_000_000)  # rotate, never delete
         i = 0
         while True:
             writer.write(record(i)); i += 1
