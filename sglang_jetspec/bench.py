@@ -273,11 +273,15 @@ def write_outputs(report: dict, args) -> None:
         plot_report(report["records"], args.plot)
 
 
-def run(args) -> int:
-    """The command: 0 on success, 2 with a message naming the flag on bad input."""
+def run_command(name: str, job, args) -> int:
+    """Run `jetspec <name>`: 0 on success, 2 with a message naming the flag on bad input."""
     try:
-        bench(args)
+        job(args)
     except BenchError as exc:
-        print(f"jetspec bench: {exc}", file=sys.stderr)
+        print(f"jetspec {name}: {exc}", file=sys.stderr)
         return 2
     return 0
+
+
+def run(args) -> int:
+    return run_command("bench", bench, args)

@@ -12,13 +12,12 @@ mean accept length per (draft rounds, budget); every cell's greedy output must e
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
-from .bench import BenchError, jetspec_label, make_requests, run_header, select_prompts
+from .bench import BenchError, jetspec_label, make_requests, run_command, run_header, select_prompts
 from .bench_report import markdown_table
 from .core.branch_gap import BranchGap
 from .core.head_config import HeadConfigError
@@ -129,9 +128,4 @@ def plot_gap(raw: dict[str, list[float]], path: str | Path) -> None:
 
 
 def run(args) -> int:
-    try:
-        gap(args)
-    except BenchError as exc:
-        print(f"jetspec gap: {exc}", file=sys.stderr)
-        return 2
-    return 0
+    return run_command("gap", gap, args)

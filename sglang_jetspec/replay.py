@@ -17,13 +17,12 @@ speedups still come from `jetspec bench`.
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
-from .bench import BenchError, check_options, load_contenders, make_requests, run_header, select_prompts
+from .bench import check_options, load_contenders, make_requests, run_command, run_header, select_prompts
 from .bench_report import markdown_table
 from .core.drafter import ContextCache
 from .core.drafting import TreeDraft, refine
@@ -213,9 +212,4 @@ def plot_replay(records: list[dict], path: str | Path) -> None:
 
 
 def run(args) -> int:
-    try:
-        replay(args)
-    except BenchError as exc:
-        print(f"jetspec replay: {exc}", file=sys.stderr)
-        return 2
-    return 0
+    return run_command("replay", replay, args)
