@@ -57,6 +57,16 @@ def format_summary(summary: list[dict]) -> str:
     )
 
 
+def run_summary_lines(h: dict) -> list[str]:
+    """Markdown lines naming a run's machine, prompts, tree and exact command (from its JSON header)."""
+    return [
+        f"- machine: {h['machine']['device']}, {h['machine']['cpu']}; torch {h['torch']}, {h['dtype']}",
+        f"- prompts: {h['prompts']} [{h['prompt_range']}], {h['max_new_tokens']} new tokens; tree width {h['tree']['width']} ({h['tree']['fanout']})",
+        f"- command: `{h['command_line']}`",
+        "",
+    ]
+
+
 def markdown_table(columns: list[str], rows: list[list[str]]) -> list[str]:
     return ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)] + ["| " + " | ".join(row) + " |" for row in rows]
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from .bench import BenchError, jetspec_label, make_requests, run_command, run_header, select_prompts
-from .bench_report import markdown_table
+from .bench_report import markdown_table, run_summary_lines
 from .core.branch_gap import BranchGap
 from .core.head_config import HeadConfigError
 from .loading import load_drafter, load_target
@@ -98,10 +98,7 @@ def markdown_gap(report: dict) -> str:
     lines = [
         "# jetspec gap: rank-1 branch, draft minus target log-prob (nats; greedy)",
         "",
-        f"- machine: {h['machine']['device']}, {h['machine']['cpu']}; torch {h['torch']}, {h['dtype']}",
-        f"- prompts: {h['prompts']} [{h['prompt_range']}], {h['max_new_tokens']} new tokens; tree width {h['tree']['width']} ({h['tree']['fanout']})",
-        f"- command: `{h['command_line']}`",
-        "",
+        *run_summary_lines(h),
     ]
     rows = [[r["method"], str(r["budget"]), f"{r['mean_accept_length']:.2f}", f"{r['mean_branch_depth']:.1f}", f"{r['gap_mean']:.2f}",
              *(f"{r['gap_quantiles'].get(q, float('nan')):.2f}" for q in ("p10", "p50", "p90", "p99")),

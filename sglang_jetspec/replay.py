@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from .bench import check_options, load_contenders, make_requests, run_command, run_header, select_prompts
-from .bench_report import markdown_table
+from .bench_report import markdown_table, run_summary_lines
 from .core.drafter import ContextCache
 from .core.drafting import TreeDraft, refine
 from .core.tree import DraftTree, TreeSpec, top_k_per_depth
@@ -182,10 +182,7 @@ def markdown_replay(report: dict) -> str:
     lines = [
         "# jetspec replay: greedy mean accept length (tokens per verify, bonus included)",
         "",
-        f"- machine: {h['machine']['device']}, {h['machine']['cpu']}; torch {h['torch']}, {h['dtype']}",
-        f"- prompts: {h['prompts']} [{h['prompt_range']}], {h['max_new_tokens']} new tokens; tree width {h['tree']['width']} ({h['tree']['fanout']})",
-        f"- command: `{h['command_line']}`",
-        "",
+        *run_summary_lines(h),
     ]
     rows = [[m] + [f"{accepts[b]:.2f}" for b in budgets] for m, accepts in by_method.items()]
     return "\n".join(lines + markdown_table(["method"] + [f"budget {b}" for b in budgets], rows)) + "\n"
