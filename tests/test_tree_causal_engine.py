@@ -55,3 +55,26 @@ def test_rank1_gap_of_a_learned_head_is_recorded_per_lane(smollm2, reveal_drafte
     gaps = [g for r in records for g in r.rank1_gaps]
     assert all(1 <= g.depth <= 15 and g.draft_logprob <= 0 and g.target_logprob <= 0 for g in gaps)
     assert ReferenceEngine(smollm2, reveal_drafter).config.rank1_gap is False  # off by default: no cost
+
+
+def test_gap_command_writes_records_markdown_and_plot(tmp_path, smollm2_dir, single_thread):
+    import json
+
+    from sglang_jetspec.cli import main
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"prompt": "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n"}) + "\n")
+    out, md, png = tmp_path / "gap.json", tmp_path / "gap.md", tmp_path / "gap.png"
+    code = main(["gap", "--target", str(smollm2_dir), "--prompts", str(prompts), "--draft-rounds", "0", "--budgets", "4,16",
+                 "--max-new-tokens", "10", "--threads", "1", "--json", str(out), "--markdown", str(md), "--plot", str(png)])
+    assert code == 0
+    report = json.loads(out.read_text())
+    assert [(r["method"], r["budget"]) for r in report["records"]] == [("jetspec", 4), ("jetspec", 16)]
+    for r in report["records"]:
+        assert r["steps"] == len(report["gaps"][f"jetspec@{r['budget']}"]) > 0
+        assert r["greedy_mismatches"] == 0 and r["mean_accept_length"] >= 1
+        assert r["gap_quantiles"]["p10"] <= r["gap_quantiles"]["p50"] <= r["gap_quantiles"]["p90"]
+    assert "| jetspec | 4 |" in md.read_text() and png.stat().st_size > 0
+    # rounds need a head trained with revealed tokens: the shipped head is refused, naming the flag
+    assert main(["gap", "--target", str(smollm2_dir), "--prompts", str(prompts), "--draft-rounds", "0,1",
+                 "--json", str(out)]) == 2
