@@ -99,10 +99,7 @@ def check_options(args) -> None:
             f"dflash_config.draft_reveal); --head {args.head or '(shipped head)'} drafts per-depth marginals only. "
             "Train one with `jetspec train --reveal prefix` and pass it as --head, or use --draft-rounds 0"
         )
-    try:
-        check_lookup_options(args)
-    except DrafterOptionError as exc:  # replay shares these checks and reports BenchError
-        raise BenchError(str(exc)) from None
+    check_lookup_options(args)
 
 
 def _reads_tree_tokens(head: str | None) -> bool:
@@ -243,23 +240,40 @@ def run_header(args, target: TargetModel, head_labels: dict[str, str], indices: 
     }
 
 
-def bench(args) -> dict:
+@dataclass
+class LoadedRun:
+    """What `bench` and `replay` start from: checked options, the target, the encoded prompts, the drafters."""
+
+    target: TargetModel
+    prompt_ids: list[list[int]]
+    indices: range
+    contenders: list[Contender]
+    head_labels: dict[str, str]
+
+
+def load_run(args) -> LoadedRun:
+    """Check the options, then load; bad input fails before anything slow is loaded."""
     check_options(args)
     prompts, indices = select_prompts(args.prompts, args.prompt_range)
     if args.threads:
         torch.set_num_threads(args.threads)
     target = load_target(args.target, args.dtype, args.device)
-    prompt_ids = [encode(p, target.tokenizer) for p in prompts]
     contenders, head_labels = load_contenders(args, target)
-    runner = GridRunner(target, args)
+    return LoadedRun(target, [encode(p, target.tokenizer) for p in prompts], indices, contenders, head_labels)
+
+
+def bench(args) -> dict:
+    loaded = load_run(args)
+    runner = GridRunner(loaded.target, args)
     records: list[BenchRecord] = []
     for batch_size in args.batch_sizes:
-        runner.warm_up(prompt_ids, batch_size)
+        runner.warm_up(loaded.prompt_ids, batch_size)
         for temperature in args.temperatures:
-            requests = make_requests(prompt_ids, temperature, args.max_new_tokens, args.seed)
-            records += runner.group(contenders, requests, batch_size, temperature)
+            requests = make_requests(loaded.prompt_ids, temperature, args.max_new_tokens, args.seed)
+            records += runner.group(loaded.contenders, requests, batch_size, temperature)
     rows = [asdict(r) for r in records]
-    report = {"header": run_header(args, target, head_labels, indices), "records": rows, "summary": summarize(rows)}
+    header = run_header(args, loaded.target, loaded.head_labels, loaded.indices)
+    report = {"header": header, "records": rows, "summary": summarize(rows)}
     write_outputs(report, args)
     return report
 
@@ -277,7 +291,7 @@ def run_command(name: str, job, args) -> int:
     """Run `jetspec <name>`: 0 on success, 2 with a message naming the flag on bad input."""
     try:
         job(args)
-    except BenchError as exc:
+    except (BenchError, DrafterOptionError) as exc:
         print(f"jetspec {name}: {exc}", file=sys.stderr)
         return 2
     return 0

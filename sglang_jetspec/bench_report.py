@@ -18,7 +18,7 @@ def _groups(records: list[dict]) -> dict[tuple[int, float], list[dict]]:
     return groups
 
 
-def _methods(records: list[dict]) -> dict[str, list[dict]]:
+def speculative_by_method(records: list[dict]) -> dict[str, list[dict]]:
     """Speculative records by method, in run order (the autoregressive baseline left out)."""
     methods: dict[str, list[dict]] = {}
     for r in records:
@@ -31,7 +31,7 @@ def summarize(records: list[dict]) -> list[dict]:
     """Per batch size x temperature x method: the best budget, and the largest budget that still pays (speedup >= 1)."""
     summary = []
     for (batch_size, temperature), group in _groups(records).items():
-        for method, cells in _methods(group).items():
+        for method, cells in speculative_by_method(group).items():
             best = max(cells, key=lambda c: c["speedup_vs_ar"])
             paying = [c["budget"] for c in cells if c["speedup_vs_ar"] >= 1.0]
             summary.append({
@@ -115,18 +115,23 @@ def plot_report(records: list[dict], path: str | Path) -> None:
     fig = Figure(figsize=(11, 3.4 * len(groups)), layout="constrained")
     axes = fig.subplots(len(groups), 2, squeeze=False)
     for (accept_ax, speedup_ax), ((batch_size, temperature), group) in zip(axes, groups.items()):
-        for method, cells in _methods(group).items():
+        for method, cells in speculative_by_method(group).items():
             budgets = [c["budget"] for c in cells]
             accept_ax.plot(budgets, [c["mean_accept_length"] for c in cells], marker="o", label=method)
             speedup_ax.plot(budgets, [c["speedup_vs_ar"] for c in cells], marker="o", label=method)
         speedup_ax.axhline(1.0, color="grey", linestyle="--", label=AUTOREGRESSIVE)
         budgets = sorted({c["budget"] for c in group if c["method"] != AUTOREGRESSIVE})
         for ax, what in ((accept_ax, "mean accept length (tokens / verify)"), (speedup_ax, "speedup vs autoregressive")):
-            ax.set_xscale("log", base=2)
-            ax.set_xticks(budgets, labels=[str(b) for b in budgets])
-            ax.set_xlabel("tree budget (nodes incl. root)")
-            ax.set_ylabel(what)
+            style_budget_axes(ax, budgets, what)
             ax.set_title(f"batch {batch_size}, temperature {temperature:g}")
-            ax.grid(True, alpha=0.3)
-            ax.legend(fontsize="small")
     fig.savefig(path, dpi=100)
+
+
+def style_budget_axes(ax, budgets: list[int], ylabel: str) -> None:
+    """Budgets on a log2 x axis with one tick each, grid and legend: every per-budget plot looks alike."""
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(budgets, labels=[str(b) for b in budgets])
+    ax.set_xlabel("tree budget (nodes incl. root)")
+    ax.set_ylabel(ylabel)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize="small")

@@ -22,13 +22,11 @@ from pathlib import Path
 
 import torch
 
-from .bench import check_options, load_contenders, make_requests, run_command, run_header, select_prompts
-from .bench_report import markdown_table, run_summary_lines
+from .bench import load_run, make_requests, run_command, run_header
+from .bench_report import markdown_table, run_summary_lines, speculative_by_method, style_budget_axes
 from .core.drafter import ContextCache
 from .core.drafting import TreeDraft, refine
 from .core.tree import DraftTree, TreeSpec, top_k_per_depth
-from .loading import load_target
-from .prompts import encode
 from .reference.engine import Drafter, EngineConfig, ReferenceEngine, RequestOutput
 from .reference.target import Segment, TargetModel
 
@@ -130,13 +128,9 @@ class ReplayRecord:
 
 
 def replay(args) -> dict:
-    check_options(args)
-    prompts, indices = select_prompts(args.prompts, args.prompt_range)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    target = load_target(args.target, args.dtype, args.device)
-    contenders, head_labels = load_contenders(args, target)
-    requests = make_requests([encode(p, target.tokenizer) for p in prompts], 0.0, args.max_new_tokens, args.seed)
+    loaded = load_run(args)
+    target, contenders = loaded.target, loaded.contenders
+    requests = make_requests(loaded.prompt_ids, 0.0, args.max_new_tokens, args.seed)
     outputs = ReferenceEngine(target, None, EngineConfig(max_batch_size=args.ar_batch_size)).generate(requests, 0)
     print(f"autoregressive outputs: {sum(len(o.output_ids) for o in outputs)} tokens over {len(outputs)} prompts", flush=True)
     depth = max(args.budgets) - 1
@@ -158,7 +152,7 @@ def replay(args) -> dict:
     for contender in contenders:
         print(f"{contender.method}: " + "  ".join(f"{b}: {_mean(steps[contender.method, b]):.2f}" for b in args.budgets), flush=True)
     records = [ReplayRecord(m, b, len(runs), sum(map(len, runs)), sum(map(sum, runs)), _mean(runs)) for (m, b), runs in steps.items()]
-    header = run_header(args, target, head_labels, indices) | {"ar_batch_size": args.ar_batch_size}
+    header = run_header(args, target, loaded.head_labels, loaded.indices) | {"ar_batch_size": args.ar_batch_size}
     report = {"header": header, "records": [asdict(r) for r in records]}
     Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
     if args.markdown:
@@ -193,18 +187,9 @@ def plot_replay(records: list[dict], path: str | Path) -> None:
 
     fig = Figure(figsize=(6, 4), layout="constrained")
     ax = fig.subplots()
-    methods: dict[str, list[dict]] = {}
-    for r in records:
-        methods.setdefault(r["method"], []).append(r)
-    for method, cells in methods.items():
+    for method, cells in speculative_by_method(records).items():
         ax.plot([c["budget"] for c in cells], [c["mean_accept_length"] for c in cells], marker="o", label=method)
-    budgets = sorted({r["budget"] for r in records})
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(budgets, labels=[str(b) for b in budgets])
-    ax.set_xlabel("tree budget (nodes incl. root)")
-    ax.set_ylabel("mean accept length (greedy)")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize="small")
+    style_budget_axes(ax, sorted({r["budget"] for r in records}), "mean accept length (greedy)")
     fig.savefig(path, dpi=100)
 
 
