@@ -9,10 +9,10 @@ from policies.loader import load_policy, parse_policy_text
 from policies.problems import PolicyError, Problem
 from policies.runtime import ActivePolicy
 from policies.schema import DEFAULT_MAX_BUDGET, CohortPolicy, Policy
-from policies.table import CohortBudget, PolicyState, PolicyTable, Probe, default_table, validate_table
+from policies.table import CohortBudget, PolicyState, PolicyTable, Probe, StepPlan, default_table, validate_table
 
 __all__ = [
     "DEFAULT_MAX_BUDGET", "ActivePolicy", "CohortBudget", "CohortPolicy", "HeadCapacity", "Policy",
-    "PolicyError", "PolicyState", "PolicyTable", "Probe", "Problem", "default_table", "load_policy",
-    "parse_policy_text", "read_head_capacity", "validate_table",
+    "PolicyError", "PolicyState", "PolicyTable", "Probe", "Problem", "StepPlan", "default_table",
+    "load_policy", "parse_policy_text", "read_head_capacity", "validate_table",
 ]

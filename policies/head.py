@@ -2,7 +2,8 @@
 
 A head with block size B drafts depths 1..B-1, and the tree builder gives every node at most
 `tree_width` children (top-K per depth). A full tree of that shape has 1 + K + ... + K^(B-1) nodes
-(root included); a larger budget buys nothing, so a policy asking for more is a mistake.
+(root included); a larger budget buys nothing, so a policy asking for more is a mistake. Likewise
+tree-causal draft rounds need a head trained with revealed tokens (`draft_reveal` in its config).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ class HeadCapacity:
     source: str
     block_size: int
     tree_width: int
+    reads_tree_tokens: bool = False  # trained with revealed tokens (draft_reveal): tree-causal rounds apply
 
     @property
     def max_nodes(self) -> int:
@@ -56,4 +58,5 @@ def read_head_capacity(head_dir: str | Path) -> HeadCapacity:
         width = DEFAULT_TREE_WIDTH
     if not isinstance(width, int) or isinstance(width, bool) or width < 1:
         raise ValueError(f"{path}: tree_width is {width!r} -- use a positive integer")
-    return HeadCapacity(source=str(head_dir), block_size=block_size, tree_width=width)
+    return HeadCapacity(source=str(head_dir), block_size=block_size, tree_width=width,
+                        reads_tree_tokens=_lookup(config, "draft_reveal") is not None)

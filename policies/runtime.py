@@ -12,7 +12,7 @@ from typing import Any
 
 from policies.cohorts import cohort_index_for_batch
 from policies.schema import Policy
-from policies.table import PolicyState, PolicyTable, default_table, validate_table
+from policies.table import PolicyState, PolicyTable, StepPlan, default_table, validate_table
 
 
 class ActivePolicy:
@@ -47,14 +47,14 @@ class ActivePolicy:
     def table(self, now: float) -> PolicyTable:
         return self.state(now).table
 
-    def budget_for_step(self, batch_size: int, now: float) -> tuple[str, int]:
-        """(cohort name, budget) for the next step of a batch of `batch_size` requests."""
+    def step_plan(self, batch_size: int, now: float) -> StepPlan:
+        """Cohort, budget and draft rounds for the next step of a batch of `batch_size` requests."""
         table = self.table(now)
         cohort = table.cohorts[cohort_index_for_batch(table.cohorts, batch_size)]
         if cohort.probe is None:
-            return cohort.name, cohort.budget
+            return StepPlan(cohort.name, cohort.budget, cohort.draft_rounds)
         with self._lock:
             credit = self._probe_credit.get(cohort.name, 0.0) + cohort.probe.share
             probe_now = credit >= 1.0
             self._probe_credit[cohort.name] = credit - 1.0 if probe_now else credit
-        return cohort.name, cohort.probe.budget if probe_now else cohort.budget
+        return StepPlan(cohort.name, cohort.probe.budget if probe_now else cohort.budget, cohort.draft_rounds)

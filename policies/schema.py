@@ -32,6 +32,7 @@ class CohortPolicy(StrictModel):
     max_batch: int = Field(ge=1)
     budgets: list[Budget] = Field(min_length=1, description="candidate budgets, 0 = off, increasing")
     default: Budget = Field(description="budget used until a controller pushes a table")
+    draft_rounds: int = Field(default=0, ge=0, description="tree-causal draft rounds after the marginal tree")
 
 
 class GatePolicy(StrictModel):
@@ -60,6 +61,8 @@ class ShadowPolicy(StrictModel):
 
 class HeadLimits(StrictModel):
     max_budget: int = Field(default=DEFAULT_MAX_BUDGET, ge=1)
+    # Tree-causal rounds need a head trained with revealed tokens; 0 keeps every table marginal-only.
+    max_draft_rounds: int = Field(default=0, ge=0)
 
 
 class Policy(StrictModel):
@@ -108,6 +111,21 @@ def _budget_problems(policy: Policy, head: HeadCapacity | None) -> list[Problem]
     return problems
 
 
+def _draft_rounds_problems(policy: Policy, head: HeadCapacity | None) -> list[Problem]:
+    limit = policy.head.max_draft_rounds
+    problems = [Problem(("cohorts", i, "draft_rounds"),
+                        f"cohorts[{i}] '{cohort.name}' draft_rounds {cohort.draft_rounds} is above head.max_draft_rounds {limit}",
+                        f"lower it to at most {limit} or raise head.max_draft_rounds")
+                for i, cohort in enumerate(policy.cohorts) if cohort.draft_rounds > limit]
+    if head is not None and limit > 0 and not head.reads_tree_tokens:
+        problems.append(Problem(("head", "max_draft_rounds"),
+                                f"head.max_draft_rounds is {limit} but head {head.source} was trained without revealed "
+                                "tokens (no draft_reveal in its config.json): it drafts per-depth marginals only",
+                                "set head.max_draft_rounds: 0 (and every cohort's draft_rounds to 0) or deploy a head "
+                                "trained with `jetspec train --reveal prefix`"))
+    return problems
+
+
 def _timing_problems(policy: Policy) -> list[Problem]:
     ctl = policy.controller
     problems = []
@@ -138,5 +156,5 @@ def _shadow_problems(policy: Policy) -> list[Problem]:
 
 def policy_problems(policy: Policy, head: HeadCapacity | None = None) -> list[Problem]:
     """Rules across fields; `head` adds the limit of a concrete draft head checkpoint."""
-    return (coverage_problems(policy.cohorts) + _budget_problems(policy, head) + _timing_problems(policy)
-            + _shadow_problems(policy))
+    return (coverage_problems(policy.cohorts) + _budget_problems(policy, head) + _draft_rounds_problems(policy, head)
+            + _timing_problems(policy) + _shadow_problems(policy))

@@ -2,7 +2,7 @@
 
 As read back (`GET /server_info` -> `internal_states[i].jetspec_policy.table`):
 
-    {"cohorts": [{"name": "bs1", "min_batch": 1, "max_batch": 1, "budget": 32,
+    {"cohorts": [{"name": "bs1", "min_batch": 1, "max_batch": 1, "budget": 32, "draft_rounds": 0,
                   "probe": {"budget": 64, "share": 0.05} | null}, ...],
      "ttl_s": 90.0}
 
@@ -15,7 +15,7 @@ same function the controller runs before every push, so both sides agree on what
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from pydantic import Field, ValidationError
 
@@ -34,7 +34,16 @@ class CohortBudget(StrictModel):
     min_batch: int = Field(ge=1)
     max_batch: int = Field(ge=1)
     budget: Budget
+    draft_rounds: int = Field(default=0, ge=0)  # tree-causal rounds; probe steps draft with them too
     probe: Probe | None = None
+
+
+class StepPlan(NamedTuple):
+    """What the next step runs: its cohort, tree budget and tree-causal draft rounds."""
+
+    cohort: str
+    budget: int
+    draft_rounds: int
 
 
 class PolicyTable(StrictModel):
@@ -55,10 +64,10 @@ class PolicyState(StrictModel):
 
 
 def default_table(policy: Policy) -> PolicyTable:
-    """The table a server runs from its YAML file: each cohort's default budget, no probes."""
+    """The table a server runs from its YAML file: each cohort's default budget and draft rounds, no probes."""
     return PolicyTable(
-        cohorts=[CohortBudget(name=c.name, min_batch=c.min_batch, max_batch=c.max_batch, budget=c.default)
-                 for c in policy.cohorts],
+        cohorts=[CohortBudget(name=c.name, min_batch=c.min_batch, max_batch=c.max_batch, budget=c.default,
+                              draft_rounds=c.draft_rounds) for c in policy.cohorts],
         ttl_s=policy.controller.ttl_s,
     )
 
@@ -75,6 +84,11 @@ def _cohort_problems(i: int, pushed: CohortBudget, policy: Policy) -> list[Probl
         problems.append(Problem(("cohorts", i, "budget"),
                                 f"cohorts[{i}].budget {pushed.budget} is not a candidate of '{own.name}'",
                                 f"use one of {own.budgets}"))
+    if pushed.draft_rounds > policy.head.max_draft_rounds:
+        problems.append(Problem(("cohorts", i, "draft_rounds"),
+                                f"cohorts[{i}].draft_rounds {pushed.draft_rounds} is above the server policy's "
+                                f"head.max_draft_rounds {policy.head.max_draft_rounds}",
+                                f"use 0..{policy.head.max_draft_rounds}"))
     probe = pushed.probe
     if probe is not None:
         if probe.budget not in own.budgets or probe.budget == pushed.budget:

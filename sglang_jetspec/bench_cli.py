@@ -66,7 +66,7 @@ def _drafting_arguments(p) -> None:
     from .cli import add_lookup_arguments, add_target_arguments, add_tree_arguments
 
     add_target_arguments(p)
-    add_tree_arguments(p, several_rounds=True)
+    add_tree_arguments(p, rounds="several")
     p.add_argument("--dflash-head", help="bidirectional head directory (config causal_head false), needed by the dflash method")
     p.add_argument("--prompts", default="humaneval", help="'humaneval' or a JSONL file with prompt/messages per line")
     p.add_argument("--prompt-range", type=prompt_range, help="start:stop of the prompts to use (default: all)")
@@ -87,7 +87,7 @@ def register_gap(sub) -> None:
     p = sub.add_parser("gap", help="the paper's rank-1 branch gap (draft minus target log-prob) and accept length per "
                        "--draft-rounds and budget, greedy, on the reference engine")
     add_target_arguments(p)
-    add_tree_arguments(p, several_rounds=True)
+    add_tree_arguments(p, rounds="several")
     p.add_argument("--prompts", default="humaneval", help="'humaneval' or a JSONL file with prompt/messages per line")
     p.add_argument("--prompt-range", type=prompt_range, help="start:stop of the prompts to use (default: all)")
     p.add_argument("--budgets", type=budget_list, default=[16, 64, 256], help="tree budgets, comma-separated")

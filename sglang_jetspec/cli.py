@@ -77,17 +77,18 @@ def draft_rounds_list(text: str) -> list[int]:
     return values
 
 
-def add_tree_arguments(parser: argparse.ArgumentParser, several_rounds: bool = False) -> None:
-    """Tree flags; `several_rounds` (bench, replay) takes a list of draft rounds, one jetspec method each."""
+def add_tree_arguments(parser: argparse.ArgumentParser, rounds: str | None = "one") -> None:
+    """Tree flags. --draft-rounds takes one value (rounds="one"), a list, one jetspec method each
+    (rounds="several": bench, replay, gap), or is absent (None: serve, where the policy sets rounds per cohort)."""
     parser.add_argument("--tree-width", type=int, default=8, help="top-K candidates per depth")
     parser.add_argument("--fanout", choices=["uniform", "top2gap"], default="uniform")
     parser.add_argument("--acceptance", choices=["match", "residual"], default="match", help="lossless rule for sampled requests")
     rounds_help = ("tree-causal draft rounds after the marginal tree: each re-drafts every node's children conditioned on its "
                    "real path and rebuilds the tree within the same budget (needs a head trained with --reveal prefix; 0 = off)")
-    if several_rounds:
+    if rounds == "several":
         parser.add_argument("--draft-rounds", type=draft_rounds_list, default=[0],
                             help=rounds_help + "; comma-separated, e.g. 0,1,2: the jetspec method once per value (jetspec, jetspec-r1, ...)")
-    else:
+    elif rounds == "one":
         parser.add_argument("--draft-rounds", type=draft_rounds_value, default=0, help=rounds_help)
 
 

@@ -99,7 +99,7 @@ def check_drafter_options(args: Namespace) -> None:
     check_lookup_options(args)
     if args.head is not None:
         raise DrafterOptionError(f"--head {args.head} is for --drafter head; drop it or use --drafter head")
-    if args.draft_rounds:
+    if getattr(args, "draft_rounds", 0):  # serve has no --draft-rounds: its policy checks rounds
         raise DrafterOptionError(f"--draft-rounds {args.draft_rounds} needs a head; --drafter lookup drafts one chain, "
                                  "use --draft-rounds 0")
 

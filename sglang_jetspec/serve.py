@@ -29,7 +29,7 @@ def register(sub) -> None:
     p = sub.add_parser("serve", help="serve the reference engine over HTTP (SGLang's /generate subset, "
                                      "/metrics, policy push/readback)")
     add_target_arguments(p)
-    add_tree_arguments(p)
+    add_tree_arguments(p, rounds=None)  # draft rounds come per step from the policy table, like budgets
     add_drafter_arguments(p)
     p.add_argument("--policy", required=True, metavar="FILE", help="policy YAML file (see policies/README.md)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
@@ -111,12 +111,8 @@ def run(args: argparse.Namespace) -> int:
     target = TargetModel(target_dir, dtype=DTYPES[args.dtype], device=args.device)
     chosen = load_engine_drafter(target, args)
     config = EngineConfig(tree_width=chosen.tree_width, fanout=args.fanout, acceptance=args.acceptance,
-                          max_batch_size=args.max_batch_size, draft_rounds=args.draft_rounds)
-    try:
-        engine = ReferenceEngine(target, chosen.drafter, config)
-    except ValueError as exc:  # --draft-rounds with a head that cannot read tree tokens
-        print(f"jetspec serve: {exc}", file=sys.stderr)
-        return 2
+                          max_batch_size=args.max_batch_size)
+    engine = ReferenceEngine(target, chosen.drafter, config)
     admin_key = os.environ.get(args.admin_api_key_env) or None
     if admin_key is None:
         print(f"jetspec serve: ${args.admin_api_key_env} is not set: policy pushes will be refused (403)", file=sys.stderr)

@@ -78,3 +78,16 @@ def test_gap_command_writes_records_markdown_and_plot(tmp_path, smollm2_dir, sin
     # rounds need a head trained with revealed tokens: the shipped head is refused, naming the flag
     assert main(["gap", "--target", str(smollm2_dir), "--prompts", str(prompts), "--draft-rounds", "0,1",
                  "--json", str(out)]) == 2
+
+
+def test_a_step_takes_its_draft_rounds_from_the_caller(smollm2, reveal_drafter, untrained_drafter, single_thread):
+    # the reference server's policy table sets rounds per step, over the engine config's default
+    requests = humaneval_requests(smollm2.tokenizer, 1, 8)
+    batch = ReferenceEngine(smollm2, reveal_drafter, EngineConfig(draft_rounds=0)).start_batch()
+    batch.admit(requests[0])
+    assert len(batch.step(16, draft_rounds=2)[0].draft_round_s) == 3
+    assert len(batch.step(16)[0].draft_round_s) == 1
+    marginal = ReferenceEngine(smollm2, untrained_drafter).start_batch()
+    marginal.admit(requests[0])
+    with pytest.raises(ValueError, match="draft_rounds=1 needs a head trained with revealed tokens"):
+        marginal.step(16, draft_rounds=1)

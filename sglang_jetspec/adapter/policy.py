@@ -1,4 +1,4 @@
-"""The worker's runtime policy: YAML file (or the built-in default), per-step budgets, pushed tables.
+"""The worker's runtime policy: YAML file (or the built-in default), per-step budgets and draft rounds, pushed tables.
 
 The file is named by the environment variable JETSPEC_POLICY (a path to a policy YAML, see
 policies/README.md); without it the packaged `policies/default.yaml` applies. SGLang has no
@@ -17,7 +17,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from policies import ActivePolicy, Policy, PolicyError, PolicyState, PolicyTable, load_policy, read_head_capacity
+from policies import ActivePolicy, Policy, PolicyError, PolicyState, PolicyTable, StepPlan, load_policy, read_head_capacity
 from policies.control_api import FLAT_PREFIX, policy_readback, table_from_flat_args
 
 log = logging.getLogger(__name__)
@@ -56,10 +56,10 @@ class PolicyControl:
         self._on_change = on_change  # called with the new PolicyState (metrics gauges)
         self._shown_generation = -1
 
-    def budget_for_step(self, batch_size: int, now: float) -> tuple[str, int]:
+    def step_plan(self, batch_size: int, now: float) -> StepPlan:
         state = self.active.state(now)  # also reverts an expired push
         self._notify(state)
-        return self.active.budget_for_step(batch_size, now)
+        return self.active.step_plan(batch_size, now)
 
     def check(self, flat: dict[str, Any]) -> tuple[PolicyTable | None, list[str]]:
         """Validate a flat pushed table without applying it: (table, []) or (None, problems)."""

@@ -133,9 +133,13 @@ class ReferenceEngine:
         self.config = config or EngineConfig()
         self.tap_layers: tuple[int, ...] = tuple(getattr(drafter, "tap_layers", ()))
         self.tap_width = target.info.hidden_size * len(self.tap_layers)
-        if self.config.draft_rounds and not getattr(drafter, "reads_tree_tokens", False):
+        self.check_draft_rounds(self.config.draft_rounds)
+
+    def check_draft_rounds(self, rounds: int) -> None:
+        """ValueError unless this engine's drafter can run `rounds` tree-causal rounds."""
+        if rounds and not getattr(self.drafter, "reads_tree_tokens", False):
             raise ValueError(
-                f"draft_rounds={self.config.draft_rounds} needs a head trained with revealed tokens (config.json "
+                f"draft_rounds={rounds} needs a head trained with revealed tokens (config.json "
                 "dflash_config.draft_reveal, written by `jetspec train --reveal prefix`); this drafter only gives per-depth "
                 "marginals: use draft rounds 0 or such a head"
             )
@@ -182,7 +186,7 @@ class ReferenceEngine:
         lane.commit(first.tokens)
         return lane, cache
 
-    def _trees(self, lanes: list[Lane], budget: int) -> tuple[list[DraftTree], list[float], float]:
+    def _trees(self, lanes: list[Lane], budget: int, draft_rounds: int) -> tuple[list[DraftTree], list[float], float]:
         """Each lane's tree, the draft head seconds per round and the tree-building seconds."""
         if budget <= 1 or self.drafter is None:
             if budget > 1:
@@ -191,12 +195,12 @@ class ReferenceEngine:
         # a tree of `budget` nodes is at most budget-1 deep: never pay for deeper draft rows
         depth = min(self.drafter.max_depth, budget - 1)
         spec = TreeSpec(budget=budget, max_depth=depth, width=self.config.tree_width, fanout=self.config.fanout)
-        trees, timing = draft_trees(self.drafter, lanes, spec, self.config.draft_rounds)
+        trees, timing = draft_trees(self.drafter, lanes, spec, draft_rounds)
         return trees, timing.round_s, timing.tree_s
 
-    def _step(self, cache: SlotKVCache, lanes: list[Lane], budget: int) -> StepRecord:
+    def _step(self, cache: SlotKVCache, lanes: list[Lane], budget: int, draft_rounds: int) -> StepRecord:
         t_start = time.perf_counter()
-        trees, draft_round_s, tree_s = self._trees(lanes, budget)
+        trees, draft_round_s, tree_s = self._trees(lanes, budget, draft_rounds)
         t_verify = time.perf_counter()
         segments = [
             Segment(tree.tokens, tree.positions(int(cache.lengths[b])), tree.ancestor_mask()) for b, tree in enumerate(trees)
@@ -261,9 +265,12 @@ class RunningBatch:
         self.lanes.append(lane)
         return None
 
-    def step(self, budget: int) -> tuple[StepRecord, list[tuple[Request, RequestOutput]]]:
-        """One verify step for every lane; finished requests leave the batch and are returned."""
-        record = self.engine._step(self.cache, self.lanes, budget)
+    def step(self, budget: int, draft_rounds: int | None = None) -> tuple[StepRecord, list[tuple[Request, RequestOutput]]]:
+        """One verify step for every lane (`draft_rounds` overrides the engine config's, e.g. from a
+        policy table); finished requests leave the batch and are returned."""
+        rounds = self.engine.config.draft_rounds if draft_rounds is None else draft_rounds
+        self.engine.check_draft_rounds(rounds)
+        record = self.engine._step(self.cache, self.lanes, budget, rounds)
         if self.engine.config.check_invariants:
             check_invariants(self.cache, self.lanes)
         finished = [(lane.request, lane.output()) for lane in self.lanes if lane.finish_reason]

@@ -156,7 +156,7 @@ def test_all_problems_reported_at_once(tmp_path):
 
 def _head(tmp_path: Path, config: dict) -> Path:
     head = tmp_path / "head"
-    head.mkdir()
+    head.mkdir(parents=True)
     (head / "config.json").write_text(json.dumps(config))
     return head
 
@@ -223,3 +223,21 @@ def test_python_dash_m_policies_check():
                           cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().endswith("default.yaml: ok")
+
+
+ROUNDS = GOOD.replace("    default: 16\n", "    default: 16\n    draft_rounds: 2\n") + "head:\n  max_draft_rounds: 1\n"
+
+
+def test_cohort_draft_rounds_above_the_limit_point_at_their_line():
+    (problem,) = problems_of(ROUNDS)
+    assert problem == ("p.yaml:7: cohorts[0] 'bs1' draft_rounds 2 is above head.max_draft_rounds 1 -- "
+                       "lower it to at most 1 or raise head.max_draft_rounds")
+
+
+def test_draft_rounds_need_a_head_trained_with_revealed_tokens(tmp_path):
+    text = ROUNDS.replace("draft_rounds: 2", "draft_rounds: 1")
+    marginal = read_head_capacity(_head(tmp_path / "m", {"block_size": 8}))
+    (problem,) = problems_of(text, head=marginal)
+    assert problem.startswith("p.yaml:14: head.max_draft_rounds is 1 but head ") and "--reveal prefix" in problem
+    reveal = read_head_capacity(_head(tmp_path / "r", {"dflash_config": {"block_size": 8, "draft_reveal": {"scheme": "prefix"}}}))
+    assert reveal.reads_tree_tokens and parse_policy_text(text, head=reveal).cohorts[0].draft_rounds == 1

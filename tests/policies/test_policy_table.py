@@ -92,17 +92,17 @@ def test_invalid_push_keeps_the_running_table():
 def test_probe_share_is_exact_and_evenly_spread():
     active = ActivePolicy(POLICY)
     active.apply(table(budget=16, probe={"budget": 64, "share": 0.05}), now=0.0)
-    picks = [active.budget_for_step(1, now=1.0) for _ in range(1000)]
-    probe_steps = [i for i, (_, budget) in enumerate(picks) if budget == 64]
+    picks = [active.step_plan(1, now=1.0) for _ in range(1000)]
+    probe_steps = [i for i, plan in enumerate(picks) if plan.budget == 64]
     assert len(probe_steps) == 50
     assert max(b - a for a, b in zip(probe_steps, probe_steps[1:])) <= 21
-    assert {cohort for cohort, _ in picks} == {"bs1"}
+    assert {plan.cohort for plan in picks} == {"bs1"}
 
 
 def test_batches_beyond_the_last_cohort_use_it():
     active = ActivePolicy(POLICY)
-    assert active.budget_for_step(8, now=0.0) == ("bs2-8", 4)
-    assert active.budget_for_step(500, now=0.0) == ("bs2-8", 4)
+    assert active.step_plan(8, now=0.0) == ("bs2-8", 4, 0)
+    assert active.step_plan(500, now=0.0) == ("bs2-8", 4, 0)
 
 
 def _push(active, payload, authorization=f"Bearer {KEY}", admin_key=KEY):
@@ -118,8 +118,9 @@ def flat(**changes) -> dict:
 def test_flat_keys_are_numbers_and_round_trip():
     pushed = validate_table(table(budget=64, probe={"budget": 16, "share": 0.05}), POLICY)
     assert table_to_flat_args(pushed) == {"jetspec_policy.ttl_s": 90.0, "jetspec_policy.bs1.budget": 64,
+                                          "jetspec_policy.bs1.draft_rounds": 0,
                                           "jetspec_policy.bs1.probe_budget": 16, "jetspec_policy.bs1.probe_share": 0.05,
-                                          "jetspec_policy.bs2-8.budget": 4}
+                                          "jetspec_policy.bs2-8.budget": 4, "jetspec_policy.bs2-8.draft_rounds": 0}
     assert table_from_flat_args(table_to_flat_args(pushed), POLICY) == pushed
 
 
@@ -133,7 +134,7 @@ def test_flat_keys_outside_the_scheme_are_unknown(key, expected):
     with pytest.raises(PolicyError) as caught:
         table_from_flat_args({**flat()["server_args"], key: 4}, POLICY)
     assert [str(p) for p in caught.value.problems] == [
-        f"{expected} -- send jetspec_policy.ttl_s and jetspec_policy.<cohort>.{{budget,probe_budget,probe_share}} "
+        f"{expected} -- send jetspec_policy.ttl_s and jetspec_policy.<cohort>.{{budget,draft_rounds,probe_budget,probe_share}} "
         "for cohorts ['bs1', 'bs2-8']"]
 
 
@@ -183,3 +184,36 @@ def test_endpoint_applies_a_table_whole_or_not_at_all():
     unknown["server_args"]["pp_max_micro_batch_size"] = 8  # the reference server has no other knobs
     assert "unknown key pp_max_micro_batch_size" in _push(active, unknown)[1]["problems"][0]
     assert active.state(11.0).table.budgets() == {"bs1": 64, "bs2-8": 4}
+
+
+ROUNDS_POLICY = parse_policy_text("""\
+cohorts:
+  - {name: bs1, min_batch: 1, max_batch: 1, budgets: [0, 4, 16, 64], default: 16, draft_rounds: 1}
+  - {name: bs2-8, min_batch: 2, max_batch: 8, budgets: [0, 4, 8], default: 4}
+head: {max_draft_rounds: 2}
+""")
+
+
+def test_draft_rounds_come_from_the_yaml_until_a_push_changes_them():
+    active = ActivePolicy(ROUNDS_POLICY)
+    assert active.step_plan(1, now=0.0) == ("bs1", 16, 1)
+    assert active.step_plan(3, now=0.0) == ("bs2-8", 4, 0)
+    flat_args = table_to_flat_args(default_table(ROUNDS_POLICY))
+    flat_args["jetspec_policy.bs2-8.draft_rounds"] = 2
+    del flat_args["jetspec_policy.bs1.draft_rounds"]  # missing: the cohort's YAML value
+    active.apply(table_from_flat_args(flat_args, ROUNDS_POLICY), now=0.0)
+    assert active.step_plan(1, now=1.0) == ("bs1", 16, 1)
+    assert active.step_plan(3, now=1.0) == ("bs2-8", 4, 2)
+    assert active.step_plan(3, now=90.0) == ("bs2-8", 4, 0)  # expired: back to the YAML default
+
+
+def test_draft_rounds_above_the_policy_limit_are_refused_and_nothing_changes():
+    active = ActivePolicy(ROUNDS_POLICY)
+    flat_args = table_to_flat_args(default_table(ROUNDS_POLICY))
+    flat_args["jetspec_policy.bs1.draft_rounds"] = 3
+    status, answer = _push(active, {"server_args": flat_args})
+    assert status == 400 and answer["problems"] == [
+        "cohorts[0].draft_rounds 3 is above the server policy's head.max_draft_rounds 2 -- use 0..2"]
+    assert active.step_plan(1, now=11.0) == ("bs1", 16, 1) and active.state(11.0).source == "yaml"
+    with pytest.raises(PolicyError, match=r"cohorts\[0\].draft_rounds 1 is above the server policy's head.max_draft_rounds 0"):
+        validate_table(table(draft_rounds=1), POLICY)  # POLICY leaves max_draft_rounds at its default, 0

@@ -44,9 +44,9 @@ def test_flat_round_trip_with_probe(policy):
 
 def test_budget_by_cohort_zero_means_off(policy):
     control = PolicyControl(policy, admin_key_configured=True)
-    assert control.budget_for_step(1, now=0.0) == ("bs1", 32)
-    assert control.budget_for_step(4, now=0.0) == ("bs2-6", 16)
-    assert control.budget_for_step(300, now=0.0) == ("bs25-256", 0)
+    assert control.step_plan(1, now=0.0) == ("bs1", 32, 0)
+    assert control.step_plan(4, now=0.0) == ("bs2-6", 16, 0)
+    assert control.step_plan(300, now=0.0) == ("bs25-256", 0, 0)
 
 
 def test_bad_push_is_rejected_and_previous_table_stays(policy):
@@ -57,7 +57,7 @@ def test_bad_push_is_rejected_and_previous_table_stays(policy):
     assert problems and "cohorts[0].budget 48 is not a candidate of 'bs1'" in problems[0]
     problems = control.push({"jetspec_policy.nosuch.budget": 8, **_push(policy)}, now=1.0)
     assert any("unknown key jetspec_policy.nosuch.budget" in p for p in problems)
-    assert control.budget_for_step(1, now=2.0) == ("bs1", 64)
+    assert control.step_plan(1, now=2.0) == ("bs1", 64, 0)
     assert control.readback(2.0)["generation"] == 1 and control.readback(2.0)["source"] == "pushed"
     assert [s.generation for s in shown] == [1]
 
@@ -67,15 +67,15 @@ def test_ttl_revert_to_yaml_default(policy):
     flat = _push(policy, bs1=64)
     flat["jetspec_policy.ttl_s"] = 10.0
     assert control.push(flat, now=100.0) == []
-    assert control.budget_for_step(1, now=109.0) == ("bs1", 64)
-    assert control.budget_for_step(1, now=110.0) == ("bs1", 32)
+    assert control.step_plan(1, now=109.0) == ("bs1", 64, 0)
+    assert control.step_plan(1, now=110.0) == ("bs1", 32, 0)
     assert control.readback(110.0)["source"] == "yaml"
 
 
 def test_pushes_need_an_admin_key(policy):
     control = PolicyControl(policy, admin_key_configured=False)
     assert "--admin-api-key" in control.push(_push(policy, bs1=64), now=0.0)[0]
-    assert control.budget_for_step(1, now=0.0) == ("bs1", 32)
+    assert control.step_plan(1, now=0.0) == ("bs1", 32, 0)
 
 
 class _FakeWorker:
@@ -100,12 +100,12 @@ def test_hooked_sglang_controller_applies_and_rejects(jetspec_registered, policy
     control = PolicyControl(policy, admin_key_configured=True)
     controller = _controller(control)
     good = controller.set_internal_state(SetInternalStateReq(server_args=_push(policy, bs1=128)))
-    assert good.updated is True and control.budget_for_step(1, now=0.0)[1] == 128
+    assert good.updated is True and control.step_plan(1, now=0.0).budget == 128
     bad = controller.set_internal_state(SetInternalStateReq(server_args=_push(policy, bs1=48)))
-    assert bad.updated is False and control.budget_for_step(1, now=0.0)[1] == 128
+    assert bad.updated is False and control.step_plan(1, now=0.0).budget == 128
     # a valid table next to a key SGLang rejects: all or nothing
     mixed = controller.set_internal_state(SetInternalStateReq(server_args={**_push(policy, bs1=8), "nope": 1}))
-    assert mixed.updated is False and control.budget_for_step(1, now=0.0)[1] == 128
+    assert mixed.updated is False and control.step_plan(1, now=0.0).budget == 128
     # readback: the AFTER hook on get_internal_state adds the state in force
     result = internal_state.after_get_internal_state(GetInternalStateReqOutput(internal_state={}), controller, None)
     assert result.internal_state["jetspec_policy"]["table"]["cohorts"][0]["budget"] == 128
