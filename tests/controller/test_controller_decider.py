@@ -161,3 +161,18 @@ def test_resume_reproduces_the_table_and_decisions_use_the_clock(test_policy):
     world.clock.now = 1234.0
     decisions = world.interval()
     assert {d.at for d in decisions.values()} == {1244.0}
+
+
+def test_tables_keep_each_cohorts_yaml_draft_rounds(test_policy_yaml):
+    from policies import parse_policy_text
+
+    text = test_policy_yaml.replace("default: 16", "default: 16, draft_rounds: 1", 1) + "head: {max_draft_rounds: 1}\n"
+    policy = parse_policy_text(text)
+    assert [c.draft_rounds for c in policy.cohorts][:2] == [1, 0]
+    world = World(policy, {"bs1": {0: 10.0, 4: 12.0, 16: 15.0, 64: 20.0}})
+    for _ in range(30):  # budgets move; draft rounds stay the YAML's
+        world.interval()
+        table = world.decider.table()
+        assert [c.draft_rounds for c in table.cohorts] == [c.draft_rounds for c in policy.cohorts]
+    assert table.cohorts[0].budget == 64
+    validate_table(table.model_dump(), policy)
