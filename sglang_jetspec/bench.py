@@ -67,6 +67,16 @@ class BenchRecord:
     speedup_vs_ar: float
     greedy_mismatches: int | None  # requests whose output differs from autoregressive; None when sampled
     draft_round_s: list[float]  # mean draft head seconds per verify step by round: [marginal pass, round 1, ...]
+    phase_ms: dict[str, float]  # mean ms per verify step: draft, tree, verify, accept
+    # Appendix G's per-draft-token cost c = (T_draft / N) / T_verify, N = the budget (nodes); None without a draft
+    draft_token_cost: float | None
+
+
+def draft_token_cost(phase_ms: dict[str, float], budget: int) -> float | None:
+    """The seeds' Appendix G quantity: draft time per tree node over the verify time of the step."""
+    if budget <= 1 or phase_ms["draft"] <= 0 or phase_ms["verify"] <= 0:
+        return None
+    return phase_ms["draft"] / budget / phase_ms["verify"]
 
 
 def _head_is_causal(flag: str, head_dir: str) -> bool:
@@ -185,7 +195,8 @@ class GridRunner:
             # sampled outputs legitimately differ from autoregressive ones: only greedy runs are compared
             mismatches = sum(a.output_ids != b.output_ids for a, b in zip(outputs, baseline_outputs)) if temperature == 0 else None
             cell = BenchRecord(run.mode, run.budget, batch_size, temperature, run.requests, run.tokens, run.seconds, run.tokens_per_s,
-                               run.mean_accept_length, run.tokens_per_s / baseline.tokens_per_s, mismatches, run.draft_round_s)
+                               run.mean_accept_length, run.tokens_per_s / baseline.tokens_per_s, mismatches, run.draft_round_s,
+                               run.phase_ms, draft_token_cost(run.phase_ms, run.budget))
             print(f"batch {batch_size} T={temperature:g} {cell.method:<15} budget {cell.budget:>4}: {cell.tokens_per_s:8.2f} tok/s  "
                   f"accept {cell.mean_accept_length:5.2f}  speedup {cell.speedup_vs_ar:5.2f}x  "
                   f"draft ms/step by round {[round(1000 * s, 1) for s in cell.draft_round_s]}", flush=True)

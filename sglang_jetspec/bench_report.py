@@ -104,6 +104,16 @@ def markdown_report(report: dict) -> str:
          "never pays" if s["pays_up_to_budget"] is None else str(s["pays_up_to_budget"])]
         for s in report["summary"]
     ]
+    lines += markdown_table(columns, rows) + ["", "## Per-step phases (mean ms per verify step)", "",
+                                              "c = (T_draft / N) / T_verify with N = budget nodes (the JetSpec seeds' Appendix G cost).", ""]
+    columns = ["batch", "temperature", "method", "budget", "draft ms (by round)", "tree ms", "verify ms", "accept ms", "c"]
+    rows = [
+        [str(r["batch_size"]), f"{r['temperature']:g}", r["method"], str(r["budget"]),
+         f"{phases['draft']:.1f} ({', '.join(f'{1000 * s:.1f}' for s in r['draft_round_s'])})" if r["draft_round_s"] else f"{phases['draft']:.1f}",
+         f"{phases['tree']:.1f}", f"{phases['verify']:.1f}", f"{phases['accept']:.1f}",
+         "-" if r["draft_token_cost"] is None else f"{100 * r['draft_token_cost']:.2f}%"]
+        for r in report["records"] if (phases := r.get("phase_ms"))  # reports written before phases were kept have none
+    ]
     return "\n".join(lines + markdown_table(columns, rows)) + "\n"
 
 

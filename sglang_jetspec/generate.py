@@ -30,18 +30,24 @@ class RunFigures:
     tokens_per_s: float
     mean_accept_length: float
     draft_round_s: list[float]  # mean draft head seconds per verify step, by round: [marginal pass, tree-causal round 1, ...]
+    phase_ms: dict[str, float]  # mean milliseconds per verify step of each phase (STEP_PHASES)
+
+
+STEP_PHASES = ("draft", "tree", "verify", "accept")
 
 
 def timed_run(engine: ReferenceEngine, requests: list[Request], budget: int, mode: str) -> tuple[RunFigures, list[RequestOutput]]:
-    rounds: list[list[float]] = []
+    records = []
     start = time.perf_counter()
-    outputs = engine.generate(requests, budget=budget, on_step=lambda record: rounds.append(record.draft_round_s))
+    outputs = engine.generate(requests, budget=budget, on_step=records.append)
     seconds = time.perf_counter() - start
     tokens = sum(len(o.output_ids) for o in outputs)
     verifies = sum(len(o.accept_lengths) for o in outputs)
     accept = sum(sum(o.accept_lengths) for o in outputs) / max(1, verifies)
-    per_round = [sum(col) / len(rounds) for col in zip(*rounds)] if rounds else []
-    return RunFigures(mode, budget, len(outputs), tokens, seconds, tokens / seconds, accept, per_round), outputs
+    steps = max(1, len(records))
+    per_round = [sum(col) / steps for col in zip(*(r.draft_round_s for r in records))]
+    phase_ms = {phase: 1000 * sum(getattr(r, f"{phase}_s") for r in records) / steps for phase in STEP_PHASES}
+    return RunFigures(mode, budget, len(outputs), tokens, seconds, tokens / seconds, accept, per_round, phase_ms), outputs
 
 
 def run(args) -> dict:

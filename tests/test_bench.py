@@ -11,7 +11,7 @@ from sglang_jetspec.core.head_io import init_head, save_head
 from sglang_jetspec.loading import untrained_head_config
 
 RECORD_FIELDS = {"method", "budget", "batch_size", "temperature", "requests", "tokens", "seconds", "tokens_per_s",
-                 "mean_accept_length", "speedup_vs_ar", "greedy_mismatches", "draft_round_s"}
+                 "mean_accept_length", "speedup_vs_ar", "greedy_mismatches", "draft_round_s", "phase_ms", "draft_token_cost"}
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +50,12 @@ def test_bench_grid_writes_json_markdown_and_plot(tmp_path, smollm2_dir, heads, 
     assert all(len(r["draft_round_s"]) == (0 if r["method"] == "autoregressive" else 1) for r in records)
     assert [(r["method"], r["budget"]) for r in records] == [("autoregressive", 0)] + [(m, b) for m in ("jetspec", "dflash", "chain", "lookup") for b in (4, 8)]
     ar = records[0]
+    # per-step phases: autoregressive drafts nothing; a head's draft time per node over verify time is c
+    assert ar["phase_ms"]["draft"] == 0 and ar["phase_ms"]["verify"] > 0 and ar["draft_token_cost"] is None
+    for r in records[1:]:
+        phases = r["phase_ms"]
+        assert phases["draft"] > 0 and phases["verify"] > 0 and phases["draft"] == pytest.approx(1000 * sum(r["draft_round_s"]))
+        assert r["draft_token_cost"] == pytest.approx(phases["draft"] / r["budget"] / phases["verify"])
     assert ar["speedup_vs_ar"] == 1.0 and ar["mean_accept_length"] == 1.0
     for r in records:
         assert r["requests"] == 2 and r["tokens"] == ar["tokens"] and r["batch_size"] == 1 and r["temperature"] == 0
@@ -64,6 +70,7 @@ def test_bench_grid_writes_json_markdown_and_plot(tmp_path, smollm2_dir, heads, 
     assert {(s["method"], s["batch_size"]) for s in report["summary"]} == {(m, 1) for m in ("jetspec", "dflash", "chain", "lookup")}
     table = md.read_text()
     assert "| batch | temperature | method | budget |" in table and "| 1 | 0 | lookup | 8 |" in table
+    assert "| batch | temperature | method | budget | draft ms (by round) | tree ms | verify ms | accept ms | c |" in table
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     printed = capsys.readouterr().out
     assert "best budget" in printed and ("stops paying above budget" in printed or "never pays" in printed)
