@@ -19,6 +19,7 @@ from ..core.head_config import TargetInfo
 from .kv_cache import SlotKVCache
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen3", "qwen2")
+ATTENTION_BACKENDS = ("sdpa", "triton")  # triton: reference/triton_attention.py (the GPU path of issue 8)
 
 
 class TargetError(ValueError):
@@ -57,12 +58,21 @@ def read_target_config(target_dir: str | Path) -> dict:
 
 
 class TargetModel:
-    def __init__(self, target_dir: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> None:
+    def __init__(self, target_dir: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+                 attention: str = "sdpa") -> None:
         self.path = Path(target_dir)
         read_target_config(self.path)
         self.device = torch.device(device)
         self.dtype = dtype
-        self.model = AutoModelForCausalLM.from_pretrained(str(self.path), dtype=dtype, attn_implementation="sdpa").to(self.device).eval()
+        if attention not in ATTENTION_BACKENDS:
+            raise TargetError(f"attention={attention!r}: use one of {', '.join(ATTENTION_BACKENDS)}")
+        implementation = "sdpa"
+        if attention == "triton":
+            from .triton_attention import register  # imports triton: only when asked for
+
+            implementation = register()
+        self.attention = attention
+        self.model = AutoModelForCausalLM.from_pretrained(str(self.path), dtype=dtype, attn_implementation=implementation).to(self.device).eval()
         self.tokenizer = AutoTokenizer.from_pretrained(str(self.path))
         cfg = self.model.config
         self.info = TargetInfo(
