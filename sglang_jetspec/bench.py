@@ -237,6 +237,7 @@ def run_header(args, target: TargetModel, head_labels: dict[str, str], indices: 
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "dtype": args.dtype,
+        "attention": args.attention,
         "target": str(target.path),
         "heads": {flag: describe_head(label) for flag, label in head_labels.items()},
         "command_line": shlex.join(["jetspec", *args.argv]),
@@ -268,7 +269,7 @@ def load_run(args) -> LoadedRun:
     prompts, indices = select_prompts(args.prompts, args.prompt_range)
     if args.threads:
         torch.set_num_threads(args.threads)
-    target = load_target(args.target, args.dtype, args.device)
+    target = load_target(args.target, args.dtype, args.device, args.attention)
     contenders, head_labels = load_contenders(args, target)
     return LoadedRun(target, [encode(p, target.tokenizer) for p in prompts], indices, contenders, head_labels)
 

@@ -82,7 +82,7 @@ def markdown_report(report: dict) -> str:
     lines = [
         "# jetspec bench",
         "",
-        f"- machine: {machine['device']}, {machine.get('gpu') or machine['cpu']}, {machine['threads']} threads; torch {h['torch']}, {h['dtype']}",
+        f"- machine: {machine['device']}, {machine.get('gpu') or machine['cpu']}, {machine['threads']} threads; torch {h['torch']}, {h['dtype']}, {h.get('attention', 'sdpa')} attention",
         f"- target: `{h['target']}`",
         f"- heads: {heads or 'none (lookup only)'}",
         f"- prompts: {h['prompts']} [{h['prompt_range']}], {h['max_new_tokens']} new tokens; tree width {h['tree']['width']} ({h['tree']['fanout']})",

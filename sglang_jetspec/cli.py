@@ -36,11 +36,14 @@ def _run_fetch(args) -> int:
 
 
 def add_target_arguments(parser: argparse.ArgumentParser) -> None:
-    """--target/--head/--dtype/--device, shared by every command that runs the reference engine."""
+    """--target/--head/--dtype/--device/--attention, shared by every command that runs the reference engine."""
     parser.add_argument("--target", default="smollm2", help="'smollm2' or a local HF Llama/Qwen3 checkpoint directory")
     parser.add_argument("--head", help="head directory (default: the shipped head for the target; 'untrained' for random weights)")
     parser.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default="fp32")
     parser.add_argument("--device", default="cuda" if _cuda() else "cpu")
+    parser.add_argument("--attention", choices=["sdpa", "triton"], default="sdpa",
+                        help="target attention: PyTorch SDPA with the engine's mask, or the Triton masked-attention kernel "
+                             "(reference/triton_attention.py; for CUDA devices, or CPU under TRITON_INTERPRET=1)")
 
 
 def add_lookup_arguments(parser: argparse.ArgumentParser) -> None:

@@ -59,7 +59,7 @@ def gap(args) -> dict:
     prompts, indices = select_prompts(args.prompts, args.prompt_range)
     if args.threads:
         torch.set_num_threads(args.threads)
-    target = load_target(args.target, args.dtype, args.device)
+    target = load_target(args.target, args.dtype, args.device, args.attention)
     try:
         drafter, head_label = load_drafter(target, args.head)
     except HeadConfigError as exc:

@@ -52,7 +52,7 @@ def timed_run(engine: ReferenceEngine, requests: list[Request], budget: int, mod
 
 def run(args) -> dict:
     torch.manual_seed(0)
-    target = load_target(args.target, args.dtype, args.device)
+    target = load_target(args.target, args.dtype, args.device, args.attention)
     chosen = load_engine_drafter(target, args)
     prompt_ids = load_prompt_ids(args.prompts, target.tokenizer, limit=args.num_prompts)
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p, seed=args.seed, max_new_tokens=args.max_new_tokens)

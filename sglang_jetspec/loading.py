@@ -32,8 +32,8 @@ def resolve_target_dir(spec: str) -> Path:
     return path
 
 
-def load_target(spec: str, dtype: str = "fp32", device: str = "cpu") -> TargetModel:
-    return TargetModel(resolve_target_dir(spec), dtype=DTYPES[dtype], device=device)
+def load_target(spec: str, dtype: str = "fp32", device: str = "cpu", attention: str = "sdpa") -> TargetModel:
+    return TargetModel(resolve_target_dir(spec), dtype=DTYPES[dtype], device=device, attention=attention)
 
 
 def shipped_head_dir(target_dir: Path) -> Path | None:

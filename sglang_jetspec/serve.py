@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
     except TracingConfigError as exc:
         print(f"jetspec serve: {exc}", file=sys.stderr)
         return 2
-    target = TargetModel(target_dir, dtype=DTYPES[args.dtype], device=args.device)
+    target = TargetModel(target_dir, dtype=DTYPES[args.dtype], device=args.device, attention=args.attention)
     chosen = load_engine_drafter(target, args)
     config = EngineConfig(tree_width=chosen.tree_width, fanout=args.fanout, acceptance=args.acceptance,
                           max_batch_size=args.max_batch_size)

@@ -55,6 +55,14 @@ class TreeDraft:
         self.tree = self.rebuild()
 
 
+def settled_clock(result: torch.Tensor) -> float:
+    """perf_counter once the device has finished computing `result`: on a GPU a phase timed without
+    this would measure kernel launches and bill its work to whichever phase syncs next."""
+    if result.is_cuda:
+        torch.cuda.synchronize(result.device)
+    return time.perf_counter()
+
+
 @dataclass
 class DraftTiming:
     round_s: list[float]  # head seconds per round: [marginal pass, tree-causal round 1, ...]
@@ -69,7 +77,7 @@ def refine(drafter: TreeDrafter, lanes: list, drafts: list[TreeDraft]) -> tuple[
     """One tree-causal round over every lane's current tree; returns (head seconds, tree seconds)."""
     t0 = time.perf_counter()
     child_logits = drafter.propose_children(lanes, [d.tree for d in drafts])
-    t1 = time.perf_counter()
+    t1 = settled_clock(child_logits[0])
     for draft, logits in zip(drafts, child_logits):
         draft.learn(logits)
     return t1 - t0, time.perf_counter() - t1
@@ -79,7 +87,7 @@ def draft_trees(drafter: TreeDrafter, lanes: list, spec: TreeSpec, rounds: int =
     """Every lane's tree after the marginal pass and `rounds` tree-causal rounds (0 = marginal only)."""
     t0 = time.perf_counter()
     depth_logits = drafter.propose(lanes, spec.max_depth)
-    t1 = time.perf_counter()
+    t1 = settled_clock(depth_logits)
     drafts = [TreeDraft(lane.root_token, *top_k_per_depth(logits, spec.width), spec) for lane, logits in zip(lanes, depth_logits)]
     timing = DraftTiming([t1 - t0], time.perf_counter() - t1)
     for _ in range(rounds):

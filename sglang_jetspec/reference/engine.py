@@ -20,7 +20,7 @@ from ..core.branch_gap import rank1_branch_gap
 from ..core.drafter import ContextCache
 from ..core.sampling import SamplingParams, make_generator
 from ..core.step_record import StepRecord
-from ..core.drafting import draft_trees
+from ..core.drafting import draft_trees, settled_clock
 from ..core.tree import DraftTree, TreeSpec, root_only_tree
 from .kv_cache import SlotKVCache
 from .target import Segment, TargetModel
@@ -207,7 +207,7 @@ class ReferenceEngine:
         ]
         out = self.target.forward(cache, segments, self.tap_layers)
         logits = self.target.logits(out.hidden)
-        t_accept = time.perf_counter()
+        t_accept = settled_clock(logits)
         results = accept_batch(trees, logits, [l.params for l in lanes], [l.generator for l in lanes], self.config.acceptance)
         t_commit = time.perf_counter()
         committed = self._commit(cache, lanes, results, out.taps)

@@ -80,7 +80,7 @@ def run(args) -> int:
                          "rows of a bidirectional block); drop --bidirectional or use --reveal none")
     if not 0.0 <= args.all_mask_share <= 1.0:
         raise SystemExit(f"jetspec train: --all-mask-share {args.all_mask_share}: must be within [0, 1]")
-    target = load_target(args.target, "fp32", args.device)
+    target = load_target(args.target, "fp32", args.device, args.attention)
     if args.prompts:
         records = read_prompt_file(args.prompts)
         label = f"{Path(args.prompts).stem}-{hashlib.sha256(Path(args.prompts).read_bytes()).hexdigest()[:10]}"
