@@ -28,8 +28,11 @@ class HeadCapacity:
 
     @property
     def max_nodes(self) -> int:
-        depth = self.block_size - 1
-        return sum(self.tree_width ** d for d in range(depth + 1))
+        return self.nodes_at(self.tree_width)
+
+    def nodes_at(self, width: int) -> int:
+        """Nodes of the full tree with `width` children per node, root included."""
+        return sum(width ** d for d in range(self.block_size))
 
 
 def _lookup(config: dict, key: str) -> object | None:

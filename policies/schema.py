@@ -33,6 +33,7 @@ class CohortPolicy(StrictModel):
     budgets: list[Budget] = Field(min_length=1, description="candidate budgets, 0 = off, increasing")
     default: Budget = Field(description="budget used until a controller pushes a table")
     draft_rounds: int = Field(default=0, ge=0, description="tree-causal draft rounds after the marginal tree")
+    tree_width: int = Field(default=0, ge=0, description="children per tree node (top-K); 0 = the head's own width")
 
 
 class GatePolicy(StrictModel):
@@ -89,11 +90,11 @@ def _budget_problems(policy: Policy, head: HeadCapacity | None) -> list[Problem]
             if budget > limit:
                 problems.append(Problem(loc, f"{where} budget {budget} is above head.max_budget {limit}",
                                         f"lower it to at most {limit} or raise head.max_budget"))
-            elif head is not None and budget > head.max_nodes:
+            elif head is not None and budget > head.nodes_at(width := cohort.tree_width or head.tree_width):
                 problems.append(Problem(
                     loc, f"{where} budget {budget} is more nodes than head {head.source} can use "
-                    f"(block_size {head.block_size}, tree width {head.tree_width}: at most {head.max_nodes})",
-                    f"lower it to at most {head.max_nodes}"))
+                    f"(block_size {head.block_size}, tree width {width}: at most {head.nodes_at(width)})",
+                    f"lower it to at most {head.nodes_at(width)}"))
         if len(set(cohort.budgets)) != len(cohort.budgets) or cohort.budgets != sorted(cohort.budgets):
             problems.append(Problem(("cohorts", i, "budgets"),
                                     f"{where} budgets {cohort.budgets} are not strictly increasing",

@@ -3,7 +3,7 @@
 As read back (`GET /server_info` -> `internal_states[i].jetspec_policy.table`):
 
     {"cohorts": [{"name": "bs1", "min_batch": 1, "max_batch": 1, "budget": 32, "draft_rounds": 0,
-                  "probe": {"budget": 64, "share": 0.05} | null}, ...],
+                  "tree_width": 0, "probe": {"budget": 64, "share": 0.05} | null}, ...],
      "ttl_s": 90.0}
 
 A push carries it as flat numeric keys instead (SGLang admits only numbers there):
@@ -35,15 +35,17 @@ class CohortBudget(StrictModel):
     max_batch: int = Field(ge=1)
     budget: Budget
     draft_rounds: int = Field(default=0, ge=0)  # tree-causal rounds; probe steps draft with them too
+    tree_width: int = Field(default=0, ge=0)  # children per node; 0 = the head's own width
     probe: Probe | None = None
 
 
 class StepPlan(NamedTuple):
-    """What the next step runs: its cohort, tree budget and tree-causal draft rounds."""
+    """What the next step runs: its cohort, tree budget, tree-causal draft rounds and tree width (0 = the head's)."""
 
     cohort: str
     budget: int
     draft_rounds: int
+    tree_width: int
 
 
 class PolicyTable(StrictModel):
@@ -64,10 +66,10 @@ class PolicyState(StrictModel):
 
 
 def default_table(policy: Policy) -> PolicyTable:
-    """The table a server runs from its YAML file: each cohort's default budget and draft rounds, no probes."""
+    """The table a server runs from its YAML file: each cohort's default budget, draft rounds and width, no probes."""
     return PolicyTable(
         cohorts=[CohortBudget(name=c.name, min_batch=c.min_batch, max_batch=c.max_batch, budget=c.default,
-                              draft_rounds=c.draft_rounds) for c in policy.cohorts],
+                              draft_rounds=c.draft_rounds, tree_width=c.tree_width) for c in policy.cohorts],
         ttl_s=policy.controller.ttl_s,
     )
 

@@ -1,7 +1,7 @@
 """The engine thread of the reference server: the only thread that touches the engine.
 
 Continuous batching: between steps it admits queued requests while the running batch has room,
-asks the policy for (cohort, budget, draft rounds) for the batch about to step, runs one verify step, records
+asks the policy for (cohort, budget, draft rounds, tree width) for the batch about to step, runs one verify step, records
 its telemetry and resolves the futures of the requests that finished, so requests join and leave
 mid-batch. A failing step fails the requests of that batch and the thread goes on with a fresh
 batch: one bad step never hangs the waiting HTTP handlers or stops the server.
@@ -134,12 +134,12 @@ class EngineWorker:
                 future.set_result(finished)
 
     def _step(self, batch: RunningBatch, running: dict[str, Future[RequestOutput]]) -> None:
-        cohort, budget, draft_rounds = self._active.step_plan(len(batch), self._clock())
+        cohort, budget, draft_rounds, tree_width = self._active.step_plan(len(batch), self._clock())
         links = step_links([self._span_contexts[lane.request.request_id] for lane in batch.lanes])
         if self._shadow:
             self._shadow.stepped([lane.request for lane in batch.lanes], budget)
         with self._tracer.start_as_current_span(STEP_SPAN, links=links) as span:
-            record, finished = batch.step(budget, draft_rounds)
+            record, finished = batch.step(budget, draft_rounds, tree_width or None)
             record_step_phases(self._tracer, span, cohort, record)
         self._metrics.record_step(cohort, record)
         for request, output in finished:

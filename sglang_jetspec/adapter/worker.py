@@ -35,7 +35,7 @@ from sglang.srt.sampling.penaltylib.repetition_penalty import apply_scaling_pena
 from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 from sglang.srt.speculative.spec_utils import move_accept_tokens_to_target_kvcache, record_stream_for_v2_verify
 
-from policies import read_head_capacity
+from policies import StepPlan, read_head_capacity
 from sglang_jetspec.adapter.accept import accept_step
 from sglang_jetspec.adapter.policy import PolicyControl, load_runtime_policy
 from sglang_jetspec.adapter.request_sampling import core_sampling_params, unsupported_feature
@@ -211,17 +211,17 @@ class JetSpecWorker(BaseSpecWorker):
             state.req = req  # the live Req: its finish reason and token ids for the sweep and the shadow
             offset += extend_len
 
-    def _trees(self, lanes: list[RequestDraftState], budget: int, draft_rounds: int) -> tuple[list[DraftTree], float, float]:
+    def _trees(self, lanes: list[RequestDraftState], plan: StepPlan, budget: int) -> tuple[list[DraftTree], float, float]:
         """Each request's tree (root-only for budget <= 1 and for blind requests), head and tree seconds;
-        `draft_rounds` tree-causal rounds after the marginal tree (the policy allows them only for a
-        head trained with revealed tokens)."""
+        the plan's tree-causal rounds after the marginal tree (the policy allows them only for a head
+        trained with revealed tokens) and its tree width (0 = the head's)."""
         trees = [root_only_tree(lane.root_token) for lane in lanes]
         drafting = [b for b, lane in enumerate(lanes) if budget > 1 and not lane.blind]
         if not drafting:
             return trees, 0.0, 0.0
         # a tree of `budget` nodes is at most budget-1 deep: never pay for deeper draft rows
-        spec = TreeSpec(budget=budget, max_depth=min(self.drafter.max_depth, budget - 1), width=self.tree_width)
-        drafted, timing = draft_trees(self.drafter, [lanes[b] for b in drafting], spec, draft_rounds)
+        spec = TreeSpec(budget=budget, max_depth=min(self.drafter.max_depth, budget - 1), width=plan.tree_width or self.tree_width)
+        drafted, timing = draft_trees(self.drafter, [lanes[b] for b in drafting], spec, plan.draft_rounds)
         for b, tree in zip(drafting, drafted):
             trees[b] = tree
         return trees, timing.draft_s, timing.tree_s
@@ -237,7 +237,8 @@ class JetSpecWorker(BaseSpecWorker):
         t_start = time.perf_counter()
         bs = len(batch.reqs)
         seq_lens = (batch.seq_lens_cpu if batch.seq_lens_cpu is not None else batch.seq_lens.cpu()).tolist()
-        cohort, budget, draft_rounds = self.policy_control.step_plan(bs, time.time())
+        plan = self.policy_control.step_plan(bs, time.time())
+        cohort, budget = plan.cohort, plan.budget
         # KV reservations and buffers were sized for speculative_num_draft_tokens nodes
         num_nodes = max(1, min(budget, self.speculative_num_draft_tokens))
         lanes = []
@@ -251,7 +252,7 @@ class JetSpecWorker(BaseSpecWorker):
             lanes.append(state)
 
         set_time_batch(batch.reqs, "set_spec_draft_start_time", trace_only=True)
-        trees, draft_s, tree_s = self._trees(lanes, num_nodes, draft_rounds)
+        trees, draft_s, tree_s = self._trees(lanes, plan, num_nodes)
         set_time_batch(batch.reqs, "set_spec_draft_end_time", trace_only=True)
         t_verify = self._sync()
 

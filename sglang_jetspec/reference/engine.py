@@ -186,7 +186,7 @@ class ReferenceEngine:
         lane.commit(first.tokens)
         return lane, cache
 
-    def _trees(self, lanes: list[Lane], budget: int, draft_rounds: int) -> tuple[list[DraftTree], list[float], float]:
+    def _trees(self, lanes: list[Lane], budget: int, draft_rounds: int, tree_width: int) -> tuple[list[DraftTree], list[float], float]:
         """Each lane's tree, the draft head seconds per round and the tree-building seconds."""
         if budget <= 1 or self.drafter is None:
             if budget > 1:
@@ -194,13 +194,13 @@ class ReferenceEngine:
             return [root_only_tree(lane.root_token) for lane in lanes], [], 0.0
         # a tree of `budget` nodes is at most budget-1 deep: never pay for deeper draft rows
         depth = min(self.drafter.max_depth, budget - 1)
-        spec = TreeSpec(budget=budget, max_depth=depth, width=self.config.tree_width, fanout=self.config.fanout)
+        spec = TreeSpec(budget=budget, max_depth=depth, width=tree_width, fanout=self.config.fanout)
         trees, timing = draft_trees(self.drafter, lanes, spec, draft_rounds)
         return trees, timing.round_s, timing.tree_s
 
-    def _step(self, cache: SlotKVCache, lanes: list[Lane], budget: int, draft_rounds: int) -> StepRecord:
+    def _step(self, cache: SlotKVCache, lanes: list[Lane], budget: int, draft_rounds: int, tree_width: int) -> StepRecord:
         t_start = time.perf_counter()
-        trees, draft_round_s, tree_s = self._trees(lanes, budget, draft_rounds)
+        trees, draft_round_s, tree_s = self._trees(lanes, budget, draft_rounds, tree_width)
         t_verify = time.perf_counter()
         segments = [
             Segment(tree.tokens, tree.positions(int(cache.lengths[b])), tree.ancestor_mask()) for b, tree in enumerate(trees)
@@ -265,12 +265,14 @@ class RunningBatch:
         self.lanes.append(lane)
         return None
 
-    def step(self, budget: int, draft_rounds: int | None = None) -> tuple[StepRecord, list[tuple[Request, RequestOutput]]]:
-        """One verify step for every lane (`draft_rounds` overrides the engine config's, e.g. from a
-        policy table); finished requests leave the batch and are returned."""
+    def step(self, budget: int, draft_rounds: int | None = None, tree_width: int | None = None
+             ) -> tuple[StepRecord, list[tuple[Request, RequestOutput]]]:
+        """One verify step for every lane (`draft_rounds` and `tree_width` override the engine config's,
+        e.g. from a policy table); finished requests leave the batch and are returned."""
         rounds = self.engine.config.draft_rounds if draft_rounds is None else draft_rounds
         self.engine.check_draft_rounds(rounds)
-        record = self.engine._step(self.cache, self.lanes, budget, rounds)
+        width = self.engine.config.tree_width if tree_width is None else tree_width
+        record = self.engine._step(self.cache, self.lanes, budget, rounds, width)
         if self.engine.config.check_invariants:
             check_invariants(self.cache, self.lanes)
         finished = [(lane.request, lane.output()) for lane in self.lanes if lane.finish_reason]

@@ -241,3 +241,11 @@ def test_draft_rounds_need_a_head_trained_with_revealed_tokens(tmp_path):
     assert problem.startswith("p.yaml:14: head.max_draft_rounds is 1 but head ") and "--reveal prefix" in problem
     reveal = read_head_capacity(_head(tmp_path / "r", {"dflash_config": {"block_size": 8, "draft_reveal": {"scheme": "prefix"}}}))
     assert reveal.reads_tree_tokens and parse_policy_text(text, head=reveal).cohorts[0].draft_rounds == 1
+
+
+def test_a_narrower_cohort_tree_width_lowers_what_budgets_the_head_can_use(tmp_path):
+    head = read_head_capacity(_head(tmp_path, {"block_size": 3, "tree_width": 8}))  # 1 + 8 + 64 = 73 nodes
+    assert parse_policy_text(GOOD, head=head).cohorts[0].tree_width == 0  # 0: the head's width
+    narrow = GOOD.replace("    default: 16\n", "    default: 16\n    tree_width: 4\n")  # 1 + 4 + 16 = 21 nodes
+    (problem,) = problems_of(narrow, head=head)
+    assert "budget 64 is more nodes than head" in problem and "(block_size 3, tree width 4: at most 21)" in problem

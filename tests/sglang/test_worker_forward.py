@@ -197,20 +197,26 @@ def test_budget_zero_is_plain_decoding_with_no_draft_work(fresh, smollm2, single
     assert fresh.states.get("z").budgets == [0] * 5
 
 
-def _one_budget(tmp_path, budget, draft_rounds=0):
+def _one_budget(tmp_path, budget, draft_rounds=0, tree_width=0):
     path = tmp_path / "one.yaml"
     path.write_text(f"cohorts:\n  - {{name: all, min_batch: 1, max_batch: 256, budgets: [{budget}], default: {budget}, "
-                    f"draft_rounds: {draft_rounds}}}\nhead: {{max_draft_rounds: {draft_rounds}}}\n")
+                    f"draft_rounds: {draft_rounds}, tree_width: {tree_width}}}\nhead: {{max_draft_rounds: {draft_rounds}}}\n")
     return PolicyControl(load_policy(path), admin_key_configured=False)
 
 
-def test_policy_draft_rounds_run_tree_causal_passes_and_stay_lossless(fresh, smollm2, reveal_drafter, single_thread,
-                                                                      monkeypatch, tmp_path):
-    fresh.policy_control = _one_budget(tmp_path, 16, draft_rounds=1)
+def test_policy_draft_rounds_and_width_shape_the_trees_and_stay_lossless(fresh, smollm2, reveal_drafter, single_thread,
+                                                                         monkeypatch, tmp_path):
+    fresh.policy_control = _one_budget(tmp_path, 16, draft_rounds=1, tree_width=3)
     monkeypatch.setattr(fresh, "drafter", reveal_drafter)
-    passes = []
+    passes, widest = [], []
     real = reveal_drafter.propose_children
-    monkeypatch.setattr(reveal_drafter, "propose_children", lambda lanes, trees: passes.append(len(trees)) or real(lanes, trees))
+
+    def spy(lanes, trees):
+        passes.append(len(trees))
+        widest.append(max(len(kids) for tree in trees for kids in tree.children()))
+        return real(lanes, trees)
+
+    monkeypatch.setattr(reveal_drafter, "propose_children", spy)
     encode = lambda text: smollm2.tokenizer(text)["input_ids"]  # noqa: E731
     reqs = [FakeReq("r0", encode(PROMPTS[0]), 12, temperature=0.0), FakeReq("r1", encode(PROMPTS[2]), 12, temperature=0.0)]
     sched = Scheduler(fresh)
@@ -222,6 +228,7 @@ def test_policy_draft_rounds_run_tree_causal_passes_and_stay_lossless(fresh, smo
     for req in reqs:
         assert req.output_ids == _plain_greedy(smollm2, req.origin_input_ids, 12), req.rid
     assert passes[0] == 2 and len(passes) == steps  # one tree-causal pass per step over the batch's trees
+    assert max(widest) == 3  # the policy's width, not the head's 8
     assert max(sched.accept_lens) > 1
 
 
