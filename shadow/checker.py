@@ -2,7 +2,8 @@
 
 Alarm (gauge `jetspec_shadow_alarm`) for a window when any of:
 - `greedy_error`: a greedy token was not the target argmax by more than the tie margin;
-- `impossible_token`: a sampled token lies outside the request's processed support;
+- `impossible_token`: a sampled token lies outside the request's processed support by more than the
+  tie margin (at the cutoff within it, a `tie`: checks.py);
 - `window_test`: the smallest Holm-adjusted p-value of the window's KS / rank chi-square is < alpha;
 - `sequential`: the betting monitor's evidence reached 1/alpha. This one is sticky: it stays until
   the monitor state (`<out>/state.json`) is deleted, by an operator who has fixed the cause.
@@ -63,8 +64,9 @@ class ShadowChecker:
             if record.sampling.greedy:
                 check.mismatches = greedy_mismatches(scores.logits, record.output_ids, self.tie_margin)
             else:
-                t = sampled_transform(scores.logits, record.output_ids, record.sampling.params(), self._rng(record))
-                check.pit, check.mismatches = t.pit, t.impossible
+                t = sampled_transform(scores.logits, record.output_ids, record.sampling.params(), self._rng(record),
+                                      self.tie_margin)
+                check.pit, check.mismatches = t.pit, t.outside_support
                 check.rank_observed, check.rank_expected = t.rank_observed, t.rank_expected
             span.set_attribute("jetspec.shadow.mismatches", len(check.mismatches))
             span.set_attribute("jetspec.shadow.first_divergence",

@@ -11,8 +11,11 @@ itself uses), with tokens in a fixed order (descending p, ties by token id):
     u = F(x-) + V * p(x),  V ~ Uniform(0, 1) independent,
 is exactly Uniform(0, 1) when x ~ p. Descending order puts the tokens a broken sampler most often
 over- or under-weights (the top ones) at one end, so shifts show up as skewed u. A token with p(x) = 0
-(outside the request's top-k / top-p / min-p support) is `impossible`: it cannot occur under lossless
-sampling and is reported as an error.
+(outside the request's top-k / top-p / min-p support) cannot occur under lossless sampling and is
+`impossible`, an error, unless it sits at the support's edge: when moving every logit by at most
+tie_margin / 2 nats in its favour (those above it down, it and those below up, the worst case of that
+rounding) puts it inside, serving and reference may simply disagree on the cutoff, and it is a `tie`.
+Without that band, one bf16 rounding at a top-p boundary would latch the sticky alarm.
 """
 
 from __future__ import annotations
@@ -71,7 +74,7 @@ def greedy_mismatches(logits: torch.Tensor, output_ids: list[int], tie_margin: f
 @dataclass
 class SampledTransform:
     pit: np.ndarray             # u for the possible tokens
-    impossible: list[Mismatch]
+    outside_support: list[Mismatch]  # kind "tie" (at the cutoff, within the margin) or "impossible"
     rank_observed: np.ndarray   # [buckets] emitted-rank counts
     rank_expected: np.ndarray   # [buckets] expected counts: sum over positions of the bucket's mass
 
@@ -95,8 +98,19 @@ def rank_bucket(ranks: np.ndarray) -> np.ndarray:
     return np.searchsorted(np.array(RANK_EDGES), ranks, side="right") - 1
 
 
+def outside_support(logits: torch.Tensor, position: int, emitted: int, expected: int, params: SamplingParams,
+                    tie_margin: float) -> Mismatch:
+    """Classify a token the request's processed distribution gives p = 0 at this position (module doc)."""
+    row = logits.double()
+    favoured = row + torch.where(row > row[emitted], -tie_margin / 2, tie_margin / 2)
+    if processed_probs(favoured, params)[emitted] > 0:
+        logprobs = torch.log_softmax(row, dim=-1)
+        return Mismatch(position, emitted, expected, float(logprobs[expected] - logprobs[emitted]), "tie")
+    return Mismatch(position, emitted, expected, float("inf"), "impossible")
+
+
 def sampled_transform(logits: torch.Tensor, output_ids: list[int], params: SamplingParams,
-                      rng: np.random.Generator) -> SampledTransform:
+                      rng: np.random.Generator, tie_margin: float = DEFAULT_TIE_MARGIN) -> SampledTransform:
     sorted_p, order = sorted_processed(logits, params)
     n = len(output_ids)
     emitted = np.asarray(output_ids)
@@ -105,9 +119,9 @@ def sampled_transform(logits: torch.Tensor, output_ids: list[int], params: Sampl
     before = np.cumsum(sorted_p, axis=-1)[np.arange(n), ranks] - p_x
     v = rng.random(n)
     possible = p_x > 0
-    impossible = [Mismatch(int(i), int(emitted[i]), int(order[i, 0]), float("inf"), "impossible")
-                  for i in np.nonzero(~possible)[0]]
+    outside = [outside_support(logits[i], int(i), int(emitted[i]), int(order[i, 0]), params, tie_margin)
+               for i in np.nonzero(~possible)[0]]
     observed = np.bincount(rank_bucket(ranks[possible]), minlength=len(RANK_EDGES)).astype(float)
     expected = bucket_mass(sorted_p[possible]).sum(0) if possible.any() else np.zeros(len(RANK_EDGES))
     u = np.clip(before[possible] + v[possible] * p_x[possible], 0.0, 1.0)
-    return SampledTransform(u, impossible, observed, expected)
+    return SampledTransform(u, outside, observed, expected)

@@ -12,9 +12,11 @@ their four-token step. Measured with `jetspec generate --drafter lookup` on thes
 
 Checked: the controller pushed tables the server runs (readback and /metrics gauges); for each
 cohort the budget it chose has the best goodput it measured (its JSON decision log), up to the
-hysteresis margin inside which it deliberately does not switch; batch 1 speculates and the batched
-cohort ends on a smaller budget (or off): the controller picks different budgets per cohort because
-speculation pays differently in each.
+hysteresis margin inside which it deliberately does not switch; batch 1 speculates; and each cohort is
+measured on its own: the largest budget's goodput over off is smaller in the batched cohort. Which budget
+the batched cohort ends on is not asserted beyond "the measured best up to the margin": on a loaded
+CI machine budgets 4 and 16 at batch 4 can tie within the hysteresis margin, and holding is then
+the designed behaviour.
 """
 
 from __future__ import annotations
@@ -232,7 +234,8 @@ def test_the_controller_picks_the_measured_best_budget_per_cohort(tmp_path, smol
     assert state["source"] == "pushed" and state["generation"] >= 1, state
     gauges = {s.labels["cohort"]: s.value for s in samples if s.name == "jetspec_policy_budget"}
     budgets_run = {(s.labels["cohort"], s.labels["budget"]) for s in samples if s.name == "jetspec_steps_total"}
-    chosen = {}
+    chosen, gains = {}, {}  # gains: the largest budget's goodput over off's, per cohort
+    top = max(POLICY.cohort("bs1").budgets)
     for cohort in POLICY.cohorts:
         last = [r for r in records if r["cohort"] == cohort.name][-1]
         chosen[cohort.name] = last["budget"]
@@ -244,6 +247,11 @@ def test_the_controller_picks_the_measured_best_budget_per_cohort(tmp_path, smol
         best = max(evidence, key=lambda b: evidence[b]["goodput"])
         assert best == last["budget"] or not clearly_better(evidence[best], evidence[last["budget"]]), (
             f"{cohort.name}: chose {last['budget']} but measured {best} clearly better: {last['evidence']}")
+        assert {0, top} <= evidence.keys(), f"{cohort.name}: off or budget {top} never measured: {last}"
+        gains[cohort.name] = evidence[top]["goodput"] / evidence[0]["goodput"]
 
-    # Speculation pays at batch 1 and pays less (or not at all) when four requests share a verify.
-    assert chosen["bs1"] > 0 and chosen["bs2-8"] < chosen["bs1"], f"chose {chosen}"
+    # Speculation pays at batch 1 and pays less when four requests share a verify: the cohorts' evidence
+    # is kept apart, so the largest budget's gain differs as the verify cost does (measured 2.2-3.0x
+    # at batch 1, 1.3-2.0x at batch 4).
+    assert chosen["bs1"] > 0, f"chose {chosen}"
+    assert gains["bs2-8"] < gains["bs1"], f"budget {top} goodput over off, per cohort: {gains}"
