@@ -22,8 +22,9 @@ class ShadowMetrics:
         self.requests = Counter("jetspec_shadow_requests_checked", "Shadow requests re-checked", ["mode"], registry=r)
         self.tokens = Counter("jetspec_shadow_tokens_checked", "Emitted tokens re-checked", ["mode"], registry=r)
         self.mismatches = Counter("jetspec_shadow_mismatches",
-                                  "Greedy tokens that were not the target argmax, by logprob margin (tie | error); "
-                                  "sampled tokens outside the request's support count as error", ["kind"], registry=r)
+                                  "Tokens the non-speculative target would not have emitted, by kind: error (greedy: "
+                                  "not the argmax beyond the tie margin; sampled: outside the request's support beyond "
+                                  "it) or tie (within the margin)", ["kind"], registry=r)
         self.p_value = Gauge("jetspec_shadow_p_value", "p-value of the latest window (ks, chi2: Holm-adjusted; "
                              "sequential: anytime-valid)", ["test"], registry=r)
         self.alarm = Gauge("jetspec_shadow_alarm", "1 while the shadow drift alarm is in force", registry=r)
