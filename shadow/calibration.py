@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from shadow.checks import bucket_mass, rank_bucket
+from shadow.checks import bucket_mass, in_tie_band, rank_bucket
 from sglang_jetspec.core.sampling import SamplingParams, processed_probs
 
 TOP = 2048  # > the last rank-bucket edge, so the lumped tail only ever joins the last bucket
@@ -147,3 +147,28 @@ def draw(table: Table, emitted: np.ndarray, streams: int, length: int, rng: np.r
     masses = bucket_mass(table.probs)  # [P, buckets]
     return Draws(u, rank_bucket(ranks), masses[positions])
 
+
+
+# --- the checker's tie band ----------------------------------------------------------------------
+
+def tie_band_mass(logits: torch.Tensor, request: SamplingParams, drawn: SamplingParams,
+                  tie_margin: float) -> tuple[float, float]:
+    """Per-token probability, averaged over positions, that a sampler applying `drawn` instead of
+    `request` emits a token outside the request's support, and the part of it inside the checker's
+    tie band (counted as a tie, not an immediate alarm). Exact, on the full vocabulary."""
+    outside_mass = band_mass = 0.0
+    for row in logits.double():
+        outside = torch.nonzero(processed_probs(row, request) == 0).flatten()
+        outside = outside[torch.argsort(row[outside], descending=True)]
+        # The band is the top slice of the outside tokens by logit: binary-search its end.
+        lo, hi = 0, len(outside)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if in_tie_band(row, int(outside[mid]), request, tie_margin):
+                lo = mid + 1
+            else:
+                hi = mid
+        emitted = processed_probs(row, drawn).double()
+        outside_mass += float(emitted[outside].sum())
+        band_mass += float(emitted[outside[:lo]].sum())
+    return outside_mass / len(logits), band_mass / len(logits)

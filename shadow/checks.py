@@ -98,13 +98,19 @@ def rank_bucket(ranks: np.ndarray) -> np.ndarray:
     return np.searchsorted(np.array(RANK_EDGES), ranks, side="right") - 1
 
 
+def in_tie_band(logits: torch.Tensor, token: int, params: SamplingParams, tie_margin: float) -> bool:
+    """Whether `token` is in the request's support once every logit of the row [V] moves by at most
+    tie_margin / 2 in its favour (those above it down, it and those below up): the module doc's band."""
+    row = logits.double()
+    favoured = row + torch.where(row > row[token], -tie_margin / 2, tie_margin / 2)
+    return bool(processed_probs(favoured, params)[token] > 0)
+
+
 def outside_support(logits: torch.Tensor, position: int, emitted: int, expected: int, params: SamplingParams,
                     tie_margin: float) -> Mismatch:
     """Classify a token the request's processed distribution gives p = 0 at this position (module doc)."""
-    row = logits.double()
-    favoured = row + torch.where(row > row[emitted], -tie_margin / 2, tie_margin / 2)
-    if processed_probs(favoured, params)[emitted] > 0:
-        logprobs = torch.log_softmax(row, dim=-1)
+    if in_tie_band(logits, emitted, params, tie_margin):
+        logprobs = torch.log_softmax(logits.double(), dim=-1)
         return Mismatch(position, emitted, expected, float(logprobs[expected] - logprobs[emitted]), "tie")
     return Mismatch(position, emitted, expected, float("inf"), "impossible")
 

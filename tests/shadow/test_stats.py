@@ -77,3 +77,20 @@ def test_a_token_just_outside_the_support_is_a_tie_and_far_outside_impossible(pa
     # with no band, the edge token is impossible too
     t = sampled_transform(logits, [2, 2], params, np.random.default_rng(0), tie_margin=0.0)
     assert [m.kind for m in t.outside_support] == ["impossible", "impossible"]
+
+
+def test_tie_band_mass_equals_a_token_by_token_count():
+    from shadow.calibration import tie_band_mass
+    from shadow.checks import in_tie_band
+
+    logits = torch.randn(6, 40, generator=torch.Generator().manual_seed(3)) * 2
+    request, drawn = SamplingParams(temperature=0.8, top_p=0.7), SamplingParams(temperature=0.8)
+    outside = band = 0.0
+    for row in logits:
+        q = processed_probs(row, drawn).double()
+        for token in torch.nonzero(processed_probs(row, request) == 0).flatten().tolist():
+            outside += float(q[token])
+            band += float(q[token]) if in_tie_band(row, token, request, 0.5) else 0.0
+    got = tie_band_mass(logits, request, drawn, 0.5)
+    assert 0 < band < outside  # the margin is wide enough to catch some, not all
+    assert got == pytest.approx((outside / 6, band / 6), rel=1e-9)
