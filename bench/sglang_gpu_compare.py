@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 TOP_LOGPROBS = 5
-COMMON = ["--attention-backend", "flashinfer", "--disable-radix-cache", "--mem-fraction-static", "0.6"]
+COMMON = ["--disable-radix-cache", "--mem-fraction-static", "0.6"]
 SYNC = ["--disable-overlap-schedule", "--disable-decode-cuda-graph"]
 
 
@@ -129,17 +129,22 @@ class Server:
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
                                      start_new_session=True)
 
-    def wait_ready(self, timeout_s: float = 900.0) -> None:
+    def log_tail(self, lines: int = 80) -> str:
+        self.log.flush()
+        return "\n".join(Path(self.log.name).read_text(errors="replace").splitlines()[-lines:])
+
+    def wait_ready(self, timeout_s: float = 420.0) -> None:
         deadline = time.time() + timeout_s
         while time.time() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} server exited ({self.proc.returncode}); see {self.log.name}")
+                raise RuntimeError(f"{self.name} server exited ({self.proc.returncode}); {self.log.name} ends:\n"
+                                   + self.log_tail())
             try:
                 urllib.request.urlopen(self.url + "/health_generate", timeout=30).read()
                 return
             except OSError:
                 time.sleep(2)
-        raise TimeoutError(f"{self.name} server not ready after {timeout_s}s; see {self.log.name}")
+        raise TimeoutError(f"{self.name} server not ready after {timeout_s}s; {self.log.name} ends:\n" + self.log_tail())
 
     def generate(self, prompt: str, max_new_tokens: int, logprobs: bool = False) -> dict:
         payload = {"text": prompt, "sampling_params": {"temperature": 0.0, "max_new_tokens": max_new_tokens}}
@@ -165,6 +170,12 @@ def top_logprob_maps(response: dict) -> list[dict[int, float]]:
     return [{int(t[1]): float(t[0]) for t in position} for position in response["meta_info"]["output_top_logprobs"]]
 
 
+def mean_accept_length(responses: list[dict]) -> float | None:
+    """Committed tokens per verify step over all responses (None for a server that does not speculate)."""
+    steps = sum(r["meta_info"].get("spec_verify_ct") or 0 for r in responses)
+    return sum(r["meta_info"]["completion_tokens"] for r in responses) / steps if steps else None
+
+
 def throughput(server: Server, prompts: list[str], concurrency: int, max_new_tokens: int) -> float:
     server.generate(prompts[0], 8)  # warm-up
     start = time.perf_counter()
@@ -181,7 +192,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompts", type=int, default=50)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 16])
+    p.add_argument("--throughput-prompts", type=int, default=32, help="the first N prompts time each concurrency")
     p.add_argument("--ngram-draft-tokens", type=int, default=8)
+    p.add_argument("--attention-backend", default="flashinfer", choices=["flashinfer", "triton"],
+                   help="attention backend of every server (JETSPEC's tree verify runs through it)")
+    p.add_argument("--dtype", default="bfloat16", help="SGLang --dtype of every server")
+    p.add_argument("--servers", default="jetspec,plain,plain+defaults,ngram",
+                   help="which servers to run, in order (greedy identity needs jetspec and plain)")
     p.add_argument("--port", type=int, default=31000)
     p.add_argument("--out", type=Path, default=Path("bench/results"))
     args = p.parse_args(argv)
@@ -189,32 +206,44 @@ def main(argv: list[str] | None = None) -> int:
     from sglang_jetspec.prompts import humaneval_prompts
 
     prompts = humaneval_prompts(range(args.prompts))
-    base = ["--model-path", args.model, *COMMON]
-    configs = {
+    base = ["--model-path", args.model, "--attention-backend", args.attention_backend, "--dtype", args.dtype, *COMMON]
+    known = {
+        "jetspec": base + SYNC + ["--speculative-algorithm", "JETSPEC", "--speculative-draft-model-path", args.head],
         "plain": base + SYNC,
         "plain+defaults": base,
-        "jetspec": base + SYNC + ["--speculative-algorithm", "JETSPEC", "--speculative-draft-model-path", args.head],
         "ngram": base + SYNC + ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", str(args.ngram_draft_tokens)],
     }
+    configs = {name: known[name] for name in args.servers.split(",")}
     args.out.mkdir(parents=True, exist_ok=True)
     greedy: dict[str, list[dict]] = {}
     speeds: dict[str, dict[int, float]] = {}
     for name, server_args in configs.items():
         server = Server(name, server_args, args.port, args.out)
+        started = time.perf_counter()
         try:
             server.wait_ready()
+            print(f"[{name}] ready after {time.perf_counter() - started:.0f}s", flush=True)
             if name in ("plain", "jetspec"):
                 greedy[name] = [server.generate(q, args.max_new_tokens, logprobs=name == "plain") for q in prompts]
-            speeds[name] = {bs: throughput(server, prompts, bs, args.max_new_tokens) for bs in args.batch_sizes}
+                print(f"[{name}] greedy done; mean spec_accept_length "
+                      f"{mean_accept_length(greedy[name])}", flush=True)
+            speeds[name] = {}
+            for bs in args.batch_sizes:
+                speeds[name][bs] = throughput(server, prompts[:args.throughput_prompts], bs, args.max_new_tokens)
+                print(f"[{name}] batch {bs}: {speeds[name][bs]:.1f} tok/s", flush=True)
         finally:
             server.stop()
-    identity = identity_rows([output_ids(r) for r in greedy["plain"]], [output_ids(r) for r in greedy["jetspec"]],
-                             [top_logprob_maps(r) for r in greedy["plain"]])
+    identity = []
+    if {"plain", "jetspec"} <= greedy.keys():
+        identity = identity_rows([output_ids(r) for r in greedy["plain"]], [output_ids(r) for r in greedy["jetspec"]],
+                                 [top_logprob_maps(r) for r in greedy["plain"]])
     import sglang
     import torch
 
     meta = {"device": torch.cuda.get_device_name(0), "sglang": sglang.__version__, "model": args.model, "head": args.head,
-            "max_new_tokens": args.max_new_tokens, "servers": configs}
+            "max_new_tokens": args.max_new_tokens,
+            "throughput_prompts": min(args.throughput_prompts, len(prompts)), "jetspec_mean_accept_length": mean_accept_length(greedy.get("jetspec", [])), "attention_backend": args.attention_backend, "dtype": args.dtype,
+            "servers": configs}
     print(write_results(args.out, identity, speeds, meta).read_text())
     return 0
 

@@ -48,6 +48,7 @@ pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[1]
 ADMIN_KEY_ENV = "JETSPEC_E2E_ADMIN_KEY"
+ADMIN_SECRET = "e2e-admin-key"
 
 # Fast enough to settle within a phase of about a minute on 2 loaded cores: 4 s intervals (several
 # steps each even when a batch-of-4 step takes a second, so the paired comparisons have both
@@ -94,7 +95,7 @@ class Process:
 
 def launch(stack: ExitStack, name: str, args: list[str], tmp_path: Path) -> Process:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
-           ADMIN_KEY_ENV: "e2e-admin-key", "PYTHONUNBUFFERED": "1"}
+           ADMIN_KEY_ENV: ADMIN_SECRET, "PYTHONUNBUFFERED": "1"}
     stdout, stderr = tmp_path / f"{name}.out", tmp_path / f"{name}.err"
     with open(stdout, "w") as out, open(stderr, "w") as err:
         popen = subprocess.Popen([sys.executable, *args], cwd=REPO, env=env, stdout=out, stderr=err)
