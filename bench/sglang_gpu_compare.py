@@ -129,7 +129,7 @@ class Server:
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
                                      start_new_session=True)
 
-    def log_tail(self, lines: int = 80) -> str:
+    def log_tail(self, lines: int = 60) -> str:
         self.log.flush()
         return "\n".join(Path(self.log.name).read_text(errors="replace").splitlines()[-lines:])
 
@@ -153,9 +153,11 @@ class Server:
         return _post(self.url + "/generate", payload)
 
     def stop(self) -> None:
-        os.killpg(self.proc.pid, signal.SIGTERM)  # the server's own process group (start_new_session)
         try:
+            os.killpg(self.proc.pid, signal.SIGTERM)  # the server's own process group (start_new_session)
             self.proc.wait(60)
+        except ProcessLookupError:
+            pass  # already gone (it failed at start)
         except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.log.close()
