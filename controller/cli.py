@@ -1,7 +1,8 @@
 """`python -m controller` (console script `jetspec-controller`): run the control loop or a simulation.
 
     python -m controller --policy FILE --server URL [--server URL ...] [--prometheus URL]
-                         [--admin-key-env VAR] [--dry-run] [--metrics-port PORT] [--shadow-alarm URL|FILE]
+                         [--admin-key-env VAR] [--api-key-env VAR] [--dry-run] [--metrics-port PORT]
+                         [--shadow-alarm URL|FILE]
     python -m controller --simulate SCENARIO [--json OUT.json] [--plot OUT.png]
 
 Decisions are logged as one JSON line each on stdout; everything else goes to stderr.
@@ -28,6 +29,7 @@ from policies.loader import load_policy
 from policies.problems import PolicyError
 
 DEFAULT_ADMIN_KEY_ENV = "JETSPEC_ADMIN_KEY"
+DEFAULT_API_KEY_ENV = "JETSPEC_API_KEY"
 DEFAULT_METRICS_PORT = 9109
 
 
@@ -39,7 +41,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--prometheus", metavar="URL",
                         help="read telemetry from this Prometheus server instead of scraping each /metrics")
     parser.add_argument("--admin-key-env", default=DEFAULT_ADMIN_KEY_ENV, metavar="VAR",
-                        help=f"environment variable with the servers' admin API key (default {DEFAULT_ADMIN_KEY_ENV})")
+                        help=f"environment variable with the servers' admin API key (default {DEFAULT_ADMIN_KEY_ENV}), "
+                             "sent with pushes (SGLang --admin-api-key)")
+    parser.add_argument("--api-key-env", default=DEFAULT_API_KEY_ENV, metavar="VAR",
+                        help=f"environment variable with the servers' ordinary API key (default {DEFAULT_API_KEY_ENV}), "
+                             "sent with readbacks of /server_info; unset or empty for servers without SGLang --api-key")
     parser.add_argument("--dry-run", action="store_true", help="decide and log, never push")
     parser.add_argument("--metrics-port", type=int, default=DEFAULT_METRICS_PORT,
                         help=f"port for the controller's own /metrics (default {DEFAULT_METRICS_PORT}, 0 = off)")
@@ -99,6 +105,11 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     admin_key = os.environ.get(args.admin_key_env)
     if not admin_key and not args.dry_run:
         parser.error(f"${args.admin_key_env} is not set -- export the servers' admin API key or use --dry-run")
+    # Optional: servers without --api-key need none. A variable named explicitly must exist, though.
+    api_key = os.environ.get(args.api_key_env) or None
+    if args.api_key_env != DEFAULT_API_KEY_ENV and args.api_key_env not in os.environ:
+        parser.error(f"--api-key-env {args.api_key_env}: ${args.api_key_env} is not set -- export the servers' "
+                     f"API key (SGLang --api-key), or leave --api-key-env out for servers without one")
     interval = policy.controller.interval_s
     telemetry: TelemetrySource = (PrometheusApiSource(args.prometheus, interval, urllib_transport)
                                   if args.prometheus else ScrapeSource(args.server, urllib_transport))
@@ -107,7 +118,7 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         from prometheus_client import start_http_server
 
         start_http_server(args.metrics_port, addr=args.metrics_addr, registry=observer.registry)
-    clients = [ServerClient(url, policy, admin_key) for url in args.server]
+    clients = [ServerClient(url, policy, admin_key, api_key=api_key) for url in args.server]
     shadow_alarm = ShadowAlarmSource(args.shadow_alarm, urllib_transport) if args.shadow_alarm else None
     if shadow_alarm is not None and not policy.shadow.gate_on_alarm:
         logging.getLogger("controller").warning("--shadow-alarm given but the policy's shadow.gate_on_alarm is "

@@ -4,6 +4,10 @@ Two sources read the worker counters of the telemetry contract:
 - `ScrapeSource` scrapes each server's /metrics (Prometheus text format) and differences the
   cumulative counters itself, treating a decrease as a counter reset (server restart);
 - `PrometheusApiSource` asks a Prometheus server for `increase(...)` over the interval, for fleets.
+
+Neither sends a key: SGLang serves /metrics without auth even with --api-key or --admin-api-key (its
+middleware, sglang/srt/utils/auth.py, lets /health*, /ready* and /metrics* through, for probes and
+Prometheus), and so does the reference server.
 """
 
 from __future__ import annotations

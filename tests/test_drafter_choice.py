@@ -23,7 +23,11 @@ def test_generate_with_the_lookup_drafter_copies_the_prompt_losslessly(tmp_path,
     # "Repeat the following text exactly": the answer is the prompt's text, so lookup's chains are accepted
     # far beyond the one token a verify always commits.
     assert report["jetspec"]["mean_accept_length"] > 4, report["jetspec"]
-    assert "prompt lookup" in capsys.readouterr().out
+    assert report["jetspec"]["mode"] == "lookup"
+    printed = capsys.readouterr().out
+    assert "prompt lookup" in printed
+    # the speculative row is labelled by the drafter that ran, not "jetspec"
+    assert any(line.startswith("lookup ") for line in printed.splitlines()) and "\njetspec " not in printed, printed
 
 
 def run_failing(argv: list[str], capsys) -> tuple[int, str]:

@@ -9,27 +9,17 @@ in the parent run they are skipped and test_kernel_checks_pass_under_the_interpr
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from sglang_jetspec.core.tree import DraftTree
 from sglang_jetspec.reference.target import Segment, TargetError, TargetModel
-
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-interpreted_only = pytest.mark.skipif(not INTERPRETED, reason="runs in the child pytest under TRITON_INTERPRET=1")
+from tests.triton_interpreter import assert_interpreted_child_passes, interpreted_only
 
 
 def test_kernel_checks_pass_under_the_interpreter():
-    if INTERPRETED:
-        pytest.skip("this is the child run")
-    child = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
-                           env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True, timeout=1800)
-    summary = child.stdout.strip().splitlines()[-1] if child.stdout.strip() else child.stderr[-2000:]
-    assert child.returncode == 0 and " passed" in summary and "skipped" in summary, child.stdout[-4000:] + child.stderr[-2000:]
+    assert_interpreted_child_passes(__file__)
 
 
 @pytest.fixture(scope="module")

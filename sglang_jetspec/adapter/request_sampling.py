@@ -42,4 +42,7 @@ def unsupported_feature(req) -> str | None:
     if getattr(req, "return_hidden_states", False):
         return ("return_hidden_states is not supported by --speculative-algorithm JETSPEC (its forward captures "
                 "the draft head's tap layers instead); remove it")
+    if getattr(req, "return_sampling_mask", False):
+        return ("return_sampling_mask is not supported by --speculative-algorithm JETSPEC (its acceptance does not "
+                "record the sampler's support); remove it")
     return None

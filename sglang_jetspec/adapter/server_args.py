@@ -99,6 +99,14 @@ def _runtime_problems(cfg) -> list[str]:
                         "cannot capture a plugin's verify input; pass --disable-decode-cuda-graph")
     if cfg.page_size != 1:
         problems.append(f"--page-size {cfg.page_size}: JETSPEC compacts accepted tree nodes slot by slot; use --page-size 1")
+    if not cfg.disable_radix_cache:
+        # The head's context is the tap rows of every prompt position; a radix-cache hit skips the
+        # target forward over the cached prefix, so those rows would never exist.
+        problems.append("the radix (prefix) cache is on: JETSPEC needs the target's tap rows of every prompt token, "
+                        "which a cache hit never computes; pass --disable-radix-cache")
+    if cfg.disaggregation_mode != "null":
+        problems.append(f"--disaggregation-mode {cfg.disaggregation_mode}: a decode server would receive requests "
+                        "without the tap rows the head drafts from; run JETSPEC without PD disaggregation")
     if cfg.speculative_eagle_topk not in (None, 1):
         problems.append(f"--speculative-eagle-topk {cfg.speculative_eagle_topk}: JETSPEC's tree width comes from the "
                         "head (tree_width in its config.json, default 8); remove the flag")

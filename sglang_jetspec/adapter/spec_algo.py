@@ -23,11 +23,9 @@ class JetSpecAlgo(CustomSpecAlgo):
         return False  # the tree lives in the verify mask, not in EAGLE top-k buffers
 
     def get_platform_worker_cls(self):
-        # The worker SGLang builds for JETSPEC on any platform (CustomSpecAlgo.create_worker reaches
-        # the same class through the registered factory); imported only when asked for.
-        from sglang_jetspec.adapter.worker import JetSpecWorker
-
-        return JetSpecWorker
+        # SGLang's meaning: an out-of-tree platform's replacement worker, None for the built-in one.
+        # JETSPEC has no platform variant; create_worker reaches JetSpecWorker through the factory.
+        return None
 
     def has_draft_kv(self) -> bool:
         return False  # the head keeps its context K/V itself, outside SGLang's KV pools

@@ -35,12 +35,15 @@ class VerifyTensors:
     num_nodes: int  # N, the uniform width per request
     max_depth: int  # deepest tree level in the batch
 
-    def full_mask(self, seq_lens: list[int]) -> torch.Tensor:
-        """Flattened FULL custom mask (prefix columns + tree columns), FlashInfer/Triton layout."""
+    def full_mask(self, seq_lens: list[int], device: torch.device | str | None = None) -> torch.Tensor:
+        """Flattened FULL custom mask (prefix columns + tree columns), FlashInfer/Triton layout, built on
+        `device` (default: where qlen_mask is). It holds sum_b N*(seq_len_b + N) entries, mostly the
+        all-True prefix columns, so only the small [bs, N, N] tree part crosses to the device."""
+        qlen = self.qlen_mask.to(device) if device is not None else self.qlen_mask
         rows = []
         for b, length in enumerate(seq_lens):
-            prefix = torch.ones(self.num_nodes, length, dtype=torch.bool, device=self.qlen_mask.device)
-            rows.append(torch.cat([prefix, self.qlen_mask[b]], dim=1).flatten())
+            prefix = torch.ones(self.num_nodes, length, dtype=torch.bool, device=qlen.device)
+            rows.append(torch.cat([prefix, qlen[b]], dim=1).flatten())
         return torch.cat(rows)
 
 

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_func
+from sglang.srt.arg_groups.overrides import resolving_view
 from sglang.srt.layers.logprob_processor import compute_spec_logprobs
 from sglang.srt.managers.utils import GenerationBatchResult
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
@@ -37,6 +38,7 @@ from sglang.srt.speculative.spec_utils import move_accept_tokens_to_target_kvcac
 
 from policies import StepPlan, read_head_capacity
 from sglang_jetspec.adapter.accept import accept_step
+from sglang_jetspec.adapter.draft_model import register_draft_models
 from sglang_jetspec.adapter.policy import PolicyControl, load_runtime_policy
 from sglang_jetspec.adapter.request_sampling import core_sampling_params, unsupported_feature
 from sglang_jetspec.adapter.request_state import DraftStateStore, RequestDraftState
@@ -44,7 +46,7 @@ from sglang_jetspec.adapter.server_args import JetSpecArgsError, target_info
 from sglang_jetspec.adapter.spec_inputs import JetSpecDraftState, JetSpecVerifyInput
 from sglang_jetspec.adapter.step_outputs import step_outputs
 from sglang_jetspec.adapter.verify_inputs import build_verify_tensors
-from sglang_jetspec.adapter.worker_observability import WorkerShadow, worker_metrics
+from sglang_jetspec.adapter.worker_observability import WorkerShadow, step_tracer, trace_step, worker_metrics
 from sglang_jetspec.core.drafter import HeadDrafter
 from sglang_jetspec.core.drafting import draft_trees
 from sglang_jetspec.core.head_io import load_head
@@ -92,12 +94,10 @@ def apply_sglang_logit_adjustments(logits: torch.Tensor, sampling_info, num_node
 class JetSpecWorker(BaseSpecWorker):
     def __init__(self, server_args, gpu_id: int, nccl_port: int, target_worker) -> None:
         super().__init__()
-        if not server_args.disable_radix_cache:
-            # The head's context is the tap rows of every prompt position; a radix-cache hit skips
-            # the target forward over the cached prefix, so those rows would never exist.
-            raise JetSpecArgsError(["the radix (prefix) cache is on: JETSPEC needs the target's tap rows of every "
-                                    "prompt token, which a cache hit never computes; pass --disable-radix-cache"])
         self.server_args = server_args
+        # SGLang keeps the flags as typed and records its resolutions beside them: read resolved values.
+        # validate_server_args has already refused what JETSPEC cannot run with (the radix cache, ...).
+        cfg = resolving_view(server_args)
         self._target_worker = target_worker
         self._draft_worker = None  # no draft TpModelWorker: the head runs in PyTorch beside the target
         self.model_runner = target_worker.model_runner  # NGRAMWorker exposes the target's runner the same way
@@ -107,13 +107,16 @@ class JetSpecWorker(BaseSpecWorker):
         self.speculative_num_steps = get_spec().speculative_num_steps
         self.speculative_num_draft_tokens = get_spec().speculative_num_draft_tokens
 
-        draft_path = server_args.speculative_draft_model_path
-        target = target_info(server_args.model_path, server_args.trust_remote_code)
+        # The JetSpec classes for published DFlash-layout heads, for any SGLang code that loads the head
+        # by architecture; this process already imports model code, unlike the plugin's entry point.
+        register_draft_models()
+        draft_path = cfg.speculative_draft_model_path
+        target = target_info(cfg.model_path, cfg.trust_remote_code)
         self.head = load_head(draft_path, target, dtype=self.model_runner.dtype, device=self.device)
         self.tree_width = read_head_capacity(draft_path).tree_width
         model = self.model_runner.model
         if not hasattr(model, "set_dflash_layers_to_capture"):
-            raise JetSpecArgsError([f"--model-path {server_args.model_path}: SGLang's {type(model).__name__} cannot "
+            raise JetSpecArgsError([f"--model-path {cfg.model_path}: SGLang's {type(model).__name__} cannot "
                                     "capture the tap layers' hidden states (no set_dflash_layers_to_capture); JETSPEC "
                                     "needs a target architecture that DFLASH supports (Llama, Qwen2/3, ...)"])
         # The target's backends and graphs are not built yet, so every forward from now on captures.
@@ -125,13 +128,13 @@ class JetSpecWorker(BaseSpecWorker):
         self.states = DraftStateStore(self.head.config.num_taps * self.head.config.hidden_size, self.device,
                                       self.model_runner.dtype)
 
-        self.metrics = worker_metrics(server_args.enable_metrics)
+        self.metrics = worker_metrics(cfg.enable_metrics)
         policy = load_runtime_policy(draft_path)
         self.policy_control = PolicyControl(  # read by adapter.internal_state's /set_internal_state hooks
-            policy, admin_key_configured=server_args.admin_api_key is not None,
+            policy, admin_key_configured=cfg.admin_api_key is not None,
             on_change=self.metrics.show_policy if self.metrics is not None else None)
-        self.shadow = WorkerShadow.from_env(policy.shadow.sample_rate, model=server_args.served_model_name
-                                            or server_args.model_path, head=str(draft_path))
+        self.shadow = WorkerShadow.from_env(policy.shadow.sample_rate, model=cfg.served_model_name
+                                            or cfg.model_path, head=str(draft_path))
 
     # ---- lifecycle (scheduler.py init_memory_pools / init_all_* / result processor) ----
 
@@ -149,8 +152,9 @@ class JetSpecWorker(BaseSpecWorker):
         self.states.drop_all()
 
     def note_request_finished(self, *, rid: str, natural_stop: bool) -> None:
-        # Called by the decode result processor; the per-forward sweep catches every other exit.
-        self.states.drop(rid)
+        # Called by the decode result processor once the request's finish state and tokens are final;
+        # the per-forward sweep catches every other exit (finished at prefill, aborted).
+        self._retire(rid)
 
     # ---- forward ----
 
@@ -167,11 +171,15 @@ class JetSpecWorker(BaseSpecWorker):
         The scheduler set their finish reason while processing the previous result, so every exit
         (finished at prefill, aborted, finished mid-decode) is seen here exactly once."""
         for rid in self.states.rids():
-            state = self.states.get(rid)
-            if state.req.finished():
-                if self.shadow is not None:
-                    self.shadow.finished(state.req, state)
-                self.states.drop(rid)
+            if self.states.get(rid).req.finished():
+                self._retire(rid)
+
+    def _retire(self, rid: str) -> None:
+        """Drop a finished request's state, offering it to the shadow tee first (it samples and
+        keeps only natural finishes)."""
+        state = self.states.drop(rid)
+        if state is not None and self.shadow is not None and state.req is not None and state.req.finished():
+            self.shadow.finished(state.req, state)
 
     def _prefill(self, batch, on_publish, pp_proxy_tensors) -> GenerationBatchResult:
         """Extend (or idle): the target forward samples the first token (SGLang's sampler, as in
@@ -226,15 +234,17 @@ class JetSpecWorker(BaseSpecWorker):
             trees[b] = tree
         return trees, timing.draft_s, timing.tree_s
 
-    def _sync(self) -> float:
-        """A phase boundary. With metrics on, wait for the device so phase timings measure work rather
-        than kernel launches; without metrics nothing reads the timings, so the step never stalls for them."""
-        if self.metrics is not None:
+    def _sync(self, observed: bool) -> float:
+        """A phase boundary. When metrics or traces read the phase timings, wait for the device so they
+        measure work rather than kernel launches; otherwise the step never stalls for them."""
+        if observed:
             torch.get_device_module(self.device).synchronize()
         return time.perf_counter()
 
     def _verify(self, batch, on_publish) -> GenerationBatchResult:
-        t_start = time.perf_counter()
+        t_start, t_start_ns = time.perf_counter(), time.time_ns()
+        tracer = step_tracer()
+        observed = tracer is not None or self.metrics is not None
         bs = len(batch.reqs)
         seq_lens = (batch.seq_lens_cpu if batch.seq_lens_cpu is not None else batch.seq_lens.cpu()).tolist()
         plan = self.policy_control.step_plan(bs, time.time())
@@ -254,7 +264,7 @@ class JetSpecWorker(BaseSpecWorker):
         set_time_batch(batch.reqs, "set_spec_draft_start_time", trace_only=True)
         trees, draft_s, tree_s = self._trees(lanes, plan, num_nodes)
         set_time_batch(batch.reqs, "set_spec_draft_end_time", trace_only=True)
-        t_verify = self._sync()
+        t_verify = self._sync(observed)
 
         # Rebind the verify inputs on the batch, as NGRAMWorker._prepare_for_speculative_decoding
         # does; the scheduler's _forward_isolation restores every field afterwards.
@@ -269,7 +279,7 @@ class JetSpecWorker(BaseSpecWorker):
             draft_token_num=num_nodes, device=device)
         batch.spec_info = JetSpecVerifyInput(
             draft_token=draft_token,
-            custom_mask=tensors.full_mask(seq_lens).to(device, non_blocking=True),
+            custom_mask=tensors.full_mask(seq_lens, device),
             positions=tensors.positions.to(device, non_blocking=True),
             retrieve_index=tensors.retrieve_index.to(device, non_blocking=True),
             retrieve_next_token=tensors.retrieve_next_token.to(device, non_blocking=True),
@@ -280,7 +290,7 @@ class JetSpecWorker(BaseSpecWorker):
         taps = logits_output.hidden_states  # [bs*N, taps*H]: every node's tap rows
         logits = logits_output.next_token_logits
         apply_sglang_logit_adjustments(logits, batch.sampling_info, num_nodes)
-        t_accept = self._sync()
+        t_accept = self._sync(observed)
 
         acceptance = accept_step(trees, logits, num_nodes, [lane.params for lane in lanes],
                                  [lane.generator for lane in lanes])
@@ -303,13 +313,17 @@ class JetSpecWorker(BaseSpecWorker):
             lane.accept_lengths.append(length)
         logits_output.hidden_states = None
         batch.forward_mode = ForwardMode.DECODE
-        t_end = self._sync()
+        t_end = self._sync(observed)
 
-        if self.metrics is not None:
-            self.metrics.record_step(cohort, StepRecord(
+        if observed:
+            record = StepRecord(
                 batch_size=bs, budget=budget, committed_tokens=sum(out.row_counts), accept_lengths=out.row_counts,
                 draft_s=draft_s, tree_s=tree_s, verify_s=t_accept - t_verify, accept_s=t_end - t_accept,
-                wall_s=t_end - t_start))
+                wall_s=t_end - t_start)
+            if self.metrics is not None:
+                self.metrics.record_step(cohort, record)
+            if tracer is not None:
+                trace_step(tracer, cohort, record, t_start_ns, [req.rid for req in batch.reqs])
         next_token_ids = out.next_token_ids.to(device)
         return GenerationBatchResult(
             logits_output=logits_output,

@@ -4,6 +4,9 @@
   SGLang's scheduler processes inherit PROMETHEUS_MULTIPROC_DIR from its launcher when
   `--enable-metrics` is on, so prometheus_client (imported only then, after the variable is set)
   writes the values to that directory and SGLang's /metrics merges them with its own.
+- Traces: with SGLang's `--enable-trace`, each verify step is a `jetspec.step` span with its draft /
+  tree / verify / accept / commit children (`tracing.record_step_phases`, the reference server's
+  layout), sent through the tracer provider SGLang installed in the scheduler process.
 - Shadow: with JETSPEC_SHADOW_SPOOL naming a directory, policy `shadow.sample_rate` of the requests
   that finish naturally are spooled as ShadowRecords (shadow/README.md) for `jetspec shadow run`.
 """
@@ -14,6 +17,7 @@ import os
 import time
 
 from sglang_jetspec.adapter.request_state import RequestDraftState
+from sglang_jetspec.core.step_record import StepRecord
 
 SHADOW_SPOOL_ENV = "JETSPEC_SHADOW_SPOOL"
 
@@ -32,6 +36,31 @@ def worker_metrics(enable_metrics: bool):
     from sglang_jetspec.telemetry import JetspecMetrics
 
     return JetspecMetrics(CollectorRegistry())
+
+
+def step_tracer():
+    """The tracer for step spans when SGLang's --enable-trace installed this process's tracer
+    provider (process_tracing_init), else None: with tracing off a step costs no span work."""
+    from sglang.srt.observability.trace import get_global_tracing_enabled
+
+    if not get_global_tracing_enabled():
+        return None
+    from opentelemetry import trace
+
+    from sglang_jetspec.tracing import WORKER_TRACER
+
+    return trace.get_tracer(WORKER_TRACER)
+
+
+def trace_step(tracer, cohort: str, record: StepRecord, start_ns: int, request_ids: list[str]) -> None:
+    """One verify step as a `jetspec.step` span (started at `start_ns`, lasting record.wall_s) with its
+    phase children. SGLang keeps its request spans in private trace contexts, so the step names the
+    requests it advanced instead of linking to them."""
+    from sglang_jetspec.tracing import STEP_SPAN, record_step_phases
+
+    span = tracer.start_span(STEP_SPAN, start_time=start_ns, attributes={"jetspec.request_ids": request_ids})
+    record_step_phases(tracer, span, cohort, record)
+    span.end(end_time=start_ns + round(record.wall_s * 1e9))
 
 
 class WorkerShadow:

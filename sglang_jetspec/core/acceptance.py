@@ -119,7 +119,7 @@ def _walk_residual(padded: _PaddedTrees, probs: torch.Tensor, uniforms: torch.Te
     path = torch.full((batch, padded.max_depth + 1), -1, dtype=torch.long)
     path[:, 0] = 0
     for step in range(padded.max_depth + 1):
-        p = probs[rows, cur].clone()
+        p = probs[rows.to(probs.device), cur.to(probs.device)].cpu()  # a fresh [B, V] copy: the step edits it
         moved = torch.zeros(batch, dtype=torch.bool)
         nxt = cur.clone()
         for r in range(k):
@@ -158,11 +158,12 @@ def accept_batch(
     logits = logits[:, : padded.tokens.shape[1]]
     batch = len(trees)
     greedy = torch.tensor([p.greedy for p in params])
-    # argmax where the logits live (a GPU in SGLang): greedy batches copy only [B, N] ids to the host
+    # Work where the logits live (a GPU in SGLang) and copy to the host only what the walk reads:
+    # [B, N] ids for greedy and sample-then-match rows, one [V] row per visited node for residual rows.
     choice = logits.argmax(-1).cpu()
     probs = None
     if not bool(greedy.all()):
-        probs = node_probs(logits.float().cpu(), params)
+        probs = node_probs(logits.float(), params)
 
     residual_rows = [] if method == "match" else [b for b in range(batch) if not greedy[b]]
     residual_set = set(residual_rows)
@@ -180,8 +181,8 @@ def accept_batch(
             for i, j in enumerate(sampled):
                 b = match_rows[j]
                 uniforms[i, : trees[b].size] = torch.rand(trees[b].size, generator=generators[b], dtype=torch.float64)
-            rows = torch.tensor([match_rows[j] for j in sampled])
-            sub_choice[torch.tensor(sampled)] = sample_from_probs(probs[rows], uniforms)
+            rows = torch.tensor([match_rows[j] for j in sampled], device=probs.device)
+            sub_choice[torch.tensor(sampled)] = sample_from_probs(probs[rows], uniforms.to(probs.device)).cpu()
         path, last = _walk_matching(sub, sub_choice)
         finals = sub_choice[torch.arange(len(match_rows)), last]
         for j, b in enumerate(match_rows):
@@ -190,7 +191,7 @@ def accept_batch(
     if residual_rows:
         idx = torch.tensor(residual_rows)
         sub = _subset(padded, idx)
-        path, final = _walk_residual(sub, probs[idx], _residual_uniforms(sub, [trees[b] for b in residual_rows], [generators[b] for b in residual_rows]))
+        path, final = _walk_residual(sub, probs[idx.to(probs.device)], _residual_uniforms(sub, [trees[b] for b in residual_rows], [generators[b] for b in residual_rows]))
         for j, b in enumerate(residual_rows):
             results[b] = _result(trees[b], path[j], int(final[j]))
     return results  # type: ignore[return-value]

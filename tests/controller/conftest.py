@@ -3,6 +3,8 @@
 It serves the contract the SGLang worker and the reference engine implement: `/set_internal_state`
 and `/server_info` (through policies.control_api, as a server would) and a `/metrics` page
 whose jetspec counters grow on every scrape. Tests can make the next control requests fail with 503.
+Like the reference server it has no API key: /server_info is open. A test that sets `api_key` gets
+SGLang's rule with --api-key and --admin-api-key both set instead: /server_info takes that key only.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from policies.runtime import ActivePolicy
 from policies.schema import Policy
 
 ADMIN_KEY = "test-admin-key"
+API_KEY = "test-api-key"
 
 TEST_POLICY_YAML = """\
 cohorts:
@@ -48,6 +51,10 @@ class ControlServer:
     now: list[float]                      # [server clock]; tests move it
     fail_next: list[int]                  # [how many next control requests answer 503]
     requests: list[Request] = field(default_factory=list)
+    api_key: str | None = None            # set: GET /server_info answers 401 without it (SGLang --api-key)
+
+    def readbacks(self) -> list[Request]:
+        return [r for r in self.requests if r.path == "/server_info"]
 
     def posts(self) -> list[Request]:
         return [r for r in self.requests if r.method == "POST"]
@@ -56,6 +63,11 @@ class ControlServer:
 @pytest.fixture
 def admin_key() -> str:
     return ADMIN_KEY
+
+
+@pytest.fixture
+def api_key() -> str:
+    return API_KEY
 
 
 @pytest.fixture
@@ -111,6 +123,8 @@ def control_server(test_policy: Policy):
                 scrapes[0] += 1
                 return self._answer(200, _metrics_page(scrapes[0]).encode(), "text/plain")
             if method == "GET" and self.path == "/server_info":
+                if state.api_key is not None and self.headers.get("Authorization") != f"Bearer {state.api_key}":
+                    return self._answer(401, b'{"error": "Unauthorized"}')  # SGLang's answer
                 return self._answer(200, json.dumps(handle_server_info(active, state.now[0])).encode())
             if method == "POST" and self.path == "/set_internal_state":
                 status, payload = handle_set_internal_state(active, body, self.headers.get("Authorization"),

@@ -61,6 +61,48 @@ def test_push_sends_the_admin_key_and_flat_numeric_keys(control_server, test_pol
     assert readback.table == table and readback.expires_at == control_server.now[0] + 90
 
 
+def test_with_an_api_key_the_readback_sends_it_and_the_push_the_admin_key(control_server, test_policy, api_key):
+    control_server.api_key = api_key  # SGLang with --api-key and --admin-api-key: each route takes one key
+    client = ServerClient(control_server.url, test_policy, control_server.admin_key, api_key=api_key,
+                          sleep=lambda s: None)
+    table = table_with(test_policy, budget=4)
+    assert client.push(table).table == table
+    assert [(r.method, r.path, r.headers["Authorization"]) for r in control_server.requests] == [
+        ("POST", "/set_internal_state", f"Bearer {control_server.admin_key}"),
+        ("GET", "/server_info", f"Bearer {api_key}")]
+    assert client.read_state().table == table
+
+
+def test_readback_without_the_api_key_names_the_api_key_and_its_flag(control_server, test_policy, api_key):
+    control_server.api_key = api_key
+    table = table_with(test_policy, budget=4)
+    with pytest.raises(PushRejected) as refused:
+        make_client(control_server, test_policy).push(table)
+    message = str(refused.value)
+    assert message.startswith(f"GET {control_server.url}/server_info answered 401: Unauthorized -- "
+                              "missing or wrong API key for the readback: ")
+    assert "(SGLang --api-key)" in message and "(--api-key-env, default $JETSPEC_API_KEY)" in message
+    assert "--admin-key-env" not in message and "missing or wrong admin key" not in message
+    assert control_server.active.state(control_server.now[0]).table == table  # the push itself landed
+    assert len(control_server.readbacks()) == 1  # a 401 is not retried
+    wrong = ServerClient(control_server.url, test_policy, control_server.admin_key, api_key="wrong",
+                         sleep=lambda s: None)
+    with pytest.raises(PushRejected, match=r"answered 401: .* -- missing or wrong API key for the readback"):
+        wrong.read_state()
+
+
+@pytest.mark.parametrize("api_key", [None, "an-api-key-the-server-does-not-check"])
+def test_a_server_without_an_api_key_reads_back_with_or_without_one(control_server, test_policy, api_key):
+    # The reference server (and SGLang with only --admin-api-key) leaves /server_info open.
+    client = ServerClient(control_server.url, test_policy, control_server.admin_key, api_key=api_key,
+                          sleep=lambda s: None)
+    table = table_with(test_policy, budget=0)
+    assert client.push(table).table == table
+    (readback,) = control_server.readbacks()
+    # The admin key only ever travels with pushes.
+    assert readback.headers.get("Authorization") == (f"Bearer {api_key}" if api_key else None)
+
+
 def test_push_retries_with_exponential_backoff(control_server, test_policy):
     control_server.fail_next[0] = 2
     sleeps: list[float] = []

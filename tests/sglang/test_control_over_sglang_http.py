@@ -1,5 +1,5 @@
 """The controller's ServerClient drives SGLang 0.5.23's own HTTP layer: its routes, request types,
-validation answers and admin-key middleware, its TokenizerManager methods, and the scheduler's
+validation answers and API-key middleware, its TokenizerManager methods, and the scheduler's
 SchedulerInternalStateController with the plugin's hooks. Only the ZMQ hop between tokenizer
 manager and scheduler is a direct call (a real server needs a GPU build of SGLang)."""
 
@@ -16,6 +16,7 @@ from policies.table import default_table
 from sglang_jetspec.adapter.policy import PolicyControl
 
 ADMIN_KEY = "sglang-admin-key"
+API_KEY = "sglang-api-key"  # SGLang --api-key: with --admin-api-key too, ordinary routes take only this one
 SERVER_POLICY = parse_policy_text("""\
 cohorts:
   - {name: bs1, min_batch: 1, max_batch: 1, budgets: [0, 4, 16, 64], default: 16}
@@ -36,9 +37,11 @@ def table(bs1: int, bs2: int = 4, probe=None):
                            "ttl_s": 90.0}, CONTROLLER_POLICY)
 
 
-def sglang_server(monkeypatch, admin_key: str | None):
+def sglang_server(monkeypatch, admin_key: str | None, api_key: str | None = None, metrics_dir=None):
     """SGLang's app (the two control routes, its error handlers, its auth middleware) over a
-    scheduler-side controller whose draft worker carries a PolicyControl, as the JETSPEC worker does."""
+    scheduler-side controller whose draft worker carries a PolicyControl, as the JETSPEC worker does.
+    With `metrics_dir`, also SGLang's /metrics mount (--enable-metrics) over an empty multiprocess dir.
+    The transport records (method, path, Authorization header) of every request in `.seen`."""
     from fastapi import FastAPI
     from fastapi.testclient import TestClient
     from sglang.srt.entrypoints import http_server
@@ -79,13 +82,21 @@ def sglang_server(monkeypatch, admin_key: str | None):
     app.router.routes.extend(r for r in http_server.app.router.routes
                              if getattr(r, "path", None) in {"/set_internal_state", "/server_info"})
     app.exception_handlers.update(http_server.app.exception_handlers)
-    add_api_key_middleware(app, api_key=None, admin_api_key=admin_key)
+    if metrics_dir is not None:
+        from sglang.srt.utils.common import add_prometheus_middleware
+
+        monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(metrics_dir))
+        add_prometheus_middleware(app)
+    add_api_key_middleware(app, api_key=api_key, admin_api_key=admin_key)
     client = TestClient(app)
 
     def transport(method, url, headers, body, timeout_s):
-        answer = client.request(method, url.removeprefix("http://sglang"), headers=headers, content=body)
+        path = url.removeprefix("http://sglang")
+        transport.seen.append((method, path, headers.get("Authorization")))
+        answer = client.request(method, path, headers=headers, content=body)
         return answer.status_code, answer.content
 
+    transport.seen = []
     return control, transport
 
 
@@ -97,6 +108,9 @@ def test_the_controller_pushes_and_reads_back_through_sglang(jetspec_registered,
     assert (state.source, state.table, state.generation) == ("pushed", pushed, 1)
     assert control.active.state(0.0).table == pushed  # what the worker's steps now use
     assert client.read_state() == state
+    # Without --api-key SGLang leaves /server_info open: the admin key travels with the push only.
+    assert transport.seen == [("POST", "/set_internal_state", f"Bearer {ADMIN_KEY}"),
+                              ("GET", "/server_info", None), ("GET", "/server_info", None)]
 
 
 def test_sglang_refusals_reach_the_controller_with_their_fix(jetspec_registered, monkeypatch):
@@ -122,3 +136,65 @@ def test_without_an_admin_key_the_plugin_refuses_pushes(jetspec_registered, monk
     with pytest.raises(PushRejected, match=r"answered \[False\]"):
         client.push(table(64))
     assert control.readback(0.0)["source"] == "yaml"
+
+
+def both_keys_client(transport, admin_key, api_key) -> ServerClient:
+    return ServerClient("http://sglang", CONTROLLER_POLICY, admin_key, api_key=api_key, transport=transport,
+                        sleep=lambda s: None)
+
+
+def test_with_both_keys_the_push_takes_the_admin_key_and_the_readback_the_api_key(jetspec_registered, monkeypatch):
+    control, transport = sglang_server(monkeypatch, ADMIN_KEY, API_KEY)
+    client = both_keys_client(transport, ADMIN_KEY, API_KEY)
+    pushed = table(4, bs2=8)
+    state = client.push(pushed)
+    assert (state.source, state.table, state.generation) == ("pushed", pushed, 1)
+    assert control.active.state(0.0).table == pushed
+    assert client.read_state() == state
+    assert transport.seen == [("POST", "/set_internal_state", f"Bearer {ADMIN_KEY}"),
+                              ("GET", "/server_info", f"Bearer {API_KEY}"), ("GET", "/server_info", f"Bearer {API_KEY}")]
+
+
+@pytest.mark.parametrize("readback_key", [None, ADMIN_KEY, "wrong"])
+def test_with_both_keys_a_readback_without_the_api_key_names_it_and_its_flag(jetspec_registered, monkeypatch,
+                                                                             readback_key):
+    control, transport = sglang_server(monkeypatch, ADMIN_KEY, API_KEY)
+    client = both_keys_client(transport, ADMIN_KEY, readback_key)  # SGLang takes no admin key on /server_info
+    pushed = table(64)
+    with pytest.raises(PushRejected) as refused:
+        client.push(pushed)
+    assert str(refused.value) == (
+        "GET http://sglang/server_info answered 401: Unauthorized -- missing or wrong API key for the readback: "
+        "the server runs with an ordinary API key (SGLang --api-key), which it requires on GET /server_info "
+        "instead of the admin key; give it to the controller (--api-key-env, default $JETSPEC_API_KEY)")
+    assert control.active.state(0.0).table == pushed  # the push landed; only its confirmation failed
+    assert [(method, path) for method, path, _ in transport.seen] == [("POST", "/set_internal_state"),
+                                                                      ("GET", "/server_info")]  # 401: no retry
+
+
+@pytest.mark.parametrize("push_key", [None, API_KEY])
+def test_with_both_keys_a_push_without_the_admin_key_names_it_and_its_flag(jetspec_registered, monkeypatch, push_key):
+    control, transport = sglang_server(monkeypatch, ADMIN_KEY, API_KEY)
+    before = control.readback(0.0)
+    client = both_keys_client(transport, push_key, API_KEY)  # SGLang takes no API key on /set_internal_state
+    with pytest.raises(PushRejected) as refused:
+        client.push(table(64))
+    assert str(refused.value).startswith(
+        "POST http://sglang/set_internal_state answered 401: Unauthorized -- missing or wrong admin key: "
+        "give the controller the servers' admin API key (--admin-key-env")
+    assert "--api-key-env" not in str(refused.value)
+    assert control.readback(0.0) == before and before["source"] == "yaml"
+    assert client.read_state().source == "yaml"  # the API key still reads back
+
+
+def test_with_both_keys_the_controller_scrapes_metrics_without_a_key(jetspec_registered, monkeypatch, tmp_path):
+    """SGLang's middleware lets /metrics through unauthenticated, so ScrapeSource sends no key."""
+    from controller.telemetry import ScrapeSource
+
+    _, transport = sglang_server(monkeypatch, ADMIN_KEY, API_KEY, metrics_dir=tmp_path)
+    source = ScrapeSource(["http://sglang"], transport)
+    first, second = source.read(), source.read()
+    assert (first.usage, first.failed) == (None, [])  # a 200 page: the baseline is set
+    assert (second.usage, second.failed) == ({}, [])  # nothing ran in between
+    assert transport.seen == [("GET", "/metrics", None)] * 2
+    assert transport("GET", "http://sglang/server_info", {}, None, 5.0)[0] == 401  # the key check is on

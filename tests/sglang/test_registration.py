@@ -90,7 +90,8 @@ def test_spec_class_has_every_method_of_the_installed_sglang(jetspec_registered)
     assert missing == []
     assert jetspec_registered.carries_draft_hidden_states() is False
     assert jetspec_registered.need_topk() is False
-    assert jetspec_registered.get_platform_worker_cls().__name__ == "JetSpecWorker"
+    # SGLang reads a non-None answer as "an out-of-tree platform replaces the worker"
+    assert jetspec_registered.get_platform_worker_cls() is None
 
 
 def _sglang_references() -> list[str]:

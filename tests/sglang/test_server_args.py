@@ -10,7 +10,7 @@ from sglang_jetspec.adapter.policy import POLICY_ENV
 
 # Everything JETSPEC needs; each test breaks one thing.
 GOOD = ["--attention-backend", "flashinfer", "--disable-overlap-schedule", "--disable-decode-cuda-graph",
-        "--device", "cpu"]
+        "--disable-radix-cache", "--device", "cpu"]
 
 
 @pytest.fixture(scope="module")
@@ -106,10 +106,20 @@ def test_dp_attention_is_refused(resolve):
     assert "attention data parallelism (--attn-dp-size 2, or the deprecated --enable-dp-attention)" in text
 
 
-def test_overlap_scheduler_and_decode_graphs_must_be_off(resolve):
+def test_overlap_scheduler_decode_graphs_and_radix_cache_must_be_off(resolve):
     text = _problems(resolve, base=["--attention-backend", "flashinfer", "--device", "cpu"])
     assert "the overlap scheduler is on: JETSPEC runs synchronously" in text and "pass --disable-overlap-schedule" in text
     assert "decode CUDA graphs are on" in text and "pass --disable-decode-cuda-graph" in text
+    assert "the radix (prefix) cache is on" in text and "pass --disable-radix-cache" in text
+
+
+def test_pd_disaggregation_is_refused(resolve):
+    # SGLang's own checks may add theirs (transfer backend, ...); JETSPEC's must be among them
+    try:
+        text = _problems(resolve, "--disaggregation-mode", "decode")
+    except ValueError as exc:  # SGLang refused first: then it is refused all the same, but say so
+        pytest.fail(f"SGLang refused PD disaggregation before JETSPEC's check ran: {exc}")
+    assert "--disaggregation-mode decode: a decode server would receive requests without the tap rows" in text
 
 
 def test_every_problem_is_reported_at_once(resolve):
@@ -118,7 +128,7 @@ def test_every_problem_is_reported_at_once(resolve):
     # the CPU default backend, pp, mixed chunk, graphs (pp > 1 already switches overlap off in SGLang)
     assert [line.split(":")[0].split(" is ")[0] for line in lines] == [
         "  - --attention-backend torch_native", "  - --pp-size 2", "  - --enable-mixed-chunk",
-        "  - decode CUDA graphs are on"]
+        "  - decode CUDA graphs are on", "  - the radix (prefix) cache"]
 
 
 def test_bad_policy_file_names_the_env_var_and_the_line(resolve, tmp_path, monkeypatch):

@@ -13,6 +13,10 @@ import torch
 
 pytest.importorskip("sglang")
 
+from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
+from sglang.srt.managers.schedule_batch import FINISH_LENGTH  # noqa: E402
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode  # noqa: E402
 from sglang.srt.sampling.sampling_params import SamplingParams as SGLangParams  # noqa: E402
 
@@ -20,6 +24,7 @@ from policies import load_policy  # noqa: E402
 from sglang_jetspec.adapter import worker as worker_module  # noqa: E402
 from sglang_jetspec.adapter.policy import PolicyControl, policy_path  # noqa: E402
 from sglang_jetspec.adapter.request_state import DraftStateStore  # noqa: E402
+from sglang_jetspec.adapter.worker_observability import WorkerShadow  # noqa: E402
 from sglang_jetspec.core.drafter import HeadDrafter  # noqa: E402
 from sglang_jetspec.core.head_io import load_head  # noqa: E402
 from sglang_jetspec.reference.target import Segment  # noqa: E402
@@ -141,6 +146,8 @@ class Scheduler:
             assert accepted[-1] == int(result.next_draft_input.bonus_tokens[i])
             self.accept_lens.append(len(accepted))
             self._commit(req, accepted)
+            if req.finished():  # batch_result_processor tells the spec worker, as SGLang 0.5.23 does
+                self.worker.note_request_finished(rid=req.rid, natural_stop=False)
         self.running = [r for r in self.running if not r.finished()]
 
     @staticmethod
@@ -148,7 +155,7 @@ class Scheduler:
         for token in tokens:
             req.output_ids.append(token)
             if len(req.output_ids) >= req.sampling_params.max_new_tokens:
-                req.finished_reason = SimpleNamespace()
+                req.finished_reason = FINISH_LENGTH(length=req.sampling_params.max_new_tokens)
                 return
 
 
@@ -187,6 +194,8 @@ def test_greedy_output_equals_plain_decoding_with_requests_joining_and_finishing
 def test_budget_zero_is_plain_decoding_with_no_draft_work(fresh, smollm2, single_thread, monkeypatch, tmp_path):
     fresh.policy_control = _one_budget(tmp_path, 0)
     monkeypatch.setattr(fresh.drafter, "propose", lambda *a, **k: pytest.fail("budget 0 must not run the head"))
+    tee = RecordingTee()  # the finished request's speculation log, kept after its state is dropped
+    monkeypatch.setattr(fresh, "shadow", WorkerShadow(tee, model="m", head="h"))
     req = FakeReq("z", smollm2.tokenizer(PROMPTS[0])["input_ids"], 6, temperature=0.0)
     sched = Scheduler(fresh)
     sched.admit([req])
@@ -194,7 +203,8 @@ def test_budget_zero_is_plain_decoding_with_no_draft_work(fresh, smollm2, single
         sched.step()
     assert sched.accept_lens == [1] * 5
     assert req.output_ids == _plain_greedy(smollm2, req.origin_input_ids, 6)
-    assert fresh.states.get("z").budgets == [0] * 5
+    (record,) = tee.records
+    assert record.spec.budgets == [0] * 5
 
 
 def _one_budget(tmp_path, budget, draft_rounds=0, tree_width=0):
@@ -252,3 +262,92 @@ def test_seeded_sampling_does_not_depend_on_the_batch(fresh, smollm2, single_thr
     alone, batched = run(False), run(True)
     # the first token is SGLang's sampler (greedy argmax in the fake); the rest are the request's own draws
     assert alone == batched
+
+
+class RecordingTee:
+    """A ShadowTee that samples everything and keeps what it is offered."""
+
+    def __init__(self):
+        self.records = []
+
+    def sampled(self):
+        return True
+
+    def offer(self, record):
+        self.records.append(record)
+        return True
+
+
+def test_a_request_finishing_in_decode_reaches_the_shadow_tee_with_its_final_tokens(fresh, smollm2, single_thread,
+                                                                                    monkeypatch):
+    tee = RecordingTee()
+    monkeypatch.setattr(fresh, "shadow", WorkerShadow(tee, model="m", head="h"))
+    req = FakeReq("sh", smollm2.tokenizer(PROMPTS[0])["input_ids"], 10, temperature=0.0)
+    sched = Scheduler(fresh)
+    sched.admit([req])
+    steps = 0
+    while sched.running:
+        sched.step()
+        steps += 1
+    # spooled at note_request_finished, not at a later forward's sweep (which may never come)
+    (record,) = tee.records
+    assert record.request_id == "sh" and record.output_ids == req.output_ids and len(req.output_ids) == 10
+    assert record.finish_reason == "length" and len(record.spec.budgets) == steps == len(record.spec.accept_lengths)
+    assert "sh" not in fresh.states
+    sched.admit([FakeReq("prefill-only", smollm2.tokenizer("x")["input_ids"], 1, temperature=0.0)])
+    sched.admit([FakeReq("next", smollm2.tokenizer("y")["input_ids"], 2, temperature=0.0)])
+    # a request finished at prefill is teed by the next forward's sweep; "sh" was teed once
+    assert [r.request_id for r in tee.records] == ["sh", "prefill-only"]
+
+
+def test_each_verify_step_is_a_span_with_its_phases_when_sglang_tracing_is_on(fresh, smollm2, single_thread,
+                                                                               monkeypatch, tmp_path):
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    monkeypatch.setattr(worker_module, "step_tracer", lambda: provider.get_tracer("test"))
+    fresh.policy_control = _one_budget(tmp_path, 16)
+    reqs = [FakeReq(rid, smollm2.tokenizer(p)["input_ids"], 6, temperature=0.0) for rid, p in zip("xy", PROMPTS)]
+    sched = Scheduler(fresh)
+    sched.admit(reqs)
+    steps = 0
+    while sched.running:
+        sched.step()
+        steps += 1
+    spans = exporter.get_finished_spans()
+    step_spans = [s for s in spans if s.name == "jetspec.step"]
+    assert len(step_spans) == steps
+    first = step_spans[0]
+    assert list(first.attributes["jetspec.request_ids"]) == ["x", "y"]
+    assert first.attributes["jetspec.budget"] == 16 and first.attributes["jetspec.batch_size"] == 2
+    children = sorted((s for s in spans if s.parent is not None and s.parent.span_id == first.context.span_id),
+                      key=lambda s: s.start_time)
+    assert [c.name for c in children] == ["jetspec.draft", "jetspec.tree", "jetspec.verify", "jetspec.accept",
+                                          "jetspec.commit"]
+    assert all(first.start_time <= c.start_time <= c.end_time <= first.end_time for c in children)
+    assert children[2].end_time > children[2].start_time  # the verify took measurable time
+
+
+def test_the_worker_builds_from_resolved_server_arguments(jetspec_registered, smollm2, smollm2_dir, head_dir, monkeypatch):
+    """__init__ against a real resolved ServerArgs and a stand-in for the target's model runner: loads the
+    head, asks the target to capture the head's tap layers, registers the draft model classes."""
+    from sglang.srt.models.registry import ModelRegistry
+    from sglang.srt.server_args import prepare_server_args
+
+    argv = ["--model-path", str(smollm2_dir), "--speculative-algorithm", "jetspec", "--speculative-draft-model-path",
+            str(head_dir), "--attention-backend", "flashinfer", "--disable-overlap-schedule", "--disable-decode-cuda-graph",
+            "--disable-radix-cache", "--device", "cpu"]
+    server_args = prepare_server_args(argv)
+    server_args.resolve_once()
+    captured = []
+    model = SimpleNamespace(set_dflash_layers_to_capture=captured.extend, lm_head=smollm2.lm_head,
+                            get_input_embeddings=lambda: smollm2.embed_tokens)
+    target_worker = SimpleNamespace(model_runner=SimpleNamespace(dtype=torch.float32, model=model))
+    monkeypatch.setattr(worker_module, "get_device", lambda: SimpleNamespace(device=torch.device("cpu")))
+    monkeypatch.setattr(worker_module, "get_spec", lambda: SimpleNamespace(speculative_num_steps=15,
+                                                                           speculative_num_draft_tokens=256))
+    w = worker_module.JetSpecWorker(server_args, gpu_id=0, nccl_port=0, target_worker=target_worker)
+    assert tuple(captured) == w.head.config.target_layer_ids == (1, 10, 18, 27)
+    assert "JetSpecDraftModel" in ModelRegistry.models
+    assert w.metrics is None and w.shadow is None and w.tree_width == 8
+    assert w.policy_control.step_plan(1, 0.0).budget > 0

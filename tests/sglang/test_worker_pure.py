@@ -43,7 +43,8 @@ def test_sampled_params_carry_over_and_top_k_all_means_off():
 
 
 def _req(**kw):
-    fields = dict(sampling_params=_sglang_params(), grammar=None, custom_logit_processor=None, return_hidden_states=False)
+    fields = dict(sampling_params=_sglang_params(), grammar=None, custom_logit_processor=None, return_hidden_states=False,
+                  return_sampling_mask=False)
     fields.update(kw)
     return SimpleNamespace(**fields)
 
@@ -53,6 +54,7 @@ def _req(**kw):
     (dict(grammar=object()), "constrained decoding"),
     (dict(custom_logit_processor="x"), "custom_logit_processor"),
     (dict(return_hidden_states=True), "return_hidden_states"),
+    (dict(return_sampling_mask=True), "return_sampling_mask"),
 ])
 def test_unsupported_request_features_are_named(change, field):
     if "sampling_params" in change:
@@ -169,17 +171,19 @@ class _CopyCounting(torch.Tensor):
         return super().__torch_function__(func, types, args, kwargs or {})
 
 
-def test_greedy_acceptance_copies_only_argmax_ids_to_the_host():
+@pytest.mark.parametrize("params, method", [(SamplingParams(), "match"), (SamplingParams(temperature=1.0), "match"),
+                                           (SamplingParams(temperature=0.8, top_p=0.9), "residual")])
+def test_acceptance_never_copies_the_tree_distribution_to_the_host(params, method):
+    """Greedy and sample-then-match rows copy [B, N] token ids; residual rows a [B, V] row per visited node.
+    A [B, N, V] copy would move N vocabulary rows per request over PCIe at every step."""
     trees = [_tree(0), _tree(1)]
     logits = torch.randn(2 * 10, 30)
-    plain = accept_step(trees, logits, 10, [SamplingParams()] * 2, [make_generator(0)] * 2)
+    plain = accept_step(trees, logits, 10, [params] * 2, [make_generator(0), make_generator(1)], method)
     _CopyCounting.copied = []
-    counted = accept_step(trees, logits.as_subclass(_CopyCounting), 10, [SamplingParams()] * 2, [make_generator(0)] * 2)
-    assert _CopyCounting.copied and all(len(shape) == 2 for shape in _CopyCounting.copied)  # [B, N] ids, no vocab axis
+    counted = accept_step(trees, logits.as_subclass(_CopyCounting), 10, [params] * 2,
+                          [make_generator(0), make_generator(1)], method)
+    assert (2, 10) in _CopyCounting.copied and all(len(shape) == 2 for shape in _CopyCounting.copied), _CopyCounting.copied
     assert [r.tokens for r in counted.results] == [r.tokens for r in plain.results]
-    _CopyCounting.copied = []
-    accept_step(trees, logits.as_subclass(_CopyCounting), 10, [SamplingParams(temperature=1.0)] * 2, [make_generator(0)] * 2)
-    assert (2, 10, 30) in _CopyCounting.copied  # sampling needs the full distribution on the host
 
 
 # ---- telemetry and shadow ----
@@ -220,3 +224,16 @@ def test_finished_requests_are_spooled_with_their_speculation_log(tmp_path):
     record = json.loads(line)
     assert (record["prompt_ids"], record["output_ids"], record["finish_reason"]) == ([5, 6], [7, 8, 9], "length")
     assert record["spec"] == {"budgets": [16, 0], "accept_lengths": [2, 1]} and record["sampling"]["seed"] == 2
+
+
+def test_step_spans_follow_sglang_tracing(monkeypatch):
+    """No tracer (and no span work) unless SGLang's --enable-trace initialised tracing in the process."""
+    pytest.importorskip("sglang")
+    from sglang.srt.observability import trace as sglang_trace
+
+    from sglang_jetspec.adapter.worker_observability import step_tracer
+
+    monkeypatch.setattr(sglang_trace, "opentelemetry_initialized", False)
+    assert step_tracer() is None
+    monkeypatch.setattr(sglang_trace, "opentelemetry_initialized", True)
+    assert step_tracer() is not None
