@@ -134,6 +134,15 @@ class Scheduler:
             self._commit(req, [token])
         self.running += [r for r in reqs if not r.finished()]
 
+    def run(self, reqs) -> int:
+        """Admit `reqs` and step until every running request finished; returns the verify steps."""
+        self.admit(reqs)
+        steps = 0
+        while self.running:
+            self.step()
+            steps += 1
+        return steps
+
     def step(self):
         kv = [len(r.origin_input_ids) + len(r.output_ids) - 1 for r in self.running]
         batch = self._batch(ForwardMode.DECODE, list(self.running), seq_lens=torch.tensor(kv), seq_lens_cpu=torch.tensor(kv))
@@ -198,9 +207,7 @@ def test_budget_zero_is_plain_decoding_with_no_draft_work(fresh, smollm2, single
     monkeypatch.setattr(fresh, "shadow", WorkerShadow(tee, model="m", head="h"))
     req = FakeReq("z", smollm2.tokenizer(PROMPTS[0])["input_ids"], 6, temperature=0.0)
     sched = Scheduler(fresh)
-    sched.admit([req])
-    while sched.running:
-        sched.step()
+    sched.run([req])
     assert sched.accept_lens == [1] * 5
     assert req.output_ids == _plain_greedy(smollm2, req.origin_input_ids, 6)
     (record,) = tee.records
@@ -230,11 +237,7 @@ def test_policy_draft_rounds_and_width_shape_the_trees_and_stay_lossless(fresh, 
     encode = lambda text: smollm2.tokenizer(text)["input_ids"]  # noqa: E731
     reqs = [FakeReq("r0", encode(PROMPTS[0]), 12, temperature=0.0), FakeReq("r1", encode(PROMPTS[2]), 12, temperature=0.0)]
     sched = Scheduler(fresh)
-    sched.admit(reqs)
-    steps = 0
-    while sched.running:
-        sched.step()
-        steps += 1
+    steps = sched.run(reqs)
     for req in reqs:
         assert req.output_ids == _plain_greedy(smollm2, req.origin_input_ids, 12), req.rid
     assert passes[0] == 2 and len(passes) == steps  # one tree-causal pass per step over the batch's trees
@@ -253,10 +256,7 @@ def test_seeded_sampling_does_not_depend_on_the_batch(fresh, smollm2, single_thr
         req = FakeReq("s", prompt, 10, temperature=0.9, top_p=0.95, sampling_seed=1234)
         batch = [req] + ([FakeReq("n", smollm2.tokenizer(PROMPTS[2])["input_ids"], 10, temperature=1.0, sampling_seed=9)]
                          if with_neighbour else [])
-        sched = Scheduler(fresh)
-        sched.admit(batch)
-        while sched.running:
-            sched.step()
+        Scheduler(fresh).run(batch)
         return req.output_ids
 
     alone, batched = run(False), run(True)
@@ -284,11 +284,7 @@ def test_a_request_finishing_in_decode_reaches_the_shadow_tee_with_its_final_tok
     monkeypatch.setattr(fresh, "shadow", WorkerShadow(tee, model="m", head="h"))
     req = FakeReq("sh", smollm2.tokenizer(PROMPTS[0])["input_ids"], 10, temperature=0.0)
     sched = Scheduler(fresh)
-    sched.admit([req])
-    steps = 0
-    while sched.running:
-        sched.step()
-        steps += 1
+    steps = sched.run([req])
     # spooled at note_request_finished, not at a later forward's sweep (which may never come)
     (record,) = tee.records
     assert record.request_id == "sh" and record.output_ids == req.output_ids and len(req.output_ids) == 10
@@ -309,11 +305,7 @@ def test_each_verify_step_is_a_span_with_its_phases_when_sglang_tracing_is_on(fr
     fresh.policy_control = _one_budget(tmp_path, 16)
     reqs = [FakeReq(rid, smollm2.tokenizer(p)["input_ids"], 6, temperature=0.0) for rid, p in zip("xy", PROMPTS)]
     sched = Scheduler(fresh)
-    sched.admit(reqs)
-    steps = 0
-    while sched.running:
-        sched.step()
-        steps += 1
+    steps = sched.run(reqs)
     spans = exporter.get_finished_spans()
     step_spans = [s for s in spans if s.name == "jetspec.step"]
     assert len(step_spans) == steps
