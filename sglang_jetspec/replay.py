@@ -40,6 +40,7 @@ class ReplayLane:
     rows: torch.Tensor  # tapped rows of prompt + output, one per token
     committed: int = 0  # committed tokens, prompt included
     draft_cache: ContextCache = field(default_factory=ContextCache)
+    first_tap_row = 0  # every row is kept (class attribute, not a field)
 
     @property
     def committed_ids(self) -> list[int]:

@@ -42,6 +42,7 @@ class FakeLane:
     root_token: int
     rows: torch.Tensor
     draft_cache: ContextCache = field(default_factory=ContextCache)
+    first_tap_row = 0
 
     def tap_rows(self) -> torch.Tensor:
         return self.rows
@@ -55,7 +56,7 @@ def lanes(*specs: tuple[int, int]) -> list[FakeLane]:
 
 def sequential_child_logits(drafter: HeadDrafter, lane: FakeLane, path: tuple[int, ...]) -> torch.Tensor:
     """The reference: one causal block [root, path..., MASK] alone, read at its last (masked) row."""
-    lane.draft_cache.sync(drafter.head, lane.tap_rows())
+    lane.draft_cache.sync(drafter.head, lane.tap_rows(), lane.first_tap_row)
     length = lane.draft_cache.length
     ids = torch.tensor([[lane.root_token, *path, drafter.head.config.mask_token_id]])
     positions = length + torch.arange(ids.shape[1]).unsqueeze(0)

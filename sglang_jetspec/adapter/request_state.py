@@ -1,8 +1,8 @@
 """Per-request draft state of the SGLang worker, keyed by SGLang's request id (pure PyTorch).
 
-For every running request the worker keeps what the core's drafter and acceptance read: the tapped
-target rows (one per KV position, the source of truth for the head's context), the head's
-ContextCache derived from them, the request's SamplingParams and its own random generator.
+For every running request the worker keeps what the core's drafter and acceptance read: the head's
+ContextCache (its projected context K/V), the tapped target rows it has not projected yet, the
+request's SamplingParams and its own random generator.
 
 Invariant, as in the reference engine: rows == KV length == committed tokens - 1 (the newest token,
 the next root, has neither). Prefill writes rows for the positions it computed; each verify
@@ -25,7 +25,12 @@ log = logging.getLogger(__name__)
 
 
 class RequestDraftState:
-    """One request as the drafter (a DraftLane) and the acceptance see it."""
+    """One request as the drafter (a DraftLane) and the acceptance see it.
+
+    Rows the head has projected into `draft_cache` are freed at the next append: the cache holds all
+    the head ever reads of them (a position's context K/V depends only on its own row), and the raw
+    rows are several times larger, outside SGLang's KV pool. So the state keeps only rows
+    `first_tap_row` .. `num_rows - 1`, usually just the last step's."""
 
     def __init__(self, rid: str, params: SamplingParams, tap_width: int, device, dtype) -> None:
         self.rid = rid
@@ -38,31 +43,48 @@ class RequestDraftState:
         self.started_at = time.time()  # for the shadow record
         self.budgets: list[int] = []  # tree budget of each verify step (0 = off)
         self.accept_lengths: list[int] = []  # tokens committed by each verify step, bonus included
-        self._rows = torch.empty(0, tap_width, device=device, dtype=dtype)
+        self._rows = torch.empty(0, tap_width, device=device, dtype=dtype)  # rows first_tap_row .. num_rows-1
+        self._first_row = 0
         self._num_rows = 0
 
     @property
     def num_rows(self) -> int:
+        """Rows known for this request: one per KV position (freed rows included)."""
         return self._num_rows
 
+    @property
+    def first_tap_row(self) -> int:
+        return self._first_row
+
     def tap_rows(self) -> torch.Tensor:
-        return self._rows[: self._num_rows]
+        """The rows not freed yet, from position `first_tap_row` on."""
+        return self._rows[: self._num_rows - self._first_row]
 
     def truncate(self, length: int) -> None:
         """Forget rows from `length` on (a retracted request is prefilled again from there)."""
-        if length < self._num_rows:
-            self._num_rows = length
-            if self.draft_cache.length > length:
-                self.draft_cache = ContextCache()  # its projections of the dropped rows are stale
+        if length >= self._num_rows:
+            return
+        self.draft_cache.truncate(length)
+        self._first_row = min(self._first_row, length)  # what stays before it is in the cache
+        self._num_rows = length
 
     def append(self, rows: torch.Tensor) -> None:
-        need = self._num_rows + rows.shape[0]
+        self._free_projected()
+        kept = self._num_rows - self._first_row
+        need = kept + rows.shape[0]
         if need > self._rows.shape[0]:
             grown = torch.empty(max(2 * need, 64), self._rows.shape[1], device=self._rows.device, dtype=self._rows.dtype)
-            grown[: self._num_rows] = self._rows[: self._num_rows]
+            grown[:kept] = self._rows[:kept]
             self._rows = grown
-        self._rows[self._num_rows : need] = rows
-        self._num_rows = need
+        self._rows[kept:need] = rows
+        self._num_rows += rows.shape[0]
+
+    def _free_projected(self) -> None:
+        projected = min(self.draft_cache.length, self._num_rows) - self._first_row
+        if projected > 0:
+            kept = self._num_rows - self._first_row - projected
+            self._rows[:kept] = self._rows[projected : projected + kept].clone()
+            self._first_row += projected
 
 
 class DraftStateStore:

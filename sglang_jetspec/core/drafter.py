@@ -26,15 +26,24 @@ class ContextCache:
         self.layers: list[LayerContext] = []
         self.length = 0
 
-    def sync(self, head: DraftHead, tap_rows: torch.Tensor) -> None:
-        """Bring the cache up to `tap_rows` [L, taps*H]; rows before `length` must be unchanged."""
-        total = tap_rows.shape[0]
-        if total < self.length:  # rows were rewritten (not expected); rebuild from scratch
+    def sync(self, head: DraftHead, tap_rows: torch.Tensor, first_row: int = 0) -> None:
+        """Bring the cache up to the rows `tap_rows` [L, taps*H], whose first is the row at position
+        `first_row`; rows the cache already holds must be unchanged. A lane that frees rows once they
+        are projected passes only the rest, so `first_row` may not be past `length`."""
+        total = first_row + tap_rows.shape[0]
+        if first_row > self.length:
+            raise ValueError(f"context rows from {first_row} on, but the cache ends at {self.length}: rows "
+                             f"{self.length}..{first_row - 1} were freed before the head projected them")
+        if total < self.length:  # rows were rewritten (not expected); rebuild from what is there
+            if first_row:
+                raise ValueError(f"the cache holds {self.length} rows but the lane has only {total}; "
+                                 "truncate the cache to the lane's rows first")
             self.layers, self.length = [], 0
         if total == self.length:
             return
         positions = torch.arange(self.length, total, device=tap_rows.device).unsqueeze(0)
-        new = head.project_context(tap_rows[self.length :].unsqueeze(0).to(head.fc.weight.dtype), positions)
+        fresh = tap_rows[self.length - first_row :].unsqueeze(0).to(head.fc.weight.dtype)
+        new = head.project_context(fresh, positions)
         if self.layers:
             new = [
                 LayerContext(torch.cat([old.keys, n.keys], dim=2), torch.cat([old.values, n.values], dim=2))
@@ -42,12 +51,20 @@ class ContextCache:
             ]
         self.layers, self.length = new, total
 
+    def truncate(self, length: int) -> None:
+        """Forget positions from `length` on: a position's context K/V depends only on its own tapped
+        row and position, so what stays is exact."""
+        if length < self.length:
+            self.layers = [LayerContext(c.keys[:, :, :length], c.values[:, :, :length]) for c in self.layers]
+            self.length = length
+
 
 class DraftLane(Protocol):
     """What the drafter reads from a running request (the reference engine's Lane provides it)."""
 
     root_token: int
     draft_cache: ContextCache
+    first_tap_row: int  # position of tap_rows()[0]: 0 unless the lane frees rows the cache has projected
 
     def tap_rows(self) -> torch.Tensor: ...
 
@@ -80,7 +97,7 @@ class HeadDrafter:
         dtype, device = self.head.fc.weight.dtype, self.head.fc.weight.device
         caches = [lane.draft_cache for lane in lanes]
         for lane in lanes:
-            lane.draft_cache.sync(self.head, lane.tap_rows())
+            lane.draft_cache.sync(self.head, lane.tap_rows(), lane.first_tap_row)
         ctx_len = max(c.length for c in caches)
         shape = (len(lanes), cfg.num_key_value_heads, ctx_len, cfg.head_dim)
         context = [LayerContext(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device)) for _ in range(cfg.num_hidden_layers)]

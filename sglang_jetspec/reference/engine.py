@@ -66,7 +66,10 @@ class EngineConfig:
 
 
 class Lane:
-    """A running request: its committed tokens, its random stream and its tapped hidden rows."""
+    """A running request: its committed tokens, its random stream and its tapped hidden rows (all of
+    them: the engine's invariant checks compare them with a fresh prefill)."""
+
+    first_tap_row = 0
 
     def __init__(self, request: Request, tokenizer, eos_ids: frozenset[int], tap_width: int, device: torch.device) -> None:
         self.request = request

@@ -85,12 +85,64 @@ def test_join_chunked_prefill_verify_and_finish():
     assert store.rids() == ["b"]
 
 
-def test_re_prefill_after_retraction_truncates_and_resets_the_head_cache():
-    store = DraftStateStore(4, "cpu", torch.float32)
-    state = store.extended("r", SamplingParams(), 0, _rows(range(10)))
-    state.draft_cache.length = 10  # as if the head had projected all ten rows
-    store.extended("r", SamplingParams(), 0, _rows(range(12)))  # prefilled again from scratch
-    assert state.num_rows == 12 and state.draft_cache.length == 0 and not state.blind
+def _tiny_head():
+    from sglang_jetspec.core.head_config import HeadConfig
+    from sglang_jetspec.core.head_io import init_head
+
+    cfg = HeadConfig(hidden_size=8, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=4,
+                     intermediate_size=16, vocab_size=20, block_size=4, target_layer_ids=(0, 1), mask_token_id=19)
+    return init_head(cfg, seed=0, std=0.3)  # tap width 2 x 8 = 16
+
+
+def _random_rows(first, count, width=16):
+    return torch.randn(count, width, generator=torch.Generator().manual_seed(first))
+
+
+def _same_context(state, head, rows):
+    """The state's cache equals a cache projected from all `rows` at once."""
+    from sglang_jetspec.core.drafter import ContextCache
+
+    fresh = ContextCache()
+    fresh.sync(head, rows)
+    assert state.draft_cache.length == fresh.length == rows.shape[0]
+    for got, want in zip(state.draft_cache.layers, fresh.layers):
+        assert torch.allclose(got.keys, want.keys, atol=1e-6) and torch.allclose(got.values, want.values, atol=1e-6)
+
+
+def test_rows_the_head_projected_are_freed_and_the_context_stays_exact():
+    head = _tiny_head()
+    store = DraftStateStore(16, "cpu", torch.float32)
+    rows = torch.cat([_random_rows(0, 10), _random_rows(10, 3), _random_rows(13, 2)])
+    state = store.extended("f", SamplingParams(), 0, rows[:10])
+    for end, added in ((10, 3), (13, 2)):  # two verify steps, each drafting first
+        state.draft_cache.sync(head, state.tap_rows(), state.first_tap_row)  # what HeadDrafter does
+        store.committed(state, rows[end : end + added], kv_len=end)
+        assert state.first_tap_row == end and state.num_rows == end + added
+        assert torch.equal(state.tap_rows(), rows[end : end + added])  # only the unprojected rows stay
+    state.draft_cache.sync(head, state.tap_rows(), state.first_tap_row)
+    _same_context(state, head, rows)
+
+
+def test_re_prefill_after_retraction_truncates_rows_and_head_cache():
+    head = _tiny_head()
+    store = DraftStateStore(16, "cpu", torch.float32)
+    state = store.extended("r", SamplingParams(), 0, _random_rows(0, 10))
+    state.draft_cache.sync(head, state.tap_rows(), state.first_tap_row)
+    store.committed(state, _random_rows(10, 2), kv_len=10)  # rows 0..9 freed, 10..11 kept
+    again = torch.cat([_random_rows(0, 10)[:6], _random_rows(99, 7)])
+    store.extended("r", SamplingParams(), 6, again[6:])  # retracted, prefilled again from position 6
+    assert state.num_rows == 13 and state.first_tap_row == 6 and not state.blind
+    state.draft_cache.sync(head, state.tap_rows(), state.first_tap_row)
+    _same_context(state, head, again)
+    store.extended("r", SamplingParams(), 0, _random_rows(5, 4))  # from scratch
+    assert state.num_rows == 4 and state.first_tap_row == 0 and state.draft_cache.length == 0
+
+
+def test_a_cache_never_syncs_over_freed_rows():
+    from sglang_jetspec.core.drafter import ContextCache
+
+    with pytest.raises(ValueError, match="rows 0..2 were freed before the head projected them"):
+        ContextCache().sync(_tiny_head(), _random_rows(3, 2), first_row=3)
 
 
 def test_a_gap_in_rows_makes_the_request_blind_not_wrong():
