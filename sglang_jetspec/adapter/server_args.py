@@ -12,14 +12,11 @@ from pathlib import Path
 
 from policies import PolicyError, read_head_capacity
 
+from sglang_jetspec.adapter.attention_backends import backend_problems
 from sglang_jetspec.adapter.policy import POLICY_ENV, load_runtime_policy, max_budget, policy_path
 from sglang_jetspec.core.head_config import HeadConfigError, TargetInfo
 
 log = logging.getLogger(__name__)
-
-# Backends whose TARGET_VERIFY path applies spec_info.custom_mask for a tree (notes section 4).
-TREE_MASK_BACKENDS = ("flashinfer", "triton")
-
 
 class JetSpecArgsError(ValueError):
     def __init__(self, problems: list[str]):
@@ -33,14 +30,6 @@ def target_info(model_path: str, trust_remote_code: bool = False) -> TargetInfo:
     config = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code).get_text_config()
     return TargetInfo(hidden_size=config.hidden_size, vocab_size=config.vocab_size,
                       num_hidden_layers=config.num_hidden_layers)
-
-
-def verify_attention_backend(cfg) -> tuple[str, str | None]:
-    """(flag, backend) that runs TARGET_VERIFY: the prefill or decode backend per
-    --speculative-attention-mode, falling back to --attention-backend."""
-    if cfg.speculative_attention_mode == "decode":
-        return ("--decode-attention-backend", cfg.decode_attention_backend) if cfg.decode_attention_backend else ("--attention-backend", cfg.attention_backend)
-    return ("--prefill-attention-backend", cfg.prefill_attention_backend) if cfg.prefill_attention_backend else ("--attention-backend", cfg.attention_backend)
 
 
 def _head_problems(cfg) -> list[str]:
@@ -69,12 +58,7 @@ def _head_problems(cfg) -> list[str]:
 def _runtime_problems(cfg) -> list[str]:
     from sglang.srt.runtime_context import attn_dp_enabled_of
 
-    problems = []
-    flag, backend = verify_attention_backend(cfg)
-    if backend not in TREE_MASK_BACKENDS:
-        problems.append(
-            f"{flag} {backend}: this attention backend ignores the tree mask in target verification (fa3, the "
-            "Hopper default, and trtllm_mha take the causal path); pass --attention-backend flashinfer (or triton)")
+    problems = backend_problems(cfg)
     if cfg.speculative_use_rejection_sampling:
         problems.append("--speculative-use-rejection-sampling: JETSPEC accepts with its own lossless rules for each "
                         "request's sampling parameters; remove the flag")

@@ -7,8 +7,9 @@ custom-mask path read them:
 
 - draft_token [bs*N]: node tokens, node 0 = the root (last committed token, not yet in KV).
 - positions [bs*N] int64: seq_len_b + depth (padding nodes at seq_len_b + 1).
-- qlen_mask [bs, N, N] bool: row i is True at node i's ancestors and at i (tree part only).
-- full_mask: for every request, N row-major rows of width seq_len_b + N: the prefix columns all
+- qlen_mask [bs, N, N] bool: row i is True at node i's ancestors and at i (tree part only);
+  flattened, it is the QLEN_ONLY layout SGLang's CPU backend (intel_amx) reads.
+- full_mask (the FULL layout of FlashInfer / Triton): for every request, N row-major rows of width seq_len_b + N: the prefix columns all
   True, then the qlen row. Concatenated over the batch: length sum_b N*(seq_len_b + N).
 - retrieve_index [bs, N]: b*N + i.  retrieve_next_token [bs, N]: first child (lowest index),
   retrieve_next_sibling [bs, N]: next sibling by index; -1 for none. Children are in index order,
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from sglang_jetspec.adapter.attention_backends import MaskLayout
 from sglang_jetspec.core.tree import DraftTree
 
 
@@ -35,16 +37,30 @@ class VerifyTensors:
     num_nodes: int  # N, the uniform width per request
     max_depth: int  # deepest tree level in the batch
 
+    def custom_mask(self, layout: MaskLayout, seq_lens: list[int], device: torch.device | str | None = None) -> torch.Tensor:
+        """The flattened tree mask in the layout the verify attention backend reads
+        (attention_backends.tree_mask_layout), built on `device` (default: where qlen_mask is)."""
+        if layout == MaskLayout.QLEN_ONLY:
+            return self.qlen_mask.to(device).flatten()
+        return self.full_mask(seq_lens, device)
+
     def full_mask(self, seq_lens: list[int], device: torch.device | str | None = None) -> torch.Tensor:
         """Flattened FULL custom mask (prefix columns + tree columns), FlashInfer/Triton layout, built on
         `device` (default: where qlen_mask is). It holds sum_b N*(seq_len_b + N) entries, mostly the
-        all-True prefix columns, so only the small [bs, N, N] tree part crosses to the device."""
+        all-True prefix columns, so only the small [bs, N, N] tree part crosses to the device and is
+        scattered into an all-True buffer in one indexed write (no per-request loop)."""
         qlen = self.qlen_mask.to(device) if device is not None else self.qlen_mask
-        rows = []
-        for b, length in enumerate(seq_lens):
-            prefix = torch.ones(self.num_nodes, length, dtype=torch.bool, device=qlen.device)
-            rows.append(torch.cat([prefix, qlen[b]], dim=1).flatten())
-        return torch.cat(rows)
+        n = self.num_nodes
+        lens = torch.tensor(seq_lens, dtype=torch.long, device=qlen.device)
+        widths = lens + n  # row width of each request
+        starts = torch.cumsum(n * widths, 0) - n * widths  # offset of each request's first row
+        rows = torch.arange(n, device=qlen.device)
+        # entry (b, i, j) of the tree part sits at starts_b + i * width_b + seq_len_b + j
+        index = (starts.view(-1, 1, 1) + rows.view(1, -1, 1) * widths.view(-1, 1, 1)
+                 + lens.view(-1, 1, 1) + rows.view(1, 1, -1))
+        mask = torch.ones(int((n * widths).sum()), dtype=torch.bool, device=qlen.device)
+        mask[index.flatten()] = qlen.flatten()
+        return mask
 
 
 def _links(tree: DraftTree, width: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -38,6 +38,7 @@ from sglang.srt.speculative.spec_utils import move_accept_tokens_to_target_kvcac
 
 from policies import StepPlan, read_head_capacity
 from sglang_jetspec.adapter.accept import accept_step
+from sglang_jetspec.adapter.attention_backends import tree_mask_layout, verify_attention_backend
 from sglang_jetspec.adapter.draft_model import register_draft_models
 from sglang_jetspec.adapter.policy import PolicyControl, load_runtime_policy
 from sglang_jetspec.adapter.request_sampling import core_sampling_params, unsupported_feature
@@ -102,6 +103,7 @@ class JetSpecWorker(BaseSpecWorker):
         self._draft_worker = None  # no draft TpModelWorker: the head runs in PyTorch beside the target
         self.model_runner = target_worker.model_runner  # NGRAMWorker exposes the target's runner the same way
         self.device = get_device().device
+        self.mask_layout = tree_mask_layout(verify_attention_backend(cfg)[1])  # validated: a tree-mask backend
         # Read by SGLang's metrics reporter (sglang:spec_num_steps / spec_num_draft_tokens) and
         # reported as the result's speculative_num_draft_tokens: the widest tree any policy allows.
         self.speculative_num_steps = get_spec().speculative_num_steps
@@ -279,7 +281,7 @@ class JetSpecWorker(BaseSpecWorker):
             draft_token_num=num_nodes, device=device)
         batch.spec_info = JetSpecVerifyInput(
             draft_token=draft_token,
-            custom_mask=tensors.full_mask(seq_lens, device),
+            custom_mask=tensors.custom_mask(self.mask_layout, seq_lens, device),
             positions=tensors.positions.to(device, non_blocking=True),
             retrieve_index=tensors.retrieve_index.to(device, non_blocking=True),
             retrieve_next_token=tensors.retrieve_next_token.to(device, non_blocking=True),

@@ -9,8 +9,9 @@ import pytest
 from sglang_jetspec.adapter.policy import POLICY_ENV
 
 # Everything JETSPEC needs; each test breaks one thing.
+# Argument resolution runs on any machine, so a GPU device is resolvable here.
 GOOD = ["--attention-backend", "flashinfer", "--disable-overlap-schedule", "--disable-decode-cuda-graph",
-        "--disable-radix-cache", "--device", "cpu"]
+        "--disable-radix-cache", "--device", "cuda"]
 
 
 @pytest.fixture(scope="module")
@@ -71,6 +72,38 @@ def test_attention_backend_that_ignores_tree_masks(resolve, backend):
     assert "pass --attention-backend flashinfer (or triton)" in text
 
 
+CPU = ["--disable-overlap-schedule", "--disable-decode-cuda-graph", "--disable-radix-cache", "--device", "cpu"]
+
+
+def test_intel_amx_is_accepted_on_a_cpu_device(resolve):
+    from sglang.srt.runtime_context import override_platform
+
+    with override_platform(has_amx=True):  # what SGLang's CPU engine reports on an AMX machine
+        assert resolve("--attention-backend", "intel_amx", base=CPU).attention_backend == "intel_amx"
+
+
+def test_cpu_without_amx_falls_back_to_torch_native_and_is_refused_with_the_reason(resolve):
+    from sglang.srt.runtime_context import override_platform
+
+    with override_platform(has_amx=False):
+        text = _problems(resolve, "--attention-backend", "intel_amx", base=CPU)
+    assert "--attention-backend torch_native: this attention backend ignores the tree mask" in text
+    assert "SGLang falls back from intel_amx to torch_native when the platform reports no AMX" in text
+    assert "pass --attention-backend intel_amx (SGLang's CPU backend)" in text
+
+
+@pytest.mark.parametrize("device, backend, expected", [
+    ("cpu", "flashinfer", "--attention-backend flashinfer: a GPU backend, but --device is cpu; pass --attention-backend intel_amx"),
+    ("cuda", "intel_amx", "--attention-backend intel_amx: a CPU-only backend, but --device is cuda; pass --attention-backend flashinfer"),
+])
+def test_backend_must_match_the_device(resolve, device, backend, expected):
+    from sglang.srt.runtime_context import override_platform
+
+    base = [a for a in CPU if a != "cpu"] + [device]
+    with override_platform(has_amx=True):
+        assert expected in _problems(resolve, "--attention-backend", backend, base=base)
+
+
 def test_triton_is_accepted(resolve):
     base = [a for a in GOOD if a != "flashinfer"]
     base[base.index("--attention-backend") + 1:1] = ["triton"]
@@ -107,7 +140,7 @@ def test_dp_attention_is_refused(resolve):
 
 
 def test_overlap_scheduler_decode_graphs_and_radix_cache_must_be_off(resolve):
-    text = _problems(resolve, base=["--attention-backend", "flashinfer", "--device", "cpu"])
+    text = _problems(resolve, base=["--attention-backend", "flashinfer", "--device", "cuda"])
     assert "the overlap scheduler is on: JETSPEC runs synchronously" in text and "pass --disable-overlap-schedule" in text
     assert "decode CUDA graphs are on" in text and "pass --disable-decode-cuda-graph" in text
     assert "the radix (prefix) cache is on" in text and "pass --disable-radix-cache" in text
@@ -123,7 +156,10 @@ def test_pd_disaggregation_is_refused(resolve):
 
 
 def test_every_problem_is_reported_at_once(resolve):
-    text = _problems(resolve, "--pp-size", "2", "--enable-mixed-chunk", base=["--device", "cpu"])
+    from sglang.srt.runtime_context import override_platform
+
+    with override_platform(has_amx=False):
+        text = _problems(resolve, "--pp-size", "2", "--enable-mixed-chunk", base=["--device", "cpu"])
     lines = text.splitlines()[1:]
     # the CPU default backend, pp, mixed chunk, graphs (pp > 1 already switches overlap off in SGLang)
     assert [line.split(":")[0].split(" is ")[0] for line in lines] == [

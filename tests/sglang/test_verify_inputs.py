@@ -7,6 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sglang_jetspec.adapter.attention_backends import MaskLayout, tree_mask_layout
 from sglang_jetspec.adapter.verify_inputs import build_verify_tensors
 from sglang_jetspec.core.tree import TreeSpec, build_tree, root_only_tree, top_k_per_depth
 
@@ -56,6 +57,14 @@ def test_matches_node_by_node_construction(specs, extra_width):
     assert got.draft_token.tolist() == tokens
     assert got.positions.tolist() == positions
     assert got.full_mask(seq_lens).tolist() == full
+    assert got.custom_mask(MaskLayout.FULL, seq_lens).tolist() == full
+    # QLEN_ONLY (intel_amx): each row without its prefix columns, i.e. the last n entries of the FULL row
+    qlen, at = [], 0
+    for length in seq_lens:
+        for _ in range(n):
+            qlen += full[at + length : at + length + n]
+            at += length + n
+    assert got.custom_mask(MaskLayout.QLEN_ONLY, seq_lens).tolist() == qlen
     assert got.retrieve_next_token.flatten().tolist() == next_token
     assert got.retrieve_next_sibling.flatten().tolist() == next_sibling
     assert got.retrieve_index.flatten().tolist() == list(range(len(trees) * n))
@@ -95,3 +104,15 @@ def test_links_equal_sglang_host_reconstruction_for_full_trees(jetspec_registere
     next_token, next_sibling = _derive_tree_links(got.qlen_mask.flatten().numpy(), len(trees), 12)
     assert torch.equal(got.retrieve_next_token, next_token)
     assert torch.equal(got.retrieve_next_sibling, next_sibling)
+
+
+@pytest.mark.parametrize("backend, layout", [("flashinfer", MaskLayout.FULL), ("triton", MaskLayout.FULL),
+                                             ("intel_amx", MaskLayout.QLEN_ONLY)])
+def test_each_tree_mask_backend_gets_the_layout_it_reads(backend, layout):
+    assert tree_mask_layout(backend) == layout
+
+
+@pytest.mark.parametrize("backend", ["fa3", "torch_native", "trtllm_mha", None])
+def test_backends_without_a_tree_mask_have_no_layout(backend):
+    with pytest.raises(ValueError, match="cannot verify a token tree"):
+        tree_mask_layout(backend)

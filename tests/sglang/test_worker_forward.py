@@ -22,6 +22,7 @@ from sglang.srt.sampling.sampling_params import SamplingParams as SGLangParams  
 
 from policies import load_policy  # noqa: E402
 from sglang_jetspec.adapter import worker as worker_module  # noqa: E402
+from sglang_jetspec.adapter.attention_backends import MaskLayout  # noqa: E402
 from sglang_jetspec.adapter.policy import PolicyControl, policy_path  # noqa: E402
 from sglang_jetspec.adapter.request_state import DraftStateStore  # noqa: E402
 from sglang_jetspec.adapter.worker_observability import WorkerShadow  # noqa: E402
@@ -95,6 +96,7 @@ def worker(smollm2, head_dir):
     w._target_worker = FakeTarget(smollm2, head.config.target_layer_ids)
     w.device = torch.device("cpu")
     w.speculative_num_draft_tokens = 256
+    w.mask_layout = MaskLayout.FULL  # the fake target applies the tree part of either layout
     w.drafter = HeadDrafter(head, smollm2.embed_tokens, smollm2.lm_head)
     w.tree_width, w.vocab_size = 8, head.config.vocab_size
     w.metrics = w.shadow = w.token_to_kv_pool_allocator = None
@@ -327,10 +329,13 @@ def test_the_worker_builds_from_resolved_server_arguments(jetspec_registered, sm
     from sglang.srt.server_args import prepare_server_args
 
     argv = ["--model-path", str(smollm2_dir), "--speculative-algorithm", "jetspec", "--speculative-draft-model-path",
-            str(head_dir), "--attention-backend", "flashinfer", "--disable-overlap-schedule", "--disable-decode-cuda-graph",
+            str(head_dir), "--attention-backend", "intel_amx", "--disable-overlap-schedule", "--disable-decode-cuda-graph",
             "--disable-radix-cache", "--device", "cpu"]
-    server_args = prepare_server_args(argv)
-    server_args.resolve_once()
+    from sglang.srt.runtime_context import override_platform
+
+    with override_platform(has_amx=True):  # SGLang's CPU engine on an AMX machine keeps intel_amx
+        server_args = prepare_server_args(argv)
+        server_args.resolve_once()
     captured = []
     model = SimpleNamespace(set_dflash_layers_to_capture=captured.extend, lm_head=smollm2.lm_head,
                             get_input_embeddings=lambda: smollm2.embed_tokens)
@@ -342,4 +347,5 @@ def test_the_worker_builds_from_resolved_server_arguments(jetspec_registered, sm
     assert tuple(captured) == w.head.config.target_layer_ids == (1, 10, 18, 27)
     assert "JetSpecDraftModel" in ModelRegistry.models
     assert w.metrics is None and w.shadow is None and w.tree_width == 8
+    assert w.mask_layout == MaskLayout.QLEN_ONLY  # intel_amx reads the N x N tree part only
     assert w.policy_control.step_plan(1, 0.0).budget > 0
