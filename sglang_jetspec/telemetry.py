@@ -64,6 +64,11 @@ class JetspecMetrics:
         self.policy_generation = Gauge("jetspec_policy_generation",
                                        "Tables applied since start, the YAML fallback after an expiry included",
                                        multiprocess_mode=POLICY_GAUGE_MODE, registry=registry)
+        # Summed over live scheduler processes: per-request draft state held outside the KV pool.
+        # It returns to 0 when no request is running; anything else is a leak.
+        self.live_draft_states = Gauge("jetspec_live_draft_states",
+                                       "Requests with per-request draft state (head context K/V, tap rows) held",
+                                       multiprocess_mode="livesum", registry=registry)
 
     def record_step(self, cohort: str, record: StepRecord) -> None:
         labels = (cohort, str(record.budget))

@@ -5,8 +5,9 @@ Two hooks on `SchedulerInternalStateController` (the scheduler-side handler of b
   validated as a whole and applied only if every other key of the request was accepted too. The
   per-key `_update_handlers` cannot do that: each handler sees one key, so a table split over
   several keys could be applied half-way.
-- AFTER `get_internal_state`: adds the state in force under `jetspec_policy`; SGLang serves it on
-  GET /server_info as `internal_states[i].jetspec_policy` (it has no /get_internal_state route).
+- AFTER `get_internal_state`: adds the state in force under `jetspec_policy` and the number of
+  requests holding draft state under `jetspec_live_draft_states`; SGLang serves them on GET
+  /server_info as `internal_states[i].jetspec_policy` (it has no /get_internal_state route).
 The scheduler runs these requests between forward steps, so a table never changes inside a step.
 """
 
@@ -29,6 +30,9 @@ GET_TARGET = f"{CONTROLLER}.get_internal_state"
 def _policy_control(controller):
     """The JETSPEC worker's PolicyControl, or None when this scheduler runs something else."""
     return getattr(controller.scheduler.draft_worker, "policy_control", None)
+
+
+LIVE_STATES_KEY = "jetspec_live_draft_states"
 
 
 def around_set_internal_state(original, controller, recv_req):
@@ -57,4 +61,6 @@ def after_get_internal_state(result, controller, recv_req):
     control = _policy_control(controller)
     if control is not None:
         result.internal_state[POLICY_KEY] = control.readback(time.time())
+        # requests holding draft state outside the KV pool; 0 whenever nothing runs (else a leak)
+        result.internal_state[LIVE_STATES_KEY] = controller.scheduler.draft_worker.live_draft_states()
     return result

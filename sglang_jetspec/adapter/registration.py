@@ -4,12 +4,14 @@ device, because SGLang runs it in every one of its processes."""
 
 from __future__ import annotations
 
-from sglang_jetspec.adapter import internal_state
+from sglang_jetspec.adapter import internal_state, scheduler_hooks
 
 # (dotted target, hook, HookType member name): every SGLang function the plugin patches.
 HOOKS = (
     (internal_state.SET_TARGET, internal_state.around_set_internal_state, "AROUND"),
     (internal_state.GET_TARGET, internal_state.after_get_internal_state, "AFTER"),
+    (scheduler_hooks.ADMISSION_TARGET, scheduler_hooks.before_process_req_with_grammar, "BEFORE"),
+    (scheduler_hooks.ABORT_RELEASE_TARGET, scheduler_hooks.after_release_aborted_request, "AFTER"),
 )
 
 

@@ -6,8 +6,9 @@ sees a request (sampling/sampling_params.py `__post_init__`): temperature 0 beco
 temperature 1 with top_k 1, and top_k -1 becomes TOP_K_ALL. Greedy is therefore "top_k == 1"
 on SGLang's side, and a top_k covering the vocabulary means "no top-k".
 
-Request features the tree acceptance cannot honour are named by `unsupported_feature`, so the
-worker refuses such a request with a message naming the field instead of decoding it wrongly.
+Request features the tree acceptance cannot honour are named by `unsupported_feature`, so such a
+request is refused at admission (adapter.scheduler_hooks) with a message naming the field instead of
+being decoded wrongly.
 """
 
 from __future__ import annotations
@@ -29,10 +30,13 @@ def core_sampling_params(sp, vocab_size: int) -> SamplingParams:
                           min_p=float(sp.min_p), **common)
 
 
+GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf", "structural_tag")
+
+
 def unsupported_feature(req) -> str | None:
     """Why JETSPEC cannot decode this sglang Req losslessly, naming the request field; None if it can."""
     sp = req.sampling_params
-    if req.grammar is not None or any(getattr(sp, f, None) for f in ("json_schema", "regex", "ebnf", "structural_tag")):
+    if getattr(req, "grammar", None) is not None or any(getattr(sp, f, None) for f in GRAMMAR_FIELDS):
         return ("constrained decoding (json_schema / regex / ebnf / structural_tag) is not supported by "
                 "--speculative-algorithm JETSPEC yet; send the request without it or use a non-speculative server")
     if getattr(sp, "watermark", None):

@@ -41,7 +41,7 @@ from sglang_jetspec.adapter.accept import accept_step
 from sglang_jetspec.adapter.attention_backends import tree_mask_layout, verify_attention_backend
 from sglang_jetspec.adapter.draft_model import register_draft_models
 from sglang_jetspec.adapter.policy import PolicyControl, load_runtime_policy
-from sglang_jetspec.adapter.request_sampling import core_sampling_params, unsupported_feature
+from sglang_jetspec.adapter.request_sampling import core_sampling_params
 from sglang_jetspec.adapter.request_state import DraftStateStore, RequestDraftState
 from sglang_jetspec.adapter.server_args import JetSpecArgsError, target_info
 from sglang_jetspec.adapter.spec_inputs import JetSpecDraftState, JetSpecVerifyInput
@@ -155,8 +155,18 @@ class JetSpecWorker(BaseSpecWorker):
 
     def note_request_finished(self, *, rid: str, natural_stop: bool) -> None:
         # Called by the decode result processor once the request's finish state and tokens are final;
-        # the per-forward sweep catches every other exit (finished at prefill, aborted).
+        # the per-forward sweep catches every other exit (finished at prefill, aborted while running).
         self._retire(rid)
+
+    def release_request(self, rid: str) -> None:
+        """A request left without finishing here (aborted in the waiting queue, perhaps after a
+        retraction): drop its draft state (adapter.scheduler_hooks)."""
+        self._retire(rid)
+
+    def live_draft_states(self) -> int:
+        """Requests holding draft state: 0 whenever none is running or waiting after a retraction."""
+        self._sweep_finished()
+        return len(self.states.rids())
 
     # ---- forward ----
 
@@ -165,8 +175,12 @@ class JetSpecWorker(BaseSpecWorker):
         record_stream_for_v2_verify(batch, None, torch.get_device_module(self.device).current_stream())
         self._sweep_finished()
         if batch.forward_mode.is_decode():
-            return self._verify(batch, on_publish)
-        return self._prefill(batch, on_publish, pp_proxy_tensors)
+            result = self._verify(batch, on_publish)
+        else:
+            result = self._prefill(batch, on_publish, pp_proxy_tensors)
+        if self.metrics is not None:
+            self.metrics.live_draft_states.set(len(self.states.rids()))
+        return result
 
     def _sweep_finished(self) -> None:
         """Drop the states of requests that finished since the last forward (and tee a sampled share).
@@ -187,11 +201,6 @@ class JetSpecWorker(BaseSpecWorker):
         """Extend (or idle): the target forward samples the first token (SGLang's sampler, as in
         NGRAMWorker); FULL capture returns the tap rows of every computed position."""
         is_extend = batch.forward_mode.is_extend()
-        if is_extend:
-            for req in batch.reqs:
-                reason = unsupported_feature(req)
-                if reason is not None:
-                    req.set_finish_with_abort(reason)
         result = self._target_worker.forward_batch_generation(
             batch, pp_proxy_tensors=pp_proxy_tensors,
             capture_hidden_mode=CaptureHiddenMode.FULL if is_extend else None)

@@ -1,0 +1,46 @@
+"""Hooks on SGLang's scheduler that tie JETSPEC's per-request state to the request's life.
+
+- Admission (BEFORE `GrammarManager.process_req_with_grammar`, the last call every new request passes
+  before it is queued): a request JETSPEC cannot decode losslessly (constrained decoding, watermark,
+  custom logit processor, ...) is refused there, the way SGLang refuses bad input: `set_finish_with_abort`
+  with a message naming the field, so the client gets a 400 and the server keeps serving. Refusing it
+  inside the forward instead (after the batch's grammar flags were computed) crashed the scheduler.
+- Abort of a waiting request (AFTER `Scheduler._release_aborted_request`: client aborts, queue-limit
+  evictions, waiting timeouts): such a request is popped from the waiting queue without a finish reason
+  the worker's sweep could see; a retracted request there still has draft state, which goes now.
+Both run in the scheduler process only; registering them (every process) imports nothing heavy.
+"""
+
+from __future__ import annotations
+
+SCHEDULER = "sglang.srt.managers.scheduler.Scheduler"
+ADMISSION_TARGET = "sglang.srt.constrained.grammar_manager.GrammarManager.process_req_with_grammar"
+ABORT_RELEASE_TARGET = f"{SCHEDULER}._release_aborted_request"
+
+
+def jetspec_worker(scheduler):
+    """The scheduler's JETSPEC worker, or None when it runs something else."""
+    from sglang_jetspec.adapter.worker import JetSpecWorker
+
+    worker = getattr(scheduler, "draft_worker", None)
+    return worker if isinstance(worker, JetSpecWorker) else None
+
+
+def before_process_req_with_grammar(manager, req, *args, **kwargs):
+    from sglang_jetspec.adapter.request_sampling import GRAMMAR_FIELDS, unsupported_feature
+
+    if req.to_finish is not None or jetspec_worker(manager.scheduler) is None:
+        return None
+    reason = unsupported_feature(req)
+    if reason is not None:
+        for name in GRAMMAR_FIELDS:  # queued as an ordinary (aborted) request, not compiled as a grammar
+            setattr(req.sampling_params, name, None)
+        req.set_finish_with_abort(reason)
+    return None
+
+
+def after_release_aborted_request(result, scheduler, req, *args, **kwargs):
+    worker = jetspec_worker(scheduler)
+    if worker is not None:
+        worker.release_request(req.rid)
+    return result
