@@ -5,6 +5,8 @@
   custom logit processor, ...) is refused there, the way SGLang refuses bad input: `set_finish_with_abort`
   with a message naming the field, so the client gets a 400 and the server keeps serving. Refusing it
   inside the forward instead (after the batch's grammar flags were computed) crashed the scheduler.
+- Prefill results (AFTER `SchedulerBatchResultProcessor.process_batch_result_prefill`): requests that
+  finished at prefill release their state as soon as their finish reason is set.
 - Abort of a waiting request (AFTER `Scheduler._release_aborted_request`: client aborts, queue-limit
   evictions, waiting timeouts): such a request is popped from the waiting queue without a finish reason
   the worker's sweep could see; a retracted request there still has draft state, which goes now.
@@ -16,13 +18,15 @@ from __future__ import annotations
 SCHEDULER = "sglang.srt.managers.scheduler.Scheduler"
 ADMISSION_TARGET = "sglang.srt.constrained.grammar_manager.GrammarManager.process_req_with_grammar"
 ABORT_RELEASE_TARGET = f"{SCHEDULER}._release_aborted_request"
+PREFILL_RESULT_TARGET = ("sglang.srt.managers.scheduler_components.batch_result_processor."
+                         "SchedulerBatchResultProcessor.process_batch_result_prefill")
 
 
-def jetspec_worker(scheduler):
-    """The scheduler's JETSPEC worker, or None when it runs something else."""
+def jetspec_worker(owner):
+    """The JETSPEC worker of a scheduler (or of its result processor), or None when it runs something else."""
     from sglang_jetspec.adapter.worker import JetSpecWorker
 
-    worker = getattr(scheduler, "draft_worker", None)
+    worker = getattr(owner, "draft_worker", None)
     return worker if isinstance(worker, JetSpecWorker) else None
 
 
@@ -37,6 +41,15 @@ def before_process_req_with_grammar(manager, req, *args, **kwargs):
             setattr(req.sampling_params, name, None)
         req.set_finish_with_abort(reason)
     return None
+
+
+def after_process_batch_result_prefill(result, processor, *args, **kwargs):
+    """Requests that finished at prefill (one-token answers, refusals) have their finish reason now:
+    their state goes at once instead of at the next forward, which an idle server may never run."""
+    worker = jetspec_worker(processor)
+    if worker is not None:
+        worker.retire_finished()  # and tees the sampled natural finishes to the shadow
+    return result
 
 
 def after_release_aborted_request(result, scheduler, req, *args, **kwargs):

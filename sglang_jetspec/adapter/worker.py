@@ -57,23 +57,32 @@ from sglang_jetspec.core.tree import DraftTree, TreeSpec, root_only_tree
 log = logging.getLogger(__name__)
 
 
-class _SharedEmbedding(nn.Module):
-    """The target's input embedding table, read in place (no copy), for the head's block tokens."""
+class TargetEmbedding(nn.Module):
+    """The target's input embedding table, read from the model at every call (no copy): a weight update
+    that replaces the table (update_weights_from_disk / _tensor) is what the head sees next step."""
 
-    def __init__(self, weight: torch.Tensor) -> None:
+    def __init__(self, model) -> None:
         super().__init__()
-        self.weight = weight
+        self._read = lambda: model.get_input_embeddings().weight  # a getter, so the target is no submodule
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self._read()
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         return nn.functional.embedding(ids, self.weight)
 
 
-class _SharedLMHead(nn.Module):
-    """The target's lm_head rows for the real vocabulary (SGLang may pad the table)."""
+class TargetLMHead(nn.Module):
+    """The target's lm_head rows for the real vocabulary (SGLang may pad the table), read at every call."""
 
-    def __init__(self, weight: torch.Tensor) -> None:
+    def __init__(self, model, vocab_size: int) -> None:
         super().__init__()
-        self.weight = weight
+        self._read = lambda: model.lm_head.weight[:vocab_size]
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self._read()
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return nn.functional.linear(hidden, self.weight)
@@ -120,12 +129,12 @@ class JetSpecWorker(BaseSpecWorker):
         if not hasattr(model, "set_dflash_layers_to_capture"):
             raise JetSpecArgsError([f"--model-path {cfg.model_path}: SGLang's {type(model).__name__} cannot "
                                     "capture the tap layers' hidden states (no set_dflash_layers_to_capture); JETSPEC "
-                                    "needs a target architecture that DFLASH supports (Llama, Qwen2/3, ...)"])
+                                    "needs a target whose SGLang model class has that hook (Llama, Qwen3, Qwen3-MoE, ...; not "
+                                    "Qwen2 in SGLang 0.5.23)"])
         # The target's backends and graphs are not built yet, so every forward from now on captures.
         model.set_dflash_layers_to_capture(list(self.head.config.target_layer_ids))
         vocab = self.head.config.vocab_size
-        self.drafter = HeadDrafter(self.head, _SharedEmbedding(model.get_input_embeddings().weight),
-                                   _SharedLMHead(model.lm_head.weight[:vocab]))
+        self.drafter = HeadDrafter(self.head, TargetEmbedding(model), TargetLMHead(model, vocab))
         self.vocab_size = vocab
         self.states = DraftStateStore(self.head.config.num_taps * self.head.config.hidden_size, self.device,
                                       self.model_runner.dtype)
@@ -148,7 +157,9 @@ class JetSpecWorker(BaseSpecWorker):
         return ()  # no SGLang draft runner: no draft KV pool for disaggregation, HiCache or resizing
 
     def weight_update_runners(self) -> list:
-        return []  # the head is loaded from --speculative-draft-model-path, not through SGLang's updates
+        # The head is loaded from --speculative-draft-model-path, not through SGLang's updates; the
+        # target's embedding and lm_head it shares are read from the model at every step.
+        return []
 
     def clear_cache_pool(self) -> None:
         self.states.drop_all()
@@ -165,7 +176,7 @@ class JetSpecWorker(BaseSpecWorker):
 
     def live_draft_states(self) -> int:
         """Requests holding draft state: 0 whenever none is running or waiting after a retraction."""
-        self._sweep_finished()
+        self.retire_finished()
         return len(self.states.rids())
 
     # ---- forward ----
@@ -173,7 +184,7 @@ class JetSpecWorker(BaseSpecWorker):
     def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None,
                                  pp_proxy_tensors=None) -> GenerationBatchResult:
         record_stream_for_v2_verify(batch, None, torch.get_device_module(self.device).current_stream())
-        self._sweep_finished()
+        self.retire_finished()
         if batch.forward_mode.is_decode():
             result = self._verify(batch, on_publish)
         else:
@@ -182,7 +193,7 @@ class JetSpecWorker(BaseSpecWorker):
             self.metrics.live_draft_states.set(len(self.states.rids()))
         return result
 
-    def _sweep_finished(self) -> None:
+    def retire_finished(self) -> None:
         """Drop the states of requests that finished since the last forward (and tee a sampled share).
         The scheduler set their finish reason while processing the previous result, so every exit
         (finished at prefill, aborted, finished mid-decode) is seen here exactly once."""

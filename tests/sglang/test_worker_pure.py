@@ -289,3 +289,24 @@ def test_step_spans_follow_sglang_tracing(monkeypatch):
     assert step_tracer() is None
     monkeypatch.setattr(sglang_trace, "opentelemetry_initialized", True)
     assert step_tracer() is not None
+
+
+def test_the_drafter_reads_the_targets_embedding_and_lm_head_after_a_weight_update():
+    """SGLang's weight updates may replace the target's tensors; the head must see the new ones (a
+    view taken at start-up would keep drafting with the old weights)."""
+    from types import SimpleNamespace
+
+    from torch import nn
+
+    from sglang_jetspec.adapter.worker import TargetEmbedding, TargetLMHead
+
+    embedding, lm_head = nn.Embedding(10, 4), nn.Linear(4, 12, bias=False)  # 12 rows: a padded table
+    model = SimpleNamespace(get_input_embeddings=lambda: embedding, lm_head=lm_head)
+    embed, head = TargetEmbedding(model), TargetLMHead(model, vocab_size=10)
+    ids, hidden = torch.tensor([1, 2]), torch.randn(2, 4)
+    assert torch.equal(embed(ids), embedding.weight[ids]) and head(hidden).shape == (2, 10)
+    embedding.weight = nn.Parameter(torch.randn(10, 4))  # what a loader does when it swaps the tensor
+    lm_head.weight = nn.Parameter(torch.randn(12, 4))
+    assert torch.equal(embed(ids), embedding.weight[ids])
+    assert torch.equal(head(hidden), hidden @ lm_head.weight[:10].T)
+    assert list(embed.parameters()) == [] and list(head.parameters()) == []  # the target is not the head's submodule
