@@ -4,7 +4,7 @@ device, because SGLang runs it in every one of its processes."""
 
 from __future__ import annotations
 
-from sglang_jetspec.adapter import internal_state, scheduler_hooks
+from sglang_jetspec.adapter import dummy_verify, internal_state, scheduler_hooks
 
 # (dotted target, hook, HookType member name): every SGLang function the plugin patches.
 HOOKS = (
@@ -13,6 +13,7 @@ HOOKS = (
     (scheduler_hooks.ADMISSION_TARGET, scheduler_hooks.before_process_req_with_grammar, "BEFORE"),
     (scheduler_hooks.ABORT_RELEASE_TARGET, scheduler_hooks.after_release_aborted_request, "AFTER"),
     (scheduler_hooks.PREFILL_RESULT_TARGET, scheduler_hooks.after_process_batch_result_prefill, "AFTER"),
+    (dummy_verify.TARGET, dummy_verify.after_create_dummy_verify_input, "AFTER"),
 )
 
 

@@ -7,12 +7,16 @@ subclass supplies them, and sets the speculative shape SGLang sizes KV reservati
 
 from __future__ import annotations
 
+import logging
+from dataclasses import replace
+
 from sglang.srt.arg_groups.overrides import resolving_view
 from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 
 from sglang_jetspec.adapter.server_args import resolve_speculative_shape
 
 NAME = "JETSPEC"
+log = logging.getLogger(__name__)
 
 
 class JetSpecAlgo(CustomSpecAlgo):
@@ -41,6 +45,13 @@ class JetSpecAlgo(CustomSpecAlgo):
         server_args.speculative_num_steps = steps
         server_args.speculative_eagle_topk = topk
         server_args.speculative_num_draft_tokens = draft_tokens
+        graphs = server_args.cuda_graph_config
+        if graphs.prefill.backend != "disabled":
+            # JETSPEC's prefill asks for FULL hidden-state capture (the head's tap rows), which SGLang's
+            # prefill graph runner does not replay: the graphs would be captured, never used, and hold memory.
+            log.warning("JETSPEC: prefill CUDA graphs (%s) switched off: JETSPEC's prefill captures the full hidden "
+                        "states, which SGLang's prefill graphs do not replay", graphs.prefill.backend)
+            server_args.cuda_graph_config = replace(graphs, prefill=replace(graphs.prefill, backend="disabled"))
 
     def resolve_max_speculative_num_draft_tokens(self, server_args):
         cfg = resolving_view(server_args)

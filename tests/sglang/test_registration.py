@@ -55,8 +55,8 @@ def test_load_plugin_is_idempotent_touches_no_device_and_loads_no_model_code():
         "  'registered': sorted(_REGISTRY), 'again_s': again, 'first_s': first}))\n")
     assert got["cuda_initialized"] is False
     assert got["model_code"] == []
-    assert got["hooks_per_target"] == [1] * 5  # loaded three times, registered once
-    assert len(got["patched"]) == 5
+    assert got["hooks_per_target"] == [1] * 6  # loaded three times, registered once
+    assert len(got["patched"]) == 6
     assert got["registered"] == ["JETSPEC"]
     assert got["again_s"] < 0.05, "a repeated load must be a no-op"
 
@@ -128,7 +128,7 @@ def test_registering_twice_in_process_keeps_one_spec_and_one_hook_each(jetspec_r
 
     register()
     assert SpeculativeAlgorithm.from_string("jetspec") is jetspec_registered
-    assert [len(HookRegistry._hooks[t]) for t, _, _ in HOOKS] == [1] * 5
+    assert [len(HookRegistry._hooks[t]) for t, _, _ in HOOKS] == [1] * 6
 
 
 @pytest.mark.parametrize("arch, expected", [("DFlashDraftModel", "JetSpecDraftModel"),
@@ -172,3 +172,26 @@ def test_causal_head_becomes_sglang_is_causal(head_dir):
     config.is_causal = None
     apply_causal_head(config)
     assert _get_dflash_attention_type(config, default=AttentionType.ENCODER_ONLY) == AttentionType.ENCODER_ONLY
+
+
+def test_warm_up_forwards_get_a_jetspec_dummy_verify_input(jetspec_registered):
+    """SGLang's create_dummy_verify_input returns None for plugin algorithms, and FlashInfer's autotune
+    warm-up then asserts at start-up; the hooked function gives JETSPEC's verify input instead."""
+    import torch
+    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
+    from sglang.srt.plugins.hook_registry import HookRegistry
+    from sglang.srt.speculative import spec_info
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    from sglang_jetspec.adapter.spec_inputs import JetSpecVerifyInput
+
+    HookRegistry.apply_hooks()
+    mask = torch.ones(64, dtype=torch.bool)
+    with pytest.MonkeyPatch.context() as mp:  # the real function reads the published spec config first
+        mp.setattr(spec_info, "get_spec_config", lambda: None)
+        dummy = spec_info.create_dummy_verify_input(jetspec_registered, mask, 8, False)
+        assert isinstance(dummy, JetSpecVerifyInput)
+        assert dummy.draft_token_num == 8 and dummy.custom_mask is mask
+        assert dummy.capture_hidden_mode == CaptureHiddenMode.FULL
+        assert spec_info.create_dummy_verify_input(jetspec_registered, mask, 8, True) is None  # no draft runner
+        assert spec_info.create_dummy_verify_input(SpeculativeAlgorithm.NONE, mask, 8, False) is None

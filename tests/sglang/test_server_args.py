@@ -181,3 +181,16 @@ def test_policy_budgets_set_the_verify_width(resolve, tmp_path, monkeypatch):
                      "    default: 24\ngate:\n  reprobe_budget: 4\n")
     monkeypatch.setenv(POLICY_ENV, str(small))
     assert resolve().speculative_num_draft_tokens == 24
+
+
+def test_prefill_cuda_graphs_are_switched_off_with_a_warning(resolve, monkeypatch):
+    """JETSPEC's prefill asks for FULL hidden capture, which SGLang's prefill graphs never replay.
+    (SGLang alone keeps `--cuda-graph-backend-prefill breakable` on this model.)"""
+    from sglang_jetspec.adapter import spec_algo
+
+    warnings = []
+    monkeypatch.setattr(spec_algo.log, "warning", lambda msg, *a: warnings.append(msg % a))
+    cfg = resolve("--cuda-graph-backend-prefill", "breakable")
+    assert cfg.cuda_graph_config.prefill.backend == "disabled"
+    assert cfg.cuda_graph_config.decode.backend == "disabled"
+    assert any("prefill CUDA graphs (breakable) switched off" in w for w in warnings)
