@@ -82,6 +82,9 @@ class _FakeWorker:
     def __init__(self, control):
         self.policy_control = control
 
+    def live_draft_states(self):
+        return 0
+
 
 def _controller(control):
     from sglang.srt.managers.scheduler_components.internal_state import SchedulerInternalStateController
