@@ -27,10 +27,19 @@ log = logging.getLogger(__name__)
 class RequestDraftState:
     """One request as the drafter (a DraftLane) and the acceptance see it.
 
-    Rows the head has projected into `draft_cache` are freed at the next append: the cache holds all
-    the head ever reads of them (a position's context K/V depends only on its own row), and the raw
-    rows are several times larger, outside SGLang's KV pool. So the state keeps only rows
-    `first_tap_row` .. `num_rows - 1`, usually just the last step's."""
+    Rows the head has projected into `draft_cache` are freed as soon as it has (`release_projected`,
+    which HeadDrafter calls right after syncing, and every append): the cache holds all the head ever
+    reads of them (a position's context K/V depends only on its own row), and the raw rows are several
+    times larger, outside SGLang's KV pool. So the state keeps only rows `first_tap_row` ..
+    `num_rows - 1`, the ones not projected yet.
+
+    Memory held per request (`nbytes`), outside SGLang's KV pool:
+      * context K/V: capacity x 2 x head layers x KV heads x head_dim x dtype bytes
+        (`core.drafter.context_bytes_per_token`), capacity <= 2 x context length (doubling growth);
+      * tap rows: only the unprojected ones, taps x hidden x dtype bytes each, in a buffer sized
+        exactly when it starts empty (the usual step: one verify's rows) and grown by doubling while
+        rows pile up without a draft (speculation off), so <= 2 x the unprojected rows.
+    """
 
     def __init__(self, rid: str, params: SamplingParams, tap_width: int, device, dtype) -> None:
         self.rid = rid
@@ -60,30 +69,44 @@ class RequestDraftState:
         """The rows not freed yet, from position `first_tap_row` on."""
         return self._rows[: self._num_rows - self._first_row]
 
+    def nbytes(self) -> int:
+        """Bytes this request holds outside SGLang's KV pool: its tap-row buffer and its context K/V."""
+        return self._rows.untyped_storage().nbytes() + self.draft_cache.nbytes()
+
     def truncate(self, length: int) -> None:
         """Forget rows from `length` on (a retracted request is prefilled again from there)."""
         if length >= self._num_rows:
             return
         self.draft_cache.truncate(length)
-        self._first_row = min(self._first_row, length)  # what stays before it is in the cache
+        if length <= self._first_row:  # every row kept was past `length`; what stays before it is in the cache
+            self._first_row = length
+            self._rows = self._rows.new_empty(0, self._rows.shape[1])
         self._num_rows = length
 
     def append(self, rows: torch.Tensor) -> None:
-        self._free_projected()
+        self.release_projected()
         kept = self._num_rows - self._first_row
-        need = kept + rows.shape[0]
+        added = rows.shape[0] if rows.dim() else 0
+        if not added:
+            return
+        need = kept + added
         if need > self._rows.shape[0]:
-            grown = torch.empty(max(2 * need, 64), self._rows.shape[1], device=self._rows.device, dtype=self._rows.dtype)
+            # exact when the buffer starts empty (the usual step: the head projected everything);
+            # doubling while rows pile up undrafted, so appending stays amortised O(1)
+            grown = self._rows.new_empty(need if kept == 0 else 2 * need, self._rows.shape[1])
             grown[:kept] = self._rows[:kept]
             self._rows = grown
-        self._rows[kept:need] = rows
-        self._num_rows += rows.shape[0]
+        self._rows[kept:need] = rows  # a copy: never a view that would keep the verify's whole tap tensor alive
+        self._num_rows += added
 
-    def _free_projected(self) -> None:
+    def release_projected(self) -> None:
+        """Free the rows the head has projected: keep only the rest, in a buffer of their own size."""
         projected = min(self.draft_cache.length, self._num_rows) - self._first_row
         if projected > 0:
             kept = self._num_rows - self._first_row - projected
-            self._rows[:kept] = self._rows[projected : projected + kept].clone()
+            rest = self._rows.new_empty(kept, self._rows.shape[1])
+            rest[:] = self._rows[projected : projected + kept]
+            self._rows = rest
             self._first_row += projected
 
 

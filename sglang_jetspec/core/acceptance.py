@@ -10,6 +10,10 @@ drafts, selectable per call:
     renormalise; if every child is rejected, draw the correction from what is left.
 Both emit exactly the processed target distribution at every position. All randomness comes from
 uniforms drawn from each request's own generator, so a seed reproduces a request whatever its batch.
+
+Only the nodes the walk visits are ever turned into probabilities (`visited_probs`, one [V] row per
+visited node, depth by depth): a batch's [B, N, V] logits never become a [B, N, V] distribution, so
+the host memory of a step is O(B x V), not O(B x N x V) (GBs at B=24, N=32, V=152k).
 """
 
 from __future__ import annotations
@@ -68,19 +72,54 @@ def reject_token(probs: torch.Tensor, rows: torch.Tensor, tokens: torch.Tensor) 
     probs[rows] /= probs[rows].sum(-1, keepdim=True).clamp(min=1e-30)
 
 
-def node_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
-    """Processed target distribution at every node: [B, N, V] from [B, N, V] logits.
+def visited_probs(logits: torch.Tensor, params: list[SamplingParams], rows: torch.Tensor, nodes: torch.Tensor) -> torch.Tensor:
+    """Processed target distribution at node nodes[i] of request rows[i]: [len(rows), V] float32.
 
-    Rows with identical sampling parameters are processed together.
+    `logits` are [B, N, V] and `params` has one entry per request; only the named rows are processed,
+    those with identical sampling parameters together.
     """
-    out = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
+    device = logits.device
     groups: dict[SamplingParams, list[int]] = {}
-    for b, p in enumerate(params):
-        groups.setdefault(p, []).append(b)
-    for p, rows in groups.items():
-        idx = torch.tensor(rows, device=logits.device)
-        out[idx] = processed_probs(logits[idx], p)
+    for i, b in enumerate(rows.tolist()):
+        groups.setdefault(params[b], []).append(i)
+    if len(groups) == 1:
+        ((p, _),) = groups.items()
+        return processed_probs(logits[rows.to(device), nodes.to(device)], p)
+    out = torch.empty(len(rows), logits.shape[-1], dtype=torch.float32, device=device)
+    for p, members in groups.items():
+        idx = torch.tensor(members, device=device)
+        out[idx] = processed_probs(logits[rows.to(device)[idx], nodes.to(device)[idx]], p)
     return out
+
+
+def _follow(padded: "_PaddedTrees", cur: torch.Tensor, token: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row, whether node `cur` has a child with token `token`, and that child (the first in rank
+    order, so when siblings share a token the same one is always taken)."""
+    rows = torch.arange(cur.shape[0])
+    match = padded.child_token[rows, cur] == token.unsqueeze(-1)
+    return match.any(-1), padded.child_index[rows, cur, match.long().argmax(-1)]
+
+
+def _sample_visited(padded: "_PaddedTrees", logits: torch.Tensor, params: list[SamplingParams], origin: torch.Tensor,
+                    uniforms: torch.Tensor, choice: torch.Tensor) -> None:
+    """Sample-then-match, lazily: write into `choice` [B, N] the target's draw at every node the
+    matching walk reaches, depth by depth, processing one distribution per visited node. Row i is the
+    batch's request origin[i] (its row of `logits` and `params`). Entries of nodes the walk never
+    reaches keep what they held; the walk never reads them."""
+    batch = choice.shape[0]
+    rows = torch.arange(batch)
+    cur = torch.zeros(batch, dtype=torch.long)
+    active = torch.ones(batch, dtype=torch.bool)
+    for _ in range(padded.max_depth + 1):
+        live = rows[active]
+        nodes = cur[live]
+        probs = visited_probs(logits, params, origin[live], nodes)
+        choice[live, nodes] = sample_from_probs(probs, uniforms[live, nodes].to(probs.device)).cpu()
+        found, nxt = _follow(padded, cur, choice[rows, cur])
+        active &= found
+        if not active.any():
+            break
+        cur = torch.where(active, nxt, cur)
 
 
 def _walk_matching(padded: _PaddedTrees, choice: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -95,9 +134,8 @@ def _walk_matching(padded: _PaddedTrees, choice: torch.Tensor) -> tuple[torch.Te
     path = torch.full((batch, padded.max_depth + 1), -1, dtype=torch.long)
     path[:, 0] = 0
     for step in range(1, padded.max_depth + 1):
-        match = (padded.child_token[rows, cur] == choice[rows, cur].unsqueeze(-1)) & active.unsqueeze(-1)
-        found = match.any(-1)
-        nxt = padded.child_index[rows, cur, match.long().argmax(-1)]
+        found, nxt = _follow(padded, cur, choice[rows, cur])
+        found &= active
         cur = torch.where(found, nxt, cur)
         path[found, step] = cur[found]
         active &= found
@@ -106,41 +144,45 @@ def _walk_matching(padded: _PaddedTrees, choice: torch.Tensor) -> tuple[torch.Te
     return path, cur
 
 
-def _walk_residual(padded: _PaddedTrees, probs: torch.Tensor, uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _walk_residual(padded: _PaddedTrees, logits: torch.Tensor, params: list[SamplingParams], origin: torch.Tensor,
+                   uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Recursive rejection down the tree; uniforms are [B, D+1, K+1] (K child trials + 1 correction).
+    Row i is the batch's request origin[i] (its row of `logits` [B_all, N, V] and `params`); at each
+    depth only the rows still walking get their node's distribution.
 
     Returns the accepted path [B, D+1] and the emitted correction/bonus token per row.
     """
-    batch, k = probs.shape[0], padded.child_index.shape[-1]
-    rows = torch.arange(batch)
+    batch, k = len(origin), padded.child_index.shape[-1]
     cur = torch.zeros(batch, dtype=torch.long)
     active = torch.ones(batch, dtype=torch.bool)
     final = torch.zeros(batch, dtype=torch.long)
     path = torch.full((batch, padded.max_depth + 1), -1, dtype=torch.long)
     path[:, 0] = 0
     for step in range(padded.max_depth + 1):
-        p = probs[rows.to(probs.device), cur.to(probs.device)].cpu()  # a fresh [B, V] copy: the step edits it
-        moved = torch.zeros(batch, dtype=torch.bool)
-        nxt = cur.clone()
+        live = torch.arange(batch)[active]
+        if not len(live):
+            break
+        node = cur[live]
+        p = visited_probs(logits, params, origin[live], node).cpu()  # one fresh [V] row per live request: the step edits it
+        local = torch.arange(len(live))
+        moved = torch.zeros(len(live), dtype=torch.bool)
+        nxt = node.clone()
         for r in range(k):
-            child = padded.child_index[rows, cur, r]
-            token = padded.child_token[rows, cur, r].clamp(min=0)
-            trying = active & ~moved & (child >= 0)
-            accept = trying & (uniforms[:, step, r] < p[rows, token])
+            child = padded.child_index[live, node, r]
+            token = padded.child_token[live, node, r].clamp(min=0)
+            trying = ~moved & (child >= 0)
+            accept = trying & (uniforms[live, step, r] < p[local, token])
             nxt = torch.where(accept, child, nxt)
             moved |= accept
             rejected = trying & ~accept
             if rejected.any():
-                reject_token(p, rows[rejected], token[rejected])
-        stopping = active & ~moved
-        if stopping.any():
-            final[stopping] = sample_from_probs(p[stopping], uniforms[stopping, step, k])
-        active &= moved
-        cur = nxt
+                reject_token(p, local[rejected], token[rejected])
+        if (~moved).any():
+            final[live[~moved]] = sample_from_probs(p[~moved], uniforms[live[~moved], step, k])
+        active[live] = moved
+        cur[live] = nxt
         if step + 1 <= padded.max_depth:
-            path[moved, step + 1] = cur[moved]
-        if not active.any():
-            break
+            path[live[moved], step + 1] = nxt[moved]
     return path, final
 
 
@@ -159,11 +201,8 @@ def accept_batch(
     batch = len(trees)
     greedy = torch.tensor([p.greedy for p in params])
     # Work where the logits live (a GPU in SGLang) and copy to the host only what the walk reads:
-    # [B, N] ids for greedy and sample-then-match rows, one [V] row per visited node for residual rows.
+    # [B, N] ids for greedy rows, one processed [V] row per visited node for sampled rows.
     choice = logits.argmax(-1).cpu()
-    probs = None
-    if not bool(greedy.all()):
-        probs = node_probs(logits.float(), params)
 
     residual_rows = [] if method == "match" else [b for b in range(batch) if not greedy[b]]
     residual_set = set(residual_rows)
@@ -176,13 +215,16 @@ def accept_batch(
         sub_choice = choice[idx].clone()
         sampled = [j for j, b in enumerate(match_rows) if not greedy[b]]
         if sampled:
-            # one uniform per node of the request's own tree, from its own generator
+            # one uniform per node of the request's own tree, from its own generator; a node's uniform
+            # is used only if the walk reaches it
             uniforms = torch.zeros(len(sampled), sub.tokens.shape[1], dtype=torch.float64)
             for i, j in enumerate(sampled):
                 b = match_rows[j]
                 uniforms[i, : trees[b].size] = torch.rand(trees[b].size, generator=generators[b], dtype=torch.float64)
-            rows = torch.tensor([match_rows[j] for j in sampled], device=probs.device)
-            sub_choice[torch.tensor(sampled)] = sample_from_probs(probs[rows], uniforms.to(probs.device)).cpu()
+            at = torch.tensor(sampled)
+            drawn = sub_choice[at]
+            _sample_visited(_subset(sub, at), logits, params, idx[at], uniforms, drawn)
+            sub_choice[at] = drawn
         path, last = _walk_matching(sub, sub_choice)
         finals = sub_choice[torch.arange(len(match_rows)), last]
         for j, b in enumerate(match_rows):
@@ -191,7 +233,8 @@ def accept_batch(
     if residual_rows:
         idx = torch.tensor(residual_rows)
         sub = _subset(padded, idx)
-        path, final = _walk_residual(sub, probs[idx.to(probs.device)], _residual_uniforms(sub, [trees[b] for b in residual_rows], [generators[b] for b in residual_rows]))
+        uniforms = _residual_uniforms(sub, [trees[b] for b in residual_rows], [generators[b] for b in residual_rows])
+        path, final = _walk_residual(sub, logits, params, idx, uniforms)
         for j, b in enumerate(residual_rows):
             results[b] = _result(trees[b], path[j], int(final[j]))
     return results  # type: ignore[return-value]

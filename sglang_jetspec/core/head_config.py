@@ -160,9 +160,37 @@ class HeadConfig:
                 f"head vocab_size={self.vocab_size} but target vocab_size={target.vocab_size}: the head shares the "
                 "target's embedding and lm_head, so it must be trained for this target's tokenizer"
             )
-        bad = [t for t in self.target_layer_ids if not 0 <= t < target.num_hidden_layers]
-        if bad:
-            raise HeadConfigError(
-                f"dflash_config.target_layer_ids={list(self.target_layer_ids)}: layers {bad} do not exist in a target "
-                f"with num_hidden_layers={target.num_hidden_layers}"
-            )
+        check_tap_layers(self.target_layer_ids, target.num_hidden_layers)
+
+
+def check_tap_layers(taps: tuple[int, ...] | list[int], num_target_layers: int) -> None:
+    """Tap t is the output of target decoder layer t (HF hidden_states[t + 1], before the final norm),
+    which SGLang captures at the input of layer t + 1 (`set_dflash_layers_to_capture`) and packs in
+    ascending layer order. So the taps must be strictly increasing (a permuted list would silently
+    feed the head permuted features) and lie in 0 .. num_hidden_layers - 2 (the last layer has no
+    next layer to capture at: its tap never arrives and the head's fc gets the wrong width)."""
+    field = f"dflash_config.target_layer_ids={list(taps)}"
+    bad = [t for t in taps if not 0 <= t < num_target_layers]
+    if bad:
+        raise HeadConfigError(
+            f"{field}: layers {bad} do not exist in a target with num_hidden_layers={num_target_layers}; "
+            f"use layers 0..{num_target_layers - 2} (a head trained for this target: jetspec train --target ...)"
+        )
+    last = [t for t in taps if t == num_target_layers - 1]
+    if last:
+        raise HeadConfigError(
+            f"{field}: layer {last[0]} is the target's last decoder layer (num_hidden_layers={num_target_layers}); "
+            f"a tap is captured at the input of the next layer, so the last tap allowed is {num_target_layers - 2}: "
+            "retrain the head with earlier tap layers (jetspec train --tap-layers ...)"
+        )
+    if any(b <= a for a, b in zip(taps, taps[1:])):
+        repeated = sorted({t for t in taps if list(taps).count(t) > 1})
+        what = f"layers {repeated} are repeated" if repeated else "they are not in ascending order"
+        fix = (f"list each layer once, in ascending order ({sorted(set(taps))}), and retrain the head"
+               if repeated else
+               f"list them in ascending order ({sorted(taps)}) and permute the head's fc.weight input blocks to match "
+               "(or retrain it)")
+        raise HeadConfigError(
+            f"{field}: {what}; the target captures tap layers once each and packs them in ascending layer order, "
+            f"so the head's fc would read permuted features: {fix}"
+        )

@@ -3,7 +3,8 @@
 Speculative acceptance is lossless only if every tree node is scored with exactly the distribution
 ordinary decoding would sample from. Both paths therefore call `processed_probs`, which mirrors
 SGLang's pytorch sampler: softmax(logits / temperature), then top-k, top-p and min-p masks computed
-on the same sorted, un-renormalised probabilities, then renormalisation.
+on the same sorted, un-renormalised probabilities, then renormalisation (sorting only the few
+largest candidates the masks can keep, never the whole vocabulary when top-k or top-p bounds them).
 """
 
 from __future__ import annotations
@@ -43,10 +44,21 @@ class SamplingParams:
         return self.temperature == 0.0
 
 
+# Top-p without sorting the vocabulary: take the largest candidates first and widen only while they
+# hold less than top_p of the mass (plus a margin for rounding), so every token left out is one the
+# full sort would drop too; at worst the candidates grow to the whole vocabulary (top_p near 1).
+TOP_P_FIRST_CANDIDATES = 1024
+TOP_P_GROWTH = 8
+TOP_P_MARGIN = 1e-3
+
+
 def processed_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """Distribution ordinary sampling draws from, for logits of shape [..., vocab] (float32 out).
 
-    Greedy requests get a one-hot on the argmax, so callers can treat both modes alike.
+    Greedy requests get a one-hot on the argmax, so callers can treat both modes alike. No full
+    vocabulary sort: min-p alone is a threshold on the maximum; top-k and top-p look only at the
+    largest candidates (`_largest`). The result equals sorting everything: the same masks on the
+    same descending probabilities, scattered back and renormalised over the same vocabulary.
     """
     logits = logits.float()
     if params.greedy:
@@ -54,19 +66,38 @@ def processed_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
     probs = torch.softmax(logits / params.temperature, dim=-1)
     if params.top_k == -1 and params.top_p >= 1.0 and params.min_p <= 0.0:
         return probs
-    sorted_probs, order = probs.sort(dim=-1, descending=True)
-    keep = torch.ones_like(sorted_probs, dtype=torch.bool)
-    if params.top_k > 0:
-        keep[..., params.top_k :] = False
+    if params.top_k == -1 and params.top_p >= 1.0:  # min-p alone needs no order, only the maximum
+        filtered = probs * (probs >= probs.amax(-1, keepdim=True) * params.min_p)
+        return filtered / filtered.sum(-1, keepdim=True)
+    sorted_probs, order = _largest(probs, params)
+    keep = torch.ones_like(sorted_probs, dtype=torch.bool)  # top-k: only the top_k largest are candidates
     if params.top_p < 1.0:
         # A token is dropped once the mass strictly before it already exceeds top_p.
         mass_before = sorted_probs.cumsum(-1) - sorted_probs
         keep &= mass_before <= params.top_p
     if params.min_p > 0.0:
         keep &= sorted_probs >= sorted_probs[..., :1] * params.min_p
-    sorted_probs = sorted_probs * keep
-    filtered = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
+    filtered = torch.zeros_like(probs).scatter_(-1, order, sorted_probs * keep)
     return filtered / filtered.sum(-1, keepdim=True)
+
+
+def _largest(probs: torch.Tensor, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
+    """The candidates top-k / top-p can keep, in descending order (values, vocabulary indices).
+
+    top-k bounds them at top_k. top-p starts from TOP_P_FIRST_CANDIDATES and widens until, in every
+    row, the candidates' mass exceeds top_p + TOP_P_MARGIN: the first token left out then has more
+    than top_p before it, so it, and every smaller one, is dropped by the rule itself.
+    """
+    vocab = probs.shape[-1]
+    limit = vocab if params.top_k <= 0 else min(params.top_k, vocab)
+    if params.top_p >= 1.0:
+        return probs.topk(limit, dim=-1)
+    k = min(limit, TOP_P_FIRST_CANDIDATES)
+    while True:
+        values, order = probs.topk(k, dim=-1)
+        if k == limit or bool((values.sum(-1, dtype=torch.float64) > params.top_p + TOP_P_MARGIN).all()):
+            return values, order
+        k = min(limit, k * TOP_P_GROWTH)
 
 
 def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator:
