@@ -1,0 +1,150 @@
+"""Start the real SGLang 0.5.23 server on this CPU with the test-only sgl-kernel stand-in.
+
+    python tests/sglang_cpu/launch.py <any sglang.launch_server arguments>
+
+runs `python -m sglang.launch_server` with the same arguments in its own process group, with SGLang's
+CPU engine (SGLANG_USE_CPU_ENGINE=1) and the stand-in (`stub/` first on PYTHONPATH, switched on by
+JETSPEC_SGLANG_CPU_STANDIN=1; the scheduler and detokenizer processes inherit both). It prints the
+server's URL once `/health` answers, and on SIGTERM / SIGINT stops the whole server process group
+(SIGTERM, then SIGKILL after a grace period). Its exit status is the server's.
+
+Nothing here is active in a normal install: the stand-in lives under tests/ and needs these variables.
+`launch()` is the same for Python callers (tests, bench/sglang_cpu_compare.py): it starts this file as a
+process and returns once the URL is printed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+STUB = Path(__file__).resolve().parent / "stub"
+STANDIN_ENV = {"SGLANG_USE_CPU_ENGINE": "1", "JETSPEC_SGLANG_CPU_STANDIN": "1"}
+GRACE_S = 20.0
+READY_PREFIX = "sglang-cpu ready: "
+
+
+def standin_env(base: dict | None = None) -> dict:
+    """`base` (default os.environ) plus what SGLang's CPU path needs to run on the stand-in."""
+    env = dict(os.environ if base is None else base)
+    env.update(STANDIN_ENV)
+    env["PYTHONPATH"] = os.pathsep.join([str(STUB), *filter(None, [env.get("PYTHONPATH")])])
+    return env
+
+
+def server_url(args: list[str]) -> str:
+    def flag(name: str, default: str) -> str:
+        for i, a in enumerate(args):
+            if a == name and i + 1 < len(args):
+                return args[i + 1]
+            if a.startswith(name + "="):
+                return a.split("=", 1)[1]
+        return default
+
+    return f"http://{flag('--host', '127.0.0.1')}:{flag('--port', '30000')}"
+
+
+def healthy(url: str, timeout: float = 2.0) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=timeout) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def stop_group(proc: subprocess.Popen, grace_s: float = GRACE_S) -> int:
+    """SIGTERM the process group, SIGKILL what is left after `grace_s`; the leader's exit status."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+    try:  # children (scheduler, detokenizer) may outlive the leader
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    return proc.wait()
+
+
+def main(argv: list[str]) -> int:
+    url = server_url(argv)
+    server = subprocess.Popen([sys.executable, "-m", "sglang.launch_server", *argv], env=standin_env(),
+                              start_new_session=True)
+    stopping = threading.Event()
+
+    def on_signal(signum, frame):
+        stopping.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    announced = False
+    while not stopping.is_set() and server.poll() is None:
+        if not announced and healthy(url):
+            print(READY_PREFIX + url, flush=True)
+            announced = True
+        stopping.wait(0.5 if not announced else 1.0)
+    return stop_group(server)
+
+
+@dataclass
+class LaunchedServer:
+    """A server started through this launcher, with its log file; `stop()` is SIGTERM to the launcher."""
+
+    url: str
+    process: subprocess.Popen
+    log: Path
+    start_s: float
+    args: list[str] = field(default_factory=list)
+
+    def stop(self) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                return self.process.wait(GRACE_S + 10)
+            except subprocess.TimeoutExpired:
+                return stop_group(self.process, 0)
+        return self.process.returncode
+
+    def __enter__(self) -> "LaunchedServer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def launch(args: list[str], log: Path, env: dict | None = None, timeout_s: float = 300.0) -> LaunchedServer:
+    """Start `launch.py args` with its output in `log`; return once the server answers /health.
+    `env` adds variables (JETSPEC_POLICY, JETSPEC_SHADOW_SPOOL, ...) to this process's environment."""
+    t0 = time.perf_counter()
+    log.parent.mkdir(parents=True, exist_ok=True)
+    out = open(log, "w")
+    process = subprocess.Popen([sys.executable, "-u", __file__, *args], stdout=out, stderr=subprocess.STDOUT,
+                               env={**os.environ, **(env or {})}, start_new_session=True)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        text = log.read_text(errors="replace")
+        ready = [line for line in text.splitlines() if line.startswith(READY_PREFIX)]
+        if ready:
+            return LaunchedServer(ready[0][len(READY_PREFIX):], process, log, time.perf_counter() - t0, list(args))
+        if process.poll() is not None:
+            raise RuntimeError(f"SGLang exited with status {process.returncode} before /health answered; "
+                               f"last lines of {log}:\n" + "\n".join(text.splitlines()[-30:]))
+        time.sleep(0.5)
+    stop_group(process, 5)
+    raise TimeoutError(f"SGLang did not answer /health within {timeout_s:.0f} s; last lines of {log}:\n"
+                       + "\n".join(log.read_text(errors="replace").splitlines()[-30:]))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
