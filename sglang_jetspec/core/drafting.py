@@ -88,7 +88,10 @@ def draft_trees(drafter: TreeDrafter, lanes: list, spec: TreeSpec, rounds: int =
     t0 = time.perf_counter()
     depth_logits = drafter.propose(lanes, spec.max_depth)
     t1 = settled_clock(depth_logits)
-    drafts = [TreeDraft(lane.root_token, *top_k_per_depth(logits, spec.width), spec) for lane, logits in zip(lanes, depth_logits)]
+    # one top-k over the batch and one copy of its result to the host: trees are built there, and a
+    # copy per request would stall a GPU once per request
+    tokens, logprobs = (t.cpu() for t in top_k_per_depth(depth_logits, spec.width))
+    drafts = [TreeDraft(lane.root_token, tokens[b], logprobs[b], spec) for b, lane in enumerate(lanes)]
     timing = DraftTiming([t1 - t0], time.perf_counter() - t1)
     for _ in range(rounds):
         head_s, tree_s = refine(drafter, lanes, drafts)

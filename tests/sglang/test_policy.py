@@ -25,7 +25,7 @@ def _push(policy, **budgets):
 
 def test_default_policy_file_and_env_override(head_dir, tmp_path, monkeypatch):
     assert policy_path().name == "default.yaml"
-    assert max_budget(load_runtime_policy(head_dir)) == 256
+    assert max_budget(load_runtime_policy(head_dir)) == 64
     other = tmp_path / "p.yaml"
     other.write_text("cohorts:\n  - {name: all, min_batch: 1, max_batch: 4, budgets: [0], default: 0}\n")
     monkeypatch.setenv(POLICY_ENV, str(other))
@@ -102,16 +102,16 @@ def test_hooked_sglang_controller_applies_and_rejects(jetspec_registered, policy
     HookRegistry.apply_hooks()
     control = PolicyControl(policy, admin_key_configured=True)
     controller = _controller(control)
-    good = controller.set_internal_state(SetInternalStateReq(server_args=_push(policy, bs1=128)))
-    assert good.updated is True and control.step_plan(1, now=0.0).budget == 128
+    good = controller.set_internal_state(SetInternalStateReq(server_args=_push(policy, bs1=64)))
+    assert good.updated is True and control.step_plan(1, now=0.0).budget == 64
     bad = controller.set_internal_state(SetInternalStateReq(server_args=_push(policy, bs1=48)))
-    assert bad.updated is False and control.step_plan(1, now=0.0).budget == 128
+    assert bad.updated is False and control.step_plan(1, now=0.0).budget == 64
     # a valid table next to a key SGLang rejects: all or nothing
     mixed = controller.set_internal_state(SetInternalStateReq(server_args={**_push(policy, bs1=8), "nope": 1}))
-    assert mixed.updated is False and control.step_plan(1, now=0.0).budget == 128
+    assert mixed.updated is False and control.step_plan(1, now=0.0).budget == 64
     # readback: the AFTER hook on get_internal_state adds the state in force
     result = internal_state.after_get_internal_state(GetInternalStateReqOutput(internal_state={}), controller, None)
-    assert result.internal_state["jetspec_policy"]["table"]["cohorts"][0]["budget"] == 128
+    assert result.internal_state["jetspec_policy"]["table"]["cohorts"][0]["budget"] == 64
 
 
 def test_other_algorithms_pass_through(jetspec_registered):

@@ -41,8 +41,8 @@ def _problems(resolve, *extra, **kw) -> str:
 def test_valid_arguments_resolve_the_speculative_shape(resolve):
     cfg = resolve()
     assert cfg.speculative_algorithm == "JETSPEC"
-    # shipped head: block_size 16 -> 15 drafted depths; default policy's largest budget is 256
-    assert (cfg.speculative_num_steps, cfg.speculative_eagle_topk, cfg.speculative_num_draft_tokens) == (15, 1, 256)
+    # shipped head: block_size 16 -> 15 drafted depths; default policy's largest budget is 64
+    assert (cfg.speculative_num_steps, cfg.speculative_eagle_topk, cfg.speculative_num_draft_tokens) == (15, 1, 64)
 
 
 def test_missing_draft_path(resolve):
@@ -122,7 +122,7 @@ def test_prefill_backend_decides_in_prefill_mode(resolve):
     (["--enable-mixed-chunk"], "--enable-mixed-chunk is not supported by JETSPEC"),
     (["--page-size", "16"], "--page-size 16: JETSPEC compacts accepted tree nodes slot by slot"),
     (["--speculative-eagle-topk", "4"], "--speculative-eagle-topk 4: JETSPEC's tree width comes from the head"),
-    (["--speculative-num-draft-tokens", "64"], "--speculative-num-draft-tokens 64 is below the policy's largest budget 256"),
+    (["--speculative-num-draft-tokens", "32"], "--speculative-num-draft-tokens 32 is below the policy's largest budget 64"),
 ])
 def test_unsupported_flags(resolve, flag, expected):
     assert expected in _problems(resolve, *flag)

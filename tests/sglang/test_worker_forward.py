@@ -6,10 +6,13 @@ else is the worker's real code. Greedy output must equal plain greedy decoding t
 
 from __future__ import annotations
 
+import sys
+import weakref
 from types import SimpleNamespace
 
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
 
 pytest.importorskip("sglang")
 
@@ -349,3 +352,93 @@ def test_the_worker_builds_from_resolved_server_arguments(jetspec_registered, sm
     assert w.metrics is None and w.shadow is None and w.tree_width == 8
     assert w.mask_layout == MaskLayout.QLEN_ONLY  # intel_amx reads the N x N tree part only
     assert w.policy_control.step_plan(1, 0.0).budget > 0
+
+
+
+class DeviceReads(TorchFunctionMode):
+    """Counts the host syncs a GPU would make in a worker step, on this CPU, by following what lives on
+    the device: the target's outputs, the batch's device tensors, the draft model's weights, whatever
+    is computed from them and whatever is moved there with .to(). Reading such a tensor on the host
+    (tolist, item, cpu, numpy, bool/int/float/index) is a device->host sync; `.cpu()` gives a host
+    tensor. Sites are counted per file:line of the worker's code (adapter/, core/)."""
+
+    READS = {torch.Tensor.tolist, torch.Tensor.item, torch.Tensor.numpy, torch.Tensor.__bool__,
+             torch.Tensor.__int__, torch.Tensor.__float__, torch.Tensor.__index__}
+
+    def __init__(self, seeds):
+        super().__init__()
+        self.device: dict[int, object] = {}
+        self.sites: dict[tuple[str, int], int] = {}
+        for t in seeds:
+            self._mark(t)
+
+    def _mark(self, t):
+        if isinstance(t, torch.Tensor):
+            self.device[id(t)] = weakref.ref(t, lambda _, key=id(t): self.device.pop(key, None))
+
+    def _on_device(self, t) -> bool:
+        return isinstance(t, torch.Tensor) and self.device.get(id(t)) is not None and self.device[id(t)]() is t
+
+    def _count(self):
+        caller = sys._getframe(2)
+        name = caller.f_code.co_filename
+        if "/sglang_jetspec/adapter/" in name or "/sglang_jetspec/core/" in name:  # the worker, not the fake target
+            key = (name.split("/sglang_jetspec/")[-1], caller.f_lineno)
+            self.sites[key] = self.sites.get(key, 0) + 1
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        inputs = [a for a in list(args) + list(kwargs.values()) for a in (a if isinstance(a, (list, tuple)) else [a])]
+        from_device = any(self._on_device(a) for a in inputs)
+        if func is torch.Tensor.cpu:  # the worker's code moves to the host with .cpu() only
+            if from_device:
+                self._count()
+            return func(*args, **kwargs).clone()  # a host copy, distinct from the device tensor
+        if func in self.READS and from_device:
+            self._count()
+        out = func(*args, **kwargs)
+        to_device = func is torch.Tensor.to or func is torch.Tensor.cuda
+        if from_device or to_device:
+            for t in out if isinstance(out, (list, tuple)) else [out]:
+                self._mark(t)
+        return out
+
+    @property
+    def total(self) -> int:
+        return sum(self.sites.values())
+
+
+def _syncs_per_step(worker, smollm2, prompts, steps=3):
+    encode = lambda text: smollm2.tokenizer(text)["input_ids"]  # noqa: E731
+    sched = Scheduler(worker)
+    sched.admit([FakeReq(f"h{i}", encode(p), 40, temperature=0.0) for i, p in enumerate(prompts)])
+    weights = [p for m in (worker.drafter.head, worker.drafter.embed_tokens, worker.drafter.lm_head) for p in m.parameters()]
+    real = worker._target_worker.forward_batch_generation
+    counts = []
+    for _ in range(steps):
+        with DeviceReads(weights) as reads:
+            def on_device(batch, **kw):  # the target's results live on the device
+                result = real(batch, **kw)
+                reads._mark(result.logits_output.next_token_logits)
+                reads._mark(result.logits_output.hidden_states)
+                return result
+            worker._target_worker.forward_batch_generation = on_device
+            try:
+                sched.step()
+            finally:
+                worker._target_worker.forward_batch_generation = real
+        counts.append(reads)
+    return counts
+
+
+def test_host_syncs_per_step_are_few_and_do_not_grow_with_the_batch(fresh, smollm2, single_thread, tmp_path):
+    """A greedy verify step reads device values on the host a fixed number of times whatever the batch
+    size: a per-request .tolist() after top-k, a per-request mask loop or an unconditional timing sync
+    would add syncs and fail here (metrics are off in this worker, so phase timing must not sync)."""
+    fresh.policy_control = _one_budget(tmp_path, 16)
+    one = _syncs_per_step(fresh, smollm2, PROMPTS[:1])
+    fresh.states.drop_all()
+    three = _syncs_per_step(fresh, smollm2, PROMPTS)
+    sites = {site for step in one + three for site in step.sites}
+    # one argmax of the verify logits for acceptance, one top-k copy (tokens, log-probs) to build trees
+    assert [s.total for s in one] == [s.total for s in three] == [3] * 3, [sorted(s.sites.items()) for s in one + three]
