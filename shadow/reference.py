@@ -79,12 +79,15 @@ class HttpReference:
         if n == 0:
             return Scores(logits, complete=True)
         meta = self._post(record, top)
-        emitted = _positions(meta, "input_token_logprobs", n, record)
-        tops = _positions(meta, "input_top_logprobs", n, record)
+        # SGLang's rows start at logprob_start_len (the last prompt token) with a None row: its value is
+        # not computed (sglang/srt/managers/scheduler_components/logprob_result_processor.py), so row i+1
+        # scores output token i
+        emitted = _positions(meta, "input_token_logprobs", n + 1, record)[1:]
+        tops = _positions(meta, "input_top_logprobs", n + 1, record)[1:]
         for i, (entry, row) in enumerate(zip(emitted, tops)):
             token = record.output_ids[i]
-            if entry is None or int(entry[1]) != token:
-                raise ReferenceError(f"{self.url}: input_token_logprobs[{i}] is {entry!r}, expected token {token} "
+            if entry is None or entry[0] is None or int(entry[1]) != token:
+                raise ReferenceError(f"{self.url}: input_token_logprobs[{i + 1}] is {entry!r}, expected token {token} "
                                      "-- the server does not align logprobs with logprob_start_len")
             for value, token_id, *_ in row or []:
                 logits[i, int(token_id)] = float(value)
@@ -96,7 +99,7 @@ class HttpReference:
             "input_ids": record.prompt_ids + record.output_ids,
             "sampling_params": {"temperature": 0.0, "max_new_tokens": 0},
             "return_logprob": True,
-            "logprob_start_len": len(record.prompt_ids),
+            "logprob_start_len": len(record.prompt_ids) - 1,
             "top_logprobs_num": top,
         }
         request = urllib.request.Request(f"{self.url}/generate", data=json.dumps(body).encode(),

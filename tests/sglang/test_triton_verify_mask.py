@@ -103,7 +103,7 @@ def make_batch(seq_lens: list[int], budgets: list[int], n: int, depth: int, widt
     trees = [random_tree(seed + b, budget, depth, width) for b, budget in enumerate(budgets)]
     assert [t.size for t in trees] == budgets
     tensors = build_verify_tensors(trees, seq_lens, num_nodes=n)
-    bs, rows = len(seq_lens), len(seq_lens) * n
+    rows = len(seq_lens) * n
     gen = torch.Generator().manual_seed(seed)
     q_raw = torch.randn(rows, HEADS, DIM, generator=gen)
     k_raw = torch.randn(rows, KV_HEADS, DIM, generator=gen)

@@ -14,13 +14,14 @@ import torch
 from shadow.checks import sampled_transform
 from shadow.record import RecordSampling, ShadowRecord
 from shadow.reference import HttpReference, LocalReference, ReferenceError
-from sglang_jetspec.core.sampling import SamplingParams
 
 
 @pytest.fixture(scope="module")
 def sglang_like(smollm2):
-    """SGLang's prompt-logprob contract: for input token i >= logprob_start_len, input_token_logprobs[i - s]
-    = [log p(token_i | tokens_<i), token_i, None] and input_top_logprobs[i - s] the top-N of that distribution."""
+    """SGLang 0.5.23's prompt-logprob contract (managers/scheduler_components/logprob_result_processor.py):
+    rows run over input tokens s = logprob_start_len, s+1, ...; row 0 is [None, token_s, None] (not
+    computed), row j >= 1 is [log p(token_{s+j} | tokens_<s+j), token_{s+j}, None], and
+    input_top_logprobs[j] the top-N of that distribution (None for row 0)."""
     local = LocalReference(smollm2)
     requests = []
 
@@ -29,14 +30,15 @@ def sglang_like(smollm2):
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             requests.append(body)
             ids, start, top = body["input_ids"], body["logprob_start_len"], body["top_logprobs_num"]
-            probe = ShadowRecord(request_id="x", model="", prompt_ids=ids[:start], output_ids=ids[start:],
+            probe = ShadowRecord(request_id="x", model="", prompt_ids=ids[: start + 1], output_ids=ids[start + 1 :],
                                  sampling=RecordSampling(temperature=0, top_p=1, top_k=-1, min_p=0, max_new_tokens=1),
                                  finish_reason="length", started_at=0, finished_at=0)
             logprobs = torch.log_softmax(local.score(probe).logits.double(), -1)
             values, indices = logprobs.topk(top, dim=-1)
-            meta = {"input_token_logprobs": [[float(logprobs[j, t]), t, None] for j, t in enumerate(ids[start:])],
-                    "input_top_logprobs": [[[float(v), int(i), None] for v, i in zip(vs, ix)]
-                                           for vs, ix in zip(values.tolist(), indices.tolist())]}
+            meta = {"input_token_logprobs": [[None, ids[start], None]] + [[float(logprobs[j, t]), t, None]
+                                                                          for j, t in enumerate(ids[start + 1 :])],
+                    "input_top_logprobs": [None] + [[[float(v), int(i), None] for v, i in zip(vs, ix)]
+                                                    for vs, ix in zip(values.tolist(), indices.tolist())]}
             payload = json.dumps({"text": "", "output_ids": [], "meta_info": meta}).encode()
             self.send_response(200)
             self.send_header("Content-Length", str(len(payload)))
@@ -65,7 +67,7 @@ def test_full_vocabulary_scores_match_the_local_target(sglang_like, smollm2):
     record = _record(smollm2, 0.8)
     remote = HttpReference(url, smollm2.info.vocab_size).score(record)
     assert remote.complete and requests[-1]["top_logprobs_num"] == smollm2.info.vocab_size
-    assert requests[-1]["logprob_start_len"] == len(record.prompt_ids)
+    assert requests[-1]["logprob_start_len"] == len(record.prompt_ids) - 1
     assert requests[-1]["sampling_params"]["max_new_tokens"] == 0
     params = record.sampling.params()
     a = sampled_transform(remote.logits, record.output_ids, params, np.random.default_rng(0))

@@ -1,0 +1,94 @@
+"""Helpers of the end-to-end tests against real SGLang servers: server arguments, the policy they run,
+and a small HTTP client (urllib: what these tests check is the server, not a client library)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+HEAD = REPO / "sglang_jetspec" / "heads" / "smollm2-135m-instruct"
+ADMIN_KEY = "cpu-e2e-admin-key"
+NUM_PROMPTS = 8
+MAX_NEW = 32
+# Small trees keep verify cheap on two cores while every step still verifies a real tree (budget 16
+# at batch 1 and 2-4); shadow re-checks every finished request.
+POLICY_YAML = """\
+cohorts:
+  - {name: bs1, min_batch: 1, max_batch: 1, budgets: [0, 4, 16], default: 16}
+  - {name: bs2-4, min_batch: 2, max_batch: 4, budgets: [0, 4, 16], default: 16}
+gate: {min_gain: 1.03, hysteresis: 0.03, confidence_z: 1.0, dwell_s: 8, probe_share: 0.2,
+       reprobe_budget: 4, reprobe_backoff_max_s: 60}
+controller: {interval_s: 2, ttl_s: 8, window_s: 300, min_samples: 2}
+shadow: {sample_rate: 1.0, alpha: 0.01, gate_on_alarm: false}
+head: {max_budget: 16, max_draft_rounds: 0}
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def server_args(model_dir: Path, *extra: str, max_total_tokens: int = 8192) -> list[str]:
+    return ["--model-path", str(model_dir), "--device", "cpu", "--dtype", "float32", "--attention-backend",
+            "intel_amx", "--disable-cuda-graph", "--max-total-tokens", str(max_total_tokens),
+            "--max-running-requests", "4", "--skip-server-warmup", "--disable-radix-cache", "--sleep-on-idle",
+            "--host", "127.0.0.1", "--port", str(free_port()), *extra]
+
+
+def jetspec_args(model_dir: Path, *extra: str, **kw) -> list[str]:
+    return server_args(model_dir, "--speculative-algorithm", "JETSPEC", "--speculative-draft-model-path", str(HEAD),
+                       "--disable-overlap-schedule", "--disable-decode-cuda-graph", *extra, **kw)
+
+
+def post(url: str, body: dict, headers: dict | None = None, timeout: float = 600) -> tuple[int, dict]:
+    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, json.loads(response.read() or b"{}")
+    except urllib.error.HTTPError as exc:
+        text = exc.read().decode(errors="replace")
+        try:
+            return exc.code, json.loads(text)
+        except ValueError:
+            return exc.code, {"text": text}
+
+
+def get(url: str, timeout: float = 60) -> str:
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        return response.read().decode()
+
+
+def generate(url: str, input_ids: list[int], max_new_tokens: int = MAX_NEW, **sampling) -> dict:
+    status, reply = post(f"{url}/generate", {"input_ids": input_ids, "sampling_params": {
+        "temperature": 0, "max_new_tokens": max_new_tokens, **sampling}})
+    assert status == 200, reply
+    return reply
+
+
+def generate_all(url: str, prompts: list[list[int]], concurrency: int = 1, max_new: list[int] | None = None,
+                 **sampling) -> list[dict]:
+    """Replies in prompt order; with concurrency > 1, requests join and leave a running batch."""
+    lengths = max_new or [MAX_NEW] * len(prompts)
+    with ThreadPoolExecutor(concurrency) as pool:
+        return list(pool.map(lambda a: generate(url, a[0], a[1], **sampling), zip(prompts, lengths)))
+
+
+def until_eos(ids: list[int], eos: int) -> list[int]:
+    return ids[: ids.index(eos)] if eos in ids else ids
+
+
+def server_info(url: str) -> dict:
+    return json.loads(get(f"{url}/server_info"))
+
+
+def jetspec_state(url: str) -> dict:
+    """The JETSPEC scheduler's internal state as /server_info serves it."""
+    (state,) = [s for s in server_info(url)["internal_states"] if "jetspec_policy" in s]
+    return state

@@ -1,0 +1,160 @@
+"""Operating JETSPEC in the real SGLang server: policy pushes through SGLang's own /set_internal_state
+and /server_info (admin key, refusals, TTL), budget 0 as ordinary decoding, /metrics from the
+scheduler process, `jetspec.step` spans over OTLP, and the controller process driving the server."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from e2e_client import ADMIN_KEY, REPO, generate, get, jetspec_state, post, until_eos
+from prometheus_client.parser import text_string_to_metric_families
+
+AUTH = {"Authorization": f"Bearer {ADMIN_KEY}"}
+
+
+def push(url: str, budgets: dict[str, int], ttl_s: float, headers: dict | None = AUTH) -> tuple[int, dict]:
+    flat = {"jetspec_policy.ttl_s": ttl_s, **{f"jetspec_policy.{c}.budget": b for c, b in budgets.items()}}
+    return post(f"{url}/set_internal_state", {"server_args": flat}, headers)
+
+
+def budgets_in_force(url: str) -> tuple[str, dict[str, int]]:
+    policy = jetspec_state(url)["jetspec_policy"]
+    return policy["source"], {c["name"]: c["budget"] for c in policy["table"]["cohorts"]}
+
+
+def wait_for_yaml(url: str, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while budgets_in_force(url)[0] != "yaml":
+        assert time.monotonic() < deadline, "the pushed table did not expire"
+        time.sleep(0.5)
+
+
+def samples(url: str, name: str) -> dict[tuple, float]:
+    """{label items: value} of one metric family's samples named `name` on the server's /metrics."""
+    out = {}
+    for family in text_string_to_metric_families(get(f"{url}/metrics")):
+        for s in family.samples:
+            if s.name == name:
+                out[tuple(sorted(s.labels.items()))] = s.value
+    return out
+
+
+def steps_at(url: str, cohort: str, budget: int) -> float:
+    return sum(v for labels, v in samples(url, "jetspec_steps_total").items()
+               if dict(labels).get("cohort") == cohort and dict(labels).get("budget") == str(budget))
+
+
+@pytest.fixture()
+def yaml_policy_after(jetspec_server):
+    """Every push in a test expires before the next test (short TTLs), so later tests see the YAML table."""
+    yield jetspec_server.url
+    wait_for_yaml(jetspec_server.url)
+
+
+def test_push_readback_refusals_and_ttl_expiry(yaml_policy_after, humaneval_ids):
+    url = yaml_policy_after
+    assert budgets_in_force(url) == ("yaml", {"bs1": 16, "bs2-4": 16})
+
+    status, _ = push(url, {"bs1": 4, "bs2-4": 0}, 30, headers={})
+    assert status in (401, 403)  # no admin key: SGLang's middleware refuses before the scheduler sees it
+    status, _ = push(url, {"bs1": 4, "bs2-4": 0}, 30, headers={"Authorization": "Bearer wrong"})
+    assert status in (401, 403)
+    assert budgets_in_force(url)[0] == "yaml"
+
+    status, reply = push(url, {"bs1": 4, "bs2-4": 0}, 6)
+    assert status == 200 and reply.get("updated") is True, reply
+    generation = jetspec_state(url)["jetspec_policy"]["generation"]
+    assert budgets_in_force(url) == ("pushed", {"bs1": 4, "bs2-4": 0})
+
+    status, reply = push(url, {"bs1": 5, "bs2-4": 0}, 6)  # 5 is not among bs1's budgets
+    assert reply.get("updated") is not True
+    assert budgets_in_force(url) == ("pushed", {"bs1": 4, "bs2-4": 0})  # the old table stays whole
+    assert jetspec_state(url)["jetspec_policy"]["generation"] == generation
+
+    before = steps_at(url, "bs1", 4)
+    generate(url, humaneval_ids[0], 8)
+    assert steps_at(url, "bs1", 4) > before  # the pushed budget is what the steps ran
+
+    wait_for_yaml(url, timeout_s=30)  # TTL expiry reverts to the YAML defaults
+    assert budgets_in_force(url) == ("yaml", {"bs1": 16, "bs2-4": 16})
+
+
+def test_budget_zero_is_ordinary_decoding(yaml_policy_after, plain_server, humaneval_ids, tokenizer):
+    url = yaml_policy_after
+    status, reply = push(url, {"bs1": 0, "bs2-4": 0}, 6)
+    assert status == 200 and reply.get("updated") is True
+    draft_before = sum(samples(url, "jetspec_draft_seconds_total").values())
+    off_before = steps_at(url, "bs1", 0)
+    spec = generate(url, humaneval_ids[1], 16)
+    plain = generate(plain_server.url, humaneval_ids[1], 16)
+    eos = tokenizer.eos_token_id
+    assert until_eos(spec["output_ids"], eos) == until_eos(plain["output_ids"], eos)
+    # one token per step (after the prefill's first), and no draft work at all
+    assert spec["meta_info"]["spec_verify_ct"] == spec["meta_info"]["completion_tokens"] - 1
+    assert steps_at(url, "bs1", 0) - off_before == spec["meta_info"]["spec_verify_ct"]
+    assert sum(samples(url, "jetspec_draft_seconds_total").values()) == draft_before
+
+
+def test_metrics_from_the_scheduler_process(jetspec_server, humaneval_ids):
+    generate(jetspec_server.url, humaneval_ids[2], 8)
+    names = {family.name for family in text_string_to_metric_families(get(f"{jetspec_server.url}/metrics"))}
+    for family in ("jetspec_steps", "jetspec_committed_tokens", "jetspec_verify_seconds", "jetspec_accept_length",
+                   "jetspec_policy_budget", "jetspec_live_draft_states"):
+        assert family in names, sorted(n for n in names if n.startswith("jetspec"))
+    assert {"sglang:spec_accept_length", "sglang:spec_accept_rate"} <= names, sorted(n for n in names if "spec" in n)
+    assert steps_at(jetspec_server.url, "bs1", 16) > 0
+
+
+def test_step_spans_reach_an_otlp_receiver(jetspec_server, trace_receiver, humaneval_ids):
+    reply = generate(jetspec_server.url, humaneval_ids[3], 8)
+    deadline = time.monotonic() + 30
+    while True:
+        spans = trace_receiver.spans()
+        steps = [s for s in spans if s.name == "jetspec.step"]
+        if steps or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert steps, sorted({s.name for s in spans})
+    rid = reply["meta_info"]["id"]
+    ours = [s for s in steps if any(a.key == "jetspec.request_ids" and rid in str(a.value) for a in s.attributes)]
+    assert ours
+    children = {s.name for s in spans if s.parent_span_id == ours[-1].span_id}
+    assert children == {"jetspec.draft", "jetspec.tree", "jetspec.verify", "jetspec.accept", "jetspec.commit"}
+
+
+def test_controller_reads_metrics_and_pushes_a_table_the_steps_use(yaml_policy_after, policy_file, humaneval_ids,
+                                                                   tmp_path):
+    """`python -m controller` against the real server: it reads /metrics and /server_info, measures bs1 and
+    pushes a table; with the controller stopped, the server's next steps run exactly that table's budget
+    (or its probe budget) until the table expires."""
+    url = yaml_policy_after
+    log = tmp_path / "controller.log"
+    with open(log, "w") as out:
+        controller = subprocess.Popen(
+            [sys.executable, "-m", "controller", "--policy", str(policy_file), "--server", url,
+             "--admin-key-env", "JETSPEC_E2E_ADMIN", "--metrics-port", "0", "--max-intervals", "20"],
+            cwd=REPO, env={**os.environ, "JETSPEC_E2E_ADMIN": ADMIN_KEY}, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        before = jetspec_state(url)["jetspec_policy"]["generation"]
+        deadline = time.monotonic() + 90
+        while True:
+            generate(url, humaneval_ids[4], 12)  # load at batch 1 for the controller to measure
+            state = jetspec_state(url)["jetspec_policy"]
+            if state["source"] == "pushed" and state["generation"] > before:
+                break
+            assert controller.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+    finally:
+        controller.terminate()
+        controller.wait(30)
+    state = jetspec_state(url)["jetspec_policy"]  # the last table it pushed, in force for its TTL
+    assert state["source"] == "pushed", "the pushed table expired before it could be checked"
+    bs1 = next(c for c in state["table"]["cohorts"] if c["name"] == "bs1")
+    allowed = {bs1["budget"]} | ({bs1["probe"]["budget"]} if bs1["probe"] else set())
+    counts = {b: steps_at(url, "bs1", b) for b in (0, 4, 16)}
+    generate(url, humaneval_ids[5], 8)
+    ran = {b for b in counts if steps_at(url, "bs1", b) > counts[b]}
+    assert ran and ran <= allowed, (ran, bs1)

@@ -1,0 +1,210 @@
+"""What clients and operators do to the real SGLang server with JETSPEC: an OpenAI client streaming
+chat completions, seeded sampling re-checked by the shadow checker (against the reference engine and
+against a plain SGLang server), a client that disconnects mid-generation, a server forced to retract
+requests (and to abort retracted ones while they wait); no per-request draft state is left behind."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import subprocess
+import sys
+import time
+import urllib.parse
+from pathlib import Path
+
+import pytest
+from e2e_client import (REPO, generate, generate_all, jetspec_args, jetspec_state, post, server_info, until_eos)
+
+CHAT = [{"role": "user", "content": "Write a Python function that checks whether a string is a palindrome."}]
+
+
+def live_draft_states(url: str) -> int:
+    return jetspec_state(url)["jetspec_live_draft_states"]
+
+
+def wait_for_no_draft_state(url: str, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while (n := live_draft_states(url)) != 0:
+        assert time.monotonic() < deadline, f"{n} per-request draft states left behind"
+        time.sleep(0.5)
+
+
+def stream_chat(url: str, max_tokens: int = 48) -> tuple[str, int, int]:
+    """(text, content chunks, completion tokens) of a streamed greedy chat completion via `openai`."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{url}/v1", api_key="unused")
+    stream = client.chat.completions.create(model="default", messages=CHAT, temperature=0, max_tokens=max_tokens,
+                                            stream=True, stream_options={"include_usage": True})
+    parts, usage = [], None
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            parts.append(chunk.choices[0].delta.content)
+        usage = chunk.usage or usage
+    return "".join(parts), len(parts), usage.completion_tokens
+
+
+def test_openai_client_streams_the_same_chat_text_with_multi_token_chunks(jetspec_server, plain_server):
+    text, chunks, tokens = stream_chat(jetspec_server.url)
+    plain_text, plain_chunks, plain_tokens = stream_chat(plain_server.url)
+    assert text == plain_text and tokens == plain_tokens
+    assert plain_chunks >= tokens - 2  # plain decoding: about one chunk per token
+    assert chunks < tokens  # a step that accepted drafts streamed its tokens in one chunk
+
+
+def sampled(url: str, ids: list[int], seed: int) -> dict:
+    return generate(url, ids, 24, temperature=1.0, top_p=0.9, sampling_seed=seed)
+
+
+def spool_records(spool: Path) -> int:
+    return sum(len(p.read_text().splitlines()) for p in spool.glob("*.jsonl"))
+
+
+def copy_spool(spool: Path, out: Path, leave_out: set[str]) -> Path:
+    """The spool's records but those of the request ids in `leave_out`, in a new spool directory."""
+    out.mkdir()
+    for path in spool.glob("*.jsonl"):
+        kept = [line for line in path.read_text().splitlines() if json.loads(line)["request_id"] not in leave_out]
+        (out / path.name).write_text("".join(line + "\n" for line in kept))
+    return out
+
+
+def shadow_run(spool: Path, reference: str, out: Path, smollm2_dir: Path) -> tuple[int, list[dict], str]:
+    # a URL reference is a plain server: the checker needs the vocabulary size it cannot ask it for
+    vocab = json.loads((smollm2_dir / "config.json").read_text())["vocab_size"]
+    url_args = ["--vocab-size", str(vocab)] if reference.startswith("http") else []
+    run = subprocess.run([sys.executable, "-m", "sglang_jetspec.cli", "shadow", "run", "--spool", str(spool),
+                          "--reference", reference, "--target", str(smollm2_dir), "--out", str(out), "--window", "500",
+                          "--alpha", "0.001", *url_args],
+                         cwd=REPO, capture_output=True, text=True, timeout=900)
+    reports = [json.loads(p.read_text()) for p in sorted(out.glob("window-*.json"))]
+    return run.returncode, reports, run.stdout + run.stderr
+
+
+def test_seeded_sampling_reproduces_and_shadow_checks_clean(jetspec_server, plain_server, confident_prompts,
+                                                            shadow_spool, smollm2_dir, tmp_path):
+    """The speculative steps draw from each request's own generator, seeded by sampling_seed, so a seed
+    reproduces a request. Its first token comes from SGLang's prefill sampler, which honours seeds only
+    under --enable-deterministic-inference (GPU backends): the prompts end where that token is certain
+    under top-p 0.9, so every difference would come from the speculative steps."""
+    before = spool_records(shadow_spool)
+    prompts = confident_prompts[:4]
+    assert len(prompts) >= 4
+    first = [sampled(jetspec_server.url, ids, seed=100 + i) for i, ids in enumerate(prompts)]
+    again = [sampled(jetspec_server.url, ids, seed=100 + i) for i, ids in enumerate(prompts)]
+    other = [sampled(jetspec_server.url, ids, seed=200 + i) for i, ids in enumerate(prompts)]
+    tokens = [[r["output_ids"] for r in run] for run in (first, again, other)]
+    assert tokens[0] == tokens[1]
+    assert tokens[0] != tokens[2]  # the seed matters: 4 x 24 sampled tokens do not all repeat under other seeds
+    assert len({tuple(o) for o in tokens[0]}) == len(prompts)
+    deadline = time.monotonic() + 30
+    while spool_records(shadow_spool) < before + 3 * len(prompts):  # the tee writes each finished request (rate 1.0)
+        assert time.monotonic() < deadline, "the shadow tee did not spool the finished requests"
+        time.sleep(0.5)
+    # the repeated runs are copies of the first ones: the uniformity tests assume independent draws.
+    # alpha 0.001: a false alarm in one CI run in a thousand (the checker's power is tested in tests/shadow/)
+    spool = copy_spool(shadow_spool, tmp_path / "spool", {r["meta_info"]["id"] for r in again})
+    for name, reference in (("local", "local"), ("plain-sglang", plain_server.url)):
+        status, reports, output = shadow_run(spool, reference, tmp_path / name, smollm2_dir)
+        assert status == 0, output[-3000:]  # 0 = no alarm in the last window (3 = alarm)
+        assert reports and not any(r["alarm"] for r in reports), output[-3000:]
+        assert not any(r["failed"] for r in reports), output[-3000:]
+        assert sum(r["requests"]["sampled"] for r in reports) >= 2 * len(prompts)
+        assert sum(r["mismatches"].get("error", 0) + r["mismatches"].get("impossible", 0) for r in reports) == 0
+
+
+def test_client_disconnect_mid_generation_leaves_no_state_and_serving_goes_on(jetspec_server, humaneval_ids,
+                                                                            hf_greedy, tokenizer):
+    url = urllib.parse.urlparse(jetspec_server.url)
+    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=120)
+    body = {"input_ids": humaneval_ids[0], "stream": True,
+            "sampling_params": {"temperature": 0, "max_new_tokens": 400, "ignore_eos": True}}
+    conn.request("POST", "/generate", json.dumps(body), {"Content-Type": "application/json"})
+    response = conn.getresponse()
+    assert response.status == 200
+    response.readline()  # the first streamed chunk: the request is running
+    assert live_draft_states(jetspec_server.url) >= 1
+    conn.close()  # the client goes away; SGLang aborts the request
+    wait_for_no_draft_state(jetspec_server.url)
+    reply = generate(jetspec_server.url, humaneval_ids[1])
+    assert until_eos(reply["output_ids"], tokenizer.eos_token_id) == hf_greedy[1]
+
+
+TIGHT_CONTEXT = 600
+RETRACTING_LENGTH = 160  # new tokens per request: four HumanEval prompts then outgrow the tight server's pool
+
+
+@pytest.fixture(scope="module")
+def tight_server(servers, smollm2_dir, policy_file):
+    """JETSPEC with a KV pool too small for four long requests at once (SGLang must retract) and a short
+    context, for a request that runs up to the context limit. A low initial new-token ratio makes the
+    scheduler admit all four at once whatever their max_new_tokens, so the retraction comes early."""
+    server = servers.start("jetspec-tight", jetspec_args(smollm2_dir, "--context-length", str(TIGHT_CONTEXT),
+                                                         max_total_tokens=1100),
+                           {"JETSPEC_POLICY": str(policy_file), "SGLANG_INIT_NEW_TOKEN_RATIO": "0.1"})
+    yield server
+    servers.stop(server)
+
+
+def test_retraction_keeps_output_exact_and_frees_draft_state(tight_server, plain_server, humaneval_ids, tokenizer):
+    prompts = humaneval_ids[:4]
+    lengths = [RETRACTING_LENGTH] * 4
+    spec = generate_all(tight_server.url, prompts, concurrency=4, max_new=lengths, ignore_eos=True)
+    plain = generate_all(plain_server.url, prompts, concurrency=4, max_new=lengths, ignore_eos=True)
+    assert "retract" in tight_server.log.read_text().lower(), "the pool was large enough: nothing was retracted"
+    assert [r["output_ids"] for r in spec] == [r["output_ids"] for r in plain]
+    wait_for_no_draft_state(tight_server.url)
+
+
+def test_aborting_retracted_requests_while_they_wait_frees_their_draft_state(tight_server, humaneval_ids):
+    """Requests retracted to the waiting queue and aborted there never get a finish reason the worker sees;
+    their draft state must still go (issue: leaked until restart). The same four requests as above:
+    SGLang admits all four (a longer max_new_tokens would hold the fourth back: no retraction)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(4) as pool:
+        bodies = [{"input_ids": ids, "sampling_params": {"temperature": 0, "max_new_tokens": RETRACTING_LENGTH, "ignore_eos": True}}
+                  for ids in humaneval_ids[:4]]
+        replies = [pool.submit(post, f"{tight_server.url}/generate", body) for body in bodies]
+        log = tight_server.log
+        start = log.read_text().lower().count("retract")
+        deadline = time.monotonic() + 240
+        while log.read_text().lower().count("retract") == start:
+            assert time.monotonic() < deadline, "no retraction happened"
+            time.sleep(0.2)
+        status, _ = post(f"{tight_server.url}/abort_request", {"rid": "", "abort_all": True})
+        assert status == 200
+        finish = [r.result() for r in replies]
+    assert any(status != 200 or reply["meta_info"]["finish_reason"]["type"] == "abort" for status, reply in finish), finish
+    wait_for_no_draft_state(tight_server.url)
+    assert server_info(tight_server.url)  # still serving
+
+
+@pytest.mark.parametrize("field, value", [("regex", "[0-9]+"), ("json_schema", '{"type": "integer"}')])
+def test_constrained_decoding_is_refused_at_admission_and_serving_goes_on(jetspec_server, humaneval_ids, hf_greedy,
+                                                                        tokenizer, field, value):
+    """A grammar request refused inside the forward crashed the scheduler (StopIteration in SGLang's
+    vocab-mask update); refused at admission, the client gets an error naming the field."""
+    status, reply = post(f"{jetspec_server.url}/generate", {"input_ids": humaneval_ids[2], "sampling_params": {
+        "temperature": 0, "max_new_tokens": 8, field: value}})
+    text = json.dumps(reply)
+    assert status == 400 or "abort" in text, reply
+    assert "constrained decoding" in text and "json_schema / regex" in text
+    reply = generate(jetspec_server.url, humaneval_ids[2])
+    assert until_eos(reply["output_ids"], tokenizer.eos_token_id) == hf_greedy[2]
+
+
+def test_a_request_running_up_to_the_context_limit(tight_server, plain_server, humaneval_ids):
+    """Near the limit SGLang's per-step KV reserve (2 x the largest budget beyond the committed length)
+    reaches past context_len + 4 + budget, the req_to_token row width SGLang sizes by default: the
+    plugin widens the row (kv_reserve hook), else the reservation is written outside the row."""
+    new = 24
+    # SGLang caps max_new_tokens at context_len - 1 - prompt - 1 (scheduler.py, max_req_len): this prompt
+    # is the longest that still gets all `new` tokens, so the last step ends at the limit itself
+    prompt = [t for ids in humaneval_ids for t in ids][: TIGHT_CONTEXT - 2 - new]
+    spec = generate(tight_server.url, prompt, new, ignore_eos=True)
+    plain = generate(plain_server.url, prompt, new, ignore_eos=True)
+    assert spec["output_ids"] == plain["output_ids"] and len(spec["output_ids"]) == new
+    assert spec["meta_info"]["spec_verify_ct"] < new  # speculated all the way to the limit
+    wait_for_no_draft_state(tight_server.url)
