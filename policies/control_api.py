@@ -4,6 +4,7 @@
                                                 "jetspec_policy.bs1.budget": 32,
                                                 "jetspec_policy.bs1.draft_rounds": 1,
                                                 "jetspec_policy.bs1.tree_width": 4,
+                                                "jetspec_policy.bs1.drafter": 1,
                                                 "jetspec_policy.bs1.probe_budget": 64,
                                                 "jetspec_policy.bs1.probe_share": 0.05, ...}}
                                Authorization: Bearer <admin key>           -> 200 [true]
@@ -12,7 +13,8 @@
 SGLang's own /set_internal_state admits only numbers ({"server_args": {key: int|float}}: its
 request type rejects a nested TABLE before any plugin code runs), so the table travels as flat
 numeric keys, all in one request: jetspec_policy.ttl_s, jetspec_policy.<cohort>.budget,
-optionally jetspec_policy.<cohort>.draft_rounds and .tree_width (missing = the cohort's YAML value), and
+optionally jetspec_policy.<cohort>.draft_rounds, .tree_width and .drafter (an index into
+policies.schema.DRAFTERS: 0 head, 1 hybrid; missing = the cohort's YAML value), and
 jetspec_policy.<cohort>.probe_budget + jetspec_policy.<cohort>.probe_share (both or neither).
 Cohort ranges are not sent: they are the server policy's own, in its order. SGLang has no
 /get_internal_state route; its /server_info lists each data-parallel rank's internal state.
@@ -33,14 +35,14 @@ from typing import Any
 
 from policies.problems import PolicyError, Problem
 from policies.runtime import ActivePolicy
-from policies.schema import Policy
+from policies.schema import DRAFTERS, Policy
 from policies.table import PolicyTable, validate_table
 
 SERVER_ARGS_KEY = "server_args"
 INTERNAL_STATES_KEY = "internal_states"
 POLICY_KEY = "jetspec_policy"
 FLAT_PREFIX = POLICY_KEY + "."
-_FLAT_FIELDS = ("budget", "draft_rounds", "tree_width", "probe_budget", "probe_share")
+_FLAT_FIELDS = ("budget", "draft_rounds", "tree_width", "drafter", "probe_budget", "probe_share")
 
 
 def _bad_request(message: str, problems: list[str] | None = None) -> tuple[int, dict[str, Any]]:
@@ -109,6 +111,7 @@ def table_to_flat_args(table: PolicyTable) -> dict[str, int | float]:
         flat[f"{FLAT_PREFIX}{cohort.name}.budget"] = cohort.budget
         flat[f"{FLAT_PREFIX}{cohort.name}.draft_rounds"] = cohort.draft_rounds
         flat[f"{FLAT_PREFIX}{cohort.name}.tree_width"] = cohort.tree_width
+        flat[f"{FLAT_PREFIX}{cohort.name}.drafter"] = DRAFTERS.index(cohort.drafter)
         if cohort.probe is not None:
             flat[f"{FLAT_PREFIX}{cohort.name}.probe_budget"] = cohort.probe.budget
             flat[f"{FLAT_PREFIX}{cohort.name}.probe_share"] = cohort.probe.share
@@ -137,6 +140,9 @@ def table_from_flat_args(flat: dict[str, Any], policy: Policy) -> PolicyTable:
         if "budget" not in got:
             problems.append(Problem((f"{FLAT_PREFIX}{name}.budget",), f"{FLAT_PREFIX}{name}.budget is missing",
                                     "send a budget for every cohort of the server's policy"))
+        if "drafter" in got and got["drafter"] not in range(len(DRAFTERS)):
+            problems.append(Problem((f"{FLAT_PREFIX}{name}.drafter",), f"{FLAT_PREFIX}{name}.drafter {got['drafter']!r} "
+                                    "is not a drafter code", f"send one of {dict(enumerate(DRAFTERS))}"))
         if ("probe_budget" in got) != ("probe_share" in got):
             problems.append(Problem((f"{FLAT_PREFIX}{name}.probe_budget",),
                                     f"cohort {name}: probe_budget and probe_share come together",
@@ -149,5 +155,6 @@ def table_from_flat_args(flat: dict[str, Any], policy: Policy) -> PolicyTable:
         probe = {"budget": got["probe_budget"], "share": got["probe_share"]} if "probe_budget" in got else None
         cohorts.append({"name": own.name, "min_batch": own.min_batch, "max_batch": own.max_batch,
                         "budget": got["budget"], "draft_rounds": got.get("draft_rounds", own.draft_rounds),
-                        "tree_width": got.get("tree_width", own.tree_width), "probe": probe})
+                        "tree_width": got.get("tree_width", own.tree_width),
+                        "drafter": DRAFTERS[got["drafter"]] if "drafter" in got else own.drafter, "probe": probe})
     return validate_table({"cohorts": cohorts, "ttl_s": ttl_s}, policy)

@@ -52,10 +52,10 @@ class ActivePolicy:
         table = self.table(now)
         cohort = table.cohorts[cohort_index_for_batch(table.cohorts, batch_size)]
         if cohort.probe is None:
-            return StepPlan(cohort.name, cohort.budget, cohort.draft_rounds, cohort.tree_width)
+            return StepPlan(cohort.name, cohort.budget, cohort.draft_rounds, cohort.tree_width, cohort.drafter)
         with self._lock:
             credit = self._probe_credit.get(cohort.name, 0.0) + cohort.probe.share
             probe_now = credit >= 1.0
             self._probe_credit[cohort.name] = credit - 1.0 if probe_now else credit
         return StepPlan(cohort.name, cohort.probe.budget if probe_now else cohort.budget, cohort.draft_rounds,
-                        cohort.tree_width)
+                        cohort.tree_width, cohort.drafter)

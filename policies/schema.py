@@ -7,7 +7,7 @@ Load files through `policies.loader.load_policy`, which runs both and reports fi
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -16,10 +16,16 @@ from policies.head import HeadCapacity
 from policies.problems import Problem
 
 DEFAULT_MAX_BUDGET = 256
+# The hybrid drafter's chance that a prompt-lookup token is accepted given its parent was
+# (measured by `jetspec replay --methods hybrid` on HumanEval 0-99: README "Hybrid drafting").
+DEFAULT_LOOKUP_ACCEPT = 0.6
 # Cohort names become Prometheus label values and log keys: keep them plain.
 LABEL_PATTERN = r"^[A-Za-z0-9_.-]+$"
 
 Budget = Annotated[int, Field(ge=0)]
+# head: the draft head's tree; hybrid: the same tree with the request's prompt-lookup guess merged in
+DrafterName = Literal["head", "hybrid"]
+DRAFTERS: tuple[str, ...] = ("head", "hybrid")  # a push sends the index (SGLang admits numbers only)
 
 
 class StrictModel(BaseModel):
@@ -34,6 +40,7 @@ class CohortPolicy(StrictModel):
     default: Budget = Field(description="budget used until a controller pushes a table")
     draft_rounds: int = Field(default=0, ge=0, description="tree-causal draft rounds after the marginal tree")
     tree_width: int = Field(default=0, ge=0, description="children per tree node (top-K); 0 = the head's own width")
+    drafter: DrafterName = Field(default="head", description="head, or hybrid (prompt-lookup guesses merged into the tree)")
 
 
 class GatePolicy(StrictModel):
@@ -66,12 +73,22 @@ class HeadLimits(StrictModel):
     max_draft_rounds: int = Field(default=0, ge=0)
 
 
+class LookupPolicy(StrictModel):
+    """Prompt lookup as the hybrid drafter uses it."""
+
+    accept: float = Field(default=DEFAULT_LOOKUP_ACCEPT, gt=0, lt=1,
+                          description="calibrated chance a looked-up token is accepted given its parent was")
+    min_ngram: int = Field(default=2, ge=1)
+    max_ngram: int = Field(default=4, ge=1)
+
+
 class Policy(StrictModel):
     cohorts: list[CohortPolicy] = Field(min_length=1)
     gate: GatePolicy = GatePolicy()
     controller: ControllerPolicy = ControllerPolicy()
     shadow: ShadowPolicy = ShadowPolicy()
     head: HeadLimits = HeadLimits()
+    lookup: LookupPolicy = LookupPolicy()
 
     def cohort(self, name: str) -> CohortPolicy:
         for cohort in self.cohorts:
@@ -158,4 +175,12 @@ def _shadow_problems(policy: Policy) -> list[Problem]:
 def policy_problems(policy: Policy, head: HeadCapacity | None = None) -> list[Problem]:
     """Rules across fields; `head` adds the limit of a concrete draft head checkpoint."""
     return (coverage_problems(policy.cohorts) + _budget_problems(policy, head) + _draft_rounds_problems(policy, head)
-            + _timing_problems(policy) + _shadow_problems(policy))
+            + _timing_problems(policy) + _shadow_problems(policy) + _lookup_problems(policy))
+
+
+def _lookup_problems(policy: Policy) -> list[Problem]:
+    lookup = policy.lookup
+    if lookup.min_ngram <= lookup.max_ngram:
+        return []
+    return [Problem(("lookup", "min_ngram"), f"lookup.min_ngram {lookup.min_ngram} is above lookup.max_ngram {lookup.max_ngram}",
+                    "lower min_ngram or raise max_ngram")]

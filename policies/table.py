@@ -3,7 +3,7 @@
 As read back (`GET /server_info` -> `internal_states[i].jetspec_policy.table`):
 
     {"cohorts": [{"name": "bs1", "min_batch": 1, "max_batch": 1, "budget": 32, "draft_rounds": 0,
-                  "tree_width": 0, "probe": {"budget": 64, "share": 0.05} | null}, ...],
+                  "tree_width": 0, "drafter": "head", "probe": {"budget": 64, "share": 0.05} | null}, ...],
      "ttl_s": 90.0}
 
 A push carries it as flat numeric keys instead (SGLang admits only numbers there):
@@ -21,7 +21,7 @@ from pydantic import Field, ValidationError
 
 from policies.problems import PolicyError, Problem
 from policies.pydantic_errors import problems_from_validation_error
-from policies.schema import LABEL_PATTERN, Budget, Policy, StrictModel
+from policies.schema import LABEL_PATTERN, Budget, DrafterName, Policy, StrictModel
 
 
 class Probe(StrictModel):
@@ -36,16 +36,19 @@ class CohortBudget(StrictModel):
     budget: Budget
     draft_rounds: int = Field(default=0, ge=0)  # tree-causal rounds; probe steps draft with them too
     tree_width: int = Field(default=0, ge=0)  # children per node; 0 = the head's own width
+    drafter: DrafterName = "head"  # probe steps draft with it too
     probe: Probe | None = None
 
 
 class StepPlan(NamedTuple):
-    """What the next step runs: its cohort, tree budget, tree-causal draft rounds and tree width (0 = the head's)."""
+    """What the next step runs: its cohort, tree budget, tree-causal draft rounds, tree width (0 = the
+    head's) and drafter (head or hybrid)."""
 
     cohort: str
     budget: int
     draft_rounds: int
     tree_width: int
+    drafter: str = "head"
 
 
 class PolicyTable(StrictModel):
@@ -66,10 +69,12 @@ class PolicyState(StrictModel):
 
 
 def default_table(policy: Policy) -> PolicyTable:
-    """The table a server runs from its YAML file: each cohort's default budget, draft rounds and width, no probes."""
+    """The table a server runs from its YAML file: each cohort's default budget, draft rounds, width and
+    drafter, no probes."""
     return PolicyTable(
         cohorts=[CohortBudget(name=c.name, min_batch=c.min_batch, max_batch=c.max_batch, budget=c.default,
-                              draft_rounds=c.draft_rounds, tree_width=c.tree_width) for c in policy.cohorts],
+                              draft_rounds=c.draft_rounds, tree_width=c.tree_width, drafter=c.drafter)
+                 for c in policy.cohorts],
         ttl_s=policy.controller.ttl_s,
     )
 

@@ -7,6 +7,8 @@ on the same requests; every speculative cell's speedup is relative to that run. 
   dflash   the bidirectional head from --dflash-head, same tree
   chain    the --head head with tree width 1 (a single drafted path)
   lookup   prompt lookup (n-gram match in the request's own tokens), width 1, no model
+  hybrid   the jetspec head's tree with the prompt-lookup guess merged in (core/prompt_lookup.py), one per
+           --lookup-accept value (hybrid-a0.5, ...: the calibrated chance each guessed token is accepted)
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ from .core.head_config import HeadConfigError
 from .core.head_io import read_head_config
 from .core.sampling import SamplingParams
 from .generate import RunFigures, timed_run
-from .loading import DrafterOptionError, check_lookup_options, load_drafter, load_target, lookup_drafter
+from .core.prompt_lookup import LookupMerge
+from .loading import DrafterOptionError, check_lookup_options, load_drafter, load_target, lookup_drafter, lookup_merge
 from .models.fetch import sha256_file
 from .prompts import HUMANEVAL, PromptError, encode, humaneval_prompts, read_prompt_file
 from .reference.engine import Drafter, EngineConfig, ReferenceEngine, Request, RequestOutput
@@ -41,16 +44,22 @@ class BenchError(ValueError):
 
 @dataclass(frozen=True)
 class Contender:
-    """A method ready to run: its drafter, the tree width and the tree-causal rounds it drafts with."""
+    """A method ready to run: its drafter, the tree width and the tree-causal rounds it drafts with,
+    and for the hybrid drafter how prompt-lookup guesses join the head's trees."""
 
     method: str
     drafter: Drafter
     tree_width: int
     draft_rounds: int = 0
+    lookup: LookupMerge | None = None
 
 
 def jetspec_label(rounds: int) -> str:
     return "jetspec" if rounds == 0 else f"jetspec-r{rounds}"
+
+
+def hybrid_label(accept: float, variants: int) -> str:
+    return "hybrid" if variants == 1 else f"hybrid-a{accept:g}"
 
 
 @dataclass
@@ -98,10 +107,10 @@ def check_options(args) -> None:
                 "dflash needs a bidirectional head (causal_head false). Pass this head as --head instead"
             )
     # --head unset or 'untrained' means the shipped or a fresh head, both causal
-    if methods & {"jetspec", "chain"} and args.head not in (None, "untrained") and not _head_is_causal("--head", args.head):
+    if methods & {"jetspec", "chain", "hybrid"} and args.head not in (None, "untrained") and not _head_is_causal("--head", args.head):
         raise BenchError(
             f"--head {args.head}: config.json has dflash_config.causal_head false, a bidirectional head; "
-            "jetspec and chain need a causal head. Pass this head as --dflash-head instead"
+            "jetspec, chain and hybrid need a causal head. Pass this head as --dflash-head instead"
         )
     if "jetspec" in methods and max(args.draft_rounds) > 0 and not _reads_tree_tokens(args.head):
         raise BenchError(
@@ -150,7 +159,7 @@ def load_contenders(args, target: TargetModel) -> tuple[list[Contender], dict[st
     """Drafters for the requested methods (each head loaded once) and the label of each head used."""
     labels: dict[str, str] = {}
     head = dflash_head = None
-    if {"jetspec", "chain"} & set(args.methods):
+    if {"jetspec", "chain", "hybrid"} & set(args.methods):
         head, labels["head"] = _load_head(target, "--head", args.head)
     if "dflash" in args.methods:
         dflash_head, labels["dflash_head"] = _load_head(target, "--dflash-head", args.dflash_head)
@@ -160,6 +169,9 @@ def load_contenders(args, target: TargetModel) -> tuple[list[Contender], dict[st
     for method in args.methods:
         if method == "jetspec":
             contenders += [Contender(jetspec_label(r), head, args.tree_width, r) for r in args.draft_rounds]
+        elif method == "hybrid":
+            contenders += [Contender(hybrid_label(p, len(args.lookup_accept)), head, args.tree_width, 0, lookup_merge(p, args))
+                           for p in args.lookup_accept]
         else:
             contenders.append(Contender(method, *drafting[method]))
     return contenders, labels
@@ -177,9 +189,10 @@ class GridRunner:
         self.target = target
         self.args = args
 
-    def engine(self, drafter: Drafter | None, tree_width: int, batch_size: int, draft_rounds: int = 0) -> ReferenceEngine:
+    def engine(self, drafter: Drafter | None, tree_width: int, batch_size: int, draft_rounds: int = 0,
+               lookup: LookupMerge | None = None) -> ReferenceEngine:
         config = EngineConfig(tree_width=tree_width, fanout=self.args.fanout, acceptance=self.args.acceptance, max_batch_size=batch_size,
-                              draft_rounds=draft_rounds)
+                              draft_rounds=draft_rounds, lookup=lookup)
         return ReferenceEngine(self.target, drafter, config)
 
     def warm_up(self, prompt_ids: list[list[int]], batch_size: int) -> None:
@@ -205,7 +218,7 @@ class GridRunner:
         records = [record(baseline, baseline_outputs)]
         for contender in contenders:
             for budget in self.args.budgets:
-                engine = self.engine(contender.drafter, contender.tree_width, batch_size, contender.draft_rounds)
+                engine = self.engine(contender.drafter, contender.tree_width, batch_size, contender.draft_rounds, contender.lookup)
                 records.append(record(*timed_run(engine, requests, budget, contender.method)))
         return records
 
@@ -248,7 +261,8 @@ def run_header(args, target: TargetModel, head_labels: dict[str, str], indices: 
         "acceptance": args.acceptance,
         "seed": args.seed,
         # commands without the lookup method's flags (jetspec gap) record none
-        "lookup": {"min_ngram": args.lookup_min_ngram, "max_ngram": args.lookup_max_ngram, "max_depth": args.lookup_depth} if hasattr(args, "lookup_depth") else None,
+        "lookup": {"min_ngram": args.lookup_min_ngram, "max_ngram": args.lookup_max_ngram, "max_depth": args.lookup_depth,
+                   "accept": args.lookup_accept} if hasattr(args, "lookup_depth") else None,
     }
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from typing import Callable
 
-METHODS = ("jetspec", "dflash", "chain", "lookup")
+METHODS = ("jetspec", "dflash", "chain", "lookup", "hybrid")
 
 
 def comma_list(convert: Callable[[str], object], allowed: Callable[[object], bool], what: str, example: str) -> Callable[[str], list]:
@@ -35,6 +35,7 @@ budget_list = comma_list(int, lambda v: v >= 1, "an integer >= 1 (tree nodes inc
 batch_size_list = comma_list(int, lambda v: v >= 1, "an integer >= 1", "1,4")
 temperature_list = comma_list(float, lambda v: v >= 0, "a number >= 0 (0 = greedy)", "0,1")
 method_list = comma_list(str, lambda v: v in METHODS, f"one of {', '.join(METHODS)}", ",".join(METHODS))
+probability_list = comma_list(float, lambda v: 0 < v < 1, "a probability strictly between 0 and 1", "0.5,0.7")
 
 
 def positive_int(text: str) -> int:

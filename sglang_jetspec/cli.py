@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from policies.schema import DEFAULT_LOOKUP_ACCEPT
+
 
 def _cuda() -> bool:
     import torch
@@ -47,18 +49,22 @@ def add_target_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_lookup_arguments(parser: argparse.ArgumentParser) -> None:
-    """The prompt-lookup drafter's n-gram flags (sglang_jetspec/reference/lookup.py)."""
-    from .bench_cli import positive_int
+    """The prompt-lookup drafter's n-gram flags (sglang_jetspec/core/prompt_lookup.py)."""
+    from .bench_cli import positive_int, probability_list
 
     parser.add_argument("--lookup-min-ngram", type=positive_int, default=2, help="shortest suffix n-gram the lookup drafter matches")
     parser.add_argument("--lookup-max-ngram", type=positive_int, default=4, help="longest suffix n-gram tried first")
     parser.add_argument("--lookup-depth", type=positive_int, default=15, help="longest chain the lookup drafter proposes")
+    parser.add_argument("--lookup-accept", type=probability_list, default=[DEFAULT_LOOKUP_ACCEPT],
+                        help="hybrid drafter: calibrated chance that a looked-up token is accepted given its parent was; "
+                             "it scores the guess against the head's candidates (bench/replay take a list, one hybrid per value)")
 
 
 def add_drafter_arguments(parser: argparse.ArgumentParser) -> None:
     """--drafter and the lookup flags, for the commands that run one drafter (serve, generate)."""
-    parser.add_argument("--drafter", choices=["head", "lookup"], default="head",
-                        help="head: the draft head from --head, trees of --tree-width (default); lookup: prompt lookup, "
+    parser.add_argument("--drafter", choices=["head", "hybrid", "lookup"], default="head",
+                        help="head: the draft head from --head, trees of --tree-width (default); hybrid: the same trees with "
+                             "the prompt-lookup guess merged in (scored by --lookup-accept); lookup: prompt lookup alone, "
                              "no model, one chain copied from the request's own tokens (tree width 1; pays on copy-heavy text)")
     add_lookup_arguments(parser)
 

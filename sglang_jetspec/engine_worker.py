@@ -1,7 +1,7 @@
 """The engine thread of the reference server: the only thread that touches the engine.
 
 Continuous batching: between steps it admits queued requests while the running batch has room,
-asks the policy for (cohort, budget, draft rounds, tree width) for the batch about to step, runs one verify step, records
+asks the policy for (cohort, budget, draft rounds, tree width, drafter) for the batch about to step, runs one verify step, records
 its telemetry and resolves the futures of the requests that finished, so requests join and leave
 mid-batch. A failing step fails the requests of that batch and the thread goes on with a fresh
 batch: one bad step never hangs the waiting HTTP handlers or stops the server.
@@ -22,6 +22,7 @@ from opentelemetry.trace import SpanContext, Tracer
 
 from policies.runtime import ActivePolicy
 
+from .core.prompt_lookup import LookupMerge
 from .reference.engine import ReferenceEngine, Request, RequestOutput, RunningBatch
 from .telemetry import JetspecMetrics
 from .tracing import STEP_SPAN, WORKER_TRACER, record_step_phases, step_links
@@ -44,6 +45,7 @@ class EngineWorker:
         self._shadow = shadow  # tees a sampled share of finished requests to the shadow spool
         self._tracer = tracer if tracer is not None else trace.get_tracer(WORKER_TRACER)
         self._active = active
+        self._hybrid = LookupMerge.from_policy(active.policy.lookup)  # for cohorts whose drafter is hybrid
         self._metrics = metrics
         self._clock = clock
         self._idle_poll_s = idle_poll_s
@@ -134,12 +136,12 @@ class EngineWorker:
                 future.set_result(finished)
 
     def _step(self, batch: RunningBatch, running: dict[str, Future[RequestOutput]]) -> None:
-        cohort, budget, draft_rounds, tree_width = self._active.step_plan(len(batch), self._clock())
+        cohort, budget, draft_rounds, tree_width, drafter = self._active.step_plan(len(batch), self._clock())
         links = step_links([self._span_contexts[lane.request.request_id] for lane in batch.lanes])
         if self._shadow:
             self._shadow.stepped([lane.request for lane in batch.lanes], budget)
         with self._tracer.start_as_current_span(STEP_SPAN, links=links) as span:
-            record, finished = batch.step(budget, draft_rounds, tree_width or None)
+            record, finished = batch.step(budget, draft_rounds, tree_width or None, self._hybrid if drafter == "hybrid" else None)
             record_step_phases(self._tracer, span, cohort, record)
         self._metrics.record_step(cohort, record)
         for request, output in finished:

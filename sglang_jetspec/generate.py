@@ -58,11 +58,11 @@ def run(args) -> dict:
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p, seed=args.seed, max_new_tokens=args.max_new_tokens)
     requests = [Request(ids, params, str(i)) for i, ids in enumerate(prompt_ids)]
     engine = ReferenceEngine(target, chosen.drafter, EngineConfig(tree_width=chosen.tree_width, fanout=args.fanout, acceptance=args.acceptance, max_batch_size=args.batch_size,
-                                                        draft_rounds=args.draft_rounds))
+                                                        draft_rounds=args.draft_rounds, lookup=chosen.lookup))
     timed_run(engine, requests[:1], 0, "warmup")  # first calls pay one-off allocation costs
     ar, ar_out = timed_run(engine, requests, 0, "autoregressive")
     # the speculative run keeps the report key "jetspec"; its mode names the drafter that ran
-    spec, spec_out = timed_run(engine, requests, args.budget, "lookup" if args.drafter == "lookup" else "jetspec")
+    spec, spec_out = timed_run(engine, requests, args.budget, {"head": "jetspec"}.get(args.drafter, args.drafter))
     differing = sum(a.output_ids != b.output_ids for a, b in zip(ar_out, spec_out)) if params.greedy else None
     report = {
         "target": str(target.path),

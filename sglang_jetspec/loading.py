@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from argparse import Namespace
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,8 +13,8 @@ import torch
 from .core.drafter import HeadDrafter
 from .core.head_config import HeadConfig, default_tap_layers
 from .core.head_io import init_head, load_head
+from .core.prompt_lookup import LookupMerge, PromptLookupDrafter
 from .reference.engine import Drafter
-from .reference.lookup import PromptLookupDrafter
 from .reference.target import TargetModel
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -97,11 +98,19 @@ def check_drafter_options(args: Namespace) -> None:
     if args.drafter == "head":
         return
     check_lookup_options(args)
+    if args.drafter == "hybrid":  # the head's tree plus prompt lookup: every head flag applies
+        return
     if args.head is not None:
         raise DrafterOptionError(f"--head {args.head} is for --drafter head; drop it or use --drafter head")
     if getattr(args, "draft_rounds", 0):  # serve has no --draft-rounds: its policy checks rounds
         raise DrafterOptionError(f"--draft-rounds {args.draft_rounds} needs a head; --drafter lookup drafts one chain, "
                                  "use --draft-rounds 0")
+
+
+def lookup_merge(accept: float, args: Namespace) -> LookupMerge:
+    """The hybrid drafter's merge of prompt-lookup guesses, at acceptance chance `accept`, with the --lookup-* n-grams."""
+    check_lookup_options(args)
+    return LookupMerge(math.log(accept), args.lookup_min_ngram, args.lookup_max_ngram)
 
 
 def lookup_drafter(vocab_size: int, args: Namespace) -> PromptLookupDrafter:
@@ -117,14 +126,20 @@ class EngineDrafter:
     drafter: Drafter
     label: str
     tree_width: int
+    lookup: LookupMerge | None = None  # --drafter hybrid: how prompt-lookup guesses join the head's trees
 
 
 def load_engine_drafter(target: TargetModel, args: Namespace) -> EngineDrafter:
-    """--drafter head: the --head head at --tree-width; --drafter lookup: prompt lookup, one chain (width 1)."""
+    """--drafter head: the --head head at --tree-width; hybrid: the same with prompt-lookup guesses merged
+    into its trees; lookup: prompt lookup alone, one chain (width 1)."""
     check_drafter_options(args)
     if args.drafter == "lookup":
         label = (f"prompt lookup (n-grams {args.lookup_min_ngram}-{args.lookup_max_ngram}, "
                  f"chains of <= {args.lookup_depth} tokens)")
         return EngineDrafter(lookup_drafter(target.info.vocab_size, args), label, tree_width=1)
     drafter, label = load_drafter(target, args.head)
+    if args.drafter == "hybrid":
+        accept = args.lookup_accept[0]
+        return EngineDrafter(drafter, f"{label} + prompt lookup (hybrid, accept {accept:g})", args.tree_width,
+                             lookup_merge(accept, args))
     return EngineDrafter(drafter, label, args.tree_width)

@@ -25,7 +25,8 @@ import torch
 from .bench import load_run, make_requests, run_command, run_header
 from .bench_report import markdown_table, run_summary_lines, speculative_by_method, style_budget_axes
 from .core.drafter import ContextCache
-from .core.drafting import TreeDraft, refine
+from .core.drafting import TreeDraft, lookup_guess, refine
+from .core.prompt_lookup import LookupMerge
 from .core.tree import DraftTree, TreeSpec, top_k_per_depth
 from .reference.engine import Drafter, EngineConfig, ReferenceEngine, RequestOutput
 from .reference.target import Segment, TargetModel
@@ -79,7 +80,7 @@ class DraftMemo:
     def __init__(self, drafter: Drafter, tree_width: int, lane: ReplayLane, depth: int) -> None:
         self.drafter, self.tree_width, self.lane, self.depth = drafter, tree_width, lane, depth
         self._marginal: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        self._rounds: dict[tuple[int, int, str], tuple[TreeDraft, list[DraftTree]]] = {}
+        self._rounds: dict[tuple, tuple[TreeDraft, list[DraftTree]]] = {}
 
     def at(self, committed: int) -> tuple[torch.Tensor, torch.Tensor]:
         if committed not in self._marginal:
@@ -88,14 +89,15 @@ class DraftMemo:
             self._marginal[committed] = top_k_per_depth(logits, self.tree_width)
         return self._marginal[committed]
 
-    def tree(self, committed: int, budget: int, fanout: str, rounds: int = 0) -> DraftTree:
-        """The tree the engine drafts at this position: the marginal tree, then `rounds` tree-causal rounds."""
-        key = (committed, budget, fanout)
+    def tree(self, committed: int, budget: int, fanout: str, rounds: int = 0, lookup: LookupMerge | None = None) -> DraftTree:
+        """The tree the engine drafts at this position: the marginal tree (with the prompt-lookup guess
+        merged in for the hybrid drafter), then `rounds` tree-causal rounds."""
+        key = (committed, budget, fanout, lookup)
         if key not in self._rounds:
             tokens, logprobs = self.at(committed)
             spec = TreeSpec(budget, min(budget - 1, tokens.shape[0]), self.tree_width, fanout)
             self.lane.committed = committed
-            draft = TreeDraft(self.lane.root_token, tokens, logprobs, spec)
+            draft = TreeDraft(self.lane.root_token, tokens, logprobs, spec, guess=lookup_guess(self.lane, spec, lookup), merge=lookup)
             self._rounds[key] = (draft, [draft.tree])
         draft, trees = self._rounds[key]
         while len(trees) <= rounds:
@@ -105,13 +107,15 @@ class DraftMemo:
         return trees[rounds]
 
 
-def replay_request(memo: DraftMemo, output: RequestOutput, budget: int, fanout: str, rounds: int = 0) -> list[int]:
-    """Accept lengths (bonus included) of each step when `memo`'s drafter drafts at `budget` with `rounds`."""
+def replay_request(memo: DraftMemo, output: RequestOutput, budget: int, fanout: str, rounds: int = 0,
+                   lookup: LookupMerge | None = None) -> list[int]:
+    """Accept lengths (bonus included) of each step when `memo`'s drafter drafts at `budget` with `rounds`
+    (and `lookup`'s merge, for the hybrid drafter)."""
     prompt_len, total = len(output.prompt_ids), len(output.prompt_ids) + len(output.output_ids)
     committed, lengths = prompt_len + 1, []  # the prefill commits the first output token
     full = output.prompt_ids + output.output_ids
     while committed < total:
-        tree = memo.tree(committed, budget, fanout, rounds)
+        tree = memo.tree(committed, budget, fanout, rounds, lookup)
         kept = min(matched_depth(tree, full[committed:]) + 1, total - committed)
         lengths.append(kept)
         committed += kept
@@ -148,7 +152,8 @@ def replay(args) -> dict:
             if key not in memos:
                 memos[key] = DraftMemo(contender.drafter, contender.tree_width, ReplayLane(output.prompt_ids, output.output_ids, rows_by_taps[taps]), depth)
             for budget in args.budgets:
-                steps[contender.method, budget].append(replay_request(memos[key], output, budget, args.fanout, contender.draft_rounds))
+                steps[contender.method, budget].append(replay_request(memos[key], output, budget, args.fanout, contender.draft_rounds,
+                                                                      contender.lookup))
         print(f"request {i + 1}/{len(outputs)} replayed", flush=True)
     for contender in contenders:
         print(f"{contender.method}: " + "  ".join(f"{b}: {_mean(steps[contender.method, b]):.2f}" for b in args.budgets), flush=True)

@@ -58,6 +58,9 @@ def _load_policy(args: argparse.Namespace, target_dir: Path):
 
     from .loading import resolve_head_dir
 
+    if args.drafter == "hybrid":
+        raise ValueError("--drafter hybrid: a server picks its drafter per cohort from the policy; keep --drafter head "
+                         "and set `drafter: hybrid` on the cohorts that should merge prompt lookup")
     if args.drafter == "lookup":  # one chain of up to --lookup-depth tokens: a larger budget buys nothing
         capacity = HeadCapacity(f"prompt lookup (--lookup-depth {args.lookup_depth})", args.lookup_depth + 1, tree_width=1)
     else:

@@ -7,7 +7,7 @@ must match p(x1) p(x2 | x1) under the request's processed distribution (chi-squa
 Deliberately broken acceptors must fail the same test; they stay here as mutation checks.
 """
 
-import itertools
+import math
 
 import pytest
 import torch
@@ -17,6 +17,7 @@ from sglang_jetspec.core import acceptance
 from sglang_jetspec.core.acceptance import accept_batch
 from sglang_jetspec.core.sampling import SamplingParams, make_generator, processed_probs
 from sglang_jetspec.core.drafting import TreeDraft
+from sglang_jetspec.core.prompt_lookup import LookupMerge
 from sglang_jetspec.core.tree import TreeSpec, build_tree, top_k_per_depth
 
 VOCAB = 6
@@ -46,6 +47,16 @@ def conditioned_draft_tree(context: tuple[int, ...]):
     paths = draft.tree.token_paths()
     draft.learn(torch.stack([target_logits(context + p) + torch.randn(VOCAB, generator=gen) for p in paths]))
     return draft.tree
+
+
+def hybrid_draft_tree(context: tuple[int, ...]):
+    """The same marginal draft with a prompt-lookup-style guess merged in (the hybrid drafter): a fixed
+    two-token chain, scored 0.6 per token, that the target often rejects."""
+    gen = torch.Generator().manual_seed(1000 + hash(context) % 997)
+    depth_logits = torch.stack([target_logits(context) + torch.randn(VOCAB, generator=gen), torch.randn(VOCAB, generator=gen)])
+    guess = [(context[-1] + 1) % VOCAB, (context[-1] + 3) % VOCAB]
+    return TreeDraft(context[-1], *top_k_per_depth(depth_logits, 3), TreeSpec(budget=8, max_depth=2, width=3), guess=guess,
+                     merge=LookupMerge(math.log(0.6))).tree
 
 
 def tree_logits(context, tree) -> torch.Tensor:
@@ -134,6 +145,17 @@ def test_conditioned_trees_differ_from_marginal_ones_and_exercise_accepts():
 def test_conditioned_trees_stay_lossless(params, method):
     # acceptance only sees the tree; a tree-causal round changes which tree, never how it is verified
     assert lossless_pvalue(params, method, conditioned_draft_tree) > 1e-3
+
+
+def test_hybrid_trees_differ_from_marginal_ones():
+    assert any(hybrid_draft_tree((ROOT, a)).token_paths() != draft_tree((ROOT, a)).token_paths() for a in range(VOCAB))
+
+
+@pytest.mark.parametrize("method", ["match", "residual"])
+@pytest.mark.parametrize("params", [SETTINGS[0], SETTINGS[4]], ids=["T1", "T0.9-k4-p0.9-m0.05"])
+def test_hybrid_trees_stay_lossless(params, method):
+    # a merged guess changes which tree is verified, never how: the guessed tokens are only proposals
+    assert lossless_pvalue(params, method, hybrid_draft_tree) > 1e-3
 
 
 def test_seeded_requests_reproduce():

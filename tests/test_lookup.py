@@ -8,7 +8,7 @@ import torch
 from sglang_jetspec.core.sampling import SamplingParams
 from sglang_jetspec.core.tree import TreeSpec, build_tree, top_k_per_depth
 from sglang_jetspec.reference.engine import EngineConfig, ReferenceEngine, Request
-from sglang_jetspec.reference.lookup import PromptLookupDrafter, find_continuation
+from sglang_jetspec.core.prompt_lookup import PromptLookupDrafter, find_continuation
 
 VOCAB = 20
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -14,6 +15,7 @@ from controller.http import urllib_transport
 from controller.server_client import PushRejected, ServerClient
 from policies import parse_policy_text, validate_table
 from sglang_jetspec.cli import main
+from sglang_jetspec.core.prompt_lookup import LookupMerge
 from sglang_jetspec.core.sampling import SamplingParams
 from sglang_jetspec.reference.engine import EngineConfig, ReferenceEngine, Request
 from sglang_jetspec.server import JetspecServer, check_budgets_runnable
@@ -344,25 +346,28 @@ def test_serve_checks_the_policy_against_the_head(tmp_path, smollm2_dir, capsys)
     assert "config.json: not found" in capsys.readouterr().err
 
 
-def test_pushed_draft_rounds_and_tree_width_reach_the_engine_and_stay_lossless(smollm2, reveal_drafter, monkeypatch):
-    policy = parse_policy_text(POLICY_YAML + "head: {max_draft_rounds: 2}\n")
+def test_pushed_draft_rounds_tree_width_and_drafter_reach_the_engine_and_stay_lossless(smollm2, reveal_drafter,
+                                                                                        monkeypatch):
+    policy = parse_policy_text(POLICY_YAML + "head: {max_draft_rounds: 2}\nlookup: {accept: 0.7}\n")
     engine = ReferenceEngine(smollm2, reveal_drafter, EngineConfig(max_batch_size=4))
     rounds_run = []
     real_trees = engine._trees
-    monkeypatch.setattr(engine, "_trees", lambda lanes, budget, rounds, width: rounds_run.append((rounds, width))
-                        or real_trees(lanes, budget, rounds, width))
+    monkeypatch.setattr(engine, "_trees", lambda lanes, budget, rounds, width, lookup: rounds_run.append((rounds, width, lookup))
+                        or real_trees(lanes, budget, rounds, width, lookup))
     ids = smollm2.tokenizer(PROMPTS[0])["input_ids"]
     payload = {"input_ids": ids, "sampling_params": {"temperature": 0, "max_new_tokens": 8}}
     with JetspecServer(engine, policy, ADMIN_KEY) as server:
-        assert generate(server.url, payload)[0] == 200 and set(rounds_run) == {(0, 8)}  # the YAML defaults
+        assert generate(server.url, payload)[0] == 200 and set(rounds_run) == {(0, 8, None)}  # the YAML defaults
         rounds_run.clear()
-        pushed = {**table(8, 4), "jetspec_policy.bs1.draft_rounds": 2, "jetspec_policy.bs1.tree_width": 3}
+        pushed = {**table(8, 4), "jetspec_policy.bs1.draft_rounds": 2, "jetspec_policy.bs1.tree_width": 3,
+                  "jetspec_policy.bs1.drafter": 1}
         assert push(server.url, pushed) == (200, [True])
-        assert {k: readback(server.url)["table"]["cohorts"][0][k] for k in ("draft_rounds", "tree_width")} == {
-            "draft_rounds": 2, "tree_width": 3}
+        assert {k: readback(server.url)["table"]["cohorts"][0][k] for k in ("draft_rounds", "tree_width", "drafter")} == {
+            "draft_rounds": 2, "tree_width": 3, "drafter": "hybrid"}
         status, out = generate(server.url, payload)
         status_bad, bad = push(server.url, {**table(8, 4), "jetspec_policy.bs1.draft_rounds": 3})
-    assert status == 200 and set(rounds_run) == {(2, 3)}
+    # the hybrid cohort merges prompt lookup with the policy's calibration
+    assert status == 200 and set(rounds_run) == {(2, 3, LookupMerge(math.log(0.7), 2, 4))}
     reference = ReferenceEngine(smollm2, None).generate([Request(ids, SamplingParams(max_new_tokens=8))], budget=0)[0]
     assert out["output_ids"] == reference.output_ids
     assert status_bad == 400 and "draft_rounds 3 is above the server policy's head.max_draft_rounds 2" in bad["problems"][0]

@@ -57,6 +57,11 @@ class RequestDraftState:
         self._num_rows = 0
 
     @property
+    def committed_ids(self) -> list[int]:
+        """Prompt and output tokens, from the engine's request (prompt lookup reads them for the hybrid drafter)."""
+        return list(self.req.origin_input_ids) + list(self.req.output_ids)
+
+    @property
     def num_rows(self) -> int:
         """Rows known for this request: one per KV position (freed rows included)."""
         return self._num_rows

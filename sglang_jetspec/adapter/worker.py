@@ -51,6 +51,7 @@ from sglang_jetspec.adapter.worker_observability import WorkerShadow, step_trace
 from sglang_jetspec.core.drafter import HeadDrafter
 from sglang_jetspec.core.drafting import draft_trees
 from sglang_jetspec.core.head_io import load_head
+from sglang_jetspec.core.prompt_lookup import LookupMerge
 from sglang_jetspec.core.step_record import StepRecord
 from sglang_jetspec.core.tree import DraftTree, TreeSpec, root_only_tree
 
@@ -144,6 +145,7 @@ class JetSpecWorker(BaseSpecWorker):
         self.policy_control = PolicyControl(  # read by adapter.internal_state's /set_internal_state hooks
             policy, admin_key_configured=cfg.admin_api_key is not None,
             on_change=self.metrics.show_policy if self.metrics is not None else None)
+        self.hybrid = LookupMerge.from_policy(policy.lookup)  # for cohorts whose drafter is hybrid
         self.shadow = WorkerShadow.from_env(policy.shadow.sample_rate, model=cfg.served_model_name
                                             or cfg.model_path, head=str(draft_path))
 
@@ -244,14 +246,15 @@ class JetSpecWorker(BaseSpecWorker):
     def _trees(self, lanes: list[RequestDraftState], plan: StepPlan, budget: int) -> tuple[list[DraftTree], float, float]:
         """Each request's tree (root-only for budget <= 1 and for blind requests), head and tree seconds;
         the plan's tree-causal rounds after the marginal tree (the policy allows them only for a head
-        trained with revealed tokens) and its tree width (0 = the head's)."""
+        trained with revealed tokens), its tree width (0 = the head's) and its drafter (head or hybrid)."""
         trees = [root_only_tree(lane.root_token) for lane in lanes]
         drafting = [b for b, lane in enumerate(lanes) if budget > 1 and not lane.blind]
         if not drafting:
             return trees, 0.0, 0.0
         # a tree of `budget` nodes is at most budget-1 deep: never pay for deeper draft rows
         spec = TreeSpec(budget=budget, max_depth=min(self.drafter.max_depth, budget - 1), width=plan.tree_width or self.tree_width)
-        drafted, timing = draft_trees(self.drafter, [lanes[b] for b in drafting], spec, plan.draft_rounds)
+        lookup = self.hybrid if plan.drafter == "hybrid" else None
+        drafted, timing = draft_trees(self.drafter, [lanes[b] for b in drafting], spec, plan.draft_rounds, lookup)
         for b, tree in zip(drafting, drafted):
             trees[b] = tree
         return trees, timing.draft_s, timing.tree_s

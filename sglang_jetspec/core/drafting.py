@@ -4,8 +4,10 @@ Round 0 is one head pass over [root, MASK x (B-1)]: per-depth marginals and the 
 (what the public JetSpec code does). Each further round runs the tree-causal pass over the current
 trees, files every node's conditioned top-K under its token path (kept across rounds: a path's
 conditioned distribution depends only on the path), and rebuilds each tree best-first within the
-same budget, so nodes whose parents were evaluated are scored by their real branch. The reference
-engine and `jetspec replay` draft through this module; so can the SGLang worker.
+same budget, so nodes whose parents were evaluated are scored by their real branch. With a
+`LookupMerge` (the hybrid drafter), each request's prompt-lookup guess joins its tree as conditioned
+candidates along the guess's path (core/prompt_lookup.py). The reference engine, `jetspec replay`
+and the SGLang worker all draft through this module.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Protocol
 
 import torch
 
+from .prompt_lookup import LookupMerge, find_continuation, merge_continuation, with_guess
 from .tree import Candidates, DraftTree, TreeSpec, build_tree, candidate_lists, top_k_per_depth
 
 
@@ -39,9 +42,14 @@ class TreeDraft:
     top_logprobs: torch.Tensor  # [D, K]
     spec: TreeSpec
     conditioned: dict[tuple[int, ...], Candidates] = field(default_factory=dict)
+    guess: list[int] = field(default_factory=list)  # prompt lookup's tokens after the root (hybrid drafter)
+    merge: LookupMerge | None = None
     tree: DraftTree | None = None
 
     def __post_init__(self) -> None:
+        self.learned: set[tuple[int, ...]] = set()  # paths whose own candidates a tree-causal pass gave
+        if self.guess:
+            merge_continuation(self.conditioned, self.guess, self.top_tokens, self.top_logprobs, self.spec, self.merge)
         if self.tree is None:
             self.tree = self.rebuild()
 
@@ -49,9 +57,15 @@ class TreeDraft:
         return build_tree(self.root_token, self.top_tokens, self.top_logprobs, self.spec, self.conditioned)
 
     def learn(self, child_logits: torch.Tensor) -> None:
-        """File the current tree's conditioned candidates ([N, V] from propose_children) and rebuild."""
+        """File the current tree's conditioned candidates ([N, V] from propose_children) and rebuild;
+        on the guess's path they replace the marginal ones the guess was merged into."""
         for path, candidates in zip(self.tree.token_paths(), candidate_lists(child_logits, self.spec)):
-            self.conditioned.setdefault(path, candidates)
+            if path in self.learned:
+                continue
+            self.learned.add(path)
+            i = len(path)
+            on_guess = i < len(self.guess) and tuple(self.guess[:i]) == path
+            self.conditioned[path] = with_guess(candidates, self.guess[i], self.merge.logprob) if on_guess else candidates
         self.tree = self.rebuild()
 
 
@@ -83,15 +97,25 @@ def refine(drafter: TreeDrafter, lanes: list, drafts: list[TreeDraft]) -> tuple[
     return t1 - t0, time.perf_counter() - t1
 
 
-def draft_trees(drafter: TreeDrafter, lanes: list, spec: TreeSpec, rounds: int = 0) -> tuple[list[DraftTree], DraftTiming]:
-    """Every lane's tree after the marginal pass and `rounds` tree-causal rounds (0 = marginal only)."""
+def lookup_guess(lane, spec: TreeSpec, merge: LookupMerge | None) -> list[int]:
+    """The lane's prompt-lookup continuation (lanes expose committed_ids), or [] without a merge."""
+    if merge is None:
+        return []
+    return find_continuation(lane.committed_ids, merge.min_ngram, merge.max_ngram, spec.max_depth)
+
+
+def draft_trees(drafter: TreeDrafter, lanes: list, spec: TreeSpec, rounds: int = 0,
+                lookup: LookupMerge | None = None) -> tuple[list[DraftTree], DraftTiming]:
+    """Every lane's tree after the marginal pass and `rounds` tree-causal rounds (0 = marginal only),
+    with each lane's prompt-lookup guess merged in when `lookup` is given (the hybrid drafter)."""
     t0 = time.perf_counter()
     depth_logits = drafter.propose(lanes, spec.max_depth)
     t1 = settled_clock(depth_logits)
     # one top-k over the batch and one copy of its result to the host: trees are built there, and a
     # copy per request would stall a GPU once per request
     tokens, logprobs = (t.cpu() for t in top_k_per_depth(depth_logits, spec.width))
-    drafts = [TreeDraft(lane.root_token, tokens[b], logprobs[b], spec) for b, lane in enumerate(lanes)]
+    drafts = [TreeDraft(lane.root_token, tokens[b], logprobs[b], spec, guess=lookup_guess(lane, spec, lookup), merge=lookup)
+              for b, lane in enumerate(lanes)]
     timing = DraftTiming([t1 - t0], time.perf_counter() - t1)
     for _ in range(rounds):
         head_s, tree_s = refine(drafter, lanes, drafts)

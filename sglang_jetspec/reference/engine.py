@@ -21,6 +21,7 @@ from ..core.drafter import ContextCache
 from ..core.sampling import SamplingParams, make_generator
 from ..core.step_record import StepRecord
 from ..core.drafting import draft_trees, settled_clock
+from ..core.prompt_lookup import LookupMerge
 from ..core.tree import DraftTree, TreeSpec, root_only_tree
 from .kv_cache import SlotKVCache
 from .target import Segment, TargetModel
@@ -50,6 +51,9 @@ class Drafter(Protocol):
         """Draft logits [lanes, depth, V] for depths 1..depth after each lane's root (depth <= max_depth)."""
 
 
+FROM_CONFIG = "config"  # RunningBatch.step: use the engine config's lookup merge
+
+
 @dataclass
 class EngineConfig:
     tree_width: int = 8
@@ -58,6 +62,7 @@ class EngineConfig:
     max_batch_size: int = 4
     check_invariants: bool = False  # verify KV / hidden-row bookkeeping after every step (debugging, tests)
     draft_rounds: int = 0  # tree-causal rounds after the marginal tree (0 = per-depth marginals only)
+    lookup: LookupMerge | None = None  # the hybrid drafter: prompt-lookup guesses merged into the head's trees
     rank1_gap: bool = False  # record each lane's rank-1 branch gap (draft - target log-prob) in StepRecord
 
     def __post_init__(self) -> None:
@@ -189,7 +194,8 @@ class ReferenceEngine:
         lane.commit(first.tokens)
         return lane, cache
 
-    def _trees(self, lanes: list[Lane], budget: int, draft_rounds: int, tree_width: int) -> tuple[list[DraftTree], list[float], float]:
+    def _trees(self, lanes: list[Lane], budget: int, draft_rounds: int, tree_width: int,
+               lookup: LookupMerge | None) -> tuple[list[DraftTree], list[float], float]:
         """Each lane's tree, the draft head seconds per round and the tree-building seconds."""
         if budget <= 1 or self.drafter is None:
             if budget > 1:
@@ -198,12 +204,13 @@ class ReferenceEngine:
         # a tree of `budget` nodes is at most budget-1 deep: never pay for deeper draft rows
         depth = min(self.drafter.max_depth, budget - 1)
         spec = TreeSpec(budget=budget, max_depth=depth, width=tree_width, fanout=self.config.fanout)
-        trees, timing = draft_trees(self.drafter, lanes, spec, draft_rounds)
+        trees, timing = draft_trees(self.drafter, lanes, spec, draft_rounds, lookup)
         return trees, timing.round_s, timing.tree_s
 
-    def _step(self, cache: SlotKVCache, lanes: list[Lane], budget: int, draft_rounds: int, tree_width: int) -> StepRecord:
+    def _step(self, cache: SlotKVCache, lanes: list[Lane], budget: int, draft_rounds: int, tree_width: int,
+              lookup: LookupMerge | None) -> StepRecord:
         t_start = time.perf_counter()
-        trees, draft_round_s, tree_s = self._trees(lanes, budget, draft_rounds, tree_width)
+        trees, draft_round_s, tree_s = self._trees(lanes, budget, draft_rounds, tree_width, lookup)
         t_verify = time.perf_counter()
         segments = [
             Segment(tree.tokens, tree.positions(int(cache.lengths[b])), tree.ancestor_mask()) for b, tree in enumerate(trees)
@@ -268,14 +275,16 @@ class RunningBatch:
         self.lanes.append(lane)
         return None
 
-    def step(self, budget: int, draft_rounds: int | None = None, tree_width: int | None = None
-             ) -> tuple[StepRecord, list[tuple[Request, RequestOutput]]]:
-        """One verify step for every lane (`draft_rounds` and `tree_width` override the engine config's,
-        e.g. from a policy table); finished requests leave the batch and are returned."""
+    def step(self, budget: int, draft_rounds: int | None = None, tree_width: int | None = None,
+             lookup: LookupMerge | None | str = FROM_CONFIG) -> tuple[StepRecord, list[tuple[Request, RequestOutput]]]:
+        """One verify step for every lane (`draft_rounds`, `tree_width` and `lookup`, the hybrid drafter's
+        merge or None for the head alone, override the engine config's, e.g. from a policy table);
+        finished requests leave the batch and are returned."""
         rounds = self.engine.config.draft_rounds if draft_rounds is None else draft_rounds
         self.engine.check_draft_rounds(rounds)
         width = self.engine.config.tree_width if tree_width is None else tree_width
-        record = self.engine._step(self.cache, self.lanes, budget, rounds, width)
+        merge = self.engine.config.lookup if lookup is FROM_CONFIG else lookup
+        record = self.engine._step(self.cache, self.lanes, budget, rounds, width, merge)
         if self.engine.config.check_invariants:
             check_invariants(self.cache, self.lanes)
         finished = [(lane.request, lane.output()) for lane in self.lanes if lane.finish_reason]

@@ -249,3 +249,15 @@ def test_a_narrower_cohort_tree_width_lowers_what_budgets_the_head_can_use(tmp_p
     narrow = GOOD.replace("    default: 16\n", "    default: 16\n    tree_width: 4\n")  # 1 + 4 + 16 = 21 nodes
     (problem,) = problems_of(narrow, head=head)
     assert "budget 64 is more nodes than head" in problem and "(block_size 3, tree width 4: at most 21)" in problem
+
+
+def test_cohort_drafter_and_lookup_calibration(tmp_path):
+    policy = parse_policy_text(GOOD.replace("    default: 4\n", "    default: 4\n    drafter: hybrid\n") + "lookup: {accept: 0.7}\n")
+    assert [c.drafter for c in policy.cohorts] == ["head", "hybrid"]  # head unless a cohort says otherwise
+    assert (policy.lookup.accept, policy.lookup.min_ngram, policy.lookup.max_ngram) == (0.7, 2, 4)
+    (problem,) = problems_of(GOOD.replace("    default: 4\n", "    default: 4\n    drafter: lookahead\n"))
+    assert problem.startswith("p.yaml:12: cohorts[1].drafter") and "'head'" in problem and "'hybrid'" in problem
+    (problem,) = problems_of(GOOD + "lookup:\n  min_ngram: 5\n  max_ngram: 3\n")
+    assert problem == "p.yaml:13: lookup.min_ngram 5 is above lookup.max_ngram 3 -- lower min_ngram or raise max_ngram"
+    (problem,) = problems_of(GOOD + "lookup:\n  accept: 1.0\n")
+    assert problem.startswith("p.yaml:13: lookup.accept")

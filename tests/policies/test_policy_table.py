@@ -101,8 +101,8 @@ def test_probe_share_is_exact_and_evenly_spread():
 
 def test_batches_beyond_the_last_cohort_use_it():
     active = ActivePolicy(POLICY)
-    assert active.step_plan(8, now=0.0) == ("bs2-8", 4, 0, 0)
-    assert active.step_plan(500, now=0.0) == ("bs2-8", 4, 0, 0)
+    assert active.step_plan(8, now=0.0) == ("bs2-8", 4, 0, 0, "head")
+    assert active.step_plan(500, now=0.0) == ("bs2-8", 4, 0, 0, "head")
 
 
 def _push(active, payload, authorization=f"Bearer {KEY}", admin_key=KEY):
@@ -119,10 +119,22 @@ def test_flat_keys_are_numbers_and_round_trip():
     pushed = validate_table(table(budget=64, probe={"budget": 16, "share": 0.05}), POLICY)
     assert table_to_flat_args(pushed) == {"jetspec_policy.ttl_s": 90.0, "jetspec_policy.bs1.budget": 64,
                                           "jetspec_policy.bs1.draft_rounds": 0, "jetspec_policy.bs1.tree_width": 0,
+                                          "jetspec_policy.bs1.drafter": 0,
                                           "jetspec_policy.bs1.probe_budget": 16, "jetspec_policy.bs1.probe_share": 0.05,
                                           "jetspec_policy.bs2-8.budget": 4, "jetspec_policy.bs2-8.draft_rounds": 0,
-                                          "jetspec_policy.bs2-8.tree_width": 0}
+                                          "jetspec_policy.bs2-8.tree_width": 0, "jetspec_policy.bs2-8.drafter": 0}
     assert table_from_flat_args(table_to_flat_args(pushed), POLICY) == pushed
+
+
+def test_the_drafter_travels_as_its_index_and_a_bad_code_is_refused():
+    args = {**flat()["server_args"], "jetspec_policy.bs1.drafter": 1}
+    assert [c.drafter for c in table_from_flat_args(args, POLICY).cohorts] == ["hybrid", "head"]
+    without = {k: v for k, v in args.items() if not k.endswith(".drafter")}
+    assert [c.drafter for c in table_from_flat_args(without, POLICY).cohorts] == ["head", "head"]  # the YAML's
+    with pytest.raises(PolicyError) as caught:
+        table_from_flat_args({**args, "jetspec_policy.bs2-8.drafter": 2}, POLICY)
+    assert [str(p) for p in caught.value.problems] == [
+        "jetspec_policy.bs2-8.drafter 2 is not a drafter code -- send one of {0: 'head', 1: 'hybrid'}"]
 
 
 @pytest.mark.parametrize("key, expected", [
@@ -135,7 +147,7 @@ def test_flat_keys_outside_the_scheme_are_unknown(key, expected):
     with pytest.raises(PolicyError) as caught:
         table_from_flat_args({**flat()["server_args"], key: 4}, POLICY)
     assert [str(p) for p in caught.value.problems] == [
-        f"{expected} -- send jetspec_policy.ttl_s and jetspec_policy.<cohort>.{{budget,draft_rounds,tree_width,probe_budget,probe_share}} "
+        f"{expected} -- send jetspec_policy.ttl_s and jetspec_policy.<cohort>.{{budget,draft_rounds,tree_width,drafter,probe_budget,probe_share}} "
         "for cohorts ['bs1', 'bs2-8']"]
 
 
@@ -197,15 +209,15 @@ head: {max_draft_rounds: 2}
 
 def test_draft_rounds_come_from_the_yaml_until_a_push_changes_them():
     active = ActivePolicy(ROUNDS_POLICY)
-    assert active.step_plan(1, now=0.0) == ("bs1", 16, 1, 0)
-    assert active.step_plan(3, now=0.0) == ("bs2-8", 4, 0, 0)
+    assert active.step_plan(1, now=0.0) == ("bs1", 16, 1, 0, "head")
+    assert active.step_plan(3, now=0.0) == ("bs2-8", 4, 0, 0, "head")
     flat_args = table_to_flat_args(default_table(ROUNDS_POLICY))
     flat_args["jetspec_policy.bs2-8.draft_rounds"] = 2
     del flat_args["jetspec_policy.bs1.draft_rounds"]  # missing: the cohort's YAML value
     active.apply(table_from_flat_args(flat_args, ROUNDS_POLICY), now=0.0)
-    assert active.step_plan(1, now=1.0) == ("bs1", 16, 1, 0)
-    assert active.step_plan(3, now=1.0) == ("bs2-8", 4, 2, 0)
-    assert active.step_plan(3, now=90.0) == ("bs2-8", 4, 0, 0)  # expired: back to the YAML default
+    assert active.step_plan(1, now=1.0) == ("bs1", 16, 1, 0, "head")
+    assert active.step_plan(3, now=1.0) == ("bs2-8", 4, 2, 0, "head")
+    assert active.step_plan(3, now=90.0) == ("bs2-8", 4, 0, 0, "head")  # expired: back to the YAML default
 
 
 def test_draft_rounds_above_the_policy_limit_are_refused_and_nothing_changes():
@@ -215,6 +227,6 @@ def test_draft_rounds_above_the_policy_limit_are_refused_and_nothing_changes():
     status, answer = _push(active, {"server_args": flat_args})
     assert status == 400 and answer["problems"] == [
         "cohorts[0].draft_rounds 3 is above the server policy's head.max_draft_rounds 2 -- use 0..2"]
-    assert active.step_plan(1, now=11.0) == ("bs1", 16, 1, 0) and active.state(11.0).source == "yaml"
+    assert active.step_plan(1, now=11.0) == ("bs1", 16, 1, 0, "head") and active.state(11.0).source == "yaml"
     with pytest.raises(PolicyError, match=r"cohorts\[0\].draft_rounds 1 is above the server policy's head.max_draft_rounds 0"):
         validate_table(table(draft_rounds=1), POLICY)  # POLICY leaves max_draft_rounds at its default, 0

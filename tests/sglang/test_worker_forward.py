@@ -6,6 +6,7 @@ else is the worker's real code. Greedy output must equal plain greedy decoding t
 
 from __future__ import annotations
 
+import math
 import sys
 import weakref
 from types import SimpleNamespace
@@ -31,6 +32,7 @@ from sglang_jetspec.adapter.request_state import DraftStateStore  # noqa: E402
 from sglang_jetspec.adapter.worker_observability import WorkerShadow  # noqa: E402
 from sglang_jetspec.core.drafter import HeadDrafter  # noqa: E402
 from sglang_jetspec.core.head_io import load_head  # noqa: E402
+from sglang_jetspec.core.prompt_lookup import LookupMerge  # noqa: E402
 from sglang_jetspec.reference.target import Segment  # noqa: E402
 
 
@@ -219,10 +221,11 @@ def test_budget_zero_is_plain_decoding_with_no_draft_work(fresh, smollm2, single
     assert record.spec.budgets == [0] * 5
 
 
-def _one_budget(tmp_path, budget, draft_rounds=0, tree_width=0):
+def _one_budget(tmp_path, budget, draft_rounds=0, tree_width=0, drafter="head"):
     path = tmp_path / "one.yaml"
     path.write_text(f"cohorts:\n  - {{name: all, min_batch: 1, max_batch: 256, budgets: [{budget}], default: {budget}, "
-                    f"draft_rounds: {draft_rounds}, tree_width: {tree_width}}}\nhead: {{max_draft_rounds: {draft_rounds}}}\n")
+                    f"draft_rounds: {draft_rounds}, tree_width: {tree_width}, drafter: {drafter}}}\n"
+                    f"head: {{max_draft_rounds: {draft_rounds}}}\n")
     return PolicyControl(load_policy(path), admin_key_configured=False)
 
 
@@ -248,6 +251,31 @@ def test_policy_draft_rounds_and_width_shape_the_trees_and_stay_lossless(fresh, 
     assert passes[0] == 2 and len(passes) == steps  # one tree-causal pass per step over the batch's trees
     assert max(widest) == 3  # the policy's width, not the head's 8
     assert max(sched.accept_lens) > 1
+
+
+def test_a_hybrid_cohort_merges_each_requests_prompt_lookup_and_stays_lossless(fresh, smollm2, single_thread,
+                                                                              monkeypatch, tmp_path):
+    fresh.policy_control = _one_budget(tmp_path, 16, drafter="hybrid")
+    fresh.hybrid = LookupMerge(math.log(0.9), 2, 4)
+    merges = []
+    real = worker_module.draft_trees
+
+    def spy(drafter, lanes, spec, rounds=0, lookup=None):
+        merges.append(lookup)
+        # the guess comes from the live request's own tokens (SGLang's origin_input_ids + output_ids)
+        assert all(lane.committed_ids[-1] == lane.root_token for lane in lanes)
+        return real(drafter, lanes, spec, rounds, lookup)
+
+    monkeypatch.setattr(worker_module, "draft_trees", spy)
+    encode = lambda text: smollm2.tokenizer(text)["input_ids"]  # noqa: E731
+    reqs = [FakeReq("r0", encode("1, 2, 3, 4, 1, 2, 3, 4, 1, 2,"), 16, temperature=0.0),
+            FakeReq("r1", encode(PROMPTS[0]), 16, temperature=0.0)]
+    sched = Scheduler(fresh)
+    sched.run(reqs)
+    for req in reqs:
+        assert req.output_ids == _plain_greedy(smollm2, req.origin_input_ids, 16), req.rid
+    assert merges and all(m is fresh.hybrid for m in merges)
+    assert max(sched.accept_lens) >= 5  # the repeating list: lookup guesses accepted deep
 
 
 def test_seeded_sampling_does_not_depend_on_the_batch(fresh, smollm2, single_thread, tmp_path):
@@ -439,6 +467,5 @@ def test_host_syncs_per_step_are_few_and_do_not_grow_with_the_batch(fresh, smoll
     one = _syncs_per_step(fresh, smollm2, PROMPTS[:1])
     fresh.states.drop_all()
     three = _syncs_per_step(fresh, smollm2, PROMPTS)
-    sites = {site for step in one + three for site in step.sites}
     # one argmax of the verify logits for acceptance, one top-k copy (tokens, log-probs) to build trees
     assert [s.total for s in one] == [s.total for s in three] == [3] * 3, [sorted(s.sites.items()) for s in one + three]

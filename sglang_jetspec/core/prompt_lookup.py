@@ -1,0 +1,119 @@
+"""Prompt lookup: alone (`PromptLookupDrafter`), and merged into the head's tree (the hybrid drafter).
+
+Text often repeats itself (code identifiers, quoted prompt text, lists). If the last n committed
+tokens occurred earlier in prompt + output, the tokens that followed that occurrence are a cheap
+guess for what follows now.
+
+The hybrid drafter files that guess into the head's draft as conditioned candidates along the
+guess's own path: the node reached by the first i guessed tokens gets guessed token i+1 among its
+children, next to the head's candidates for that depth. Best-first construction then spends the
+same node budget on whichever branches score higher, in one verify pass. A guessed token's score is
+a calibrated acceptance log-probability (`LookupMerge.logprob`, per depth, measured on tuning
+prompts); where the head proposes the same token, the two are combined as independent evidence
+(noisy-or). Drafts only propose, so none of this can change what the target accepts.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from .tree import Candidates, fanout_caps
+
+
+class LookupLane(Protocol):
+    """What prompt lookup reads from a running request: every token it has committed, prompt included."""
+
+    committed_ids: list[int]
+
+
+def find_continuation(tokens: list[int], min_ngram: int, max_ngram: int, max_tokens: int) -> list[int]:
+    """Up to `max_tokens` tokens that followed the most recent earlier occurrence of the longest
+    suffix n-gram of `tokens` (n from max_ngram down to min_ngram); [] when no suffix recurs."""
+    length = len(tokens)
+    for n in range(min(max_ngram, length - 1), min_ngram - 1, -1):
+        suffix = tokens[length - n :]
+        # Latest start first; an occurrence needs at least one token after it, which also
+        # excludes the suffix matching itself.
+        for start in range(length - n - 1, -1, -1):
+            if tokens[start : start + n] == suffix:
+                return tokens[start + n : start + n + max_tokens]
+    return []
+
+
+class PromptLookupDrafter:
+    """Prompt lookup alone, as a drafter (the engines' Drafter protocol): the guess is one chain, depth
+    d's logits 0 at the guessed token and -inf elsewhere, depths past the guess all -inf, so the tree
+    builder (tree width 1) makes exactly the guessed chain, or the root alone when nothing matched."""
+
+    def __init__(self, vocab_size: int, max_depth: int = 15, min_ngram: int = 2, max_ngram: int = 4) -> None:
+        if not 1 <= min_ngram <= max_ngram:
+            raise ValueError(f"min_ngram={min_ngram}, max_ngram={max_ngram}: need 1 <= min_ngram <= max_ngram")
+        if max_depth < 1:
+            raise ValueError(f"max_depth={max_depth}: must be >= 1 (the longest chain one draft proposes)")
+        self.vocab_size = vocab_size
+        self.max_depth = max_depth
+        self.min_ngram = min_ngram
+        self.max_ngram = max_ngram
+
+    def propose(self, lanes: list[LookupLane], depth: int) -> torch.Tensor:
+        """[B, depth, V] logits: 0 at each proposed token, -inf everywhere else."""
+        logits = torch.full((len(lanes), depth, self.vocab_size), -math.inf)
+        for b, lane in enumerate(lanes):
+            guess = find_continuation(lane.committed_ids, self.min_ngram, self.max_ngram, depth)
+            logits[b, torch.arange(len(guess)), torch.tensor(guess, dtype=torch.long)] = 0.0
+        return logits
+
+
+@dataclass(frozen=True)
+class LookupMerge:
+    """How the hybrid drafter scores looked-up tokens. `logprob` is the log-probability that a guessed
+    token is accepted given that its parent was (HumanEval 0-99 tuning: see the README's speed section)."""
+
+    logprob: float
+    min_ngram: int = 2
+    max_ngram: int = 4
+
+    @classmethod
+    def from_policy(cls, lookup) -> LookupMerge:
+        """From a policy's `lookup` section (accept, min_ngram, max_ngram: policies.schema.LookupPolicy)."""
+        return cls(math.log(lookup.accept), lookup.min_ngram, lookup.max_ngram)
+
+    def __post_init__(self) -> None:
+        if not self.logprob < 0:
+            raise ValueError(f"lookup logprob={self.logprob}: must be < 0 (a log-probability below 1)")
+        if not 1 <= self.min_ngram <= self.max_ngram:
+            raise ValueError(f"min_ngram={self.min_ngram}, max_ngram={self.max_ngram}: need 1 <= min_ngram <= max_ngram")
+
+
+def noisy_or(a: float, b: float) -> float:
+    """log(1 - (1 - e^a)(1 - e^b)): the chance that at least one of two independent guesses is right."""
+    return math.log1p(-(-math.expm1(a)) * (-math.expm1(b)))
+
+
+def with_guess(base: Candidates, token: int, logprob: float) -> Candidates:
+    """`base` with `token` scored at least `logprob` (combined when the head proposes it too), ranks
+    re-sorted by score; the cap grows by one when the guess is a new candidate, so it never displaces one."""
+    scores = dict(zip(base.tokens, base.logprobs))
+    added = token not in scores
+    scores[token] = logprob if added else noisy_or(scores[token], logprob)
+    ranked = sorted(scores.items(), key=lambda item: -item[1])
+    return Candidates([t for t, _ in ranked], [lp for _, lp in ranked], min(len(ranked), base.cap + added))
+
+
+def merge_continuation(conditioned: dict[tuple[int, ...], Candidates], guess: list[int], top_tokens: torch.Tensor,
+                       top_logprobs: torch.Tensor, spec, merge: LookupMerge) -> None:
+    """File `guess` (tokens after the root) into `conditioned` along its own path, down to the depth
+    the draft reaches; each node on the path keeps its own candidates (or its depth's marginal ones)."""
+    depth = min(len(guess), spec.max_depth, top_tokens.shape[0])
+    if depth == 0:
+        return
+    caps = fanout_caps(top_logprobs[:depth, : spec.width], spec)
+    tokens, logprobs = top_tokens[:depth, : spec.width].tolist(), top_logprobs[:depth, : spec.width].double().tolist()
+    for i in range(depth):
+        path = tuple(guess[:i])
+        base = conditioned.get(path) or Candidates(tokens[i], logprobs[i], caps[i])
+        conditioned[path] = with_guess(base, guess[i], merge.logprob)

@@ -1,0 +1,117 @@
+"""The hybrid drafter: prompt-lookup guesses merged into the head's best-first tree, scored against the
+head's candidates, in one tree; greedy output of the reference engine stays the autoregressive one."""
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from sglang_jetspec.core.drafting import TreeDraft, draft_trees
+from sglang_jetspec.core.prompt_lookup import LookupMerge, merge_continuation, noisy_or, with_guess
+from sglang_jetspec.core.sampling import SamplingParams
+from sglang_jetspec.core.tree import Candidates, TreeSpec, top_k_per_depth
+from sglang_jetspec.reference.engine import EngineConfig, ReferenceEngine, Request
+
+VOCAB = 12
+LOG = math.log
+
+
+def marginal(rows: list[dict[int, float]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """[D, V] draft logits whose softmax puts the given probabilities on the given tokens (rest ~0)."""
+    logits = torch.full((len(rows), VOCAB), -30.0)
+    for d, row in enumerate(rows):
+        for token, p in row.items():
+            logits[d, token] = math.log(p)
+    return logits
+
+
+def paths(tree) -> set[tuple[int, ...]]:
+    return set(tree.token_paths())
+
+
+def test_a_guess_new_to_the_head_is_ranked_by_its_score_and_displaces_nothing():
+    base = Candidates([3, 4], [LOG(0.7), LOG(0.2)], cap=2)
+    merged = with_guess(base, 9, LOG(0.5))
+    assert merged.tokens == [3, 9, 4] and merged.cap == 3
+    assert merged.logprobs == [LOG(0.7), LOG(0.5), LOG(0.2)]
+
+
+def test_a_guess_the_head_also_proposes_is_combined_as_independent_evidence():
+    merged = with_guess(Candidates([3, 4], [LOG(0.7), LOG(0.2)], cap=2), 4, LOG(0.5))
+    assert merged.tokens == [3, 4] and merged.cap == 2
+    assert merged.logprobs[1] == pytest.approx(LOG(1 - 0.8 * 0.5))  # 1 - (1 - 0.2)(1 - 0.5)
+    assert with_guess(Candidates([3, 4], [LOG(0.7), LOG(0.2)], cap=2), 4, LOG(0.9)).tokens == [4, 3]
+    assert noisy_or(LOG(0.5), -math.inf) == pytest.approx(LOG(0.5))
+
+
+def test_the_guess_is_filed_along_its_own_path_down_to_the_drafts_depth():
+    tokens, logprobs = top_k_per_depth(marginal([{1: 0.9}, {2: 0.9}, {3: 0.9}]), 2)
+    conditioned = {}
+    spec = TreeSpec(budget=16, max_depth=2, width=2)
+    merge_continuation(conditioned, [7, 8, 9, 10], tokens, logprobs, spec, LookupMerge(LOG(0.6)))
+    assert set(conditioned) == {(), (7,)}  # depth 2: the guess's third token has nowhere to go
+    assert conditioned[()].tokens[:2] == [1, 7] and conditioned[(7,)].tokens[:2] == [2, 8]
+
+
+def test_best_first_trades_the_guess_off_against_the_heads_candidates():
+    # the head: 1 (0.625) or 3 (0.375), then 2 or 4 likewise; the guess says 5, 6, 7
+    tokens, logprobs = top_k_per_depth(marginal([{1: 0.5, 3: 0.3}, {2: 0.5, 4: 0.3}, {1: 0.9}]), 2)
+    guess = [5, 6, 7]
+    confident = TreeDraft(0, tokens, logprobs, TreeSpec(budget=6, max_depth=3, width=2), guess=guess,
+                          merge=LookupMerge(LOG(0.9))).tree
+    assert {(5,), (5, 6), (5, 6, 7)} <= paths(confident)  # 0.9, 0.81, 0.73 beat every head branch but (1,)
+    doubtful = TreeDraft(0, tokens, logprobs, TreeSpec(budget=6, max_depth=3, width=2), guess=guess,
+                         merge=LookupMerge(LOG(0.02))).tree
+    assert not any(p[:1] == (5,) for p in paths(doubtful))  # 0.02 loses to every head candidate
+    assert paths(doubtful) == paths(TreeDraft(0, tokens, logprobs, TreeSpec(budget=6, max_depth=3, width=2)).tree)
+
+
+class FixedDrafter:
+    """Per-depth marginals that ignore the lane; the tree-causal pass sees the same rows for every node."""
+
+    max_depth = 4
+
+    def __init__(self, logits: torch.Tensor) -> None:
+        self.logits = logits
+
+    def propose(self, lanes, depth):
+        return self.logits[:depth].expand(len(lanes), -1, -1)
+
+    def propose_children(self, lanes, trees):
+        return [self.logits[tree.depths.clamp(max=self.max_depth - 1)] for tree in trees]
+
+
+def test_draft_trees_merges_each_lanes_own_lookup_guess():
+    drafter = FixedDrafter(marginal([{1: 0.4, 2: 0.3, 3: 0.3}] * 4))  # the head: 0.4 at best
+    repeats = SimpleNamespace(committed_ids=[5, 6, 7, 8, 5, 6], root_token=6)  # "5 6" recurs: guess 7, 8, 5, 6
+    fresh = SimpleNamespace(committed_ids=[9, 10, 11], root_token=11)
+    spec = TreeSpec(budget=12, max_depth=4, width=1)
+    merge = LookupMerge(LOG(0.9))
+    (hybrid, plain), _ = draft_trees(drafter, [repeats, fresh], spec, lookup=merge)
+    assert (7, 8, 5, 6) in paths(hybrid)
+    head_only, _ = draft_trees(drafter, [fresh], spec)
+    assert paths(plain) == paths(head_only[0])  # nothing recurs: the head's tree alone
+    # a tree-causal round keeps the guess on the path its conditioned candidates replace
+    (refined, _), _ = draft_trees(drafter, [repeats, fresh], spec, rounds=1, lookup=merge)
+    assert (7, 8, 5, 6) in paths(refined)
+
+
+def test_bad_merge_settings_are_refused():
+    with pytest.raises(ValueError, match="logprob"):
+        LookupMerge(0.0)
+    with pytest.raises(ValueError, match="min_ngram"):
+        LookupMerge(LOG(0.5), min_ngram=3, max_ngram=2)
+
+
+def test_hybrid_greedy_output_equals_autoregressive(smollm2, untrained_drafter, single_thread):
+    prompts = ["def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n",
+               "1, 2, 3, 4, 1, 2, 3, 4, 1, 2,"]
+    params = SamplingParams(max_new_tokens=32, ignore_eos=True)
+    requests = [Request(smollm2.tokenizer(p)["input_ids"], params, str(i)) for i, p in enumerate(prompts)]
+    autoregressive = ReferenceEngine(smollm2, None, EngineConfig(max_batch_size=2)).generate(requests, budget=0)
+    config = EngineConfig(tree_width=4, max_batch_size=2, check_invariants=True, lookup=LookupMerge(LOG(0.6)))
+    hybrid = ReferenceEngine(smollm2, untrained_drafter, config).generate(requests, budget=16)
+    assert [o.output_ids for o in hybrid] == [o.output_ids for o in autoregressive]
+    # an untrained head alone almost never gets a token accepted: deep accepts are the guesses'
+    assert max(max(o.accept_lengths) for o in hybrid) >= 4
