@@ -17,8 +17,9 @@ from policies.problems import Problem
 
 DEFAULT_MAX_BUDGET = 256
 # The hybrid drafter's chance that a prompt-lookup token is accepted given its parent was
-# (measured by `jetspec replay --methods hybrid` on HumanEval 0-99: README "Hybrid drafting").
-DEFAULT_LOOKUP_ACCEPT = 0.6
+# (`jetspec replay --methods hybrid --lookup-accept 0.3,0.5,0.7,0.9` on HumanEval 0-99: 0.9 gave the
+# longest accepts at budgets 16 and 32, bench/results/hybrid/replay_tune.md).
+DEFAULT_LOOKUP_ACCEPT = 0.9
 # Cohort names become Prometheus label values and log keys: keep them plain.
 LABEL_PATTERN = r"^[A-Za-z0-9_.-]+$"
 

@@ -55,3 +55,20 @@ def backend_problems(cfg) -> list[str]:
         where = "a CPU-only backend" if backend in CPU_BACKENDS else "a GPU backend"
         return [f"{flag} {backend}: {where}, but --device is {cfg.device}; {fix}"]
     return []
+
+
+# SGLang's CPU backend sizes a verify pass by --speculative-num-draft-tokens, a server constant: the
+# extend length it hands the kernel, and with it the tree-mask shape the kernel checks (num_seqs x L x
+# L). JETSPEC verifies as many nodes as this step's budget, fewer whenever the policy runs a budget
+# below its largest (a pushed table, a probe, speculation off): the AFTER hook below gives the backend
+# this step's node count. (FlashInfer and Triton read the count from spec_info themselves.)
+AMX_METADATA_TARGET = "sglang.srt.layers.attention.intel_amx_backend.IntelAMXAttnBackend.init_forward_metadata"
+
+
+def after_intel_amx_init_forward_metadata(result, backend, forward_batch, *args, **kwargs):
+    from sglang_jetspec.adapter.spec_inputs import JetSpecVerifyInput
+
+    if forward_batch.forward_mode.is_target_verify() and isinstance(forward_batch.spec_info, JetSpecVerifyInput):
+        attn_logits, _ = backend.forward_metadata
+        backend.forward_metadata = (attn_logits, forward_batch.spec_info.draft_token_num)
+    return result
