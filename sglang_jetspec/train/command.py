@@ -19,12 +19,13 @@ import torch
 from ..core.head_config import default_tap_layers
 from ..models.fetch import cache_root, sha256_file
 from ..prompts import read_prompt_file
-from .data import MANIFEST, RegenerationConfig, featurize, load_sequences, regenerate, write_manifest
+from .data import FEATURE_MODES, MANIFEST, RegenerationConfig, featurize, load_sequences, regenerate, regenerate_with_features, same_regeneration, write_manifest
 from .objective import LOSSES, REVEALS
 from .prompt_sources import default_prompt_records
 from .trainer import TrainConfig, Trainer
 
 RECORD = "training_record.json"
+PROMPT_SETS = ("default", "code-mix")
 
 
 def register(sub) -> None:
@@ -34,12 +35,28 @@ def register(sub) -> None:
     add_target_arguments(p)
     p.set_defaults(head=None)
     p.add_argument("--out", required=True, help="output head directory")
-    p.add_argument("--prompts", help="JSONL of prompt/messages lines (default: built-in stdlib + instruction prompts, never HumanEval)")
+    p.add_argument("--prompts", help="JSONL of prompt/messages lines (default: the built-in --prompt-set, never HumanEval)")
+    p.add_argument("--prompt-set", choices=PROMPT_SETS, default="default",
+                   help="built-in prompts when --prompts is not given: default (stdlib completion/chat + instructions, the shipped "
+                        "head's set) or code-mix (HumanEval-shaped completions from stdlib/numpy/scipy/... docstrings mixed with chat; "
+                        "train/code_prompts.py; --prompt-count prompts, --code-share of them completions)")
+    p.add_argument("--prompt-count", type=int, default=4000, help="--prompt-set code-mix: number of prompts")
+    p.add_argument("--code-share", type=float, default=0.7, help="--prompt-set code-mix: share of raw code completions (the rest chat)")
+    p.add_argument("--prompt-limit", type=int, help="use only the first N prompts (a pilot on a prefix of the set; a later full run "
+                                                     "with the same --data-dir resumes from it)")
     p.add_argument("--data-dir", help="where regenerated data and features are cached (default: $JETSPEC_CACHE_DIR/data/<target>-<prompts>)")
     p.add_argument("--max-new-tokens", type=int, default=RegenerationConfig.max_new_tokens)
     p.add_argument("--sampled-share", type=float, default=RegenerationConfig.sampled_share, help="share of prompts that also get a sampled response")
     p.add_argument("--regen-batch-size", type=int, default=RegenerationConfig.batch_size)
+    p.add_argument("--regen-dtype", choices=["fp32", "bf16"], default=RegenerationConfig.dtype,
+                   help="target dtype for regeneration and teacher features (bf16: faster batched generation on CPU; the "
+                        "manifest records it); training itself always reads the fp32 target's embedding and lm_head")
+    p.add_argument("--features", choices=FEATURE_MODES, default=RegenerationConfig.features,
+                   help="teacher-forced: a second target pass per sequence after regeneration; generation: tapped rows kept "
+                        "while generating (what the engine computes at inference, no second pass; ties the data dir to the taps)")
     p.add_argument("--layers", type=int, default=1, help="head decoder layers")
+    p.add_argument("--init-from-target-layers", help="comma-separated target layers copied into head layers 0, 1, ... (weights "
+                                                      "whose name and shape match; the head's final norm from the target's)")
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--taps", type=int, default=4, help="number of evenly spaced target layers to tap")
     p.add_argument("--tap-layers", help="explicit comma-separated target layers (overrides --taps)")
@@ -80,34 +97,41 @@ def run(args) -> int:
                          "rows of a bidirectional block); drop --bidirectional or use --reveal none")
     if not 0.0 <= args.all_mask_share <= 1.0:
         raise SystemExit(f"jetspec train: --all-mask-share {args.all_mask_share}: must be within [0, 1]")
-    target = load_target(args.target, "fp32", args.device, args.attention)
-    if args.prompts:
-        records = read_prompt_file(args.prompts)
-        label = f"{Path(args.prompts).stem}-{hashlib.sha256(Path(args.prompts).read_bytes()).hexdigest()[:10]}"
-    else:
-        records, label = default_prompt_records(seed=args.seed), "default"
-    data_dir = Path(args.data_dir) if args.data_dir else cache_root() / "data" / f"{target.path.name}-{label}"
-    regen = RegenerationConfig(max_new_tokens=args.max_new_tokens, sampled_share=args.sampled_share, batch_size=args.regen_batch_size, seed=args.seed)
-    _check_same_regeneration(data_dir, regen)
-    regenerate(target, records, data_dir, regen)
-    manifest = write_manifest(data_dir, records, regen, target.path)
-
+    init_layers = tuple(int(t) for t in args.init_from_target_layers.split(",")) if args.init_from_target_layers else ()
+    if len(init_layers) > args.layers:
+        raise SystemExit(f"jetspec train: --init-from-target-layers names {len(init_layers)} layers for a {args.layers}-layer head")
+    target = load_target(args.target, args.regen_dtype, args.device, args.attention)
+    records, label = prompt_records(args)
     head_cfg = untrained_head_config(target, layers=args.layers, block_size=args.block_size, taps=args.taps)
     taps = tuple(int(t) for t in args.tap_layers.split(",")) if args.tap_layers else tuple(default_tap_layers(target.info.num_hidden_layers, args.taps))
+    regen = RegenerationConfig(max_new_tokens=args.max_new_tokens, sampled_share=args.sampled_share, batch_size=args.regen_batch_size, seed=args.seed,
+                               dtype=args.regen_dtype, features=args.features, tap_layers=taps if args.features == "generation" else ())
+    data_dir = Path(args.data_dir) if args.data_dir else default_data_dir(target.path, label, regen)
+    _check_same_regeneration(data_dir, regen)
+    if regen.features == "generation":
+        feature_dir = regenerate_with_features(target, records, data_dir, regen)
+    else:
+        regenerate(target, records, data_dir, regen)
+        feature_dir = featurize(target, data_dir, taps)
+    manifest = write_manifest(data_dir, records, regen, target.path, feature_dir)
+    sequences = load_sequences(feature_dir)
+    if target.dtype != torch.float32:  # distillation reads the fp32 embedding / lm_head (and target layers)
+        del target
+        target = load_target(args.target, "fp32", args.device, args.attention)
     from dataclasses import replace
 
     reveal = {"scheme": args.reveal, "all_mask_share": args.all_mask_share} if args.reveal != "none" else None
     head_cfg = replace(head_cfg, target_layer_ids=taps, causal_head=not args.bidirectional, mask_token_id=pick_mask_token_id(target.tokenizer),
                        draft_reveal=reveal)
     head_cfg.check_fits(target.info)
-    sequences = load_sequences(featurize(target, data_dir, taps))
 
     train_cfg = TrainConfig(steps=args.steps, lr=args.lr, seqs_per_step=args.seqs_per_step, blocks_per_seq=args.blocks_per_seq, warmup_steps=args.warmup_steps,
                             loss=args.loss, kd_temperature=args.kd_temperature, position_decay=args.position_decay, eval_every=args.eval_every,
-                            save_every=args.eval_every, seed=args.seed, bf16=args.bf16, reveal=args.reveal, all_mask_share=args.all_mask_share)
+                            save_every=args.eval_every, seed=args.seed, bf16=args.bf16, reveal=args.reveal, all_mask_share=args.all_mask_share,
+                            init_from_target_layers=init_layers)
     torch.manual_seed(args.seed)
     out = Path(args.out)
-    trainer = Trainer(head_cfg, train_cfg, target.embed_tokens, target.lm_head, sequences, out, target.device)
+    trainer = Trainer(head_cfg, train_cfg, target.embed_tokens, target.lm_head, sequences, out, target.device, target_model=target.model)
     if args.resume and trainer.load_checkpoint():
         print(f"resumed from step {trainer.step}")
     history = trainer.run()
@@ -120,6 +144,8 @@ def run(args) -> int:
         "data_dir": str(data_dir),
         "data_manifest": manifest,
         "data_manifest_sha256": sha256_file(data_dir / MANIFEST),
+        "teacher_features": manifest.get("features"),
+        "init_from_target": {"layers": list(init_layers), "copied": len(trainer.copied_from_target)} if init_layers else None,
         "train_sequences": len(trainer.train),
         "heldout_sequences": len(trainer.heldout),
         "steps": trainer.step,
@@ -138,5 +164,30 @@ def _check_same_regeneration(data_dir: Path, regen: RegenerationConfig) -> None:
     manifest = data_dir / MANIFEST
     if manifest.exists():
         previous = json.loads(manifest.read_text()).get("regeneration")
-        if previous and previous != asdict(regen):
-            raise SystemExit(f"{data_dir} was generated with {previous}; pass the same --max-new-tokens/--sampled-share/--regen-batch-size/--seed or a new --data-dir")
+        if previous and not same_regeneration(previous, regen):
+            raise SystemExit(f"{data_dir} was generated with {previous}; pass the same --max-new-tokens/--sampled-share/--regen-batch-size/"
+                             "--regen-dtype/--features/--seed (and taps, for --features generation) or a new --data-dir")
+
+
+def prompt_records(args) -> tuple[list[dict], str]:
+    """The training prompts and a label naming them (for the default data directory)."""
+    if args.prompts:
+        records = read_prompt_file(args.prompts)
+        label = f"{Path(args.prompts).stem}-{hashlib.sha256(Path(args.prompts).read_bytes()).hexdigest()[:10]}"
+    elif args.prompt_set == "code-mix":
+        from .code_prompts import code_mix_prompt_records
+
+        records = code_mix_prompt_records(seed=args.seed, total=args.prompt_count, code_share=args.code_share)
+        label = f"code-mix-{hashlib.sha256(json.dumps(records, sort_keys=True).encode()).hexdigest()[:10]}"
+    else:
+        records, label = default_prompt_records(seed=args.seed), "default"
+    if args.prompt_limit is not None:
+        records = records[: args.prompt_limit]  # the label stays: a prefix run shares the full run's data directory
+    return records, label
+
+
+def default_data_dir(target_dir: Path, label: str, regen: RegenerationConfig) -> Path:
+    """$JETSPEC_CACHE_DIR/data/<target>-<prompts>[-<regeneration digest>]: the digest (absent for the default
+    configuration, whose directory predates it) keeps different regeneration configs apart."""
+    suffix = "" if regen.as_json() == RegenerationConfig().as_json() else f"-{regen.digest()}"
+    return cache_root() / "data" / f"{target_dir.name}-{label}{suffix}"

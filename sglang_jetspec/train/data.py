@@ -5,13 +5,19 @@ sampling; written to responses.jsonl as token ids. Resumable: finished prompts a
 Stage 2 (`featurize`): one teacher-forced target pass per sequence stores, per token, the tapped
 hidden rows (the head's input) and the final hidden state (teacher logits = lm_head of it), in
 safetensors shards. A manifest records hashes and counts so a training record can name its data.
+
+Or, with `features="generation"` (`regenerate_with_features`), both stages in one: the engine keeps
+every committed token's tapped rows while it generates (what it computes at inference: the prompt's
+prefill, then one KV-cached row per token, in the regeneration dtype), so no second pass is paid.
+The final hidden state is the target's final norm of its last layer's row, tapped alongside.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -34,6 +40,32 @@ class RegenerationConfig:
     temperature: float = 0.8
     batch_size: int = 16
     seed: int = 0
+    dtype: str = "fp32"  # the target's dtype while regenerating and computing teacher features
+    features: str = "teacher-forced"  # or "generation": features captured while generating
+    tap_layers: tuple[int, ...] = ()  # with features="generation": the taps captured (fixed per data dir)
+
+    def __post_init__(self) -> None:
+        if self.features not in FEATURE_MODES:
+            raise ValueError(f"features={self.features!r}: choose one of {FEATURE_MODES}")
+        if self.dtype not in ("fp32", "bf16", "fp16"):
+            raise ValueError(f"dtype={self.dtype!r}: choose fp32, bf16 or fp16")
+        if self.features == "generation" and not self.tap_layers:
+            raise ValueError("features='generation' needs tap_layers (the taps are captured while generating)")
+
+    def as_json(self) -> dict:
+        """The config as its manifest stores it (tuples as lists)."""
+        return json.loads(json.dumps(asdict(self)))
+
+    def digest(self) -> str:
+        return hashlib.sha256(json.dumps(self.as_json(), sort_keys=True).encode()).hexdigest()[:8]
+
+
+FEATURE_MODES = ("teacher-forced", "generation")
+
+
+def same_regeneration(previous: dict, current: RegenerationConfig) -> bool:
+    """Whether a manifest's regeneration entry describes `current` (keys it predates had their defaults)."""
+    return {**RegenerationConfig().as_json(), **previous} == current.as_json()
 
 
 def _jobs(records: list[dict], cfg: RegenerationConfig) -> list[tuple[str, dict, SamplingParams]]:
@@ -63,6 +95,113 @@ def regenerate(target: TargetModel, records: list[dict], out_dir: Path, cfg: Reg
             fh.flush()
             bar.update(len(batch))
     return path
+
+
+class _TapOnly:
+    """A stand-in drafter that only names tap layers: at budget 0 the engine drafts nothing but keeps
+    every committed token's tapped rows (Lane.tap_rows), exactly as it does for a real head."""
+
+    max_depth = 0
+
+    def __init__(self, tap_layers: tuple[int, ...]) -> None:
+        self.tap_layers = tap_layers
+
+
+def generation_feature_dir(out_dir: Path, cfg: RegenerationConfig) -> Path:
+    return out_dir / ("features-" + "-".join(map(str, cfg.tap_layers)) + f"-{cfg.dtype}-gen")
+
+
+def regenerate_with_features(target: TargetModel, records: list[dict], out_dir: Path, cfg: RegenerationConfig, shard_size: int = 128,
+                             dtype: torch.dtype = torch.bfloat16, log_every_s: float = 60.0) -> Path:
+    """Regenerate responses and keep their teacher features from the same forward passes.
+
+    Writes shards of `shard_size` finished sequences (keyed by job index) into the feature directory,
+    then their lines into responses.jsonl; resumable (finished jobs are skipped; a shard whose lines a
+    crash lost is regenerated and the later copy wins in `load_sequences`).
+    """
+    if cfg.features != "generation":
+        raise ValueError("regenerate_with_features needs RegenerationConfig(features='generation', tap_layers=...)")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    feature_dir = generation_feature_dir(out_dir, cfg)
+    feature_dir.mkdir(exist_ok=True)
+    path = out_dir / RESPONSES
+    done = {json.loads(line)["id"] for line in path.read_text().splitlines() if line.strip()} if path.exists() else set()
+    jobs = _jobs(records, cfg)
+    todo = [(index, job) for index, job in enumerate(jobs) if job[0] not in done]
+    last = target.info.num_hidden_layers - 1
+    taps = tuple(cfg.tap_layers)
+    capture = taps if last in taps else taps + (last,)
+    hidden = target.info.hidden_size
+    final_col = capture.index(last) * hidden
+    norm = target.model.model.norm
+    engine = ReferenceEngine(target, _TapOnly(capture), EngineConfig(max_batch_size=cfg.batch_size))
+    batch = engine.start_batch()
+    waiting = list(todo)
+    pending: list[tuple[int, dict, dict]] = []  # (job index, response line, tensors)
+    shard_index = len(list(feature_dir.glob("shard-*.safetensors")))
+    start, tokens, finished_count, last_log = time.time(), 0, 0, time.time()
+
+    def sequence(index: int, job_id: str, record: dict, params: SamplingParams, prompt_ids: list[int], output_ids: list[int], rows: torch.Tensor | None):
+        line = {"id": job_id, "source": record.get("source", ""), "temperature": params.temperature, "prompt_ids": prompt_ids, "output_ids": output_ids}
+        tensors = {}
+        length = len(prompt_ids) + len(output_ids)
+        if rows is not None and rows.shape[0] == length - 1:
+            # rows of every token but the newest (it was never fed back); that row is never read in
+            # training (blocks see rows < anchor <= L-2 and teacher positions <= L-2): zeros
+            with torch.no_grad():
+                final = norm(rows[:, final_col : final_col + hidden].to(target.dtype))
+            pad = lambda t: torch.cat([t.to(dtype), t.new_zeros(1, t.shape[1], dtype=dtype)]).cpu().contiguous()  # noqa: E731
+            key = str(index)
+            tensors = {f"{key}.ids": torch.tensor(prompt_ids + output_ids, dtype=torch.int32),
+                       f"{key}.prompt_len": torch.tensor([len(prompt_ids)], dtype=torch.int32),
+                       f"{key}.taps": pad(rows[:, : len(taps) * hidden]), f"{key}.final": pad(final)}
+        pending.append((index, line, tensors))
+
+    def flush(force: bool = False) -> None:
+        nonlocal shard_index, pending
+        while pending and (force or len(pending) >= shard_size):
+            chunk, pending = pending[:shard_size], pending[shard_size:]
+            tensors = {k: v for _, _, t in chunk for k, v in t.items()}
+            if tensors:
+                shard = feature_dir / f"shard-{shard_index:05d}.safetensors"
+                tmp = shard.with_suffix(".tmp")
+                save_file(tensors, str(tmp))
+                tmp.replace(shard)
+                shard_index += 1
+            with open(path, "a") as fh:
+                for _, line, _ in chunk:
+                    fh.write(json.dumps(line) + "\n")
+
+    by_request: dict[int, tuple[int, str, dict, SamplingParams]] = {}
+    while waiting or len(batch):
+        while waiting and batch.has_room():
+            index, (job_id, record, params) = waiting.pop(0)
+            request = Request(encode(record, target.tokenizer), params, job_id)
+            early = batch.admit(request)
+            if early is not None:  # finished on its first token: too short to train on, but done
+                sequence(index, job_id, record, params, early.prompt_ids, early.output_ids, None)
+                finished_count += 1
+            else:
+                by_request[id(request)] = (index, job_id, record, params)
+        lanes = list(batch.lanes)
+        _, finished = batch.step(0)
+        for lane in lanes:
+            if lane.finish_reason:
+                index, job_id, record, params = by_request.pop(id(lane.request))
+                tokens += len(lane.output_ids)
+                finished_count += 1
+                sequence(index, job_id, record, params, lane.request.prompt_ids, list(lane.output_ids), lane.tap_rows())
+        if len(pending) >= shard_size:
+            flush()
+        if time.time() - last_log >= log_every_s:
+            last_log = time.time()
+            elapsed = last_log - start
+            rate = finished_count / elapsed
+            eta = (len(todo) - finished_count) / rate if rate else float("inf")
+            print(f"[regenerate] {finished_count}/{len(todo)} sequences, {tokens} response tokens, {tokens / elapsed:.1f} tok/s, "
+                  f"{elapsed / 60:.1f} min elapsed, ETA {eta / 60:.1f} min", flush=True)
+    flush(force=True)
+    return feature_dir
 
 
 def read_responses(out_dir: Path) -> list[dict]:
@@ -101,16 +240,16 @@ class Sequence:
 
 
 def load_sequences(feature_dir: Path) -> list[Sequence]:
-    sequences = []
+    """Every sequence of the directory's shards in key order (a key in two shards: the later shard's)."""
+    found: dict[int, Sequence] = {}
     for shard in sorted(feature_dir.glob("shard-*.safetensors")):
         tensors = load_file(str(shard))
-        keys = sorted({k.split(".")[0] for k in tensors}, key=int)
-        for key in keys:
-            sequences.append(Sequence(tensors[f"{key}.ids"].long(), int(tensors[f"{key}.prompt_len"][0]), tensors[f"{key}.taps"], tensors[f"{key}.final"]))
-    return sequences
+        for key in {k.split(".")[0] for k in tensors}:
+            found[int(key)] = Sequence(tensors[f"{key}.ids"].long(), int(tensors[f"{key}.prompt_len"][0]), tensors[f"{key}.taps"], tensors[f"{key}.final"])
+    return [found[k] for k in sorted(found)]
 
 
-def write_manifest(out_dir: Path, records: list[dict], regen: RegenerationConfig, target_dir: Path) -> dict:
+def write_manifest(out_dir: Path, records: list[dict], regen: RegenerationConfig, target_dir: Path, feature_dir: Path | None = None) -> dict:
     responses = read_responses(out_dir)
     digest = hashlib.sha256((out_dir / RESPONSES).read_bytes()).hexdigest()
     manifest = {
@@ -122,7 +261,11 @@ def write_manifest(out_dir: Path, records: list[dict], regen: RegenerationConfig
         "sampled_responses": sum(r["temperature"] > 0 for r in responses),
         "response_tokens": sum(len(r["output_ids"]) for r in responses),
         "responses_sha256": digest,
-        "regeneration": regen.__dict__,
+        "regeneration": regen.as_json(),
     }
+    if feature_dir is not None:
+        # what the head reads: computed by the target in regeneration.dtype, stored in bf16
+        manifest["features"] = {"dir": feature_dir.name, "mode": regen.features, "computed_dtype": regen.dtype, "stored_dtype": "bf16",
+                                "shards": len(list(feature_dir.glob("shard-*.safetensors")))}
     (out_dir / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest

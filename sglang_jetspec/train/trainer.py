@@ -41,16 +41,44 @@ class TrainConfig:
     bf16: bool = False
     reveal: str = "none"  # "prefix": blocks may hold true tokens before their masks (tree-causal drafting)
     all_mask_share: float = 0.5  # with reveal "prefix": share of blocks with nothing revealed
+    init_from_target_layers: tuple[int, ...] = ()  # target layers copied into head layers 0, 1, ... before training
 
     def __post_init__(self) -> None:
         if self.reveal not in REVEALS:
             raise ValueError(f"reveal={self.reveal!r}: choose one of {REVEALS}")
         if not 0.0 <= self.all_mask_share <= 1.0:
             raise ValueError(f"all_mask_share={self.all_mask_share}: must be within [0, 1]")
+        object.__setattr__(self, "init_from_target_layers", tuple(self.init_from_target_layers))
+
+
+def copy_target_layers(head: DraftHead, target_model: torch.nn.Module, layer_ids: tuple[int, ...]) -> list[str]:
+    """Copy the weights of target decoder layers `layer_ids` into head layers 0, 1, ... wherever a head
+    parameter has a target counterpart of the same name and shape (Llama: norms, q/k/v/o, MLP; Qwen3
+    also q_norm/k_norm), and the target's final norm into the head's. The head's fc / hidden_norm
+    (and q_norm/k_norm for a Llama target) keep their initialisation. Returns the names copied."""
+    layers = target_model.model.layers
+    if len(layer_ids) > len(head.layers):
+        raise ValueError(f"{len(layer_ids)} target layers for a {len(head.layers)}-layer head")
+    copied = []
+    with torch.no_grad():
+        for i, layer_id in enumerate(layer_ids):
+            if not 0 <= layer_id < len(layers):
+                raise ValueError(f"target layer {layer_id}: the target has layers 0..{len(layers) - 1}")
+            source = layers[layer_id].state_dict()
+            for name, param in head.layers[i].named_parameters():
+                if name in source and source[name].shape == param.shape:
+                    param.copy_(source[name].to(param.dtype))
+                    copied.append(f"layers.{i}.{name}")
+        final_norm = target_model.model.norm.weight
+        if head.norm.weight.shape == final_norm.shape:
+            head.norm.weight.copy_(final_norm.to(head.norm.weight.dtype))
+            copied.append("norm.weight")
+    return copied
 
 
 class Trainer:
-    def __init__(self, head_cfg: HeadConfig, cfg: TrainConfig, embed_tokens: torch.nn.Module, lm_head: torch.nn.Module, sequences: list[Sequence], out_dir: Path, device: torch.device) -> None:
+    def __init__(self, head_cfg: HeadConfig, cfg: TrainConfig, embed_tokens: torch.nn.Module, lm_head: torch.nn.Module, sequences: list[Sequence], out_dir: Path, device: torch.device,
+                 target_model: torch.nn.Module | None = None) -> None:
         if cfg.reveal != "none" and not head_cfg.causal_head:
             raise ValueError(f"reveal={cfg.reveal!r} needs a causal head: revealed tokens would leak into earlier rows of a bidirectional block")
         if cfg.reveal != "none" and head_cfg.block_size < 3:
@@ -64,6 +92,11 @@ class Trainer:
         n_heldout = max(1, int(len(usable) * cfg.heldout_share))
         self.heldout, self.train = usable[:n_heldout], usable[n_heldout:]
         self.head: DraftHead = init_head(head_cfg, seed=cfg.seed).to(device).train()
+        self.copied_from_target: list[str] = []
+        if cfg.init_from_target_layers:
+            if target_model is None:
+                raise ValueError("init_from_target_layers needs the target model")
+            self.copied_from_target = copy_target_layers(self.head, target_model, cfg.init_from_target_layers)
         decay = [p for n, p in self.head.named_parameters() if not n.endswith("norm.weight")]
         no_decay = [p for n, p in self.head.named_parameters() if n.endswith("norm.weight")]
         self.optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95))
