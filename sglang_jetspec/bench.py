@@ -14,7 +14,6 @@ on the same requests; every speculative cell's speedup is relative to that run. 
 from __future__ import annotations
 
 import json
-import platform
 import shlex
 import sys
 from dataclasses import asdict, dataclass
@@ -32,6 +31,8 @@ from .core.prompt_lookup import LookupMerge
 from .loading import DrafterOptionError, check_lookup_options, load_drafter, load_target, lookup_drafter, lookup_merge
 from .models.fetch import sha256_file
 from .prompts import HUMANEVAL, PromptError, encode, humaneval_prompts, read_prompt_file
+from .reference.divergence import describe as describe_divergence, greedy_divergences
+from .reference.precision import cpu_model
 from .reference.engine import Drafter, EngineConfig, ReferenceEngine, Request, RequestOutput
 from .reference.target import TargetModel
 
@@ -75,6 +76,8 @@ class BenchRecord:
     mean_accept_length: float  # committed tokens per verify, bonus included
     speedup_vs_ar: float
     greedy_mismatches: int | None  # requests whose output differs from autoregressive; None when sampled
+    # per differing greedy request: where it first departs and the target's logit margins there (reference/divergence.py)
+    divergences: list[dict] | None
     draft_round_s: list[float]  # mean draft head seconds per verify step by round: [marginal pass, round 1, ...]
     phase_ms: dict[str, float]  # mean ms per verify step: draft, tree, verify, accept
     # Appendix G's per-draft-token cost c = (T_draft / N) / T_verify, N = the budget (nodes); None without a draft
@@ -206,13 +209,16 @@ class GridRunner:
 
         def record(run: RunFigures, outputs: list[RequestOutput]) -> BenchRecord:
             # sampled outputs legitimately differ from autoregressive ones: only greedy runs are compared
-            mismatches = sum(a.output_ids != b.output_ids for a, b in zip(outputs, baseline_outputs)) if temperature == 0 else None
+            divergences = greedy_divergences(self.target, baseline_outputs, outputs) if temperature == 0 else None
             cell = BenchRecord(run.mode, run.budget, batch_size, temperature, run.requests, run.tokens, run.seconds, run.tokens_per_s,
-                               run.mean_accept_length, run.tokens_per_s / baseline.tokens_per_s, mismatches, run.draft_round_s,
+                               run.mean_accept_length, run.tokens_per_s / baseline.tokens_per_s,
+                               None if divergences is None else len(divergences), divergences, run.draft_round_s,
                                run.phase_ms, draft_token_cost(run.phase_ms, run.budget))
             print(f"batch {batch_size} T={temperature:g} {cell.method:<15} budget {cell.budget:>4}: {cell.tokens_per_s:8.2f} tok/s  "
                   f"accept {cell.mean_accept_length:5.2f}  speedup {cell.speedup_vs_ar:5.2f}x  "
                   f"draft ms/step by round {[round(1000 * s, 1) for s in cell.draft_round_s]}", flush=True)
+            for d in divergences or []:
+                print(f"    greedy mismatch, request {d['request']}: {describe_divergence(d)}", flush=True)
             return cell
 
         records = [record(baseline, baseline_outputs)]
@@ -221,16 +227,6 @@ class GridRunner:
                 engine = self.engine(contender.drafter, contender.tree_width, batch_size, contender.draft_rounds, contender.lookup)
                 records.append(record(*timed_run(engine, requests, budget, contender.method)))
         return records
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def describe_head(label: str) -> dict:
@@ -249,7 +245,8 @@ def run_header(args, target: TargetModel, head_labels: dict[str, str], indices: 
         "machine": machine,
         "torch": torch.__version__,
         "transformers": transformers.__version__,
-        "dtype": args.dtype,
+        "dtype": target.precision[0],
+        "dtype_choice": target.precision[1],
         "attention": args.attention,
         "target": str(target.path),
         "heads": {flag: describe_head(label) for flag, label in head_labels.items()},

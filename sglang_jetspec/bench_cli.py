@@ -107,7 +107,7 @@ def register(sub) -> None:
     _drafting_arguments(p)
     p.add_argument("--batch-sizes", type=batch_size_list, default=[1, 4])
     p.add_argument("--temperatures", type=temperature_list, default=[0.0, 1.0], help="0 = greedy; sampled requests get per-request seeds")
-    p.set_defaults(func=_run)
+    p.set_defaults(func=_run, dtype="auto")  # timings in this machine's best dtype unless --dtype says otherwise
 
 
 def register_replay(sub) -> None:

@@ -10,6 +10,8 @@ import sys
 
 from policies.schema import DEFAULT_LOOKUP_ACCEPT
 
+from .reference.precision import DTYPE_CHOICES
+
 
 def _cuda() -> bool:
     import torch
@@ -41,7 +43,9 @@ def add_target_arguments(parser: argparse.ArgumentParser) -> None:
     """--target/--head/--dtype/--device/--attention, shared by every command that runs the reference engine."""
     parser.add_argument("--target", default="smollm2", help="'smollm2' or a local HF Llama/Qwen3 checkpoint directory")
     parser.add_argument("--head", help="head directory (default: the shipped head for the target; 'untrained' for random weights)")
-    parser.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default="fp32")
+    parser.add_argument("--dtype", choices=DTYPE_CHOICES, default="fp32",
+                        help="target and head dtype; auto: bf16 on a GPU or a CPU with AMX-BF16 / AVX512-BF16, else fp32 "
+                             "(reference/precision.py; the choice and its reason are printed)")
     parser.add_argument("--device", default="cuda" if _cuda() else "cpu")
     parser.add_argument("--attention", choices=["sdpa", "triton"], default="sdpa",
                         help="target attention: PyTorch SDPA with the engine's mask, or the Triton masked-attention kernel "
@@ -104,6 +108,7 @@ def add_tree_arguments(parser: argparse.ArgumentParser, rounds: str | None = "on
 def _register_generate(sub) -> None:
     gen = sub.add_parser("generate", help="decode prompts autoregressively and with JETSPEC side by side on the reference engine")
     add_target_arguments(gen)
+    gen.set_defaults(dtype="auto")  # the main job shows this machine's best configuration
     add_tree_arguments(gen)
     add_drafter_arguments(gen)
     gen.add_argument("--prompts", default="humaneval", help="'humaneval' or a JSONL file with prompt/messages per line")
@@ -151,6 +156,12 @@ def _register_train(sub) -> None:
     register(sub)
 
 
+def _register_draft_vocab(sub) -> None:
+    from .train.vocab_command import register
+
+    register(sub)
+
+
 def _register_serve(sub) -> None:
     from .serve import register
 
@@ -164,8 +175,8 @@ def _register_shadow(sub) -> None:
 
 
 # One line per subcommand module.
-REGISTRARS = [_register_model, _register_generate, _register_bench, _register_policy, _register_train, _register_serve,
-              _register_shadow]
+REGISTRARS = [_register_model, _register_generate, _register_bench, _register_policy, _register_train, _register_draft_vocab,
+              _register_serve, _register_shadow]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -8,7 +8,6 @@ included) and, for greedy decoding, how many outputs differ (0 expected in fp32)
 from __future__ import annotations
 
 import json
-import platform
 import time
 from dataclasses import asdict, dataclass
 
@@ -17,7 +16,9 @@ import torch
 from .core.sampling import SamplingParams
 from .loading import load_engine_drafter, load_target
 from .prompts import load_prompt_ids
+from .reference.divergence import describe as describe_divergence, greedy_divergences
 from .reference.engine import EngineConfig, ReferenceEngine, Request, RequestOutput
+from .reference.precision import cpu_model
 
 
 @dataclass
@@ -63,7 +64,7 @@ def run(args) -> dict:
     ar, ar_out = timed_run(engine, requests, 0, "autoregressive")
     # the speculative run keeps the report key "jetspec"; its mode names the drafter that ran
     spec, spec_out = timed_run(engine, requests, args.budget, {"head": "jetspec"}.get(args.drafter, args.drafter))
-    differing = sum(a.output_ids != b.output_ids for a, b in zip(ar_out, spec_out)) if params.greedy else None
+    divergences = greedy_divergences(target, ar_out, spec_out) if params.greedy else None
     report = {
         "target": str(target.path),
         "head": chosen.label,
@@ -73,11 +74,12 @@ def run(args) -> dict:
         "max_new_tokens": args.max_new_tokens,
         "sampling": asdict(params),
         "tree": {"budget": args.budget, "width": chosen.tree_width, "fanout": args.fanout, "max_depth": chosen.drafter.max_depth, "draft_rounds": args.draft_rounds},
-        "device": f"{args.device} ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads), {args.dtype}",
+        "device": f"{args.device} ({cpu_model()}, {torch.get_num_threads()} threads), {target.precision[0]} ({target.precision[1]})",
         "autoregressive": asdict(ar),
         "jetspec": asdict(spec),
         "speedup": spec.tokens_per_s / ar.tokens_per_s,
-        "greedy_outputs_differing": differing,
+        "greedy_outputs_differing": None if divergences is None else len(divergences),
+        "greedy_divergences": divergences,
     }
     print(format_report(report))
     if args.json:
@@ -101,4 +103,6 @@ def format_report(r: dict) -> str:
     lines.append(f"speedup {r['speedup']:.2f}x")
     if r["greedy_outputs_differing"] is not None:
         lines.append(f"greedy outputs differing from autoregressive: {r['greedy_outputs_differing']} of {r['num_prompts']}")
+        for d in r["greedy_divergences"]:
+            lines.append(f"  request {d['request']}: {describe_divergence(d)}")
     return "\n".join(lines)

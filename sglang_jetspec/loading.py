@@ -10,11 +10,13 @@ from pathlib import Path
 
 import torch
 
+from .core.draft_vocab import load_draft_vocab
 from .core.drafter import HeadDrafter
 from .core.head_config import HeadConfig, default_tap_layers
 from .core.head_io import init_head, load_head
 from .core.prompt_lookup import LookupMerge, PromptLookupDrafter
 from .reference.engine import Drafter
+from .reference.precision import resolve_dtype
 from .reference.target import TargetModel
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -34,7 +36,12 @@ def resolve_target_dir(spec: str) -> Path:
 
 
 def load_target(spec: str, dtype: str = "fp32", device: str = "cpu", attention: str = "sdpa") -> TargetModel:
-    return TargetModel(resolve_target_dir(spec), dtype=DTYPES[dtype], device=device, attention=attention)
+    """The target in `dtype` ("auto": reference/precision.py picks for this machine); the choice and its
+    reason are kept as `target.precision` (name, reason) for report headers."""
+    name, reason = resolve_dtype(dtype, device)
+    target = TargetModel(resolve_target_dir(spec), dtype=DTYPES[name], device=device, attention=attention)
+    target.precision = (name, reason)
+    return target
 
 
 def shipped_head_dir(target_dir: Path) -> Path | None:
@@ -70,7 +77,9 @@ def resolve_head_dir(target_dir: Path, head: str | None) -> Path | None:
 
 
 def load_drafter(target: TargetModel, head: str | None) -> tuple[HeadDrafter, str]:
-    """A drafter from --head DIR, else the shipped head, else an untrained head (said so in the label)."""
+    """A drafter from --head DIR, else the shipped head, else an untrained head (said so in the label),
+    drafting over the head directory's reduced draft vocabulary when it has one."""
+    vocab = None
     if head == "untrained":
         model, label = init_head(untrained_head_config(target)), "untrained head (random weights)"
     else:
@@ -79,8 +88,11 @@ def load_drafter(target: TargetModel, head: str | None) -> tuple[HeadDrafter, st
             model, label = init_head(untrained_head_config(target)), "untrained head (no trained head ships for this target yet)"
         else:
             model, label = load_head(head_dir, target.info), str(head_dir)
+            vocab = load_draft_vocab(head_dir, target.info.vocab_size)
+            if vocab is not None:
+                label += f" (draft vocabulary {vocab.numel()} of {target.info.vocab_size})"
     model = model.to(device=target.device, dtype=target.dtype)
-    return HeadDrafter(model, target.embed_tokens, target.lm_head), label
+    return HeadDrafter(model, target.embed_tokens, target.lm_head, vocab), label
 
 
 class DrafterOptionError(ValueError):

@@ -86,7 +86,7 @@ class DraftMemo:
         if committed not in self._marginal:
             self.lane.committed = committed
             logits = self.drafter.propose([self.lane], min(self.depth, self.drafter.max_depth))[0]
-            self._marginal[committed] = top_k_per_depth(logits, self.tree_width)
+            self._marginal[committed] = top_k_per_depth(logits, self.tree_width, getattr(self.drafter, "draft_vocab", None))
         return self._marginal[committed]
 
     def tree(self, committed: int, budget: int, fanout: str, rounds: int = 0, lookup: LookupMerge | None = None) -> DraftTree:
@@ -97,7 +97,8 @@ class DraftMemo:
             tokens, logprobs = self.at(committed)
             spec = TreeSpec(budget, min(budget - 1, tokens.shape[0]), self.tree_width, fanout)
             self.lane.committed = committed
-            draft = TreeDraft(self.lane.root_token, tokens, logprobs, spec, guess=lookup_guess(self.lane, spec, lookup), merge=lookup)
+            draft = TreeDraft(self.lane.root_token, tokens, logprobs, spec, guess=lookup_guess(self.lane, spec, lookup), merge=lookup,
+                              vocab=getattr(self.drafter, "draft_vocab", None))
             self._rounds[key] = (draft, [draft.tree])
         draft, trees = self._rounds[key]
         while len(trees) <= rounds:

@@ -59,6 +59,19 @@ def hybrid_draft_tree(context: tuple[int, ...]):
                      merge=LookupMerge(math.log(0.6))).tree
 
 
+# A reduced draft vocabulary (core/draft_vocab.py) that leaves out token 1: the draft's logits cover
+# only the listed ids, column j meaning token DRAFT_VOCAB[j], so token 1 is never drafted.
+DRAFT_VOCAB = torch.tensor([3, 0, 5, 2, 4])
+
+
+def reduced_vocab_draft_tree(context: tuple[int, ...]):
+    """The same noisy draft restricted to DRAFT_VOCAB, mapped back to token ids as the engine does."""
+    gen = torch.Generator().manual_seed(1000 + hash(context) % 997)
+    depth_logits = torch.stack([target_logits(context) + torch.randn(VOCAB, generator=gen), torch.randn(VOCAB, generator=gen)])
+    tokens, logprobs = top_k_per_depth(depth_logits[:, DRAFT_VOCAB], 3, DRAFT_VOCAB)
+    return build_tree(context[-1], tokens, logprobs, TreeSpec(budget=8, max_depth=2, width=3))
+
+
 def tree_logits(context, tree) -> torch.Tensor:
     """Target logits at every node: the node's context is the request context plus its path's tokens."""
     paths = [tuple(int(tree.tokens[i]) for i in tree.path_to(n)[1:]) for n in range(tree.size)]
@@ -156,6 +169,19 @@ def test_hybrid_trees_differ_from_marginal_ones():
 def test_hybrid_trees_stay_lossless(params, method):
     # a merged guess changes which tree is verified, never how: the guessed tokens are only proposals
     assert lossless_pvalue(params, method, hybrid_draft_tree) > 1e-3
+
+
+def test_reduced_vocabulary_trees_never_draft_the_left_out_token():
+    trees = [reduced_vocab_draft_tree((ROOT, a)) for a in range(VOCAB)] + [reduced_vocab_draft_tree((ROOT,))]
+    assert all(1 not in t.tokens[1:].tolist() for t in trees)
+    assert any(t.tokens[1:].tolist() != draft_tree((ROOT, a)).tokens[1:].tolist() for a, t in enumerate(trees[:-1]))
+
+
+@pytest.mark.parametrize("method", ["match", "residual"])
+@pytest.mark.parametrize("params", [SETTINGS[0], SETTINGS[4]], ids=["T1", "T0.9-k4-p0.9-m0.05"])
+def test_reduced_vocabulary_trees_stay_lossless(params, method):
+    # the left-out token is still emitted at its target probability: by corrections and bonus draws
+    assert lossless_pvalue(params, method, reduced_vocab_draft_tree) > 1e-3
 
 
 def test_seeded_requests_reproduce():

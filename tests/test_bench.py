@@ -35,7 +35,7 @@ def prompts_file(tmp_path):
 def bench_args(smollm2_dir, heads, prompts, json_out, *extra):
     causal, bidirectional = heads
     return ["bench", "--target", str(smollm2_dir), "--head", str(causal), "--dflash-head", str(bidirectional),
-            "--prompts", str(prompts), "--json", str(json_out), *extra]
+            "--prompts", str(prompts), "--json", str(json_out), "--dtype", "fp32", *extra]
 
 
 def test_bench_grid_writes_json_markdown_and_plot(tmp_path, smollm2_dir, heads, prompts_file, capsys, single_thread):
@@ -141,7 +141,7 @@ def test_bench_runs_jetspec_once_per_draft_rounds_value(tmp_path, smollm2, smoll
     out = tmp_path / "bench.json"
     args = ["bench", "--target", str(smollm2_dir), "--head", str(reveal_head), "--prompts", str(prompts_file), "--json", str(out),
             "--budgets", "8", "--batch-sizes", "2", "--temperatures", "0", "--methods", "jetspec", "--draft-rounds", "0,2",
-            "--max-new-tokens", "6", "--threads", "1"]
+            "--max-new-tokens", "6", "--threads", "1", "--dtype", "fp32"]
     assert main(args) == 0
     records = json.loads(out.read_text())["records"]
     assert [(r["method"], len(r["draft_round_s"])) for r in records] == [("autoregressive", 0), ("jetspec", 1), ("jetspec-r2", 3)]

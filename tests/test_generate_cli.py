@@ -7,7 +7,7 @@ from sglang_jetspec.cli import main
 
 def test_generate_reports_both_modes_side_by_side(tmp_path, smollm2_dir, capsys):
     out = tmp_path / "gen.json"
-    code = main(["generate", "--target", str(smollm2_dir), "--head", "untrained", "--num-prompts", "2", "--max-new-tokens", "8", "--budget", "8", "--json", str(out)])
+    code = main(["generate", "--target", str(smollm2_dir), "--head", "untrained", "--num-prompts", "2", "--max-new-tokens", "8", "--budget", "8", "--dtype", "fp32", "--json", str(out)])
     assert code == 0
     report = json.loads(out.read_text())
     for mode in ("autoregressive", "jetspec"):
@@ -16,7 +16,8 @@ def test_generate_reports_both_modes_side_by_side(tmp_path, smollm2_dir, capsys)
         assert figures["tokens_per_s"] > 0 and figures["seconds"] > 0
     assert report["autoregressive"]["mean_accept_length"] == 1.0
     assert report["jetspec"]["budget"] == 8 and report["jetspec"]["mean_accept_length"] >= 1.0
-    assert report["greedy_outputs_differing"] == 0
+    assert report["greedy_outputs_differing"] == 0 and report["greedy_divergences"] == []
+    assert report["device"].endswith("fp32 (requested)")
     assert abs(report["speedup"] - report["jetspec"]["tokens_per_s"] / report["autoregressive"]["tokens_per_s"]) < 1e-9
     printed = capsys.readouterr().out
     assert "autoregressive" in printed and "jetspec" in printed and "speedup" in printed and "untrained head" in printed

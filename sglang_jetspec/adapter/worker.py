@@ -48,6 +48,7 @@ from sglang_jetspec.adapter.spec_inputs import JetSpecDraftState, JetSpecVerifyI
 from sglang_jetspec.adapter.step_outputs import step_outputs
 from sglang_jetspec.adapter.verify_inputs import build_verify_tensors
 from sglang_jetspec.adapter.worker_observability import WorkerShadow, step_tracer, trace_step, worker_metrics
+from sglang_jetspec.core.draft_vocab import load_draft_vocab
 from sglang_jetspec.core.drafter import HeadDrafter
 from sglang_jetspec.core.drafting import draft_trees
 from sglang_jetspec.core.head_io import load_head
@@ -135,7 +136,7 @@ class JetSpecWorker(BaseSpecWorker):
         # The target's backends and graphs are not built yet, so every forward from now on captures.
         model.set_dflash_layers_to_capture(list(self.head.config.target_layer_ids))
         vocab = self.head.config.vocab_size
-        self.drafter = HeadDrafter(self.head, TargetEmbedding(model), TargetLMHead(model, vocab))
+        self.drafter = HeadDrafter(self.head, TargetEmbedding(model), TargetLMHead(model, vocab), load_draft_vocab(draft_path, vocab))
         self.vocab_size = vocab
         self.states = DraftStateStore(self.head.config.num_taps * self.head.config.hidden_size, self.device,
                                       self.model_runner.dtype)

@@ -122,13 +122,18 @@ class DraftLane(Protocol):
 
 
 class HeadDrafter:
-    """One head pass over [root, MASK x (B-1)] per request gives logits for depths 1..B-1."""
+    """One head pass over [root, MASK x (B-1)] per request gives logits for depths 1..B-1.
 
-    def __init__(self, head: DraftHead, embed_tokens: nn.Module, lm_head: nn.Module) -> None:
+    With a `draft_vocab` (core/draft_vocab.py: target ids, [V_d]) the logits cover only those tokens:
+    column j is token draft_vocab[j]; callers map candidates back with it (tree.top_k_per_depth)."""
+
+    def __init__(self, head: DraftHead, embed_tokens: nn.Module, lm_head: nn.Module, draft_vocab: torch.Tensor | None = None) -> None:
         self.head = head
         self.embed_tokens = embed_tokens
         self.lm_head = lm_head
+        self.draft_vocab = None if draft_vocab is None else draft_vocab.to(device=head.fc.weight.device, dtype=torch.long)
         self._padded: list[LayerContext] = []  # reusable padded context buffers for batches of several lanes
+        self._rows: tuple[tuple, torch.Tensor] | None = None  # (key of the lm_head weight it came from, its draft_vocab rows)
 
     @property
     def max_depth(self) -> int:
@@ -194,16 +199,30 @@ class HeadDrafter:
                             for _ in range(cfg.num_hidden_layers)]
         return [LayerContext(c.keys[:batch, :, :ctx_len], c.values[:batch, :, :ctx_len]) for c in self._padded]
 
+    def _draft_rows(self) -> torch.Tensor:
+        """The lm_head rows of the draft vocabulary, gathered once per version of the target's weight
+        (a weight update that replaces or rewrites it is seen at the next step)."""
+        weight = self.lm_head.weight
+        key = (weight.data_ptr(), weight._version, weight.dtype, weight.device, tuple(weight.shape))
+        if self._rows is None or self._rows[0] != key:
+            self._rows = (key, weight.index_select(0, self.draft_vocab).contiguous())
+        return self._rows[1]
+
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden.to(self.lm_head.weight.dtype)).float()
+        if self.draft_vocab is None:
+            return self.lm_head(hidden.to(self.lm_head.weight.dtype)).float()
+        rows = self._draft_rows()
+        return nn.functional.linear(hidden.to(rows.dtype), rows).float()
 
     @torch.no_grad()
     def propose(self, lanes: list[DraftLane], depth: int) -> torch.Tensor:
         """[B, depth, V] draft logits for depths 1..depth (<= block_size-1); a lane's context is its
-        tapped rows (one per committed token but the root). Only the needed rows pay for the lm_head."""
+        tapped rows (one per committed token but the root). Only the needed rows pay for the lm_head;
+        a causal head's rows see only earlier ones, so its block is cut to the depth+1 rows it needs."""
         cfg = self.head.config
         context, valid, lengths = self._padded_context(lanes)
-        device, size = valid.device, cfg.block_size
+        device = valid.device
+        size = min(depth + 1, cfg.block_size) if cfg.causal_head else cfg.block_size
         ids = torch.full((len(lanes), size), cfg.mask_token_id, dtype=torch.long, device=device)
         ids[:, 0] = torch.tensor([lane.root_token for lane in lanes], device=device)
         positions = lengths.unsqueeze(1) + torch.arange(size, device=device)

@@ -24,6 +24,8 @@ from .tree import Candidates, DraftTree, TreeSpec, build_tree, candidate_lists, 
 
 class TreeDrafter(Protocol):
     max_depth: int
+    # Optional: `draft_vocab` ([V_d] target ids, core/draft_vocab.py): the logits' columns are those
+    # tokens only. Drafters without it draft over the full vocabulary.
 
     def propose(self, lanes: list, depth: int) -> torch.Tensor:
         """[B, depth, V] per-depth marginal logits."""
@@ -45,6 +47,7 @@ class TreeDraft:
     guess: list[int] = field(default_factory=list)  # prompt lookup's tokens after the root (hybrid drafter)
     merge: LookupMerge | None = None
     tree: DraftTree | None = None
+    vocab: torch.Tensor | None = None  # the drafter's draft_vocab: maps conditioned logits' columns to tokens
 
     def __post_init__(self) -> None:
         self.learned: set[tuple[int, ...]] = set()  # paths whose own candidates a tree-causal pass gave
@@ -59,7 +62,7 @@ class TreeDraft:
     def learn(self, child_logits: torch.Tensor) -> None:
         """File the current tree's conditioned candidates ([N, V] from propose_children) and rebuild;
         on the guess's path they replace the marginal ones the guess was merged into."""
-        for path, candidates in zip(self.tree.token_paths(), candidate_lists(child_logits, self.spec)):
+        for path, candidates in zip(self.tree.token_paths(), candidate_lists(child_logits, self.spec, self.vocab)):
             if path in self.learned:
                 continue
             self.learned.add(path)
@@ -111,10 +114,11 @@ def draft_trees(drafter: TreeDrafter, lanes: list, spec: TreeSpec, rounds: int =
     t0 = time.perf_counter()
     depth_logits = drafter.propose(lanes, spec.max_depth)
     t1 = settled_clock(depth_logits)
+    vocab = getattr(drafter, "draft_vocab", None)
     # one top-k over the batch and one copy of its result to the host: trees are built there, and a
     # copy per request would stall a GPU once per request
-    tokens, logprobs = (t.cpu() for t in top_k_per_depth(depth_logits, spec.width))
-    drafts = [TreeDraft(lane.root_token, tokens[b], logprobs[b], spec, guess=lookup_guess(lane, spec, lookup), merge=lookup)
+    tokens, logprobs = (t.cpu() for t in top_k_per_depth(depth_logits, spec.width, vocab))
+    drafts = [TreeDraft(lane.root_token, tokens[b], logprobs[b], spec, guess=lookup_guess(lane, spec, lookup), merge=lookup, vocab=vocab)
               for b, lane in enumerate(lanes)]
     timing = DraftTiming([t1 - t0], time.perf_counter() - t1)
     for _ in range(rounds):

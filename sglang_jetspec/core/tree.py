@@ -123,13 +123,14 @@ def root_only_tree(root_token: int) -> DraftTree:
     return DraftTree(torch.tensor([root_token]), torch.tensor([-1]), zero, zero.clone(), torch.zeros(1))
 
 
-def top_k_per_depth(depth_logits: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-`width` tokens and their full-vocabulary log-probs for each depth row: [D, K] each."""
+def top_k_per_depth(depth_logits: torch.Tensor, width: int, vocab: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-`width` tokens and their log-probs (over the logits' own vocabulary) for each depth row:
+    [D, K] each. `vocab` maps logit columns to token ids (a reduced draft vocabulary, core/draft_vocab.py)."""
     # impossible tokens (logit -inf) stay exactly -inf: log_softmax would give NaN or finfo.min
     logits = depth_logits.float()
     logprobs = torch.log_softmax(logits, dim=-1).masked_fill(logits == -math.inf, -math.inf)
     values, tokens = logprobs.topk(min(width, logprobs.shape[-1]), dim=-1)
-    return tokens, values
+    return (tokens if vocab is None else vocab[tokens]), values
 
 
 def fanout_caps(top_logprobs: torch.Tensor, spec: TreeSpec) -> list[int]:
@@ -156,9 +157,10 @@ class Candidates:
     cap: int
 
 
-def candidate_lists(logits: torch.Tensor, spec: TreeSpec) -> list[Candidates]:
-    """Top-`spec.width` candidates of each row of [R, V] draft logits, with the row's fanout cap."""
-    tokens, logprobs = top_k_per_depth(logits, spec.width)
+def candidate_lists(logits: torch.Tensor, spec: TreeSpec, vocab: torch.Tensor | None = None) -> list[Candidates]:
+    """Top-`spec.width` candidates of each row of [R, V] draft logits (columns mapped by `vocab`), with
+    the row's fanout cap."""
+    tokens, logprobs = top_k_per_depth(logits, spec.width, vocab)
     caps = fanout_caps(logprobs, spec)
     return [Candidates(t, lp, cap) for t, lp, cap in zip(tokens.tolist(), logprobs.double().tolist(), caps)]
 
