@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -48,14 +46,6 @@ class ConfigResult:
     exact_match_concurrent_vs_sequential: int
     accept_length: float | None
     server_start_s: float
-
-
-def cpu_model() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-        return next(line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or platform.machine()
 
 
 def server_args(config: str, model: str, dtype: str, concurrency: int, ngram_tokens: int) -> list[str]:
@@ -155,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoTokenizer
 
     from sglang_jetspec.models.fetch import fetch
+    from sglang_jetspec.reference.precision import cpu_model
     from sglang_jetspec.prompts import load_prompt_ids
 
     model = args.model or str(fetch("smollm2"))

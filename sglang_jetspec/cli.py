@@ -64,12 +64,12 @@ def add_lookup_arguments(parser: argparse.ArgumentParser) -> None:
                              "it scores the guess against the head's candidates (bench/replay take a list, one hybrid per value)")
 
 
-def add_drafter_arguments(parser: argparse.ArgumentParser) -> None:
+def add_drafter_arguments(parser: argparse.ArgumentParser, default: str = "head") -> None:
     """--drafter and the lookup flags, for the commands that run one drafter (serve, generate)."""
-    parser.add_argument("--drafter", choices=["head", "hybrid", "lookup"], default="head",
-                        help="head: the draft head from --head, trees of --tree-width (default); hybrid: the same trees with "
-                             "the prompt-lookup guess merged in (scored by --lookup-accept); lookup: prompt lookup alone, "
-                             "no model, one chain copied from the request's own tokens (tree width 1; pays on copy-heavy text)")
+    parser.add_argument("--drafter", choices=["head", "hybrid", "lookup"], default=default,
+                        help=f"(default {default}) head: the draft head from --head, trees of --tree-width; hybrid: the same "
+                             "trees with the prompt-lookup guess merged in (scored by --lookup-accept); lookup: prompt lookup "
+                             "alone, no model, one chain copied from the request's own tokens (tree width 1; pays on copy-heavy text)")
     add_lookup_arguments(parser)
 
 
@@ -110,7 +110,7 @@ def _register_generate(sub) -> None:
     add_target_arguments(gen)
     gen.set_defaults(dtype="auto")  # the main job shows this machine's best configuration
     add_tree_arguments(gen)
-    add_drafter_arguments(gen)
+    add_drafter_arguments(gen, default="hybrid")  # the best drafter on this CPU (README, "Speed")
     gen.add_argument("--prompts", default="humaneval", help="'humaneval' or a JSONL file with prompt/messages per line")
     gen.add_argument("--num-prompts", type=int, default=8)
     gen.add_argument("--max-new-tokens", type=int, default=64)

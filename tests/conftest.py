@@ -7,6 +7,13 @@ import torch
 
 
 
+def pytest_configure(config):
+    # The long sweeps marked slow repeat checks that faster tests of the default run already make:
+    # `python -m pytest` leaves them out unless a -m expression asks (`python -m pytest -m slow`).
+    if not config.option.markexpr:
+        config.option.markexpr = "not slow"
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return

@@ -35,7 +35,6 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
@@ -43,8 +42,6 @@ from controller.decider import HOLD, OFF, REPROBE_FAILED
 from controller.http import urllib_transport
 from policies import parse_policy_text
 from sglang_jetspec.prompts import load_prompt_ids
-
-pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[1]
 ADMIN_KEY_ENV = "JETSPEC_E2E_ADMIN_KEY"

@@ -20,4 +20,6 @@ def test_generate_reports_both_modes_side_by_side(tmp_path, smollm2_dir, capsys)
     assert report["device"].endswith("fp32 (requested)")
     assert abs(report["speedup"] - report["jetspec"]["tokens_per_s"] / report["autoregressive"]["tokens_per_s"]) < 1e-9
     printed = capsys.readouterr().out
-    assert "autoregressive" in printed and "jetspec" in printed and "speedup" in printed and "untrained head" in printed
+    # the default drafter is the hybrid (head tree + prompt lookup), said in the row and the head line
+    assert report["jetspec"]["mode"] == "hybrid" and "prompt lookup (hybrid" in report["head"]
+    assert "autoregressive" in printed and "hybrid" in printed and "speedup" in printed and "untrained head" in printed
