@@ -66,11 +66,11 @@ class TargetModel:
         self.dtype = dtype
         if attention not in ATTENTION_BACKENDS:
             raise TargetError(f"attention={attention!r}: use one of {', '.join(ATTENTION_BACKENDS)}")
-        implementation = "sdpa"
         if attention == "triton":
             from .triton_attention import register  # imports triton: only when asked for
-
-            implementation = register()
+        else:
+            from .gqa_attention import register
+        implementation = register()
         self.attention = attention
         self.model = AutoModelForCausalLM.from_pretrained(str(self.path), dtype=dtype, attn_implementation=implementation).to(self.device).eval()
         self.tokenizer = AutoTokenizer.from_pretrained(str(self.path))
