@@ -88,3 +88,35 @@ def test_reduced_vocabulary_greedy_equals_autoregressive_and_drafts_only_its_tok
     monkeypatch.setattr(drafting, "build_tree", spy)
     assert [o.output_ids for o in engine.generate(requests, budget=16)] == plain
     assert drafted and set(drafted) <= set(vocab.tolist())
+
+
+def test_draft_vocab_command_writes_the_file_and_keeps_the_head_record_whole(tmp_path, capsys):
+    import hashlib
+    import json
+
+    from sglang_jetspec.cli import main
+
+    data, head = tmp_path / "data", tmp_path / "head"
+    data.mkdir()
+    head.mkdir()
+    lines = [{"id": str(i), "output_ids": [5, 5, 7, 9 + i % 2]} for i in range(20)]
+    (data / "responses.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    (head / "config.json").write_text(json.dumps({"vocab_size": 50}))
+    (head / "training_record.json").write_text(json.dumps({"files_sha256": {"config.json": "c0"}}))
+    (head / "SHA256SUMS").write_text("c0  config.json\n")
+    assert main(["draft-vocab", "--head", str(head), "--data-dir", str(data), "--size", "3"]) == 0
+    assert load_draft_vocab(head, 50).tolist() == [5, 7, 9]  # the last tenth (ids 18, 19) is held out
+    record = json.loads((head / "training_record.json").read_text())
+    assert record["draft_vocab"]["command"] == f"jetspec draft-vocab --head {head} --data-dir {data} --size 3"
+    assert record["draft_vocab"]["heldout_coverage"] == 0.875  # [5, 5, 7, 10] is missing 10 in one of two lines
+    digest = hashlib.sha256((head / DRAFT_VOCAB_FILE).read_bytes()).hexdigest()
+    assert (head / "SHA256SUMS").read_text() == f"c0  config.json\n{digest}  {DRAFT_VOCAB_FILE}\n"
+    assert json.loads(capsys.readouterr().out)["counted_responses"] == 18
+
+
+def test_draft_vocab_command_names_a_missing_data_dir(tmp_path):
+    from sglang_jetspec.cli import main
+
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(SystemExit, match="--data-dir .*no responses.jsonl"):
+        main(["draft-vocab", "--head", str(tmp_path), "--data-dir", str(tmp_path / "nowhere")])

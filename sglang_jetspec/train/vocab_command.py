@@ -9,9 +9,10 @@ to report how much of unseen target output the vocabulary covers.
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
-from ..core.draft_vocab import coverage, rank_tokens, save_draft_vocab
+from ..core.draft_vocab import DRAFT_VOCAB_FILE, coverage, rank_tokens, save_draft_vocab
 from ..models.fetch import sha256_file
 from .data import RESPONSES, read_responses
 
@@ -62,6 +63,21 @@ def write_draft_vocab(head_dir: Path, data_dir: Path, size: int) -> dict:
     return record
 
 
+def note_in_head_record(head_dir: Path, record: dict, command: str) -> None:
+    """A head with a training record (the shipped one) keeps its provenance whole: the vocabulary's
+    command and record, its checksum in `files_sha256`, and SHA256SUMS rewritten to match."""
+    path = head_dir / "training_record.json"
+    if not path.is_file():
+        return
+    training = json.loads(path.read_text())
+    training["draft_vocab"] = {"command": command, **record}
+    training.setdefault("files_sha256", {})[DRAFT_VOCAB_FILE] = sha256_file(head_dir / DRAFT_VOCAB_FILE)
+    path.write_text(json.dumps(training, indent=2) + "\n")
+    sums = head_dir / "SHA256SUMS"
+    if sums.is_file():
+        sums.write_text("".join(f"{digest}  {name}\n" for name, digest in sorted(training["files_sha256"].items())))
+
+
 def run(args) -> int:
     head_dir, data_dir = Path(args.head), Path(args.data_dir)
     if not (head_dir / "config.json").is_file():
@@ -69,5 +85,6 @@ def run(args) -> int:
     if not (data_dir / RESPONSES).is_file():
         raise SystemExit(f"jetspec draft-vocab: --data-dir {data_dir}: no {RESPONSES}; pass a `jetspec train` data directory")
     record = write_draft_vocab(head_dir, data_dir, args.size)
+    note_in_head_record(head_dir, record, shlex.join(["jetspec", *getattr(args, "argv", [])]))
     print(json.dumps(record, indent=2))
     return 0
