@@ -11,7 +11,8 @@ from sglang_jetspec.core.head_io import init_head, save_head
 from sglang_jetspec.loading import untrained_head_config
 
 RECORD_FIELDS = {"method", "budget", "batch_size", "temperature", "requests", "tokens", "seconds", "tokens_per_s",
-                 "mean_accept_length", "speedup_vs_ar", "greedy_mismatches", "draft_round_s", "phase_ms", "draft_token_cost"}
+                 "mean_accept_length", "speedup_vs_ar", "greedy_mismatches", "divergences", "draft_round_s", "phase_ms",
+                 "draft_token_cost"}
 
 
 @pytest.fixture(scope="module")
@@ -59,11 +60,12 @@ def test_bench_grid_writes_json_markdown_and_plot(tmp_path, smollm2_dir, heads, 
     assert ar["speedup_vs_ar"] == 1.0 and ar["mean_accept_length"] == 1.0
     for r in records:
         assert r["requests"] == 2 and r["tokens"] == ar["tokens"] and r["batch_size"] == 1 and r["temperature"] == 0
-        assert r["greedy_mismatches"] == 0
+        assert r["greedy_mismatches"] == 0 and r["divergences"] == []
         assert r["tokens_per_s"] > 0 and r["mean_accept_length"] >= 1.0
         assert r["speedup_vs_ar"] == pytest.approx(r["tokens_per_s"] / ar["tokens_per_s"])
     header = report["header"]
     assert header["machine"]["cpu"] and header["machine"]["threads"] == 1 and header["torch"] and header["dtype"] == "fp32"
+    assert header["dtype_choice"] == "requested"
     assert set(header["heads"]) == {"head", "dflash_head"}
     assert all(len(h["sha256"]["model.safetensors"]) == 64 for h in header["heads"].values())
     assert header["command_line"].startswith("jetspec bench --target")

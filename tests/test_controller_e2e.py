@@ -36,12 +36,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
+import pytest
 from prometheus_client.samples import Sample
 
 from controller.decider import HOLD, OFF, REPROBE_FAILED
 from controller.http import urllib_transport
 from policies import parse_policy_text
 from sglang_jetspec.prompts import load_prompt_ids
+
+# Timing-sensitive (its decisions follow measured goodput, so a busy CPU sways them) and covered in the
+# default run by the controller simulator (tests/controller/) and the controller driving a real
+# SGLang server (tests/sglang_cpu/test_real_sglang_control.py): run it with `python -m pytest -m slow`.
+pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[1]
 ADMIN_KEY_ENV = "JETSPEC_E2E_ADMIN_KEY"

@@ -2,7 +2,7 @@
 
 fp32 SmolLM2, HumanEval prompts; an untrained head (random trees, mostly rejected) and an oracle
 draft (the target's own logits along its continuation, so trees are accepted deep); budgets 1, 8 and
-64; batch sizes 1 and 4. Two workloads run the same checks: 6 prompts x 48 tokens in every test run,
+64; batch sizes 1 and 4. Two workloads run the same checks: 6 prompts x 32 tokens in every test run,
 and the full sweep, prompts 0-19 x 64 tokens (20-40 minutes on 2 CPU cores), marked slow
 (`python -m pytest -m slow`).
 """
@@ -16,7 +16,7 @@ from sglang_jetspec.reference.oracle import OracleDrafter
 
 
 
-@pytest.fixture(scope="module", params=[pytest.param((6, 48), id="6x48"), pytest.param((20, 64), id="20x64", marks=pytest.mark.slow)])
+@pytest.fixture(scope="module", params=[pytest.param((6, 32), id="6x32"), pytest.param((20, 64), id="20x64", marks=pytest.mark.slow)])
 def workload(request, smollm2):
     num_prompts, new_tokens = request.param
     params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
