@@ -26,15 +26,8 @@ from sglang_jetspec.cli import add_target_arguments  # noqa: E402
 from sglang_jetspec.core.sampling import SamplingParams  # noqa: E402
 from sglang_jetspec.loading import load_drafter, load_target  # noqa: E402
 from sglang_jetspec.prompts import encode  # noqa: E402
+from sglang_jetspec.reference.divergence import first_difference as first_divergence  # noqa: E402
 from sglang_jetspec.reference.engine import EngineConfig, ReferenceEngine, Request  # noqa: E402
-
-
-def first_divergence(a: list[int], b: list[int]) -> int | None:
-    """Index of the first differing token (the shorter length if one is a prefix of the other)."""
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
 
 
 @torch.no_grad()
