@@ -20,12 +20,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sglang_jetspec.bench import select_prompts  # noqa: E402
-from sglang_jetspec.bench_cli import budget_list, positive_int, prompt_range  # noqa: E402
-from sglang_jetspec.cli import add_target_arguments  # noqa: E402
+from sglang_jetspec.bench.setup import select_prompts  # noqa: E402
+from sglang_jetspec.cli.bench import budget_list, prompt_range  # noqa: E402
+from sglang_jetspec.cli.args import positive_int  # noqa: E402
+from sglang_jetspec.cli.args import add_target_arguments  # noqa: E402
 from sglang_jetspec.core.sampling import SamplingParams  # noqa: E402
-from sglang_jetspec.loading import load_drafter, load_target  # noqa: E402
-from sglang_jetspec.prompts import encode  # noqa: E402
+from sglang_jetspec.reference.loading import load_drafter, load_target  # noqa: E402
+from sglang_jetspec.reference.prompts import encode  # noqa: E402
 from sglang_jetspec.reference.divergence import first_difference as first_divergence  # noqa: E402
 from sglang_jetspec.reference.engine import EngineConfig, ReferenceEngine, Request  # noqa: E402
 

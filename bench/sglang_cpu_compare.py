@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from sglang_jetspec.models.fetch import fetch
     from sglang_jetspec.reference.precision import cpu_model
-    from sglang_jetspec.prompts import load_prompt_ids
+    from sglang_jetspec.reference.prompts import load_prompt_ids
 
     model = args.model or str(fetch("smollm2"))
     prompts = load_prompt_ids(args.prompts, AutoTokenizer.from_pretrained(model), args.num_prompts)

@@ -205,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=Path("bench/results"))
     args = p.parse_args(argv)
 
-    from sglang_jetspec.prompts import humaneval_prompts
+    from sglang_jetspec.reference.prompts import humaneval_prompts
 
     prompts = humaneval_prompts(range(args.prompts))
     base = ["--model-path", args.model, "--attention-backend", args.attention_backend, "--dtype", args.dtype, *COMMON]

@@ -32,7 +32,7 @@ ALPHA = 0.001
 
 def positions(args) -> torch.Tensor:
     from sglang_jetspec.models.fetch import fetch
-    from sglang_jetspec.prompts import encode, humaneval_prompts
+    from sglang_jetspec.reference.prompts import encode, humaneval_prompts
     from sglang_jetspec.reference.target import TargetModel
 
     target = TargetModel(fetch("smollm2"), dtype=torch.float32)

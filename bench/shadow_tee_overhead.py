@@ -18,10 +18,10 @@ from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from shadow.engine_hook import EngineTee  # noqa: E402
-from shadow.record import RecordSampling, ShadowRecord  # noqa: E402
-from shadow.spool import SpoolWriter  # noqa: E402
-from shadow.tee import ShadowTee  # noqa: E402
+from sglang_jetspec.serving.shadow_hook import EngineTee  # noqa: E402
+from sglang_jetspec.spool.record import RecordSampling, ShadowRecord  # noqa: E402
+from sglang_jetspec.spool.writer import SpoolWriter  # noqa: E402
+from sglang_jetspec.spool.tee import ShadowTee  # noqa: E402
 from sglang_jetspec.core.sampling import SamplingParams  # noqa: E402
 
 

@@ -27,13 +27,13 @@ RULE_FILES = sorted((OPS / "prometheus").glob("*.rules.yml"))
 
 
 def _worker(registry: CollectorRegistry) -> None:
-    from sglang_jetspec.telemetry import JetspecMetrics
+    from sglang_jetspec.observability.metrics import JetspecMetrics
 
     JetspecMetrics(registry)
 
 
 def _worker_spool(registry: CollectorRegistry) -> None:
-    from shadow.tee import SpoolMetrics
+    from sglang_jetspec.spool.tee import SpoolMetrics
 
     SpoolMetrics(registry)
 

@@ -28,7 +28,7 @@ TOP = 2048  # > the last rank-bucket edge, so the lumped tail only ever joins th
 def build_positions(target, prompt_ids: list[list[int]], tokens: int, seed: int = 0) -> torch.Tensor:
     """Target logits [positions, vocab] at every emitted position of sampled (T=1) continuations."""
     from sglang_jetspec.reference.engine import ReferenceEngine, Request
-    from shadow.record import RecordSampling, ShadowRecord
+    from sglang_jetspec.spool.record import RecordSampling, ShadowRecord
     from shadow.reference import LocalReference
 
     engine = ReferenceEngine(target)

@@ -21,7 +21,7 @@ import numpy as np
 
 from shadow.checks import DEFAULT_TIE_MARGIN, RANK_EDGES, RequestCheck, greedy_mismatches, sampled_transform
 from shadow.metrics import ShadowMetrics
-from shadow.record import ShadowRecord
+from sglang_jetspec.spool.record import ShadowRecord
 from shadow.reference import Reference, ReferenceError
 from shadow.regenerate import Regenerator
 from shadow.stats import BettingMonitor, window_tests

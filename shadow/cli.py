@@ -73,7 +73,7 @@ def _reference(args):
     if args.reference == "local":
         import torch
 
-        from sglang_jetspec.loading import resolve_target_dir
+        from sglang_jetspec.reference.loading import resolve_target_dir
         from sglang_jetspec.reference.target import TargetModel
 
         return LocalReference(TargetModel(resolve_target_dir(args.target), dtype=torch.float32))
@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
     from policies.problems import PolicyError
     from shadow.checker import ShadowChecker
     from shadow.metrics import ShadowMetrics
-    from shadow.record import ShadowRecord
+    from sglang_jetspec.spool.record import ShadowRecord
     from shadow.regenerate import Regenerator
     from shadow.report import write_report
     from shadow.spool import SpoolReader

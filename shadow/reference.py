@@ -24,7 +24,7 @@ from typing import Protocol
 
 import torch
 
-from shadow.record import ShadowRecord
+from sglang_jetspec.spool.record import ShadowRecord
 
 GREEDY_TOP_LOGPROBS = 2
 

@@ -10,7 +10,7 @@ import json
 import urllib.request
 from collections.abc import Sequence
 
-from shadow.record import ShadowRecord
+from sglang_jetspec.spool.record import ShadowRecord
 from shadow.reference import ReferenceError
 from shadow.window import RegenerationRow
 

@@ -1,6 +1,6 @@
 """Spans of the checker: one `jetspec.shadow.check` per re-checked request, tracer `jetspec.shadow`.
 
-Provider set-up is shared with the worker and the controller (sglang_jetspec/tracing.py, OTEL_* variables).
+Provider set-up is shared with the worker and the controller (sglang_jetspec/observability/tracing.py, OTEL_* variables).
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 from opentelemetry.trace import Tracer
 
-from sglang_jetspec.tracing import build_provider, otlp_endpoint_in_env, otlp_exporter  # torch-free
+from sglang_jetspec.observability.tracing import build_provider, otlp_endpoint_in_env, otlp_exporter  # torch-free
 
 TRACER = "jetspec.shadow"
 SPAN = "jetspec.shadow.check"

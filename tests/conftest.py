@@ -40,7 +40,7 @@ def smollm2(smollm2_dir):
 @pytest.fixture(scope="session")
 def untrained_drafter(smollm2):
     """A randomly initialised 1-layer head for SmolLM2 (seed 0), wrapped as a drafter."""
-    from sglang_jetspec.loading import load_drafter
+    from sglang_jetspec.reference.loading import load_drafter
 
     return load_drafter(smollm2, "untrained")[0]
 
@@ -62,7 +62,7 @@ def reveal_drafter(smollm2):
     tokens in training. For losslessness and replay-exactness tests, not for accept-length claims."""
     from dataclasses import replace
 
-    from sglang_jetspec.loading import load_drafter
+    from sglang_jetspec.reference.loading import load_drafter
 
     drafter, _ = load_drafter(smollm2, None)
     drafter.head.config = replace(drafter.head.config, draft_reveal={"scheme": "prefix", "all_mask_share": 0.5})

@@ -5,10 +5,10 @@ import json
 
 import pytest
 
-from sglang_jetspec.bench_report import summarize
+from sglang_jetspec.bench.report import summarize
 from sglang_jetspec.cli import main
 from sglang_jetspec.core.head_io import init_head, save_head
-from sglang_jetspec.loading import untrained_head_config
+from sglang_jetspec.reference.loading import untrained_head_config
 
 RECORD_FIELDS = {"method", "budget", "batch_size", "temperature", "requests", "tokens", "seconds", "tokens_per_s",
                  "mean_accept_length", "speedup_vs_ar", "greedy_mismatches", "divergences", "draft_round_s", "phase_ms",

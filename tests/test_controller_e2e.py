@@ -42,7 +42,7 @@ from prometheus_client.samples import Sample
 from controller.decider import HOLD, OFF, REPROBE_FAILED
 from controller.http import urllib_transport
 from policies import parse_policy_text
-from sglang_jetspec.prompts import load_prompt_ids
+from sglang_jetspec.reference.prompts import load_prompt_ids
 
 # Timing-sensitive (its decisions follow measured goodput, so a busy CPU sways them) and covered in the
 # default run by the controller simulator (tests/controller/) and the controller driving a real

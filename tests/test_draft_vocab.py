@@ -7,7 +7,7 @@ from safetensors.torch import save_file
 from sglang_jetspec.core.draft_vocab import DRAFT_VOCAB_FILE, DraftVocabError, coverage, load_draft_vocab, rank_tokens, save_draft_vocab
 from sglang_jetspec.core.drafter import HeadDrafter
 from sglang_jetspec.core.sampling import SamplingParams
-from sglang_jetspec.prompts import humaneval_prompts
+from sglang_jetspec.reference.prompts import humaneval_prompts
 from sglang_jetspec.reference.engine import EngineConfig, ReferenceEngine, Request
 
 

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from sglang_jetspec.core.sampling import SamplingParams
-from sglang_jetspec.reference.engine import EngineConfig, InvariantError, ReferenceEngine, Request, check_invariants
+from sglang_jetspec.reference.engine import EngineConfig, ReferenceEngine, Request
+from sglang_jetspec.reference.invariants import InvariantError, check_invariants
 from sglang_jetspec.reference.target import Segment
 
 PROMPTS = ["def add(a, b):\n    return", "The three primary colours are", "import os\nimport sys\n\ndef main():\n"]

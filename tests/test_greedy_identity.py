@@ -10,7 +10,7 @@ and the full sweep, prompts 0-19 x 64 tokens (20-40 minutes on 2 CPU cores), mar
 import pytest
 
 from sglang_jetspec.core.sampling import SamplingParams
-from sglang_jetspec.prompts import humaneval_prompts
+from sglang_jetspec.reference.prompts import humaneval_prompts
 from sglang_jetspec.reference.engine import EngineConfig, ReferenceEngine, Request
 from sglang_jetspec.reference.oracle import OracleDrafter
 

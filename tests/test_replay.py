@@ -7,11 +7,11 @@ import torch
 
 from sglang_jetspec.cli import main
 from sglang_jetspec.core.tree import TreeSpec, build_tree
-from sglang_jetspec.loading import load_drafter
-from sglang_jetspec.prompts import encode, humaneval_prompts
+from sglang_jetspec.reference.loading import load_drafter
+from sglang_jetspec.reference.prompts import encode, humaneval_prompts
 from sglang_jetspec.reference.engine import EngineConfig, ReferenceEngine, Request
 from sglang_jetspec.core.sampling import SamplingParams
-from sglang_jetspec.replay import DraftMemo, ReplayLane, matched_depth, replay_request, tapped_rows
+from sglang_jetspec.bench.replay import DraftMemo, ReplayLane, matched_depth, replay_request, tapped_rows
 
 
 def test_matched_depth_follows_the_matching_branch():

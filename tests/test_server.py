@@ -1,4 +1,4 @@
-"""The reference engine behind HTTP (sglang_jetspec/server.py) on the real SmolLM2 target, on loopback."""
+"""The reference engine behind HTTP (sglang_jetspec/serving/server.py) on the real SmolLM2 target, on loopback."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from sglang_jetspec.cli import main
 from sglang_jetspec.core.prompt_lookup import LookupMerge
 from sglang_jetspec.core.sampling import SamplingParams
 from sglang_jetspec.reference.engine import EngineConfig, ReferenceEngine, Request
-from sglang_jetspec.server import JetspecServer, check_budgets_runnable
-from sglang_jetspec.telemetry import STEP_COUNTERS
+from sglang_jetspec.serving.server import JetspecServer, check_budgets_runnable
+from sglang_jetspec.observability.metrics import STEP_COUNTERS
 
 ADMIN_KEY = "server-test-key"
 POLICY_YAML = """\

@@ -7,7 +7,7 @@ import pytest
 
 from sglang_jetspec.core.head_io import load_head
 from sglang_jetspec.core.head_config import TargetInfo
-from sglang_jetspec.loading import SHIPPED_HEADS
+from sglang_jetspec.reference.loading import SHIPPED_HEADS
 
 HEAD = SHIPPED_HEADS / "smollm2-135m-instruct"
 SMOLLM2 = TargetInfo(hidden_size=576, vocab_size=49152, num_hidden_layers=30, rope_theta=100000.0)

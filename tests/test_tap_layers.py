@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from sglang_jetspec.core.head_config import HeadConfig, HeadConfigError, TargetInfo, default_tap_layers
-from sglang_jetspec.loading import SHIPPED_HEADS
+from sglang_jetspec.reference.loading import SHIPPED_HEADS
 
 TARGET = TargetInfo(hidden_size=64, vocab_size=100, num_hidden_layers=8)
 HEAD = HeadConfig(hidden_size=64, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=16,

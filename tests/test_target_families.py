@@ -7,7 +7,7 @@ import torch
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 from sglang_jetspec.core.sampling import SamplingParams
-from sglang_jetspec.loading import load_drafter
+from sglang_jetspec.reference.loading import load_drafter
 from sglang_jetspec.reference.engine import EngineConfig, ReferenceEngine, Request
 from sglang_jetspec.reference.target import TargetError, TargetModel
 

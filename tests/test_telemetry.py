@@ -22,7 +22,7 @@ from policies import ActivePolicy, parse_policy_text
 from sglang_jetspec.core.sampling import SamplingParams
 from sglang_jetspec.core.step_record import StepRecord
 from sglang_jetspec.reference.engine import EngineConfig, ReferenceEngine, Request
-from sglang_jetspec.telemetry import STEP_COUNTERS, JetspecMetrics
+from sglang_jetspec.observability.metrics import STEP_COUNTERS, JetspecMetrics
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -141,7 +141,7 @@ MULTIPROCESS_WRITER = """
 import sys, types
 from prometheus_client import CollectorRegistry
 from policies import ActivePolicy, parse_policy_text
-from sglang_jetspec.telemetry import JetspecMetrics
+from sglang_jetspec.observability.metrics import JetspecMetrics
 metrics = JetspecMetrics(CollectorRegistry())
 record = types.SimpleNamespace(batch_size=2, budget=4, committed_tokens=5, accept_lengths=[2, 3],
                                draft_s=0.1, tree_s=0.01, verify_s=0.2, accept_s=0.02, wall_s=0.4)

@@ -10,7 +10,8 @@ from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from sglang_jetspec.cli import main
 from sglang_jetspec.reference.target import Segment, TargetModel
-from sglang_jetspec.train.code_prompts import HUMANEVAL_ENTRY_POINTS, code_completion_records, code_mix_prompt_records
+from sglang_jetspec.train.code_prompts import code_completion_records, code_mix_prompt_records
+from sglang_jetspec.train.doc_sources import HUMANEVAL_ENTRY_POINTS
 from sglang_jetspec.train.command import default_data_dir
 from sglang_jetspec.train.data import RegenerationConfig, load_sequences, read_responses, regenerate_with_features, same_regeneration
 

@@ -5,7 +5,7 @@ rank-1 branch gap read from the verify logits."""
 import pytest
 
 from sglang_jetspec.core.sampling import SamplingParams
-from sglang_jetspec.prompts import encode, humaneval_prompts
+from sglang_jetspec.reference.prompts import encode, humaneval_prompts
 from sglang_jetspec.reference.engine import EngineConfig, ReferenceEngine, Request
 from sglang_jetspec.reference.oracle import OracleDrafter
 

@@ -9,6 +9,7 @@
   survive ScheduleBatch.filter_batch / merge_batch; it carries the last committed tokens and the new
   sequence lengths, plus the empty fields SGLang's relay code reads by name. It reuses the
   NGRAM_VERIFY type, the type SGLang's own NGRAM worker gives its between-round input.
+- bind_verify_batch: puts a step's verify tensors on the batch.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from typing import Optional
 
 import torch
 
-from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
+from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_func
+from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
 from sglang.srt.speculative.ngram_info import NgramVerifyInput
 from sglang.srt.speculative.spec_info import SpecInput, SpecInputType
 
@@ -26,6 +28,27 @@ class JetSpecVerifyInput(NgramVerifyInput):
     # ForwardBatch.init_new takes max(request mode, spec_info.capture_hidden_mode): FULL makes the
     # logits processor return the packed tap rows of every verify token.
     capture_hidden_mode = CaptureHiddenMode.FULL
+
+
+def bind_verify_batch(batch, tensors, seq_lens: list[int], num_nodes: int, mask_layout, device) -> None:
+    """Rebind the batch for a TARGET_VERIFY pass over `num_nodes` tree nodes per request, as
+    NGRAMWorker._prepare_for_speculative_decoding does; the scheduler's _forward_isolation restores
+    every field afterwards. `tensors`: verify_inputs.build_verify_tensors of the step's trees."""
+    draft_token = tensors.draft_token.to(device, non_blocking=True)
+    batch.forward_mode = ForwardMode.TARGET_VERIFY
+    batch.input_ids = draft_token
+    batch.out_cache_loc = assign_extend_cache_locs_func(
+        req_pool_indices=batch.req_pool_indices, req_to_token=batch.req_to_token_pool.req_to_token,
+        start_offset=batch.seq_lens, end_offset=batch.seq_lens + num_nodes, batch_size=len(seq_lens),
+        draft_token_num=num_nodes, device=device)
+    batch.spec_info = JetSpecVerifyInput(
+        draft_token=draft_token,
+        custom_mask=tensors.custom_mask(mask_layout, seq_lens, device),
+        positions=tensors.positions.to(device, non_blocking=True),
+        retrieve_index=tensors.retrieve_index.to(device, non_blocking=True),
+        retrieve_next_token=tensors.retrieve_next_token.to(device, non_blocking=True),
+        retrieve_next_sibling=tensors.retrieve_next_sibling.to(device, non_blocking=True),
+        draft_token_num=num_nodes)
 
 
 class JetSpecDraftState(SpecInput):

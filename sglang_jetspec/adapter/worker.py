@@ -23,16 +23,13 @@ import logging
 import time
 
 import torch
-from torch import nn
 
-from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_func
 from sglang.srt.arg_groups.overrides import resolving_view
 from sglang.srt.layers.logprob_processor import compute_spec_logprobs
 from sglang.srt.managers.utils import GenerationBatchResult
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
 from sglang.srt.observability.req_time_stats import set_time_batch
 from sglang.srt.runtime_context import get_device, get_spec
-from sglang.srt.sampling.penaltylib.repetition_penalty import apply_scaling_penalties
 from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 from sglang.srt.speculative.spec_utils import move_accept_tokens_to_target_kvcache, record_stream_for_v2_verify
 
@@ -40,12 +37,14 @@ from policies import StepPlan, read_head_capacity
 from sglang_jetspec.adapter.accept import accept_step
 from sglang_jetspec.adapter.attention_backends import tree_mask_layout, verify_attention_backend
 from sglang_jetspec.adapter.draft_model import register_draft_models
+from sglang_jetspec.adapter.logit_adjustments import apply_sglang_logit_adjustments
 from sglang_jetspec.adapter.policy import PolicyControl, load_runtime_policy
 from sglang_jetspec.adapter.request_sampling import core_sampling_params
 from sglang_jetspec.adapter.request_state import DraftStateStore, RequestDraftState
 from sglang_jetspec.adapter.server_args import JetSpecArgsError, target_info
-from sglang_jetspec.adapter.spec_inputs import JetSpecDraftState, JetSpecVerifyInput
+from sglang_jetspec.adapter.spec_inputs import JetSpecDraftState, bind_verify_batch
 from sglang_jetspec.adapter.step_outputs import step_outputs
+from sglang_jetspec.adapter.target_views import TargetEmbedding, TargetLMHead
 from sglang_jetspec.adapter.verify_inputs import build_verify_tensors
 from sglang_jetspec.adapter.worker_observability import WorkerShadow, step_tracer, trace_step, worker_metrics
 from sglang_jetspec.core.draft_vocab import load_draft_vocab
@@ -57,50 +56,6 @@ from sglang_jetspec.core.step_record import StepRecord
 from sglang_jetspec.core.tree import DraftTree, TreeSpec, root_only_tree
 
 log = logging.getLogger(__name__)
-
-
-class TargetEmbedding(nn.Module):
-    """The target's input embedding table, read from the model at every call (no copy): a weight update
-    that replaces the table (update_weights_from_disk / _tensor) is what the head sees next step."""
-
-    def __init__(self, model) -> None:
-        super().__init__()
-        self._read = lambda: model.get_input_embeddings().weight  # a getter, so the target is no submodule
-
-    @property
-    def weight(self) -> torch.Tensor:
-        return self._read()
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return nn.functional.embedding(ids, self.weight)
-
-
-class TargetLMHead(nn.Module):
-    """The target's lm_head rows for the real vocabulary (SGLang may pad the table), read at every call."""
-
-    def __init__(self, model, vocab_size: int) -> None:
-        super().__init__()
-        self._read = lambda: model.lm_head.weight[:vocab_size]
-
-    @property
-    def weight(self) -> torch.Tensor:
-        return self._read()
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return nn.functional.linear(hidden, self.weight)
-
-
-def apply_sglang_logit_adjustments(logits: torch.Tensor, sampling_info, num_nodes: int) -> None:
-    """Penalties and logit bias on the verify logits, in place, exactly as SGLang's eagle_sample
-    (speculative/eagle_utils.py) applies them to tree verification: each request's accumulated
-    penalties and bias repeated over its num_nodes rows. SGLang calls this "a relaxed version of
-    penalties for speculative decoding"; JETSPEC matches what SGLang's EAGLE/NGRAM do."""
-    if sampling_info.acc_additive_penalties is not None:
-        logits.add_(torch.repeat_interleave(sampling_info.acc_additive_penalties, num_nodes, dim=0))
-    if sampling_info.acc_scaling_penalties is not None:
-        apply_scaling_penalties(logits, torch.repeat_interleave(sampling_info.acc_scaling_penalties, num_nodes, dim=0))
-    if sampling_info.logit_bias is not None:
-        logits.add_(torch.repeat_interleave(sampling_info.logit_bias, num_nodes, dim=0))
 
 
 class JetSpecWorker(BaseSpecWorker):
@@ -292,25 +247,9 @@ class JetSpecWorker(BaseSpecWorker):
         set_time_batch(batch.reqs, "set_spec_draft_end_time", trace_only=True)
         t_verify = self._sync(observed)
 
-        # Rebind the verify inputs on the batch, as NGRAMWorker._prepare_for_speculative_decoding
-        # does; the scheduler's _forward_isolation restores every field afterwards.
-        tensors = build_verify_tensors(trees, seq_lens, num_nodes)
+        bind_verify_batch(batch, build_verify_tensors(trees, seq_lens, num_nodes), seq_lens, num_nodes,
+                          self.mask_layout, self.device)
         device = self.device
-        draft_token = tensors.draft_token.to(device, non_blocking=True)
-        batch.forward_mode = ForwardMode.TARGET_VERIFY
-        batch.input_ids = draft_token
-        batch.out_cache_loc = assign_extend_cache_locs_func(
-            req_pool_indices=batch.req_pool_indices, req_to_token=batch.req_to_token_pool.req_to_token,
-            start_offset=batch.seq_lens, end_offset=batch.seq_lens + num_nodes, batch_size=bs,
-            draft_token_num=num_nodes, device=device)
-        batch.spec_info = JetSpecVerifyInput(
-            draft_token=draft_token,
-            custom_mask=tensors.custom_mask(self.mask_layout, seq_lens, device),
-            positions=tensors.positions.to(device, non_blocking=True),
-            retrieve_index=tensors.retrieve_index.to(device, non_blocking=True),
-            retrieve_next_token=tensors.retrieve_next_token.to(device, non_blocking=True),
-            retrieve_next_sibling=tensors.retrieve_next_sibling.to(device, non_blocking=True),
-            draft_token_num=num_nodes)
         result = self._target_worker.forward_batch_generation(batch, is_verify=True)
         logits_output = result.logits_output
         taps = logits_output.hidden_states  # [bs*N, taps*H]: every node's tap rows

@@ -33,7 +33,7 @@ def worker_metrics(enable_metrics: bool):
         return None
     from prometheus_client import CollectorRegistry
 
-    from sglang_jetspec.telemetry import JetspecMetrics
+    from sglang_jetspec.observability.metrics import JetspecMetrics
 
     return JetspecMetrics(CollectorRegistry())
 
@@ -47,7 +47,7 @@ def step_tracer():
         return None
     from opentelemetry import trace
 
-    from sglang_jetspec.tracing import WORKER_TRACER
+    from sglang_jetspec.observability.tracing import WORKER_TRACER
 
     return trace.get_tracer(WORKER_TRACER)
 
@@ -56,7 +56,7 @@ def trace_step(tracer, cohort: str, record: StepRecord, start_ns: int, request_i
     """One verify step as a `jetspec.step` span (started at `start_ns`, lasting record.wall_s) with its
     phase children. SGLang keeps its request spans in private trace contexts, so the step names the
     requests it advanced instead of linking to them."""
-    from sglang_jetspec.tracing import STEP_SPAN, record_step_phases
+    from sglang_jetspec.observability.tracing import STEP_SPAN, record_step_phases
 
     span = tracer.start_span(STEP_SPAN, start_time=start_ns, attributes={"jetspec.request_ids": request_ids})
     record_step_phases(tracer, span, cohort, record)
@@ -76,8 +76,8 @@ class WorkerShadow:
             return None
         from prometheus_client import CollectorRegistry
 
-        from shadow.spool import SpoolWriter
-        from shadow.tee import ShadowTee
+        from sglang_jetspec.spool.writer import SpoolWriter
+        from sglang_jetspec.spool.tee import ShadowTee
 
         return cls(ShadowTee(SpoolWriter(spool), sample_rate, CollectorRegistry()).start(), model, head)
 
@@ -93,7 +93,7 @@ class WorkerShadow:
 
 
 def shadow_record(req, state: RequestDraftState, finish_reason: str, model: str, head: str):
-    from shadow.record import RecordSampling, ShadowRecord, SpecStats
+    from sglang_jetspec.spool.record import RecordSampling, ShadowRecord, SpecStats
 
     return ShadowRecord(
         request_id=str(req.rid), model=model, head=head,

@@ -23,8 +23,11 @@ from ..core.step_record import StepRecord
 from ..core.drafting import draft_trees, settled_clock
 from ..core.prompt_lookup import LookupMerge
 from ..core.tree import DraftTree, TreeSpec, root_only_tree
+from ..core.tree_sizing import TreeSizer, is_adaptive
+from .invariants import check_invariants
 from .kv_cache import SlotKVCache
 from .target import Segment, TargetModel
+from .verify_cost import verify_cost
 
 
 @dataclass
@@ -64,8 +67,10 @@ class EngineConfig:
     draft_rounds: int = 0  # tree-causal rounds after the marginal tree (0 = per-depth marginals only)
     lookup: LookupMerge | None = None  # the hybrid drafter: prompt-lookup guesses merged into the head's trees
     rank1_gap: bool = False  # record each lane's rank-1 branch gap (draft - target log-prob) in StepRecord
+    tree_sizing: str = "fixed"  # "adaptive": verify only the nodes that pay for themselves (core/tree_sizing.py)
 
     def __post_init__(self) -> None:
+        is_adaptive(self.tree_sizing)  # ValueError naming the choices
         if self.draft_rounds < 0:
             raise ValueError(f"draft_rounds={self.draft_rounds}: must be >= 0 (0 = marginal tree only)")
 
@@ -142,6 +147,8 @@ class ReferenceEngine:
         self.tap_layers: tuple[int, ...] = tuple(getattr(drafter, "tap_layers", ()))
         self.tap_width = target.info.hidden_size * len(self.tap_layers)
         self.check_draft_rounds(self.config.draft_rounds)
+        # measured before the first request, so no request pays for it
+        self.sizer = TreeSizer(verify_cost(target, self.tap_layers)) if is_adaptive(self.config.tree_sizing) and drafter else None
 
     def check_draft_rounds(self, rounds: int) -> None:
         """ValueError unless this engine's drafter can run `rounds` tree-causal rounds."""
@@ -205,6 +212,10 @@ class ReferenceEngine:
         depth = min(self.drafter.max_depth, budget - 1)
         spec = TreeSpec(budget=budget, max_depth=depth, width=tree_width, fanout=self.config.fanout)
         trees, timing = draft_trees(self.drafter, lanes, spec, draft_rounds, lookup)
+        if self.sizer is not None:
+            start = time.perf_counter()
+            trees = self.sizer.size(trees, timing.draft_s)
+            timing.tree_s += time.perf_counter() - start
         return trees, timing.round_s, timing.tree_s
 
     def _step(self, cache: SlotKVCache, lanes: list[Lane], budget: int, draft_rounds: int, tree_width: int,
@@ -219,6 +230,8 @@ class ReferenceEngine:
         logits = self.target.logits(out.hidden)
         t_accept = settled_clock(logits)
         results = accept_batch(trees, logits, [l.params for l in lanes], [l.generator for l in lanes], self.config.acceptance)
+        if self.sizer is not None and budget > 1:
+            self.sizer.observe([r.accept_length for r in results])
         t_commit = time.perf_counter()
         committed = self._commit(cache, lanes, results, out.taps)
         t_end = time.perf_counter()
@@ -235,6 +248,7 @@ class ReferenceEngine:
             commit_s=t_end - t_commit,
             draft_round_s=draft_round_s,
             rank1_gaps=[rank1_branch_gap(tree, logits[b]) for b, tree in enumerate(trees)] if self.config.rank1_gap else None,
+            verified_nodes=sum(tree.size for tree in trees),
         )
         return record
 
@@ -293,22 +307,3 @@ class RunningBatch:
             self.cache.keep_lanes(keep)
             self.lanes = [self.lanes[i] for i in keep]
         return record, finished
-
-
-class InvariantError(AssertionError):
-    pass
-
-
-def check_invariants(cache: SlotKVCache, lanes: list[Lane]) -> None:
-    """Per running lane: kv_len == tap rows == committed_len - 1, and no slot past kv_len holds state."""
-    if cache.lanes != len(lanes):
-        raise InvariantError(f"cache has {cache.lanes} lanes for {len(lanes)} running requests")
-    for b, lane in enumerate(lanes):
-        kv_len, committed = int(cache.lengths[b]), len(lane.committed_ids)
-        if kv_len != committed - 1:
-            raise InvariantError(f"lane {b}: kv_len {kv_len} != committed_len - 1 = {committed - 1}")
-        if lane.tap_rows().shape[0] not in (0, kv_len):
-            raise InvariantError(f"lane {b}: {lane.tap_rows().shape[0]} tapped rows for kv_len {kv_len}")
-        for layer in cache.layers:
-            if layer.keys[b, :, kv_len:].abs().sum() or layer.values[b, :, kv_len:].abs().sum():
-                raise InvariantError(f"lane {b}: state left in slots past kv_len {kv_len} (rejected nodes not cleared)")

@@ -18,68 +18,13 @@ import torch
 
 from ..core.head_config import default_tap_layers
 from ..models.fetch import cache_root, sha256_file
-from ..prompts import read_prompt_file
-from .data import FEATURE_MODES, MANIFEST, RegenerationConfig, featurize, load_sequences, regenerate, regenerate_with_features, same_regeneration, write_manifest
-from .objective import LOSSES, REVEALS
+from ..reference.prompts import read_prompt_file
+from .data import MANIFEST, RegenerationConfig, featurize, load_sequences, regenerate, regenerate_with_features, same_regeneration, write_manifest
 from .prompt_sources import default_prompt_records
 from .trainer import TrainConfig, Trainer
 
 RECORD = "training_record.json"
 PROMPT_SETS = ("default", "code-mix")
-
-
-def register(sub) -> None:
-    from ..cli import add_target_arguments
-
-    p = sub.add_parser("train", help="train a JetSpec (or DFlash-style) draft head for a target")
-    add_target_arguments(p)
-    p.set_defaults(head=None)
-    p.add_argument("--out", required=True, help="output head directory")
-    p.add_argument("--prompts", help="JSONL of prompt/messages lines (default: the built-in --prompt-set, never HumanEval)")
-    p.add_argument("--prompt-set", choices=PROMPT_SETS, default="default",
-                   help="built-in prompts when --prompts is not given: default (stdlib completion/chat + instructions, the shipped "
-                        "head's set) or code-mix (HumanEval-shaped completions from stdlib/numpy/scipy/... docstrings mixed with chat; "
-                        "train/code_prompts.py; --prompt-count prompts, --code-share of them completions)")
-    p.add_argument("--prompt-count", type=int, default=4000, help="--prompt-set code-mix: number of prompts")
-    p.add_argument("--code-share", type=float, default=0.7, help="--prompt-set code-mix: share of raw code completions (the rest chat)")
-    p.add_argument("--prompt-limit", type=int, help="use only the first N prompts (a pilot on a prefix of the set; a later full run "
-                                                     "with the same --data-dir resumes from it)")
-    p.add_argument("--data-dir", help="where regenerated data and features are cached (default: $JETSPEC_CACHE_DIR/data/<target>-<prompts>)")
-    p.add_argument("--max-new-tokens", type=int, default=RegenerationConfig.max_new_tokens)
-    p.add_argument("--sampled-share", type=float, default=RegenerationConfig.sampled_share, help="share of prompts that also get a sampled response")
-    p.add_argument("--regen-batch-size", type=int, default=RegenerationConfig.batch_size)
-    p.add_argument("--regen-dtype", choices=["fp32", "bf16"], default=RegenerationConfig.dtype,
-                   help="target dtype for regeneration and teacher features (bf16: faster batched generation on CPU; the "
-                        "manifest records it); training itself always reads the fp32 target's embedding and lm_head")
-    p.add_argument("--features", choices=FEATURE_MODES, default=RegenerationConfig.features,
-                   help="teacher-forced: a second target pass per sequence after regeneration; generation: tapped rows kept "
-                        "while generating (what the engine computes at inference, no second pass; ties the data dir to the taps)")
-    p.add_argument("--layers", type=int, default=1, help="head decoder layers")
-    p.add_argument("--init-from-target-layers", help="comma-separated target layers copied into head layers 0, 1, ... (weights "
-                                                      "whose name and shape match; the head's final norm from the target's)")
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--taps", type=int, default=4, help="number of evenly spaced target layers to tap")
-    p.add_argument("--tap-layers", help="explicit comma-separated target layers (overrides --taps)")
-    p.add_argument("--bidirectional", action="store_true", help="DFlash-style baseline: full attention inside the block")
-    p.add_argument("--reveal", choices=REVEALS, default=TrainConfig.reveal,
-                   help="prefix: blocks may show the true tokens before their masks, so the head can draft conditioned on a "
-                        "tree branch (--draft-rounds at decode time); causal heads only; recorded in config.json dflash_config.draft_reveal")
-    p.add_argument("--all-mask-share", type=float, default=TrainConfig.all_mask_share,
-                   help="with --reveal prefix: share of blocks with nothing revealed (keeps the marginal first pass as good)")
-    p.add_argument("--loss", choices=LOSSES, default=TrainConfig.loss)
-    p.add_argument("--kd-temperature", type=float, default=TrainConfig.kd_temperature)
-    p.add_argument("--position-decay", type=float, help="weight depth d by exp(-(d-1)/DECAY) (default: uniform)")
-    p.add_argument("--steps", type=int, default=TrainConfig.steps)
-    p.add_argument("--lr", type=float, default=TrainConfig.lr)
-    p.add_argument("--seqs-per-step", type=int, default=TrainConfig.seqs_per_step)
-    p.add_argument("--blocks-per-seq", type=int, default=TrainConfig.blocks_per_seq)
-    p.add_argument("--warmup-steps", type=int, default=TrainConfig.warmup_steps)
-    p.add_argument("--eval-every", type=int, default=TrainConfig.eval_every)
-    p.add_argument("--bf16", action="store_true", help="bf16 autocast for the head's compute")
-    p.add_argument("--save-dtype", choices=["fp32", "bf16"], default="bf16", help="dtype of the saved weights")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--resume", action="store_true", help="continue from <out>/checkpoint.pt")
-    p.set_defaults(func=run)
 
 
 def pick_mask_token_id(tokenizer) -> int:
@@ -90,7 +35,7 @@ def pick_mask_token_id(tokenizer) -> int:
 
 
 def run(args) -> int:
-    from ..loading import load_target, untrained_head_config
+    from ..reference.loading import load_target, untrained_head_config
 
     if args.reveal != "none" and args.bidirectional:
         raise SystemExit(f"jetspec train: --reveal {args.reveal} needs a causal head (revealed tokens would leak into earlier "

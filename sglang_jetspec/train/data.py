@@ -25,7 +25,7 @@ from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
 from ..core.sampling import SamplingParams
-from ..prompts import encode
+from ..reference.prompts import encode
 from ..reference.engine import EngineConfig, ReferenceEngine, Request
 from ..reference.target import Segment, TargetModel
 

@@ -20,14 +20,6 @@ DEFAULT_SIZE = 8192
 HELDOUT_SHARE = 0.1
 
 
-def register(sub) -> None:
-    p = sub.add_parser("draft-vocab", help="write a head's reduced draft vocabulary from the target's own regenerated outputs")
-    p.add_argument("--head", required=True, help="head directory to write draft_vocab.safetensors into")
-    p.add_argument("--data-dir", required=True, help="a `jetspec train` data directory (its responses.jsonl: target outputs)")
-    p.add_argument("--size", type=int, default=DEFAULT_SIZE, help="tokens in the draft vocabulary")
-    p.set_defaults(func=run)
-
-
 def end_token_ids(target_dir: Path | None) -> list[int]:
     """The target's eos ids (config.json / generation_config.json of its checkpoint), when known."""
     ids: list[int] = []

@@ -36,7 +36,7 @@ COMMAND = re.compile(r"(?<![\w./$-])(?<!-n )(" + "|".join(re.escape(p) for p in 
 @functools.cache
 def parser(program: str) -> argparse.ArgumentParser:
     if program == "jetspec":
-        from sglang_jetspec.cli import build_parser
+        from sglang_jetspec.cli.main import build_parser
         return build_parser()
     if program == "controller":
         from controller.cli import build_parser

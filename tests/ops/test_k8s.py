@@ -130,7 +130,7 @@ def test_the_controller_arguments_parse_and_name_every_server_replica():
 
 
 def test_the_shadow_checker_arguments_parse():
-    from sglang_jetspec.cli import build_parser
+    from sglang_jetspec.cli.main import build_parser
 
     c = container("jetspec-shadow")
     assert c["command"] == ["jetspec"]

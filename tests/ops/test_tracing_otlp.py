@@ -20,8 +20,8 @@ from ops_support import ADMIN_KEY, POLICY_YAML, REPO, post_json, push_budget
 
 from controller.decider import Decision
 from controller.observability import Observer, make_tracer
-from sglang_jetspec.server import JetspecServer
-from sglang_jetspec.tracing import WORKER_TRACER, build_provider, exporters_from_env
+from sglang_jetspec.serving.server import JetspecServer
+from sglang_jetspec.observability.tracing import WORKER_TRACER, build_provider, exporters_from_env
 
 PHASES = {"jetspec.draft", "jetspec.tree", "jetspec.verify", "jetspec.accept", "jetspec.commit"}
 

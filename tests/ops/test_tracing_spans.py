@@ -1,4 +1,4 @@
-"""Worker spans of the reference server (sglang_jetspec/tracing.py), caught by the SDK's in-memory
+"""Worker spans of the reference server (sglang_jetspec/observability/tracing.py), caught by the SDK's in-memory
 exporter, on the real SmolLM2 target: one GenAI request span per /generate, one `jetspec.step` span
 per verify step linked to it, with its phases as children; set-up from the OTEL_* variables."""
 
@@ -13,9 +13,8 @@ from opentelemetry.trace import SpanKind, StatusCode
 from ops_support import ADMIN_KEY, post_json, push_budget
 
 from sglang_jetspec.core.step_record import StepRecord
-from sglang_jetspec.server import JetspecServer
-from sglang_jetspec.tracing import (WORKER_TRACER, TracingConfigError, build_provider, exporters_from_env,
-                                    record_step_phases)
+from sglang_jetspec.serving.server import JetspecServer
+from sglang_jetspec.observability.tracing import WORKER_TRACER, TracingConfigError, build_provider, exporters_from_env, record_step_phases
 
 MODEL = "smollm2-135m-instruct"
 TRACE_ID = 0x0AF7651916CD43DD8448EB211C80319C

@@ -26,7 +26,7 @@ def _bench():
 
 
 def test_jetspec_server_greedy_matches_plain_and_accepts_drafts(smollm2_dir, head_dir, tmp_path):
-    from sglang_jetspec.prompts import humaneval_prompts
+    from sglang_jetspec.reference.prompts import humaneval_prompts
 
     bench = _bench()
     prompts = humaneval_prompts(range(8))

@@ -26,6 +26,7 @@ from sglang.srt.sampling.sampling_params import SamplingParams as SGLangParams  
 
 from policies import load_policy  # noqa: E402
 from sglang_jetspec.adapter import worker as worker_module  # noqa: E402
+from sglang_jetspec.adapter import spec_inputs as spec_inputs_module  # noqa: E402
 from sglang_jetspec.adapter.attention_backends import MaskLayout  # noqa: E402
 from sglang_jetspec.adapter.policy import PolicyControl, policy_path  # noqa: E402
 from sglang_jetspec.adapter.request_state import DraftStateStore  # noqa: E402
@@ -115,7 +116,7 @@ def fresh(worker, monkeypatch):
     worker.policy_control = PolicyControl(load_policy(policy_path()), admin_key_configured=False)
     monkeypatch.setattr(worker_module, "record_stream_for_v2_verify", lambda *a: None)
     monkeypatch.setattr(worker_module, "move_accept_tokens_to_target_kvcache", lambda *a: None)
-    monkeypatch.setattr(worker_module, "assign_extend_cache_locs_func", lambda **kw: None)
+    monkeypatch.setattr(spec_inputs_module, "assign_extend_cache_locs_func", lambda **kw: None)
     return worker
 
 

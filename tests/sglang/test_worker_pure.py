@@ -201,7 +201,7 @@ def test_outputs_follow_sglang_slicing_and_the_kv_mover_layout():
 
 def test_relaxed_penalties_and_bias_match_sglang_repeat_per_node():
     pytest.importorskip("sglang")
-    from sglang_jetspec.adapter.worker import apply_sglang_logit_adjustments
+    from sglang_jetspec.adapter.logit_adjustments import apply_sglang_logit_adjustments
 
     logits = torch.zeros(2 * 3, 5)
     info = SimpleNamespace(acc_additive_penalties=torch.tensor([[1.0, 0, 0, 0, 0], [0, 2.0, 0, 0, 0]]),
@@ -245,7 +245,7 @@ def test_verify_step_feeds_the_jetspec_step_metrics():
     from prometheus_client import CollectorRegistry
 
     from sglang_jetspec.core.step_record import StepRecord
-    from sglang_jetspec.telemetry import JetspecMetrics
+    from sglang_jetspec.observability.metrics import JetspecMetrics
 
     registry = CollectorRegistry()
     JetspecMetrics(registry).record_step("bs1", StepRecord(batch_size=2, budget=16, committed_tokens=7, accept_lengths=[3, 4],
@@ -260,8 +260,8 @@ def test_finished_requests_are_spooled_with_their_speculation_log(tmp_path):
     pytest.importorskip("sglang")
     from sglang.srt.managers.schedule_batch import FINISH_ABORT, FINISH_LENGTH
 
-    from shadow.spool import SpoolWriter
-    from shadow.tee import ShadowTee
+    from sglang_jetspec.spool.writer import SpoolWriter
+    from sglang_jetspec.spool.tee import ShadowTee
     from sglang_jetspec.adapter.worker_observability import WorkerShadow
 
     store = DraftStateStore(4, "cpu", torch.float32)
@@ -299,7 +299,7 @@ def test_the_drafter_reads_the_targets_embedding_and_lm_head_after_a_weight_upda
 
     from torch import nn
 
-    from sglang_jetspec.adapter.worker import TargetEmbedding, TargetLMHead
+    from sglang_jetspec.adapter.target_views import TargetEmbedding, TargetLMHead
 
     embedding, lm_head = nn.Embedding(10, 4), nn.Linear(4, 12, bias=False)  # 12 rows: a padded table
     model = SimpleNamespace(get_input_embeddings=lambda: embedding, lm_head=lm_head)

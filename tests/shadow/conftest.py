@@ -29,7 +29,7 @@ def serve_and_spool(engine, policy, spool: Path, bodies: list[dict]) -> list:
     import json
     import urllib.request
 
-    from sglang_jetspec.server import JetspecServer
+    from sglang_jetspec.serving.server import JetspecServer
 
     def post(url: str, body: dict) -> dict:
         request = urllib.request.Request(f"{url}/generate", data=json.dumps(body).encode(), method="POST",
@@ -47,7 +47,7 @@ def serve_and_spool(engine, policy, spool: Path, bodies: list[dict]) -> list:
 
 
 def prompt_bodies(tokenizer, sampling: list[dict], tokens: int = 32) -> list[dict]:
-    from sglang_jetspec.prompts import humaneval_prompts
+    from sglang_jetspec.reference.prompts import humaneval_prompts
 
     prompts = humaneval_prompts(range(len(sampling)))
     return [{"input_ids": tokenizer(p)["input_ids"], "sampling_params": {**s, "max_new_tokens": tokens, "ignore_eos": True}}

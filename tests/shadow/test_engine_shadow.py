@@ -99,7 +99,7 @@ def test_top_p_on_one_side_only_is_caught(engine, spool_policy, smollm2, tmp_pat
 
 
 def test_greedy_divergence_classified_and_regenerated(engine, spool_policy, smollm2, tmp_path):
-    from sglang_jetspec.server import JetspecServer
+    from sglang_jetspec.serving.server import JetspecServer
 
     records = serve_and_spool(engine, spool_policy, tmp_path / "spool", prompt_bodies(smollm2.tokenizer, [{"temperature": 0.0}] * 2, 24))
     good, bad = records

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from shadow.checks import sampled_transform
-from shadow.record import RecordSampling, ShadowRecord
+from sglang_jetspec.spool.record import RecordSampling, ShadowRecord
 from shadow.reference import HttpReference, LocalReference, ReferenceError
 
 

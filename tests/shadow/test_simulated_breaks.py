@@ -15,7 +15,7 @@ from sglang_jetspec.core.sampling import SamplingParams
 
 @pytest.fixture(scope="module")
 def logits(smollm2):
-    from sglang_jetspec.prompts import humaneval_prompts
+    from sglang_jetspec.reference.prompts import humaneval_prompts
 
     torch.set_num_threads(1)
     prompts = [smollm2.tokenizer(p)["input_ids"] for p in humaneval_prompts(range(3))]

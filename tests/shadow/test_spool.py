@@ -12,9 +12,10 @@ import time
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from shadow.record import RecordSampling, ShadowRecord
-from shadow.spool import SpoolReader, SpoolWriter, read_spool, spool_files
-from shadow.tee import ShadowTee
+from sglang_jetspec.spool.record import RecordSampling, ShadowRecord
+from shadow.spool import SpoolReader, read_spool
+from sglang_jetspec.spool.writer import SpoolWriter, spool_files
+from sglang_jetspec.spool.tee import ShadowTee
 
 
 def record(i: int) -> ShadowRecord:
@@ -42,7 +43,7 @@ def test_killed_writer_leaves_only_complete_records(tmp_path):
         import sys
         sys.path.insert(0, {os.getcwd()!r})
         from tests.shadow.test_spool import record
-        from shadow.spool import SpoolWriter
+        from sglang_jetspec.spool.writer import SpoolWriter
         writer = SpoolWriter({str(tmp_path)!r}, max_bytes=4096, max_files=1_000_000)  # rotate, never delete
         i = 0
         while True:

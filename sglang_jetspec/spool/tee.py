@@ -23,8 +23,8 @@ import threading
 
 from prometheus_client import CollectorRegistry, Counter
 
-from shadow.record import ShadowRecord
-from shadow.spool import SpoolWriter
+from .record import ShadowRecord
+from .writer import SpoolWriter
 
 log = logging.getLogger(__name__)
 

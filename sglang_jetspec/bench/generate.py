@@ -13,12 +13,12 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from .core.sampling import SamplingParams
-from .loading import load_engine_drafter, load_target
-from .prompts import load_prompt_ids
-from .reference.divergence import describe as describe_divergence, greedy_divergences
-from .reference.engine import EngineConfig, ReferenceEngine, Request, RequestOutput
-from .reference.precision import cpu_model
+from ..core.sampling import SamplingParams
+from ..reference.loading import load_engine_drafter, load_target
+from ..reference.prompts import load_prompt_ids
+from ..reference.divergence import describe as describe_divergence, greedy_divergences
+from ..reference.engine import EngineConfig, ReferenceEngine, Request, RequestOutput
+from ..reference.precision import cpu_model
 
 
 @dataclass
@@ -59,7 +59,8 @@ def run(args) -> dict:
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p, seed=args.seed, max_new_tokens=args.max_new_tokens)
     requests = [Request(ids, params, str(i)) for i, ids in enumerate(prompt_ids)]
     engine = ReferenceEngine(target, chosen.drafter, EngineConfig(tree_width=chosen.tree_width, fanout=args.fanout, acceptance=args.acceptance, max_batch_size=args.batch_size,
-                                                        draft_rounds=args.draft_rounds, lookup=chosen.lookup))
+                                                        draft_rounds=args.draft_rounds, lookup=chosen.lookup,
+                                                        tree_sizing=args.tree_sizing))
     timed_run(engine, requests[:1], 0, "warmup")  # first calls pay one-off allocation costs
     ar, ar_out = timed_run(engine, requests, 0, "autoregressive")
     # the speculative run keeps the report key "jetspec"; its mode names the drafter that ran
@@ -73,7 +74,8 @@ def run(args) -> dict:
         "batch_size": args.batch_size,
         "max_new_tokens": args.max_new_tokens,
         "sampling": asdict(params),
-        "tree": {"budget": args.budget, "width": chosen.tree_width, "fanout": args.fanout, "max_depth": chosen.drafter.max_depth, "draft_rounds": args.draft_rounds},
+        "tree": {"budget": args.budget, "width": chosen.tree_width, "fanout": args.fanout, "max_depth": chosen.drafter.max_depth, "draft_rounds": args.draft_rounds,
+                 "sizing": args.tree_sizing},
         "device": f"{args.device} ({cpu_model()}, {torch.get_num_threads()} threads), {target.precision[0]} ({target.precision[1]})",
         "autoregressive": asdict(ar),
         "jetspec": asdict(spec),
@@ -93,7 +95,8 @@ def format_report(r: dict) -> str:
         f"target {r['target']}",
         f"head   {r['head']}",
         f"{r['num_prompts']} prompts from {r['prompts']}, {r['max_new_tokens']} new tokens, batch {r['batch_size']}, "
-        f"budget {r['tree']['budget']} (width {r['tree']['width']}, depth <= {r['tree']['max_depth']}), {r['device']}",
+        f"budget {r['tree']['budget']} (width {r['tree']['width']}, depth <= {r['tree']['max_depth']}, "
+        f"{r['tree'].get('sizing', 'fixed')} sizing), {r['device']}",
         "",
         f"{'mode':<16}{'tokens':>8}{'seconds':>10}{'tokens/s':>10}{'accept len':>12}",
     ]

@@ -22,13 +22,13 @@ from opentelemetry.trace import SpanContext, Tracer
 
 from policies.runtime import ActivePolicy
 
-from .core.prompt_lookup import LookupMerge
-from .reference.engine import ReferenceEngine, Request, RequestOutput, RunningBatch
-from .telemetry import JetspecMetrics
-from .tracing import STEP_SPAN, WORKER_TRACER, record_step_phases, step_links
+from ..core.prompt_lookup import LookupMerge
+from ..reference.engine import ReferenceEngine, Request, RequestOutput, RunningBatch
+from ..observability.metrics import JetspecMetrics
+from ..observability.tracing import STEP_SPAN, WORKER_TRACER, record_step_phases, step_links
 
 if TYPE_CHECKING:
-    from shadow.engine_hook import EngineTee
+    from .shadow_hook import EngineTee
 
 log = logging.getLogger(__name__)
 

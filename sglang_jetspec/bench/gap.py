@@ -17,13 +17,13 @@ from pathlib import Path
 
 import torch
 
-from .bench import BenchError, jetspec_label, make_requests, run_command, run_header, select_prompts
-from .bench_report import markdown_table, run_summary_lines
-from .core.branch_gap import BranchGap
-from .core.head_config import HeadConfigError
-from .loading import load_drafter, load_target
-from .prompts import encode
-from .reference.engine import EngineConfig, ReferenceEngine
+from .setup import BenchError, jetspec_label, make_requests, run_command, run_header, select_prompts
+from .report import markdown_table, run_summary_lines
+from ..core.branch_gap import BranchGap
+from ..core.head_config import HeadConfigError
+from ..reference.loading import load_drafter, load_target
+from ..reference.prompts import encode
+from ..reference.engine import EngineConfig, ReferenceEngine
 
 THRESHOLDS = (5.0, 10.0, 20.0)  # nats; the paper's catastrophic failures are >= +80
 

@@ -17,8 +17,8 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from .core.sampling import SamplingParams
-from .reference.engine import Request, RequestOutput
+from ..core.sampling import SamplingParams
+from ..reference.engine import Request, RequestOutput
 
 # SGLang's SamplingParams defaults for the fields we support.
 SGLANG_DEFAULTS = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "max_new_tokens": 128,

@@ -1,51 +1,21 @@
 """The `jetspec bench` command line: its arguments, checked at parse time so every error names its flag.
 
-Kept free of torch so building the `jetspec` parser stays fast; the run itself is `bench.run`.
+Kept free of torch so building the `jetspec` parser stays fast; the runs themselves are in sglang_jetspec/bench/.
 """
 
 from __future__ import annotations
 
 import argparse
-from typing import Callable
+
+from .args import add_lookup_arguments, add_sizing_argument, add_target_arguments, add_tree_arguments, comma_list, positive_int
 
 METHODS = ("jetspec", "dflash", "chain", "lookup", "hybrid")
-
-
-def comma_list(convert: Callable[[str], object], allowed: Callable[[object], bool], what: str, example: str) -> Callable[[str], list]:
-    """An argparse type for `a,b,c`: each part converted by `convert` and checked by `allowed`."""
-
-    def parse(text: str) -> list:
-        values = []
-        for part in (p.strip() for p in text.split(",")):
-            try:
-                value = convert(part)
-            except ValueError:
-                value = None
-            if value is None or not allowed(value):
-                raise argparse.ArgumentTypeError(f"{part!r}: each item must be {what}; write e.g. {example}")
-            values.append(value)
-        if len(set(values)) != len(values):
-            raise argparse.ArgumentTypeError(f"{text!r} repeats a value; list each once, e.g. {example}")
-        return values
-
-    return parse
 
 
 budget_list = comma_list(int, lambda v: v >= 1, "an integer >= 1 (tree nodes incl. the root; autoregressive is always measured)", "4,8,16")
 batch_size_list = comma_list(int, lambda v: v >= 1, "an integer >= 1", "1,4")
 temperature_list = comma_list(float, lambda v: v >= 0, "a number >= 0 (0 = greedy)", "0,1")
 method_list = comma_list(str, lambda v: v in METHODS, f"one of {', '.join(METHODS)}", ",".join(METHODS))
-probability_list = comma_list(float, lambda v: 0 < v < 1, "a probability strictly between 0 and 1", "0.5,0.7")
-
-
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: must be an integer >= 1")
-    return value
 
 
 def prompt_range(text: str) -> slice:
@@ -64,8 +34,6 @@ def prompt_range(text: str) -> slice:
 
 def _drafting_arguments(p) -> None:
     """Flags shared by `bench` and `replay`: target, tree, heads, prompts, grid, lookup settings, outputs."""
-    from .cli import add_lookup_arguments, add_target_arguments, add_tree_arguments
-
     add_target_arguments(p)
     add_tree_arguments(p, rounds="several")
     p.add_argument("--dflash-head", help="bidirectional head directory (config causal_head false), needed by the dflash method")
@@ -83,8 +51,6 @@ def _drafting_arguments(p) -> None:
 
 
 def register_gap(sub) -> None:
-    from .cli import add_target_arguments, add_tree_arguments
-
     p = sub.add_parser("gap", help="the paper's rank-1 branch gap (draft minus target log-prob) and accept length per "
                        "--draft-rounds and budget, greedy, on the reference engine")
     add_target_arguments(p)
@@ -107,6 +73,7 @@ def register(sub) -> None:
     _drafting_arguments(p)
     p.add_argument("--batch-sizes", type=batch_size_list, default=[1, 4])
     p.add_argument("--temperatures", type=temperature_list, default=[0.0, 1.0], help="0 = greedy; sampled requests get per-request seeds")
+    add_sizing_argument(p, several=True)
     p.set_defaults(func=_run, dtype="auto")  # timings in this machine's best dtype unless --dtype says otherwise
 
 
@@ -119,18 +86,18 @@ def register_replay(sub) -> None:
 
 
 def _run(args) -> int:
-    from .bench import run
+    from ..bench.run import run
 
     return run(args)
 
 
 def _run_gap(args) -> int:
-    from .gap import run
+    from ..bench.gap import run
 
     return run(args)
 
 
 def _run_replay(args) -> int:
-    from .replay import run
+    from ..bench.replay import run
 
     return run(args)

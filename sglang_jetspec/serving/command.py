@@ -1,11 +1,7 @@
-"""`jetspec serve`: the reference engine behind HTTP (sglang_jetspec/server.py), driven by a policy file.
-
-    jetspec serve --policy policies/default.yaml [--target smollm2] [--head DIR | --drafter lookup] [--port 30000]
-                  [--admin-api-key-env JETSPEC_ADMIN_KEY] [--max-batch-size 8] [--shadow-spool DIR]
-                  [--enable-trace [--otlp-traces-endpoint http://HOST:4317]]
+"""`jetspec serve`: load the policy (checked before the model), the target and the drafter, then run the
+reference server (serving/server.py) until SIGINT/SIGTERM, which drain running requests.
 
 Prints the server's URL on stdout once it accepts requests; everything else goes to stderr.
-SIGINT/SIGTERM stop it gracefully: new requests get 503, running ones may finish (JetspecServer.stop).
 """
 
 from __future__ import annotations
@@ -18,37 +14,7 @@ import sys
 import threading
 from pathlib import Path
 
-DEFAULT_PORT = 30000  # SGLang's default
-DEFAULT_ADMIN_KEY_ENV = "JETSPEC_ADMIN_KEY"  # the controller's default too
 SERVICE_NAME = "jetspec-worker"  # OTel service.name unless OTEL_SERVICE_NAME says otherwise
-
-
-def register(sub) -> None:
-    from .cli import add_drafter_arguments, add_target_arguments, add_tree_arguments  # cli imports this module
-
-    p = sub.add_parser("serve", help="serve the reference engine over HTTP (SGLang's /generate subset, "
-                                     "/metrics, policy push/readback)")
-    add_target_arguments(p)
-    add_tree_arguments(p, rounds=None)  # draft rounds come per step from the policy table, like budgets
-    add_drafter_arguments(p)
-    p.add_argument("--policy", required=True, metavar="FILE", help="policy YAML file (see policies/README.md)")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0 = any free port)")
-    p.add_argument("--admin-api-key-env", default=DEFAULT_ADMIN_KEY_ENV, metavar="VAR",
-                   help=f"environment variable holding the admin key for policy pushes (default {DEFAULT_ADMIN_KEY_ENV}; "
-                        "unset = pushes refused with 403)")
-    p.add_argument("--max-batch-size", type=int, default=8, help="most requests decoding together (default 8)")
-    p.add_argument("--shadow-spool", metavar="DIR", help="spool the policy's shadow.sample_rate of finished requests "
-                   "here for `jetspec shadow run` (default: no shadow records)")
-    # Named as SGLang's flags; everything else (sampler, protocol, headers, service name) is OTEL_* env.
-    p.add_argument("--enable-trace", action="store_true",
-                   help="export OpenTelemetry spans (request, step and phases) as the OTEL_* variables say "
-                        "(OTLP over gRPC to localhost:4317 by default)")
-    p.add_argument("--otlp-traces-endpoint", metavar="ENDPOINT",
-                   help="with --enable-trace: OTLP traces endpoint (gRPC: http://HOST:4317 plaintext, https:// TLS; "
-                        "with OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf the full /v1/traces URL); "
-                        "default $OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT")
-    p.set_defaults(func=run)
 
 
 def _load_policy(args: argparse.Namespace, target_dir: Path):
@@ -56,7 +22,7 @@ def _load_policy(args: argparse.Namespace, target_dir: Path):
     from policies import load_policy, read_head_capacity
     from policies.head import HeadCapacity
 
-    from .loading import resolve_head_dir
+    from ..reference.loading import resolve_head_dir
 
     if args.drafter == "hybrid":
         raise ValueError("--drafter hybrid: a server picks its drafter per cohort from the policy; keep --drafter head "
@@ -75,7 +41,7 @@ def _install_tracing(args: argparse.Namespace):
         return None
     from opentelemetry import trace
 
-    from .tracing import build_provider, exporters_from_env
+    from ..observability.tracing import build_provider, exporters_from_env
 
     provider = build_provider(SERVICE_NAME, exporters_from_env(args.otlp_traces_endpoint))
     trace.set_tracer_provider(provider)
@@ -85,11 +51,11 @@ def _install_tracing(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     from policies import PolicyError
 
-    from .tracing import TracingConfigError
+    from ..observability.tracing import TracingConfigError
 
-    from .loading import DTYPES, check_drafter_options, load_engine_drafter, resolve_target_dir
-    from .reference.engine import EngineConfig, ReferenceEngine
-    from .reference.target import TargetModel
+    from ..reference.loading import DTYPES, check_drafter_options, load_engine_drafter, resolve_target_dir
+    from ..reference.engine import EngineConfig, ReferenceEngine
+    from ..reference.target import TargetModel
     from .server import JetspecServer
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -114,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
     target = TargetModel(target_dir, dtype=DTYPES[args.dtype], device=args.device, attention=args.attention)
     chosen = load_engine_drafter(target, args)
     config = EngineConfig(tree_width=chosen.tree_width, fanout=args.fanout, acceptance=args.acceptance,
-                          max_batch_size=args.max_batch_size)
+                          max_batch_size=args.max_batch_size, tree_sizing=args.tree_sizing)
     engine = ReferenceEngine(target, chosen.drafter, config)
     admin_key = os.environ.get(args.admin_api_key_env) or None
     if admin_key is None:

@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from sglang_jetspec.core.sampling import SamplingParams
+from ..core.sampling import SamplingParams
 
 SCHEMA_VERSION = 1
 

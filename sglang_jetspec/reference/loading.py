@@ -10,22 +10,22 @@ from pathlib import Path
 
 import torch
 
-from .core.draft_vocab import load_draft_vocab
-from .core.drafter import HeadDrafter
-from .core.head_config import HeadConfig, default_tap_layers
-from .core.head_io import init_head, load_head
-from .core.prompt_lookup import LookupMerge, PromptLookupDrafter
-from .reference.engine import Drafter
-from .reference.precision import resolve_dtype
-from .reference.target import TargetModel
+from ..core.draft_vocab import load_draft_vocab
+from ..core.drafter import HeadDrafter
+from ..core.head_config import HeadConfig, default_tap_layers
+from ..core.head_io import init_head, load_head
+from ..core.prompt_lookup import LookupMerge, PromptLookupDrafter
+from .engine import Drafter
+from .precision import resolve_dtype
+from .target import TargetModel
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-SHIPPED_HEADS = Path(__file__).parent / "heads"
+SHIPPED_HEADS = Path(__file__).parent.parent / "heads"  # sglang_jetspec/heads
 
 
 def resolve_target_dir(spec: str) -> Path:
     """`smollm2` (fetched into the cache on first use) or a local HF Llama/Qwen3 checkpoint directory."""
-    from .models.fetch import MODELS, fetch
+    from ..models.fetch import MODELS, fetch
 
     if spec in MODELS:
         return fetch(spec)

@@ -1,7 +1,7 @@
 """HTTP server for the reference engine, speaking the surface a JetSpec SGLang server offers.
 
-    POST /generate             SGLang's request/response subset (sglang_jetspec/generate_api.py)
-    GET  /metrics              Prometheus text: the telemetry contract (sglang_jetspec/telemetry.py)
+    POST /generate             SGLang's request/response subset (serving/generate_api.py)
+    GET  /metrics              Prometheus text: the telemetry contract (observability/metrics.py)
     GET  /health               200 while the engine thread runs
     POST /set_internal_state   push a budget table as flat numeric keys (admin key), as to SGLang:
                                policies/control_api.py
@@ -9,7 +9,7 @@
 
 Routing lives in `JetspecServer.handle` (method, path, headers, body) -> Reply, independent of
 the socket layer; the standard library's threading HTTP server only moves bytes. One engine thread
-(sglang_jetspec/engine_worker.py) owns the engine; handler threads wait on futures.
+(serving/engine_worker.py) owns the engine; handler threads wait on futures.
 """
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ from policies.schema import Policy
 
 from .engine_worker import EngineWorker, ServerClosing
 from .generate_api import BadRequest, generate_response, parse_generate_request
-from .reference.engine import ReferenceEngine
-from .telemetry import JetspecMetrics
-from .tracing import WORKER_TRACER, finish_request_span, request_span_attributes
+from ..reference.engine import ReferenceEngine
+from ..observability.metrics import JetspecMetrics
+from ..observability.tracing import WORKER_TRACER, finish_request_span, request_span_attributes
 
 log = logging.getLogger(__name__)
 
@@ -75,9 +75,9 @@ def _shadow_tee(spool: str | Path | None, policy: Policy, registry: CollectorReg
     """The tee of shadow verification (shadow/README.md): policy shadow.sample_rate of finished requests."""
     if spool is None:
         return None
-    from shadow.engine_hook import EngineTee
-    from shadow.spool import SpoolWriter
-    from shadow.tee import ShadowTee
+    from .shadow_hook import EngineTee
+    from ..spool.writer import SpoolWriter
+    from ..spool.tee import ShadowTee
 
     return EngineTee(ShadowTee(SpoolWriter(spool), policy.shadow.sample_rate, registry).start(), model, head)
 

@@ -7,8 +7,8 @@ Every call is O(batch) dictionary work on the engine thread; spooling happens on
 
 from __future__ import annotations
 
-from shadow.record import RecordSampling, ShadowRecord, SpecStats
-from shadow.tee import ShadowTee
+from ..spool.record import RecordSampling, ShadowRecord, SpecStats
+from ..spool.tee import ShadowTee
 
 
 class EngineTee:

@@ -1,0 +1,137 @@
+"""Adaptive tree sizing (core/tree_sizing.py): which nodes a step verifies, and that it stays lossless."""
+
+import math
+
+import pytest
+import torch
+
+from sglang_jetspec.core.sampling import SamplingParams
+from sglang_jetspec.core.tree import DraftTree, TreeSpec, build_tree
+from sglang_jetspec.core.tree_sizing import AcceptCalibration, TreeSizer, VerifyCost, relative_costs, size_trees, truncate
+from sglang_jetspec.reference.engine import EngineConfig, ReferenceEngine, Request
+from sglang_jetspec.reference.oracle import OracleDrafter
+from sglang_jetspec.reference.prompts import humaneval_prompts
+
+
+def chain(probabilities: list[float], root: int = 0) -> DraftTree:
+    """A chain whose node i is accepted with path probability probabilities[i] (non-increasing)."""
+    n = len(probabilities) + 1
+    cums = [0.0] + [math.log(p) for p in probabilities]
+    return DraftTree(torch.arange(root, root + n), torch.arange(-1, n - 1), torch.arange(n), torch.zeros(n, dtype=torch.long),
+                     torch.tensor(cums))
+
+
+LINEAR = VerifyCost((1, 2), (1.0, 2.0), unit_s=0.1)  # every extra node costs a whole step
+FREE = VerifyCost((1, 64), (1.0, 1.0), unit_s=0.1)  # verifying is as cheap for 64 nodes as for one
+
+
+def test_verify_cost_interpolates_and_extrapolates_linearly():
+    cost = relative_costs({1: 0.1, 4: 0.15, 16: 0.3})
+    assert cost.unit_s == 0.1 and cost.relative == pytest.approx((1.0, 1.5, 3.0))
+    assert cost(1) == 1.0 and cost(4) == pytest.approx(1.5) and cost(10) == pytest.approx(2.25) and cost(28) == pytest.approx(4.5)
+    with pytest.raises(ValueError, match="count 1"):
+        relative_costs({2: 0.1, 4: 0.2})
+
+
+def test_when_verifying_is_free_every_node_that_can_be_accepted_is_kept():
+    sized = size_trees([chain([0.9, 0.5, 0.01])], FREE, draft_steps=0.0)
+    assert sized.trees[0].size == 4 and sized.predicted == pytest.approx(1.41)
+
+
+def test_when_each_node_costs_a_step_only_a_certain_node_pays():
+    # rates: roots alone 1/1; + node p=0.9: 1.9/2 = 0.95 < 1, so nothing is verified beyond the root
+    assert size_trees([chain([0.9, 0.8])], LINEAR, draft_steps=0.0).trees[0].size == 1
+    # a sure node (p = 1) exactly pays for itself; ties keep the cheaper tree
+    assert size_trees([chain([1.0])], LINEAR, draft_steps=0.0).trees[0].size == 1
+
+
+def test_the_best_prefix_is_chosen_by_rate_including_the_draft_cost():
+    cost = VerifyCost((1, 2, 4, 8), (1.0, 1.1, 1.3, 2.6), unit_s=0.1)
+    probabilities = [0.9, 0.7, 0.5, 0.3, 0.2, 0.1, 0.05]
+    rates = {m: (1 + sum(probabilities[:m])) / (cost(1 + m) + 0.5) for m in range(8)}
+    best = max(rates, key=lambda m: (rates[m], -m))
+    assert size_trees([chain(probabilities)], cost, draft_steps=0.5).trees[0].size == best + 1
+
+
+def test_calibration_scales_the_draft_probabilities():
+    cost = VerifyCost((1, 2, 4), (1.0, 1.2, 1.6), unit_s=0.1)
+    assert size_trees([chain([0.6, 0.4, 0.3])], cost, 0.0, calibration=1.0).trees[0].size == 4
+    assert size_trees([chain([0.6, 0.4, 0.3])], cost, 0.0, calibration=0.25).trees[0].size == 1
+
+
+def test_nodes_are_chosen_across_the_batch_and_each_lane_keeps_a_prefix_tree():
+    spec = TreeSpec(budget=12, max_depth=4, width=3)
+    logprobs = torch.log(torch.tensor([[0.6, 0.3, 0.1], [0.5, 0.4, 0.1], [0.7, 0.2, 0.1], [0.9, 0.05, 0.05]]))
+    confident = build_tree(0, torch.arange(12).view(4, 3), logprobs, spec)
+    unsure = chain([0.05, 0.01])
+    cost = VerifyCost((1, 2, 4, 16), (1.0, 1.05, 1.2, 2.0), unit_s=0.1)
+    sized = size_trees([confident, unsure], cost, draft_steps=0.3)
+    kept, other = sized.trees
+    assert other.size == 1, "the unsure lane verifies its root alone"
+    assert 1 < kept.size < confident.size
+    assert torch.equal(kept.tokens, confident.tokens[: kept.size]) and bool((kept.parents[1:] < torch.arange(1, kept.size)).all())
+    assert sized.predicted == pytest.approx(float(kept.cum_logprobs[1:].exp().sum()), rel=1e-5)
+
+
+def test_truncate_keeps_a_prefix():
+    tree = chain([0.9, 0.8, 0.7])
+    assert truncate(tree, 2).tokens.tolist() == [0, 1] and truncate(tree, 9) is tree
+
+
+def test_calibration_follows_what_the_target_accepts_within_its_bounds():
+    cal = AcceptCalibration(decay=0.5, prior=1.0, floor=0.1)
+    assert cal.factor == 1.0
+    for _ in range(20):
+        cal.observe(predicted=4.0, accepted=1.0)
+    assert cal.factor == pytest.approx(0.25, rel=1e-3)
+    for _ in range(20):
+        cal.observe(predicted=4.0, accepted=0.0)
+    assert cal.factor == 0.1
+    cal.observe(predicted=0.0, accepted=5.0)  # nothing verified beyond the roots: no evidence
+    assert cal.factor == 0.1
+    for _ in range(20):
+        cal.observe(predicted=1.0, accepted=3.0)
+    assert cal.factor == 1.0, "never trusts the draft more than its own probabilities"
+
+
+def test_a_sizer_learns_from_accept_lengths():
+    sizer = TreeSizer(FREE, AcceptCalibration(decay=0.0, prior=1.0))
+    sizer.size([chain([0.9, 0.9]), chain([0.5])], draft_s=0.0)
+    sizer.observe([1, 2])  # one extra token accepted of 2.3 predicted
+    assert sizer.calibration.factor == pytest.approx(1 / 2.3)
+
+
+def test_an_unknown_sizing_is_refused():
+    with pytest.raises(ValueError, match="fixed, adaptive"):
+        EngineConfig(tree_sizing="sometimes")
+
+
+@pytest.fixture(scope="module")
+def workload(smollm2):
+    params = SamplingParams(max_new_tokens=24, ignore_eos=True)
+    return [Request(smollm2.tokenizer(p)["input_ids"], params, str(i)) for i, p in enumerate(humaneval_prompts(range(3)))]
+
+
+@pytest.fixture(scope="module")
+def autoregressive(smollm2, workload):
+    return [o.output_ids for o in ReferenceEngine(smollm2, config=EngineConfig(max_batch_size=2)).generate(workload, budget=0)]
+
+
+@pytest.mark.parametrize("drafter", ["untrained", "oracle"])
+def test_adaptive_sizing_is_greedy_exact_and_sizes_by_confidence(smollm2, untrained_drafter, workload, autoregressive, drafter):
+    if drafter == "oracle":
+        draft = OracleDrafter(smollm2, max_depth=15)
+        for request, output in zip(workload, autoregressive):
+            draft.add_reference(request.prompt_ids, output)
+    else:
+        draft = untrained_drafter
+    engine = ReferenceEngine(smollm2, draft, EngineConfig(tree_width=4, max_batch_size=2, tree_sizing="adaptive", check_invariants=True))
+    records = []
+    outputs = engine.generate(workload, budget=16, on_step=records.append)
+    assert [o.output_ids for o in outputs] == autoregressive
+    nodes_per_lane = sum(r.verified_nodes for r in records) / sum(r.batch_size for r in records)
+    if drafter == "oracle":  # sure of every node, and right: deep trees, kept deep
+        assert nodes_per_lane > 8 and engine.sizer.calibration.factor > 0.9
+    else:  # a random head is wrong about everything: calibration learns it, and only the few nodes that cost
+        # next to nothing on this machine's verify curve stay
+        assert engine.sizer.calibration.factor < 0.3 and nodes_per_lane < 6
