@@ -131,10 +131,3 @@ def relative_costs(seconds: dict[int, float]) -> VerifyCost:
     unit = seconds[1]
     nodes = tuple(sorted(seconds))
     return VerifyCost(nodes, tuple(seconds[n] / unit for n in nodes), unit)
-
-
-def is_adaptive(sizing: str) -> bool:
-    if sizing not in SIZINGS:
-        raise ValueError(f"tree sizing {sizing!r}: choose one of {', '.join(SIZINGS)}")
-    return sizing == "adaptive"
-

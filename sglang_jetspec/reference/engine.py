@@ -23,7 +23,7 @@ from ..core.step_record import StepRecord
 from ..core.drafting import draft_trees, settled_clock
 from ..core.prompt_lookup import LookupMerge
 from ..core.tree import DraftTree, TreeSpec, root_only_tree
-from ..core.tree_sizing import TreeSizer, is_adaptive
+from ..core.tree_sizing import SIZINGS, TreeSizer
 from .invariants import check_invariants
 from .kv_cache import SlotKVCache
 from .target import Segment, TargetModel
@@ -70,7 +70,8 @@ class EngineConfig:
     tree_sizing: str = "fixed"  # "adaptive": verify only the nodes that pay for themselves (core/tree_sizing.py)
 
     def __post_init__(self) -> None:
-        is_adaptive(self.tree_sizing)  # ValueError naming the choices
+        if self.tree_sizing not in SIZINGS:
+            raise ValueError(f"tree_sizing={self.tree_sizing!r}: choose one of {', '.join(SIZINGS)}")
         if self.draft_rounds < 0:
             raise ValueError(f"draft_rounds={self.draft_rounds}: must be >= 0 (0 = marginal tree only)")
 
@@ -148,7 +149,7 @@ class ReferenceEngine:
         self.tap_width = target.info.hidden_size * len(self.tap_layers)
         self.check_draft_rounds(self.config.draft_rounds)
         # measured before the first request, so no request pays for it
-        self.sizer = TreeSizer(verify_cost(target, self.tap_layers)) if is_adaptive(self.config.tree_sizing) and drafter else None
+        self.sizer = TreeSizer(verify_cost(target, self.tap_layers)) if self.config.tree_sizing == "adaptive" and drafter else None
 
     def check_draft_rounds(self, rounds: int) -> None:
         """ValueError unless this engine's drafter can run `rounds` tree-causal rounds."""
