@@ -8,6 +8,7 @@ import torch
 from sglang_jetspec.core.sampling import SamplingParams
 from sglang_jetspec.core.tree import DraftTree, TreeSpec, build_tree
 from sglang_jetspec.core.tree_sizing import AcceptCalibration, TreeSizer, VerifyCost, relative_costs, size_trees, truncate
+from sglang_jetspec.reference import engine as reference_engine
 from sglang_jetspec.reference.engine import EngineConfig, ReferenceEngine, Request
 from sglang_jetspec.reference.oracle import OracleDrafter
 from sglang_jetspec.reference.prompts import humaneval_prompts
@@ -23,6 +24,9 @@ def chain(probabilities: list[float], root: int = 0) -> DraftTree:
 
 LINEAR = VerifyCost((1, 2), (1.0, 2.0), unit_s=0.1)  # every extra node costs a whole step
 FREE = VerifyCost((1, 64), (1.0, 1.0), unit_s=0.1)  # verifying is as cheap for 64 nodes as for one
+# SmolLM2 fp32 on 2 CPU threads (issue 18's table): the engine tests size against this curve, not against
+# one measured while other tests load the machine, so what they assert does not depend on the load
+SMOLLM2_FP32 = VerifyCost((1, 4, 16, 64), (1.0, 1.54, 2.17, 4.35), unit_s=0.05)
 
 
 def test_verify_cost_interpolates_and_extrapolates_linearly():
@@ -118,7 +122,9 @@ def autoregressive(smollm2, workload):
 
 
 @pytest.mark.parametrize("drafter", ["untrained", "oracle"])
-def test_adaptive_sizing_is_greedy_exact_and_sizes_by_confidence(smollm2, untrained_drafter, workload, autoregressive, drafter):
+def test_adaptive_sizing_is_greedy_exact_and_sizes_by_confidence(smollm2, untrained_drafter, workload, autoregressive, drafter,
+                                                                 monkeypatch):
+    monkeypatch.setattr(reference_engine, "verify_cost", lambda target, taps=(): SMOLLM2_FP32)
     if drafter == "oracle":
         draft = OracleDrafter(smollm2, max_depth=15)
         for request, output in zip(workload, autoregressive):
@@ -130,8 +136,9 @@ def test_adaptive_sizing_is_greedy_exact_and_sizes_by_confidence(smollm2, untrai
     outputs = engine.generate(workload, budget=16, on_step=records.append)
     assert [o.output_ids for o in outputs] == autoregressive
     nodes_per_lane = sum(r.verified_nodes for r in records) / sum(r.batch_size for r in records)
-    if drafter == "oracle":  # sure of every node, and right: deep trees, kept deep
-        assert nodes_per_lane > 8 and engine.sizer.calibration.factor > 0.9
+    if drafter == "oracle":  # right about every top-1 node, with the target's own (under-)confidence:
+        # calibration stays at 1 and trees stay deep until path probabilities fall below a node's cost (~6 here)
+        assert nodes_per_lane > 4.5 and engine.sizer.calibration.factor > 0.9
     else:  # a random head is wrong about everything: calibration learns it, and only the few nodes that cost
-        # next to nothing on this machine's verify curve stay
-        assert engine.sizer.calibration.factor < 0.3 and nodes_per_lane < 6
+        # next to nothing on the verify curve stay
+        assert engine.sizer.calibration.factor < 0.3 and nodes_per_lane < 3
