@@ -7,7 +7,9 @@ import torch
 
 from sglang_jetspec.core.sampling import SamplingParams
 from sglang_jetspec.core.tree import DraftTree, TreeSpec, build_tree
-from sglang_jetspec.core.tree_sizing import AcceptCalibration, TreeSizer, VerifyCost, relative_costs, size_trees, truncate
+from sglang_jetspec.core.drafting import headless_trees
+from sglang_jetspec.core.prompt_lookup import LookupMerge
+from sglang_jetspec.core.tree_sizing import AcceptCalibration, DraftGate, TreeSizer, VerifyCost, relative_costs, size_trees, truncate
 from sglang_jetspec.reference import engine as reference_engine
 from sglang_jetspec.reference.engine import EngineConfig, ReferenceEngine, Request
 from sglang_jetspec.reference.oracle import OracleDrafter
@@ -77,6 +79,44 @@ def test_nodes_are_chosen_across_the_batch_and_each_lane_keeps_a_prefix_tree():
     assert sized.predicted == pytest.approx(float(kept.cum_logprobs[1:].exp().sum()), rel=1e-5)
 
 
+def test_a_step_pays_only_when_it_beats_an_ordinary_step_without_the_draft():
+    cost = VerifyCost((1, 2, 4), (1.0, 1.2, 1.6), unit_s=0.1)
+    assert size_trees([chain([0.9, 0.8])], cost, draft_steps=0.1).pays  # (1 + 1.7) / (1.4 + 0.1) = 1.8 > 1
+    assert not size_trees([chain([0.9, 0.8])], cost, draft_steps=2.0).pays  # 2.7 / 3.4 < 1, though sizing kept nodes
+    assert not size_trees([chain([0.01])], cost, draft_steps=0.0).pays  # roots alone at no draft cost: a tie is no gain
+
+
+def test_the_gate_backs_off_while_the_head_loses_and_returns_once_it_pays():
+    gate = DraftGate(max_skip=4)
+    pattern = []
+    for _ in range(12):
+        drafted = gate.should_draft()
+        pattern.append(drafted)
+        if drafted:
+            gate.observe(pays=False)
+    # draft, skip 1, draft, skip 2, draft, skip 4, draft, skip 4 (the cap)
+    assert pattern == [True, False, True, False, False, True, False, False, False, False, True, False]
+    gate.observe(pays=True)
+    assert [gate.should_draft() for _ in range(3)] == [True, True, True]
+    assert all(DraftGate(max_skip=0).should_draft() for _ in range(3))
+
+
+class Committed:
+    def __init__(self, ids):
+        self.committed_ids, self.root_token = ids, ids[-1]
+
+
+def test_headless_trees_are_the_lookup_guess_as_a_scored_chain_within_the_budget():
+    lanes = [Committed([5, 6, 7, 8, 9, 5, 6]), Committed([1, 2, 3])]
+    spec = TreeSpec(budget=3, max_depth=15, width=4)
+    merge = LookupMerge(logprob=math.log(0.5))
+    guessed, unmatched = headless_trees(lanes, spec, merge)
+    assert guessed.tokens.tolist() == [6, 7, 8] and guessed.parents.tolist() == [-1, 0, 1]
+    assert guessed.cum_logprobs.exp().tolist() == pytest.approx([1.0, 0.5, 0.25])
+    assert unmatched.tokens.tolist() == [3]
+    assert [t.tokens.tolist() for t in headless_trees(lanes, spec, None)] == [[6], [3]]
+
+
 def test_truncate_keeps_a_prefix():
     tree = chain([0.9, 0.8, 0.7])
     assert truncate(tree, 2).tokens.tolist() == [0, 1] and truncate(tree, 9) is tree
@@ -135,10 +175,12 @@ def test_adaptive_sizing_is_greedy_exact_and_sizes_by_confidence(smollm2, untrai
     records = []
     outputs = engine.generate(workload, budget=16, on_step=records.append)
     assert [o.output_ids for o in outputs] == autoregressive
+    skipped = sum(not r.draft_round_s for r in records)
     nodes_per_lane = sum(r.verified_nodes for r in records) / sum(r.batch_size for r in records)
     if drafter == "oracle":  # right about every top-1 node, with the target's own (under-)confidence:
         # calibration stays at 1 and trees stay deep until path probabilities fall below a node's cost (~6 here)
-        assert nodes_per_lane > 4.5 and engine.sizer.calibration.factor > 0.9
+        assert nodes_per_lane > 4.5 and engine.sizer.calibration.factor > 0.9 and skipped == 0
     else:  # a random head is wrong about everything: calibration learns it, and only the few nodes that cost
         # next to nothing on the verify curve stay
-        assert engine.sizer.calibration.factor < 0.3 and nodes_per_lane < 3
+        # and the gate soon stops paying for its drafts: most steps run without the head
+        assert engine.sizer.calibration.factor < 0.3 and nodes_per_lane < 3 and skipped > len(records) / 2

@@ -18,8 +18,8 @@ from typing import Protocol
 
 import torch
 
-from .prompt_lookup import LookupMerge, find_continuation, merge_continuation, with_guess
-from .tree import Candidates, DraftTree, TreeSpec, build_tree, candidate_lists, top_k_per_depth
+from .prompt_lookup import LookupMerge, find_continuation, guess_chain, merge_continuation, with_guess
+from .tree import Candidates, DraftTree, TreeSpec, build_tree, candidate_lists, root_only_tree, top_k_per_depth
 
 
 class TreeDrafter(Protocol):
@@ -105,6 +105,14 @@ def lookup_guess(lane, spec: TreeSpec, merge: LookupMerge | None) -> list[int]:
     if merge is None:
         return []
     return find_continuation(lane.committed_ids, merge.min_ngram, merge.max_ngram, spec.max_depth)
+
+
+def headless_trees(lanes: list, spec: TreeSpec, lookup: LookupMerge | None) -> list[DraftTree]:
+    """Each lane's tree on a step the head sits out: its prompt-lookup guess as a chain (within the
+    budget), or the root alone."""
+    if lookup is None:
+        return [root_only_tree(lane.root_token) for lane in lanes]
+    return [guess_chain(lane.root_token, lookup_guess(lane, spec, lookup)[: spec.budget - 1], lookup) for lane in lanes]
 
 
 def draft_trees(drafter: TreeDrafter, lanes: list, spec: TreeSpec, rounds: int = 0,

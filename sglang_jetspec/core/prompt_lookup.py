@@ -21,7 +21,7 @@ from typing import Protocol
 
 import torch
 
-from .tree import Candidates, fanout_caps
+from .tree import Candidates, DraftTree, fanout_caps
 
 
 class LookupLane(Protocol):
@@ -117,3 +117,11 @@ def merge_continuation(conditioned: dict[tuple[int, ...], Candidates], guess: li
         path = tuple(guess[:i])
         base = conditioned.get(path) or Candidates(tokens[i], logprobs[i], caps[i])
         conditioned[path] = with_guess(base, guess[i], merge.logprob)
+
+
+def guess_chain(root_token: int, guess: list[int], merge: LookupMerge) -> DraftTree:
+    """The root and the guessed tokens as one chain, scored like merged guesses (depth d: d x merge.logprob):
+    the hybrid drafter's tree on a step where the head does not run."""
+    n = len(guess) + 1
+    return DraftTree(torch.tensor([root_token, *guess]), torch.arange(-1, n - 1), torch.arange(n),
+                     torch.zeros(n, dtype=torch.long), torch.arange(n, dtype=torch.float32) * merge.logprob)

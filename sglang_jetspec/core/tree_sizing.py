@@ -12,6 +12,11 @@ keeps the m best nodes over the whole batch, m chosen to maximise
 where c rescales the draft's probabilities by what the target actually accepted (AcceptCalibration).
 m = 0 verifies the roots alone: an ordinary decoding step, what a step whose drafts are all unsure
 should cost. Lossless: the set of nodes verified never changes what the target accepts among them.
+
+Sizing cannot give back the draft's own cost, though: a head that keeps losing (chat on a CPU) would
+still be run every step. `DraftGate` skips the head on the steps after one whose best sizing did not
+beat an ordinary step without any draft, backing off exponentially while that repeats; prompt lookup,
+which costs next to nothing, still proposes on skipped steps.
 """
 
 from __future__ import annotations
@@ -84,6 +89,7 @@ def truncate(tree: DraftTree, size: int) -> DraftTree:
 class SizedTrees:
     trees: list[DraftTree]
     predicted: float  # c-free expected accepted draft tokens of the kept nodes (sum of their p_i)
+    pays: bool  # the kept trees' expected rate, draft cost included, beats roots alone with no draft at all
 
 
 def size_trees(trees: list[DraftTree], cost: VerifyCost, draft_steps: float, calibration: float = 1.0) -> SizedTrees:
@@ -103,20 +109,50 @@ def size_trees(trees: list[DraftTree], cost: VerifyCost, draft_steps: float, cal
     for neg_p, lane, node in gains[:best_m]:
         keep[lane] = max(keep[lane], node + 1)
         predicted -= neg_p
-    return SizedTrees([truncate(tree, k) for tree, k in zip(trees, keep)], predicted)
+    pays = best_rate > lanes / cost(lanes)
+    return SizedTrees([truncate(tree, k) for tree, k in zip(trees, keep)], predicted, pays)
+
+
+class DraftGate:
+    """Whether the next step runs the draft head: after a drafted step that did not pay, the head
+    sits out 1, 2, 4, ... up to `max_skip` steps (doubling while drafts keep failing, back to every
+    step once one pays), so a losing head costs about 1/max_skip of its draft time, and still gets
+    probed often enough to notice when the text turns predictable."""
+
+    def __init__(self, max_skip: int = 8) -> None:
+        if max_skip < 0:
+            raise ValueError(f"max_skip={max_skip}: must be >= 0 (0 = draft every step)")
+        self.max_skip = max_skip
+        self.backoff = 0  # steps skipped after the latest failure
+        self.skip_left = 0
+
+    def should_draft(self) -> bool:
+        if self.skip_left:
+            self.skip_left -= 1
+            return False
+        return True
+
+    def observe(self, pays: bool) -> None:
+        self.backoff = 0 if pays else min(max(1, 2 * self.backoff), self.max_skip)
+        self.skip_left = self.backoff
 
 
 class TreeSizer:
-    """Adaptive sizing for one engine: its target's verify cost and the running calibration."""
+    """Adaptive sizing for one engine: its target's verify cost, the running calibration and the
+    gate that skips the head while it does not pay."""
 
-    def __init__(self, cost: VerifyCost, calibration: AcceptCalibration | None = None) -> None:
+    def __init__(self, cost: VerifyCost, calibration: AcceptCalibration | None = None, gate: DraftGate | None = None) -> None:
         self.cost = cost
         self.calibration = calibration or AcceptCalibration()
+        self.gate = gate or DraftGate()
         self._predicted = 0.0
 
-    def size(self, trees: list[DraftTree], draft_s: float) -> list[DraftTree]:
+    def size(self, trees: list[DraftTree], draft_s: float, drafted: bool = True) -> list[DraftTree]:
+        """The trees cut to what pays; `drafted`: the head ran for them (only such steps teach the gate)."""
         sized = size_trees(trees, self.cost, draft_s / self.cost.unit_s, self.calibration.factor)
         self._predicted = sized.predicted
+        if drafted:
+            self.gate.observe(sized.pays)
         return sized.trees
 
     def observe(self, accept_lengths: list[int]) -> None:
