@@ -145,6 +145,15 @@ def test_a_sizer_learns_from_accept_lengths():
     assert sizer.calibration.factor == pytest.approx(1 / 2.3)
 
 
+def test_headless_steps_learn_their_own_calibration():
+    sizer = TreeSizer(FREE, AcceptCalibration(decay=0.0, prior=1.0), headless_calibration=AcceptCalibration(decay=0.0, prior=1.0))
+    sizer.size([chain([0.9, 0.9])], draft_s=0.0)
+    sizer.observe([1])  # the head's 1.8 predicted tokens: none accepted
+    sizer.size([chain([0.9, 0.81])], draft_s=0.0, drafted=False)
+    sizer.observe([3])  # lookup's chain: both accepted
+    assert sizer.calibration.factor == 0.1 and sizer.headless_calibration.factor == 1.0
+
+
 def test_an_unknown_sizing_is_refused():
     with pytest.raises(ValueError, match="fixed, adaptive"):
         EngineConfig(tree_sizing="sometimes")

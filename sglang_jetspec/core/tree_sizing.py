@@ -138,18 +138,25 @@ class DraftGate:
 
 
 class TreeSizer:
-    """Adaptive sizing for one engine: its target's verify cost, the running calibration and the
-    gate that skips the head while it does not pay."""
+    """Adaptive sizing for one engine: its target's verify cost, the gate that skips the head while it
+    does not pay, and one calibration per kind of step: drafted trees (head, with any lookup guess
+    merged in) and headless ones (prompt lookup alone). The two are kept apart because a head's
+    probabilities and lookup's calibrated guess scores are wrong by different factors: one shared c
+    would cut long lookup chains by the head's overconfidence."""
 
-    def __init__(self, cost: VerifyCost, calibration: AcceptCalibration | None = None, gate: DraftGate | None = None) -> None:
+    def __init__(self, cost: VerifyCost, calibration: AcceptCalibration | None = None, gate: DraftGate | None = None,
+                 headless_calibration: AcceptCalibration | None = None) -> None:
         self.cost = cost
         self.calibration = calibration or AcceptCalibration()
+        self.headless_calibration = headless_calibration or AcceptCalibration()
         self.gate = gate or DraftGate()
         self._predicted = 0.0
+        self._last = self.calibration
 
     def size(self, trees: list[DraftTree], draft_s: float, drafted: bool = True) -> list[DraftTree]:
         """The trees cut to what pays; `drafted`: the head ran for them (only such steps teach the gate)."""
-        sized = size_trees(trees, self.cost, draft_s / self.cost.unit_s, self.calibration.factor)
+        self._last = self.calibration if drafted else self.headless_calibration
+        sized = size_trees(trees, self.cost, draft_s / self.cost.unit_s, self._last.factor)
         self._predicted = sized.predicted
         if drafted:
             self.gate.observe(sized.pays)
@@ -157,7 +164,7 @@ class TreeSizer:
 
     def observe(self, accept_lengths: list[int]) -> None:
         """After acceptance of the last sized step: accept lengths include each lane's bonus token."""
-        self.calibration.observe(self._predicted, float(sum(accept_lengths) - len(accept_lengths)))
+        self._last.observe(self._predicted, float(sum(accept_lengths) - len(accept_lengths)))
 
 
 def relative_costs(seconds: dict[int, float]) -> VerifyCost:
