@@ -9,7 +9,9 @@ from sglang_jetspec.core.sampling import SamplingParams
 from sglang_jetspec.core.tree import DraftTree, TreeSpec, build_tree
 from sglang_jetspec.core.drafting import headless_trees
 from sglang_jetspec.core.prompt_lookup import LookupMerge
-from sglang_jetspec.core.tree_sizing import AcceptCalibration, DraftGate, TreeSizer, VerifyCost, relative_costs, size_trees, truncate
+from sglang_jetspec.core.tree_sizing import (AcceptCalibration, BandedCalibration, DraftGate, TreeSizer, VerifyCost,
+                                             calibrated_probabilities, conditional_probabilities, relative_costs,
+                                             size_trees, truncate)
 from sglang_jetspec.reference import engine as reference_engine
 from sglang_jetspec.reference.engine import EngineConfig, ReferenceEngine, Request
 from sglang_jetspec.reference.oracle import OracleDrafter
@@ -41,7 +43,7 @@ def test_verify_cost_interpolates_and_extrapolates_linearly():
 
 def test_when_verifying_is_free_every_node_that_can_be_accepted_is_kept():
     sized = size_trees([chain([0.9, 0.5, 0.01])], FREE, draft_steps=0.0)
-    assert sized.trees[0].size == 4 and sized.predicted == pytest.approx(1.41)
+    assert sized.trees[0].size == 4 and sized.expected == pytest.approx(1.41)
 
 
 def test_when_each_node_costs_a_step_only_a_certain_node_pays():
@@ -61,11 +63,18 @@ def test_the_best_prefix_is_chosen_by_rate_including_the_draft_cost():
 
 def test_calibration_scales_the_draft_probabilities():
     cost = VerifyCost((1, 2, 4), (1.0, 1.2, 1.6), unit_s=0.1)
-    assert size_trees([chain([0.6, 0.4, 0.3])], cost, 0.0, calibration=1.0).trees[0].size == 4
-    assert size_trees([chain([0.6, 0.4, 0.3])], cost, 0.0, calibration=0.25).trees[0].size == 1
+    assert size_trees([chain([0.6, 0.4, 0.3])], cost, 0.0).trees[0].size == 4
+    assert size_trees([chain([0.6, 0.4, 0.3])], cost, 0.0, calibrate=lambda p: 0.25 * p).trees[0].size == 1
 
 
-def test_nodes_are_chosen_across_the_batch_and_each_lane_keeps_a_prefix_tree():
+def test_a_node_is_scored_by_its_calibrated_probability_given_its_parent_times_its_parents_score():
+    tree = chain([0.6, 0.3, 0.2])
+    assert conditional_probabilities(tree).tolist() == pytest.approx([0.6, 0.5, 2 / 3])
+    assert calibrated_probabilities(tree, lambda r: r) == pytest.approx([0.6, 0.3, 0.2])
+    assert calibrated_probabilities(tree, lambda r: 0.5 * r) == pytest.approx([0.3, 0.075, 0.025])
+
+
+def test_a_batch_verifies_one_node_count_chosen_over_all_lanes():
     spec = TreeSpec(budget=12, max_depth=4, width=3)
     logprobs = torch.log(torch.tensor([[0.6, 0.3, 0.1], [0.5, 0.4, 0.1], [0.7, 0.2, 0.1], [0.9, 0.05, 0.05]]))
     confident = build_tree(0, torch.arange(12).view(4, 3), logprobs, spec)
@@ -73,10 +82,13 @@ def test_nodes_are_chosen_across_the_batch_and_each_lane_keeps_a_prefix_tree():
     cost = VerifyCost((1, 2, 4, 16), (1.0, 1.05, 1.2, 2.0), unit_s=0.1)
     sized = size_trees([confident, unsure], cost, draft_steps=0.3)
     kept, other = sized.trees
-    assert other.size == 1, "the unsure lane verifies its root alone"
-    assert 1 < kept.size < confident.size
-    assert torch.equal(kept.tokens, confident.tokens[: kept.size]) and bool((kept.parents[1:] < torch.arange(1, kept.size)).all())
-    assert sized.predicted == pytest.approx(float(kept.cum_logprobs[1:].exp().sum()), rel=1e-5)
+    # a batched verify pads every lane to the longest tree: each lane keeps its first n nodes
+    p = [tree.cum_logprobs[1:].exp().tolist() for tree in (confident, unsure)]
+    rates = {n: (2 + sum(sum(lane[: n - 1]) for lane in p)) / (cost(2 * n) + 0.3) for n in range(1, confident.size + 1)}
+    n = max(rates, key=lambda k: (rates[k], -k))
+    assert 1 < n < confident.size and kept.size == n and other.size == min(n, unsure.size)
+    assert torch.equal(kept.tokens, confident.tokens[:n])
+    assert sized.expected == pytest.approx(sum(sum(lane[: n - 1]) for lane in p), rel=1e-5)
 
 
 def test_a_step_pays_only_when_it_beats_an_ordinary_step_without_the_draft():
@@ -138,20 +150,37 @@ def test_calibration_follows_what_the_target_accepts_within_its_bounds():
     assert cal.factor == 1.0, "never trusts the draft more than its own probabilities"
 
 
-def test_a_sizer_learns_from_accept_lengths():
-    sizer = TreeSizer(FREE, AcceptCalibration(decay=0.0, prior=1.0))
-    sizer.size([chain([0.9, 0.9]), chain([0.5])], draft_s=0.0)
-    sizer.observe([1, 2])  # one extra token accepted of 2.3 predicted
-    assert sizer.calibration.factor == pytest.approx(1 / 2.3)
+def test_each_band_of_draft_probability_learns_its_own_factor():
+    cal = BandedCalibration(edges=(0.5,), decay=0.0, prior=1.0)
+    p = torch.tensor([0.9, 0.8, 0.3, 0.2, 0.1], dtype=torch.float64)
+    cal.observe(p, torch.tensor([True, True, False, False, False]))
+    assert cal.factors == pytest.approx([1.0, 0.1])  # the sure band right (capped at 1), the unsure one wrong (floor)
+    assert cal.scale(torch.tensor([0.7, 0.4], dtype=torch.float64)).tolist() == pytest.approx([0.7, 0.04])
+    with pytest.raises(ValueError, match="descending"):
+        BandedCalibration(edges=(0.2, 0.5))
+
+
+def test_a_sizer_learns_from_the_nodes_the_target_accepted():
+    sizer = TreeSizer(FREE, BandedCalibration(edges=(0.5,), decay=0.0, prior=1.0))
+    sizer.size([chain([0.9, 0.3]), chain([0.4])], draft_s=0.0)
+    sizer.observe([[0, 1], [0]])  # lane 0 accepted its r=0.9 node, not the next (r=1/3); lane 1 nothing (r=0.4)
+    assert sizer.calibration.factors == pytest.approx([1.0, 0.1])
+
+
+def test_a_node_whose_parent_was_rejected_teaches_nothing():
+    sizer = TreeSizer(FREE, BandedCalibration(edges=(0.5,), decay=0.0, prior=1.0))
+    sizer.size([chain([0.9, 0.3])], draft_s=0.0)
+    sizer.observe([[0]])  # the r=0.9 node rejected; its child (r=1/3) was never really tried
+    assert sizer.calibration.factors == pytest.approx([0.1, 1.0])
 
 
 def test_headless_steps_learn_their_own_calibration():
-    sizer = TreeSizer(FREE, AcceptCalibration(decay=0.0, prior=1.0), headless_calibration=AcceptCalibration(decay=0.0, prior=1.0))
+    sizer = TreeSizer(FREE, BandedCalibration(decay=0.0, prior=1.0), headless_calibration=BandedCalibration(decay=0.0, prior=1.0))
     sizer.size([chain([0.9, 0.9])], draft_s=0.0)
-    sizer.observe([1])  # the head's 1.8 predicted tokens: none accepted
+    sizer.observe([[0]])  # the head's two sure nodes: both rejected
     sizer.size([chain([0.9, 0.81])], draft_s=0.0, drafted=False)
-    sizer.observe([3])  # lookup's chain: both accepted
-    assert sizer.calibration.factor == 0.1 and sizer.headless_calibration.factor == 1.0
+    sizer.observe([[0, 1, 2]])  # lookup's chain: both accepted
+    assert sizer.calibration.factors[0] == 0.1 and sizer.headless_calibration.factors[0] == 1.0
 
 
 def test_an_unknown_sizing_is_refused():
@@ -188,8 +217,7 @@ def test_adaptive_sizing_is_greedy_exact_and_sizes_by_confidence(smollm2, untrai
     nodes_per_lane = sum(r.verified_nodes for r in records) / sum(r.batch_size for r in records)
     if drafter == "oracle":  # right about every top-1 node, with the target's own (under-)confidence:
         # calibration stays at 1 and trees stay deep until path probabilities fall below a node's cost (~6 here)
-        assert nodes_per_lane > 4.5 and engine.sizer.calibration.factor > 0.9 and skipped == 0
-    else:  # a random head is wrong about everything: calibration learns it, and only the few nodes that cost
-        # next to nothing on the verify curve stay
+        assert nodes_per_lane > 4.5 and engine.sizer.calibration.factors[0] > 0.9 and skipped < len(records) / 4
+    else:  # a random head is unsure of everything and wrong: next to no node pays for its share of the verify,
         # and the gate soon stops paying for its drafts: most steps run without the head
-        assert engine.sizer.calibration.factor < 0.3 and nodes_per_lane < 3 and skipped > len(records) / 2
+        assert nodes_per_lane < 3 and skipped > len(records) / 2

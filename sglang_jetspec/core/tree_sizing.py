@@ -5,13 +5,16 @@ prefix of them is itself a tree. If the draft's probabilities were calibrated, n
 accepted with probability p_i = exp(cum_logprob_i), and a step over B lanes would commit B + sum(p_i)
 tokens on average. Verifying T nodes costs V(T) one-token steps of the target (measured: a CPU pays
 almost linearly, a GPU almost nothing until it is compute bound) and the draft cost D of them. Sizing
-keeps the m best nodes over the whole batch, m chosen to maximise
+keeps each tree's first n nodes, n common to the batch (a batched verify pads every lane to the
+longest tree, so a lane cut shorter than the others saves nothing) and chosen to maximise
 
-    (B + c * sum of the m best p_i) / (V(B + m) + D),
+    (B + sum of the kept nodes' q_i) / (V(B n) + D),
 
-where c rescales the draft's probabilities by what the target actually accepted (AcceptCalibration).
-m = 0 verifies the roots alone: an ordinary decoding step, what a step whose drafts are all unsure
-should cost. Lossless: the set of nodes verified never changes what the target accepts among them.
+where q_i = q_parent x c(r_i) r_i, r_i the draft's probability of node i given its parent, rescales the
+draft by what the target actually accepted of verified nodes whose parent it accepted, in the same
+band of r (BandedCalibration: a head is overconfident by a different factor at r = 0.9 than at
+r = 0.1, and a prompt-lookup guess is scored by its own tuned rate). n = 1 verifies the roots alone: an ordinary decoding step, what a step whose
+drafts are all unsure should cost. Lossless: the set of nodes verified never changes what the target accepts among them.
 
 Sizing cannot give back the draft's own cost, though: a head that keeps losing (chat on a CPU) would
 still be run every step. `DraftGate` skips the head on the steps after one whose best sizing did not
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -73,9 +77,34 @@ class AcceptCalibration:
         self.accepted = self.decay * self.accepted + accepted
 
 
-def node_probabilities(tree: DraftTree) -> torch.Tensor:
-    """[N - 1] the draft's probability that each non-root node is accepted (its path probability)."""
-    return tree.cum_logprobs[1:].double().exp().clamp(max=1.0)
+class BandedCalibration:
+    """One AcceptCalibration per band of a draft probability (band edges `edges`, descending):
+    p -> p x the factor of p's band, learned from which nodes of that band the target accepted."""
+
+    def __init__(self, edges: tuple[float, ...] = (0.8, 0.5, 0.2), decay: float = 0.95, prior: float = 2.0,
+                 floor: float = 0.1) -> None:
+        if list(edges) != sorted(edges, reverse=True) or not all(0 < e < 1 for e in edges):
+            raise ValueError(f"edges={edges}: need descending probabilities in (0, 1)")
+        self.edges = torch.tensor(edges, dtype=torch.float64)
+        self.bands = [AcceptCalibration(decay, prior, floor) for _ in range(len(edges) + 1)]
+
+    @property
+    def factors(self) -> list[float]:
+        """Each band's factor, the most probable band first."""
+        return [band.factor for band in self.bands]
+
+    def band_of(self, probabilities: torch.Tensor) -> torch.Tensor:
+        return (probabilities.double().unsqueeze(-1) < self.edges).sum(-1)
+
+    def scale(self, probabilities: torch.Tensor) -> torch.Tensor:
+        return probabilities * torch.tensor(self.factors, dtype=probabilities.dtype)[self.band_of(probabilities)]
+
+    def observe(self, probabilities: torch.Tensor, accepted: torch.Tensor) -> None:
+        """Verified non-root nodes' draft probabilities and whether each was accepted."""
+        bands = self.band_of(probabilities)
+        for band in bands.unique().tolist():
+            mask = bands == band
+            self.bands[band].observe(float(probabilities[mask].sum()), float(accepted[mask].sum()))
 
 
 def truncate(tree: DraftTree, size: int) -> DraftTree:
@@ -85,32 +114,48 @@ def truncate(tree: DraftTree, size: int) -> DraftTree:
     return DraftTree(tree.tokens[:size], tree.parents[:size], tree.depths[:size], tree.ranks[:size], tree.cum_logprobs[:size])
 
 
+def conditional_probabilities(tree: DraftTree) -> torch.Tensor:
+    """[N - 1] each non-root node's draft probability given its parent's token (cum_logprob differences)."""
+    cums = tree.cum_logprobs.double()
+    return (cums[1:] - cums[tree.parents[1:]]).exp().clamp(max=1.0)
+
+
+def calibrated_probabilities(tree: DraftTree, calibrate: Callable[[torch.Tensor], torch.Tensor]) -> list[float]:
+    """[N - 1] each non-root node's calibrated acceptance probability q: its parent's q times its own
+    calibrated conditional probability (a node is accepted only if its parent is)."""
+    conditional = calibrate(conditional_probabilities(tree)).tolist()
+    parents = tree.parents.tolist()
+    q = []
+    for i, c in enumerate(conditional):
+        parent = parents[i + 1]
+        q.append(c * (q[parent - 1] if parent > 0 else 1.0))
+    return q
+
+
 @dataclass(frozen=True)
 class SizedTrees:
     trees: list[DraftTree]
-    predicted: float  # c-free expected accepted draft tokens of the kept nodes (sum of their p_i)
+    expected: float  # expected accepted draft tokens of the kept nodes (sum of their q_i)
     pays: bool  # the kept trees' expected rate, draft cost included, beats roots alone with no draft at all
 
 
-def size_trees(trees: list[DraftTree], cost: VerifyCost, draft_steps: float, calibration: float = 1.0) -> SizedTrees:
-    """Each tree cut to the prefix that maximises expected committed tokens per unit of step cost.
-    `draft_steps`: this step's draft time in one-token forwards (cost.unit_s)."""
+def size_trees(trees: list[DraftTree], cost: VerifyCost, draft_steps: float,
+               calibrate: Callable[[torch.Tensor], torch.Tensor] = lambda p: p) -> SizedTrees:
+    """Every tree cut to its first n nodes (a smaller tree keeps all of its own), n common to the batch
+    because a batched verify pads every lane to the longest tree (the reference engine's forward and
+    SGLang's verify alike): n maximises expected committed tokens per unit of step cost,
+    (B + sum of the kept nodes' q) / (V(B n) + D). `draft_steps`: D, this step's draft time in one-token
+    forwards (cost.unit_s); `calibrate`: p -> q."""
     lanes = len(trees)
-    gains = [(-float(p), lane, i + 1) for lane, tree in enumerate(trees) for i, p in enumerate(node_probabilities(tree).tolist())]
-    gains.sort()  # best first; ties keep each lane's node order, so every lane's pick is a prefix
-    best_m, best_rate, total = 0, lanes / (cost(lanes) + draft_steps), 0.0
-    for m, (neg_p, _, _) in enumerate(gains, start=1):
-        total -= neg_p
-        rate = (lanes + calibration * total) / (cost(lanes + m) + draft_steps)
+    q = [calibrated_probabilities(tree, calibrate) for tree in trees]
+    best_n, best_rate, best_expected, expected = 1, lanes / (cost(lanes) + draft_steps), 0.0, 0.0
+    for n in range(2, max(tree.size for tree in trees) + 1):
+        expected += sum(lane_q[n - 2] for lane_q in q if len(lane_q) >= n - 1)
+        rate = (lanes + expected) / (cost(lanes * n) + draft_steps)
         if rate > best_rate:
-            best_m, best_rate = m, rate
-    keep = [1] * lanes
-    predicted = 0.0
-    for neg_p, lane, node in gains[:best_m]:
-        keep[lane] = max(keep[lane], node + 1)
-        predicted -= neg_p
+            best_n, best_rate, best_expected = n, rate, expected
     pays = best_rate > lanes / cost(lanes)
-    return SizedTrees([truncate(tree, k) for tree, k in zip(trees, keep)], predicted, pays)
+    return SizedTrees([truncate(tree, best_n) for tree in trees], best_expected, pays)
 
 
 class DraftGate:
@@ -140,31 +185,35 @@ class DraftGate:
 class TreeSizer:
     """Adaptive sizing for one engine: its target's verify cost, the gate that skips the head while it
     does not pay, and one calibration per kind of step: drafted trees (head, with any lookup guess
-    merged in) and headless ones (prompt lookup alone). The two are kept apart because a head's
-    probabilities and lookup's calibrated guess scores are wrong by different factors: one shared c
-    would cut long lookup chains by the head's overconfidence."""
+    merged in) and headless ones (prompt lookup alone)."""
 
-    def __init__(self, cost: VerifyCost, calibration: AcceptCalibration | None = None, gate: DraftGate | None = None,
-                 headless_calibration: AcceptCalibration | None = None) -> None:
+    def __init__(self, cost: VerifyCost, calibration: BandedCalibration | None = None, gate: DraftGate | None = None,
+                 headless_calibration: BandedCalibration | None = None) -> None:
         self.cost = cost
-        self.calibration = calibration or AcceptCalibration()
-        self.headless_calibration = headless_calibration or AcceptCalibration()
+        self.calibration = calibration or BandedCalibration()
+        self.headless_calibration = headless_calibration or BandedCalibration()
         self.gate = gate or DraftGate()
-        self._predicted = 0.0
+        self._kept: list[DraftTree] = []
         self._last = self.calibration
 
     def size(self, trees: list[DraftTree], draft_s: float, drafted: bool = True) -> list[DraftTree]:
         """The trees cut to what pays; `drafted`: the head ran for them (only such steps teach the gate)."""
         self._last = self.calibration if drafted else self.headless_calibration
-        sized = size_trees(trees, self.cost, draft_s / self.cost.unit_s, self._last.factor)
-        self._predicted = sized.predicted
+        sized = size_trees(trees, self.cost, draft_s / self.cost.unit_s, self._last.scale)
+        self._kept = sized.trees
         if drafted:
             self.gate.observe(sized.pays)
         return sized.trees
 
-    def observe(self, accept_lengths: list[int]) -> None:
-        """After acceptance of the last sized step: accept lengths include each lane's bonus token."""
-        self._last.observe(self._predicted, float(sum(accept_lengths) - len(accept_lengths)))
+    def observe(self, paths: list[list[int]]) -> None:
+        """After acceptance of the last sized step: each lane's accepted node indices (root first)."""
+        for tree, path in zip(self._kept, paths):
+            if tree.size > 1:
+                accepted = torch.zeros(tree.size, dtype=torch.bool)
+                accepted[path] = True
+                # a node tells about its conditional probability only if its parent was accepted
+                tried = accepted[tree.parents[1:]]
+                self._last.observe(conditional_probabilities(tree)[tried], accepted[1:][tried])
 
 
 def relative_costs(seconds: dict[int, float]) -> VerifyCost:

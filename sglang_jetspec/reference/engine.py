@@ -236,7 +236,7 @@ class ReferenceEngine:
         t_accept = settled_clock(logits)
         results = accept_batch(trees, logits, [l.params for l in lanes], [l.generator for l in lanes], self.config.acceptance)
         if self.sizer is not None and budget > 1:
-            self.sizer.observe([r.accept_length for r in results])
+            self.sizer.observe([r.path for r in results])
         t_commit = time.perf_counter()
         committed = self._commit(cache, lanes, results, out.taps)
         t_end = time.perf_counter()
