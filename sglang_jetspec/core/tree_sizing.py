@@ -13,8 +13,9 @@ longest tree, so a lane cut shorter than the others saves nothing) and chosen to
 where q_i = q_parent x c(r_i) r_i, r_i the draft's probability of node i given its parent, rescales the
 draft by what the target actually accepted of verified nodes whose parent it accepted, in the same
 band of r (BandedCalibration: a head is overconfident by a different factor at r = 0.9 than at
-r = 0.1, and a prompt-lookup guess is scored by its own tuned rate). n = 1 verifies the roots alone: an ordinary decoding step, what a step whose
-drafts are all unsure should cost. Lossless: the set of nodes verified never changes what the target accepts among them.
+r = 0.1, and a prompt-lookup guess is scored by its own tuned rate). n = 1 verifies the roots alone:
+an ordinary decoding step, what a step whose drafts are all unsure should cost. Lossless: the set of
+nodes verified never changes what the target accepts among them.
 
 Sizing cannot give back the draft's own cost, though: a head that keeps losing (chat on a CPU) would
 still be run every step. `DraftGate` skips the head on the steps after one whose best sizing did not

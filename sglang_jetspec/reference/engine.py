@@ -212,16 +212,16 @@ class ReferenceEngine:
         # a tree of `budget` nodes is at most budget-1 deep: never pay for deeper draft rows
         depth = min(self.drafter.max_depth, budget - 1)
         spec = TreeSpec(budget=budget, max_depth=depth, width=tree_width, fanout=self.config.fanout)
-        if self.sizer is None:
-            trees, timing = draft_trees(self.drafter, lanes, spec, draft_rounds, lookup)
-            return trees, timing.round_s, timing.tree_s
-        start = time.perf_counter()
-        if not self.sizer.gate.should_draft():  # the head has not been paying: prompt lookup alone
-            return self.sizer.size(headless_trees(lanes, spec, lookup), 0.0, drafted=False), [], time.perf_counter() - start
+        if self.sizer is not None and not self.sizer.gate.should_draft():  # the head has not been paying
+            start = time.perf_counter()
+            trees = self.sizer.size(headless_trees(lanes, spec, lookup), 0.0, drafted=False)
+            return trees, [], time.perf_counter() - start
         trees, timing = draft_trees(self.drafter, lanes, spec, draft_rounds, lookup)
-        start = time.perf_counter()
-        trees = self.sizer.size(trees, timing.draft_s)
-        return trees, timing.round_s, timing.tree_s + time.perf_counter() - start
+        if self.sizer is not None:
+            start = time.perf_counter()
+            trees = self.sizer.size(trees, timing.draft_s)
+            timing.tree_s += time.perf_counter() - start
+        return trees, timing.round_s, timing.tree_s
 
     def _step(self, cache: SlotKVCache, lanes: list[Lane], budget: int, draft_rounds: int, tree_width: int,
               lookup: LookupMerge | None) -> StepRecord:
