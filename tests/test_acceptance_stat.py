@@ -17,7 +17,7 @@ from sglang_jetspec.core import acceptance
 from sglang_jetspec.core.acceptance import accept_batch
 from sglang_jetspec.core.sampling import SamplingParams, make_generator, processed_probs
 from sglang_jetspec.core.drafting import TreeDraft
-from sglang_jetspec.core.prompt_lookup import LookupMerge
+from sglang_jetspec.core.prompt_lookup import chain_guesses
 from sglang_jetspec.core.tree import TreeSpec, build_tree, top_k_per_depth
 
 VOCAB = 6
@@ -55,8 +55,8 @@ def hybrid_draft_tree(context: tuple[int, ...]):
     gen = torch.Generator().manual_seed(1000 + hash(context) % 997)
     depth_logits = torch.stack([target_logits(context) + torch.randn(VOCAB, generator=gen), torch.randn(VOCAB, generator=gen)])
     guess = [(context[-1] + 1) % VOCAB, (context[-1] + 3) % VOCAB]
-    return TreeDraft(context[-1], *top_k_per_depth(depth_logits, 3), TreeSpec(budget=8, max_depth=2, width=3), guess=guess,
-                     merge=LookupMerge(math.log(0.6))).tree
+    return TreeDraft(context[-1], *top_k_per_depth(depth_logits, 3), TreeSpec(budget=8, max_depth=2, width=3),
+                     guesses=chain_guesses(guess, math.log(0.6))).tree
 
 
 # A reduced draft vocabulary (core/draft_vocab.py) that leaves out token 1: the draft's logits cover

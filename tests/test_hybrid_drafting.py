@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from sglang_jetspec.core.drafting import TreeDraft, draft_trees
-from sglang_jetspec.core.prompt_lookup import LookupMerge, merge_continuation, noisy_or, with_guess
+from sglang_jetspec.core.prompt_lookup import LookupMerge, chain_guesses, merge_guesses, noisy_or, with_guess
 from sglang_jetspec.core.sampling import SamplingParams
 from sglang_jetspec.core.tree import Candidates, TreeSpec, top_k_per_depth
 from sglang_jetspec.reference.engine import EngineConfig, ReferenceEngine, Request
@@ -49,7 +49,7 @@ def test_the_guess_is_filed_along_its_own_path_down_to_the_drafts_depth():
     tokens, logprobs = top_k_per_depth(marginal([{1: 0.9}, {2: 0.9}, {3: 0.9}]), 2)
     conditioned = {}
     spec = TreeSpec(budget=16, max_depth=2, width=2)
-    merge_continuation(conditioned, [7, 8, 9, 10], tokens, logprobs, spec, LookupMerge(LOG(0.6)))
+    merge_guesses(conditioned, chain_guesses([7, 8, 9, 10], LOG(0.6)), tokens, logprobs, spec)
     assert set(conditioned) == {(), (7,)}  # depth 2: the guess's third token has nowhere to go
     assert conditioned[()].tokens[:2] == [1, 7] and conditioned[(7,)].tokens[:2] == [2, 8]
 
@@ -58,11 +58,9 @@ def test_best_first_trades_the_guess_off_against_the_heads_candidates():
     # the head: 1 (0.625) or 3 (0.375), then 2 or 4 likewise; the guess says 5, 6, 7
     tokens, logprobs = top_k_per_depth(marginal([{1: 0.5, 3: 0.3}, {2: 0.5, 4: 0.3}, {1: 0.9}]), 2)
     guess = [5, 6, 7]
-    confident = TreeDraft(0, tokens, logprobs, TreeSpec(budget=6, max_depth=3, width=2), guess=guess,
-                          merge=LookupMerge(LOG(0.9))).tree
+    confident = TreeDraft(0, tokens, logprobs, TreeSpec(budget=6, max_depth=3, width=2), guesses=chain_guesses(guess, LOG(0.9))).tree
     assert {(5,), (5, 6), (5, 6, 7)} <= paths(confident)  # 0.9, 0.81, 0.73 beat every head branch but (1,)
-    doubtful = TreeDraft(0, tokens, logprobs, TreeSpec(budget=6, max_depth=3, width=2), guess=guess,
-                         merge=LookupMerge(LOG(0.02))).tree
+    doubtful = TreeDraft(0, tokens, logprobs, TreeSpec(budget=6, max_depth=3, width=2), guesses=chain_guesses(guess, LOG(0.02))).tree
     assert not any(p[:1] == (5,) for p in paths(doubtful))  # 0.02 loses to every head candidate
     assert paths(doubtful) == paths(TreeDraft(0, tokens, logprobs, TreeSpec(budget=6, max_depth=3, width=2)).tree)
 

@@ -52,6 +52,7 @@ from sglang_jetspec.core.drafter import HeadDrafter
 from sglang_jetspec.core.drafting import draft_trees
 from sglang_jetspec.core.head_io import load_head
 from sglang_jetspec.core.prompt_lookup import LookupMerge
+from sglang_jetspec.core.suffix_store import RECENT_OUTPUT_TOKENS, SuffixStore, load_draft_corpus
 from sglang_jetspec.core.step_record import StepRecord
 from sglang_jetspec.core.tree import DraftTree, TreeSpec, root_only_tree
 
@@ -101,7 +102,10 @@ class JetSpecWorker(BaseSpecWorker):
         self.policy_control = PolicyControl(  # read by adapter.internal_state's /set_internal_state hooks
             policy, admin_key_configured=cfg.admin_api_key is not None,
             on_change=self.metrics.show_policy if self.metrics is not None else None)
-        self.hybrid = LookupMerge.from_policy(policy.lookup)  # for cohorts whose drafter is hybrid
+        # for cohorts whose drafter is hybrid: prompt lookup, the head's draft corpus, and what this
+        # worker's finished requests wrote
+        self.hybrid = LookupMerge.from_policy(policy.lookup, load_draft_corpus(draft_path, vocab) or SuffixStore(),
+                                              SuffixStore(max_tokens=RECENT_OUTPUT_TOKENS))
         self.shadow = WorkerShadow.from_env(policy.shadow.sample_rate, model=cfg.served_model_name
                                             or cfg.model_path, head=str(draft_path))
 
@@ -163,7 +167,10 @@ class JetSpecWorker(BaseSpecWorker):
         """Drop a finished request's state, offering it to the shadow tee first (it samples and
         keeps only natural finishes)."""
         state = self.states.drop(rid)
-        if state is not None and self.shadow is not None and state.req is not None and state.req.finished():
+        if state is None or state.req is None or not state.req.finished():
+            return
+        self.hybrid.recent.add(list(state.req.output_ids))
+        if self.shadow is not None:
             self.shadow.finished(state.req, state)
 
     def _prefill(self, batch, on_publish, pp_proxy_tensors) -> GenerationBatchResult:

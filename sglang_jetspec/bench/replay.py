@@ -17,7 +17,7 @@ speedups still come from `jetspec bench`.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -25,8 +25,9 @@ import torch
 from .setup import load_run, make_requests, run_command, run_header
 from .report import markdown_table, run_summary_lines, speculative_by_method, style_budget_axes
 from ..core.drafter import ContextCache
-from ..core.drafting import TreeDraft, lookup_guess, refine
-from ..core.prompt_lookup import LookupMerge
+from ..core.drafting import TreeDraft, refine
+from ..core.prompt_lookup import LookupMerge, lookup_guesses
+from ..core.suffix_store import RECENT_OUTPUT_TOKENS, SuffixStore
 from ..core.tree import DraftTree, TreeSpec, top_k_per_depth
 from ..reference.engine import Drafter, EngineConfig, ReferenceEngine, RequestOutput
 from ..reference.target import Segment, TargetModel
@@ -97,7 +98,7 @@ class DraftMemo:
             tokens, logprobs = self.at(committed)
             spec = TreeSpec(budget, min(budget - 1, tokens.shape[0]), self.tree_width, fanout)
             self.lane.committed = committed
-            draft = TreeDraft(self.lane.root_token, tokens, logprobs, spec, guess=lookup_guess(self.lane, spec, lookup), merge=lookup,
+            draft = TreeDraft(self.lane.root_token, tokens, logprobs, spec, guesses=lookup_guesses(self.lane.committed_ids, spec, lookup),
                               vocab=getattr(self.drafter, "draft_vocab", None))
             self._rounds[key] = (draft, [draft.tree])
         draft, trees = self._rounds[key]
@@ -140,6 +141,9 @@ def replay(args) -> dict:
     outputs = ReferenceEngine(target, None, EngineConfig(max_batch_size=args.ar_batch_size)).generate(requests, 0)
     print(f"autoregressive outputs: {sum(len(o.output_ids) for o in outputs)} tokens over {len(outputs)} prompts", flush=True)
     depth = max(args.budgets) - 1
+    # as in the engine, a hybrid with a draft corpus also looks up the outputs of the requests before
+    contenders = [replace(c, lookup=replace(c.lookup, recent=SuffixStore(max_tokens=RECENT_OUTPUT_TOKENS)))
+                  if c.lookup is not None and c.lookup.corpus is not None else c for c in contenders]
     steps = {(c.method, b): [] for c in contenders for b in args.budgets}
     for i, output in enumerate(outputs):
         # one memo per (drafter, width) and request: jetspec at several --draft-rounds shares it
@@ -155,6 +159,9 @@ def replay(args) -> dict:
             for budget in args.budgets:
                 steps[contender.method, budget].append(replay_request(memos[key], output, budget, args.fanout, contender.draft_rounds,
                                                                       contender.lookup))
+        for contender in contenders:
+            if contender.lookup is not None and contender.lookup.recent is not None:
+                contender.lookup.recent.add(output.output_ids)
         print(f"request {i + 1}/{len(outputs)} replayed", flush=True)
     for contender in contenders:
         print(f"{contender.method}: " + "  ".join(f"{b}: {_mean(steps[contender.method, b]):.2f}" for b in args.budgets), flush=True)

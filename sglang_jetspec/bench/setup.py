@@ -15,7 +15,8 @@ from ..core.head_config import HeadConfigError
 from ..core.head_io import read_head_config
 from ..core.sampling import SamplingParams
 from ..core.prompt_lookup import LookupMerge
-from ..reference.loading import DrafterOptionError, check_lookup_options, load_drafter, load_target, lookup_drafter, lookup_merge
+from ..reference.loading import (DrafterOptionError, check_lookup_options, load_corpus, load_drafter, load_target, lookup_drafter,
+                                 lookup_merge)
 from ..models.fetch import sha256_file
 from ..reference.prompts import HUMANEVAL, PromptError, encode, humaneval_prompts, read_prompt_file
 from ..reference.precision import cpu_model
@@ -44,8 +45,9 @@ def jetspec_label(rounds: int) -> str:
     return "jetspec" if rounds == 0 else f"jetspec-r{rounds}"
 
 
-def hybrid_label(accept: float, variants: int) -> str:
-    return "hybrid" if variants == 1 else f"hybrid-a{accept:g}"
+def hybrid_label(accept: float, variants: int, corpus: str, corpora: int) -> str:
+    label = "hybrid" if variants == 1 else f"hybrid-a{accept:g}"
+    return label if corpora == 1 else f"{label}-{'corpus' if corpus == 'head' else 'own'}"
 
 
 def _head_is_causal(flag: str, head_dir: str) -> bool:
@@ -130,8 +132,10 @@ def load_contenders(args, target: TargetModel) -> tuple[list[Contender], dict[st
         if method == "jetspec":
             contenders += [Contender(jetspec_label(r), head, args.tree_width, r) for r in args.draft_rounds]
         elif method == "hybrid":
-            contenders += [Contender(hybrid_label(p, len(args.lookup_accept)), head, args.tree_width, 0, lookup_merge(p, args))
-                           for p in args.lookup_accept]
+            corpus = load_corpus(target, args.head) if "head" in args.draft_corpus else None
+            contenders += [Contender(hybrid_label(p, len(args.lookup_accept), c, len(args.draft_corpus)), head, args.tree_width, 0,
+                                     lookup_merge(p, args, corpus if c == "head" else None))
+                           for c in args.draft_corpus for p in args.lookup_accept]
         else:
             contenders.append(Contender(method, *drafting[method]))
     return [sized(c, sizing) for sizing in getattr(args, "tree_sizing", ["fixed"]) for c in contenders], labels
@@ -179,7 +183,7 @@ def run_header(args, target: TargetModel, head_labels: dict[str, str], indices: 
         "seed": args.seed,
         # commands without the lookup method's flags (jetspec gap) record none
         "lookup": {"min_ngram": args.lookup_min_ngram, "max_ngram": args.lookup_max_ngram, "max_depth": args.lookup_depth,
-                   "accept": args.lookup_accept} if hasattr(args, "lookup_depth") else None,
+                   "accept": args.lookup_accept, "draft_corpus": args.draft_corpus} if hasattr(args, "lookup_depth") else None,
     }
 
 

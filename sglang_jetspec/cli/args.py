@@ -34,6 +34,7 @@ def comma_list(convert: Callable[[str], object], allowed: Callable[[object], boo
     return parse
 
 
+corpus_list = comma_list(str, lambda v: v in ("head", "none"), "head or none", "head,none")
 probability_list = comma_list(float, lambda v: 0 < v < 1, "a probability strictly between 0 and 1", "0.5,0.7")
 
 
@@ -74,6 +75,11 @@ def add_lookup_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lookup-accept", type=probability_list, default=[DEFAULT_LOOKUP_ACCEPT],
                         help="hybrid drafter: calibrated chance that a looked-up token is accepted given its parent was; "
                              "it scores the guess against the head's candidates (bench/replay take a list, one hybrid per value)")
+    parser.add_argument("--draft-corpus", type=corpus_list, default=["head"],
+                        help="hybrid drafter: head (default): also look continuations up in the head directory's draft corpus "
+                             "(text the target wrote, draft_corpus.safetensors, from `jetspec draft-corpus`) and in the outputs "
+                             "of requests already finished; none: the request's own tokens only (bench/replay take a list, "
+                             "e.g. head,none: one hybrid per value; serve and generate use the first)")
 
 
 def add_drafter_arguments(parser: argparse.ArgumentParser, default: str = "head") -> None:

@@ -19,7 +19,7 @@ COMMAND_GROUP = "jetspec.commands"
 
 # One line per subcommand module, in the order `jetspec --help` lists them.
 REGISTRARS = [model.register, generate.register, bench.register, bench.register_replay, bench.register_gap,
-              register_policy, train.register, train.register_draft_vocab, serve.register]
+              register_policy, train.register, train.register_draft_vocab, train.register_draft_corpus, serve.register]
 
 
 def plugin_registrars() -> list:

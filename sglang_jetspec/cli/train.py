@@ -1,6 +1,7 @@
-"""`jetspec train` (distil a draft head) and `jetspec draft-vocab` (its reduced draft vocabulary): the flags.
+"""`jetspec train` (distil a draft head), `jetspec draft-vocab` (its reduced draft vocabulary) and `jetspec draft-corpus`
+(its draft corpus): the flags.
 
-The runs themselves are sglang_jetspec/train/command.py and train/vocab_command.py.
+The runs themselves are sglang_jetspec/train/command.py, train/vocab_command.py and train/corpus_command.py.
 """
 
 from __future__ import annotations
@@ -9,7 +10,10 @@ from ..train.command import PROMPT_SETS, run as run_train
 from ..train.data import FEATURE_MODES, RegenerationConfig
 from ..train.objective import LOSSES, REVEALS
 from ..train.trainer import TrainConfig
+from ..train.corpus_command import run as run_draft_corpus
 from ..train.vocab_command import DEFAULT_SIZE, run as run_draft_vocab
+
+DEFAULT_CORPUS_TOKENS = 1_000_000
 from .args import add_target_arguments
 def register(sub) -> None:
     p = sub.add_parser("train", help="train a JetSpec (or DFlash-style) draft head for a target")
@@ -69,3 +73,11 @@ def register_draft_vocab(sub) -> None:
     p.add_argument("--data-dir", required=True, help="a `jetspec train` data directory (its responses.jsonl: target outputs)")
     p.add_argument("--size", type=int, default=DEFAULT_SIZE, help="tokens in the draft vocabulary")
     p.set_defaults(func=run_draft_vocab)
+
+
+def register_draft_corpus(sub) -> None:
+    p = sub.add_parser("draft-corpus", help="write a head's draft corpus (what the target wrote) for the hybrid drafter's lookups")
+    p.add_argument("--head", required=True, help="head directory to write draft_corpus.safetensors into")
+    p.add_argument("--data-dir", required=True, help="a `jetspec train` data directory (its responses.jsonl: target outputs)")
+    p.add_argument("--max-tokens", type=int, default=DEFAULT_CORPUS_TOKENS, help="most tokens kept (4 bytes each on disk)")
+    p.set_defaults(func=run_draft_corpus)

@@ -5,8 +5,8 @@ Round 0 is one head pass over [root, MASK x (B-1)]: per-depth marginals and the 
 trees, files every node's conditioned top-K under its token path (kept across rounds: a path's
 conditioned distribution depends only on the path), and rebuilds each tree best-first within the
 same budget, so nodes whose parents were evaluated are scored by their real branch. With a
-`LookupMerge` (the hybrid drafter), each request's prompt-lookup guess joins its tree as conditioned
-candidates along the guess's path (core/prompt_lookup.py). The reference engine, `jetspec replay`
+`LookupMerge` (the hybrid drafter), each request's looked-up guesses (prompt lookup's chain, the
+suffix stores' paths) join its tree as conditioned candidates along their paths (core/prompt_lookup.py). The reference engine, `jetspec replay`
 and the SGLang worker all draft through this module.
 """
 
@@ -18,7 +18,7 @@ from typing import Protocol
 
 import torch
 
-from .prompt_lookup import LookupMerge, find_continuation, guess_chain, merge_continuation, with_guess
+from .prompt_lookup import Guesses, LookupMerge, lookup_guesses, merge_guesses, with_guesses
 from .tree import Candidates, DraftTree, TreeSpec, build_tree, candidate_lists, root_only_tree, top_k_per_depth
 
 
@@ -44,15 +44,14 @@ class TreeDraft:
     top_logprobs: torch.Tensor  # [D, K]
     spec: TreeSpec
     conditioned: dict[tuple[int, ...], Candidates] = field(default_factory=dict)
-    guess: list[int] = field(default_factory=list)  # prompt lookup's tokens after the root (hybrid drafter)
-    merge: LookupMerge | None = None
+    guesses: Guesses = field(default_factory=dict)  # looked-up children per node path (hybrid drafter)
     tree: DraftTree | None = None
     vocab: torch.Tensor | None = None  # the drafter's draft_vocab: maps conditioned logits' columns to tokens
 
     def __post_init__(self) -> None:
         self.learned: set[tuple[int, ...]] = set()  # paths whose own candidates a tree-causal pass gave
-        if self.guess:
-            merge_continuation(self.conditioned, self.guess, self.top_tokens, self.top_logprobs, self.spec, self.merge)
+        if self.guesses:
+            merge_guesses(self.conditioned, self.guesses, self.top_tokens, self.top_logprobs, self.spec)
         if self.tree is None:
             self.tree = self.rebuild()
 
@@ -61,14 +60,13 @@ class TreeDraft:
 
     def learn(self, child_logits: torch.Tensor) -> None:
         """File the current tree's conditioned candidates ([N, V] from propose_children) and rebuild;
-        on the guess's path they replace the marginal ones the guess was merged into."""
+        where guesses were merged, they replace the marginal candidates the guesses joined."""
         for path, candidates in zip(self.tree.token_paths(), candidate_lists(child_logits, self.spec, self.vocab)):
             if path in self.learned:
                 continue
             self.learned.add(path)
-            i = len(path)
-            on_guess = i < len(self.guess) and tuple(self.guess[:i]) == path
-            self.conditioned[path] = with_guess(candidates, self.guess[i], self.merge.logprob) if on_guess else candidates
+            guessed = self.guesses.get(path)
+            self.conditioned[path] = with_guesses(candidates, guessed) if guessed else candidates
         self.tree = self.rebuild()
 
 
@@ -100,19 +98,14 @@ def refine(drafter: TreeDrafter, lanes: list, drafts: list[TreeDraft]) -> tuple[
     return t1 - t0, time.perf_counter() - t1
 
 
-def lookup_guess(lane, spec: TreeSpec, merge: LookupMerge | None) -> list[int]:
-    """The lane's prompt-lookup continuation (lanes expose committed_ids), or [] without a merge."""
-    if merge is None:
-        return []
-    return find_continuation(lane.committed_ids, merge.min_ngram, merge.max_ngram, spec.max_depth)
-
-
 def headless_trees(lanes: list, spec: TreeSpec, lookup: LookupMerge | None) -> list[DraftTree]:
-    """Each lane's tree on a step the head sits out: its prompt-lookup guess as a chain (within the
-    budget), or the root alone."""
+    """Each lane's tree on a step the head sits out: the best-first tree of its looked-up guesses alone
+    (within the budget), or the root alone."""
     if lookup is None:
         return [root_only_tree(lane.root_token) for lane in lanes]
-    return [guess_chain(lane.root_token, lookup_guess(lane, spec, lookup)[: spec.budget - 1], lookup) for lane in lanes]
+    no_head = torch.zeros(spec.max_depth, 0)  # no marginal candidates at any depth
+    return [TreeDraft(lane.root_token, no_head.long(), no_head, spec, guesses=lookup_guesses(lane.committed_ids, spec, lookup)).tree
+            for lane in lanes]
 
 
 def draft_trees(drafter: TreeDrafter, lanes: list, spec: TreeSpec, rounds: int = 0,
@@ -126,7 +119,7 @@ def draft_trees(drafter: TreeDrafter, lanes: list, spec: TreeSpec, rounds: int =
     # one top-k over the batch and one copy of its result to the host: trees are built there, and a
     # copy per request would stall a GPU once per request
     tokens, logprobs = (t.cpu() for t in top_k_per_depth(depth_logits, spec.width, vocab))
-    drafts = [TreeDraft(lane.root_token, tokens[b], logprobs[b], spec, guess=lookup_guess(lane, spec, lookup), merge=lookup, vocab=vocab)
+    drafts = [TreeDraft(lane.root_token, tokens[b], logprobs[b], spec, guesses=lookup_guesses(lane.committed_ids, spec, lookup), vocab=vocab)
               for b, lane in enumerate(lanes)]
     timing = DraftTiming([t1 - t0], time.perf_counter() - t1)
     for _ in range(rounds):

@@ -16,12 +16,17 @@ prompts); where the head proposes the same token, the two are combined as indepe
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
 
-from .tree import Candidates, DraftTree, fanout_caps
+from .suffix_store import SuffixStore, likeliest_paths
+from .tree import Candidates, TreeSpec, fanout_caps
+
+# Guessed children per tree node: node token path from the root -> {token: log-probability that the
+# target accepts it given the node}. Prompt lookup's chain and the suffix stores' tries both take this form.
+Guesses = dict[tuple[int, ...], dict[int, float]]
 
 
 class LookupLane(Protocol):
@@ -70,17 +75,22 @@ class PromptLookupDrafter:
 
 @dataclass(frozen=True)
 class LookupMerge:
-    """How the hybrid drafter scores looked-up tokens. `logprob` is the log-probability that a guessed
-    token is accepted given that its parent was (HumanEval 0-99 tuning: see the README's speed section)."""
+    """How the hybrid drafter finds and scores looked-up tokens. `logprob` is the log-probability that a
+    guessed token is accepted given that its parent was (HumanEval 0-99 tuning: see the README's speed
+    section). Besides the request's own tokens, guesses come from `corpus` (the head directory's draft
+    corpus: text the target wrote) and `recent` (outputs of requests the engine finished); a corpus
+    path's score adds the log of its share of the corpus occurrences given its parent."""
 
     logprob: float
     min_ngram: int = 2
     max_ngram: int = 4
+    corpus: SuffixStore | None = field(default=None, compare=False)
+    recent: SuffixStore | None = field(default=None, compare=False)
 
     @classmethod
-    def from_policy(cls, lookup) -> LookupMerge:
+    def from_policy(cls, lookup, corpus: SuffixStore | None = None, recent: SuffixStore | None = None) -> LookupMerge:
         """From a policy's `lookup` section (accept, min_ngram, max_ngram: policies.schema.LookupPolicy)."""
-        return cls(math.log(lookup.accept), lookup.min_ngram, lookup.max_ngram)
+        return cls(math.log(lookup.accept), lookup.min_ngram, lookup.max_ngram, corpus, recent)
 
     def __post_init__(self) -> None:
         if not self.logprob < 0:
@@ -104,24 +114,55 @@ def with_guess(base: Candidates, token: int, logprob: float) -> Candidates:
     return Candidates([t for t, _ in ranked], [lp for _, lp in ranked], min(len(ranked), base.cap + added))
 
 
-def merge_continuation(conditioned: dict[tuple[int, ...], Candidates], guess: list[int], top_tokens: torch.Tensor,
-                       top_logprobs: torch.Tensor, spec, merge: LookupMerge) -> None:
-    """File `guess` (tokens after the root) into `conditioned` along its own path, down to the depth
-    the draft reaches; each node on the path keeps its own candidates (or its depth's marginal ones)."""
-    depth = min(len(guess), spec.max_depth, top_tokens.shape[0])
-    if depth == 0:
-        return
+def chain_guesses(guess: list[int], logprob: float) -> Guesses:
+    """A looked-up chain: each guessed token a child of the node its predecessors reach."""
+    return {tuple(guess[:i]): {token: logprob} for i, token in enumerate(guess)}
+
+
+def store_guesses(context: list[int], store: SuffixStore, depth: int, limit: int, logprob: float) -> Guesses:
+    """The `limit` likeliest continuation paths `store` knows for `context`, each token scored `logprob`
+    plus the log of its share of the occurrences given its parent."""
+    counts, occurrences = store.continuations(context, depth)
+    guesses: Guesses = {}
+    for path, share in likeliest_paths(counts, occurrences, limit).items():
+        guesses.setdefault(path[:-1], {})[path[-1]] = logprob + share
+    return guesses
+
+
+def combine_guesses(into: Guesses, more: Guesses) -> None:
+    """Add `more` to `into`; a token both guess at the same node scores as independent evidence (noisy-or)."""
+    for path, tokens in more.items():
+        node = into.setdefault(path, {})
+        for token, logprob in tokens.items():
+            node[token] = noisy_or(node[token], logprob) if token in node else logprob
+
+
+def lookup_guesses(committed_ids: list[int], spec: TreeSpec, merge: LookupMerge | None) -> Guesses:
+    """Every guess for a request's next tokens: prompt lookup's chain over its own tokens, then each
+    suffix store's likeliest paths (within the tree's depth and node budget); {} without a merge."""
+    if merge is None:
+        return {}
+    guesses = chain_guesses(find_continuation(committed_ids, merge.min_ngram, merge.max_ngram, spec.max_depth), merge.logprob)
+    for store in (merge.corpus, merge.recent):
+        if store is not None:
+            combine_guesses(guesses, store_guesses(committed_ids, store, spec.max_depth, spec.budget - 1, merge.logprob))
+    return guesses
+
+
+def with_guesses(base: Candidates, tokens: dict[int, float]) -> Candidates:
+    for token, logprob in tokens.items():
+        base = with_guess(base, token, logprob)
+    return base
+
+
+def merge_guesses(conditioned: dict[tuple[int, ...], Candidates], guesses: Guesses, top_tokens: torch.Tensor,
+                  top_logprobs: torch.Tensor, spec: TreeSpec) -> None:
+    """File `guesses` into `conditioned`, down to the depth the draft reaches; a node without candidates
+    of its own gets its depth's marginal ones ([D, K] top tokens and log-probs; K may be 0) plus the guesses."""
+    depth = min(spec.max_depth, top_tokens.shape[0])
     caps = fanout_caps(top_logprobs[:depth, : spec.width], spec)
     tokens, logprobs = top_tokens[:depth, : spec.width].tolist(), top_logprobs[:depth, : spec.width].double().tolist()
-    for i in range(depth):
-        path = tuple(guess[:i])
-        base = conditioned.get(path) or Candidates(tokens[i], logprobs[i], caps[i])
-        conditioned[path] = with_guess(base, guess[i], merge.logprob)
-
-
-def guess_chain(root_token: int, guess: list[int], merge: LookupMerge) -> DraftTree:
-    """The root and the guessed tokens as one chain, scored like merged guesses (depth d: d x merge.logprob):
-    the hybrid drafter's tree on a step where the head does not run."""
-    n = len(guess) + 1
-    return DraftTree(torch.tensor([root_token, *guess]), torch.arange(-1, n - 1), torch.arange(n),
-                     torch.zeros(n, dtype=torch.long), torch.arange(n, dtype=torch.float32) * merge.logprob)
+    for path, guessed in guesses.items():
+        i = len(path)
+        if i < depth:
+            conditioned[path] = with_guesses(conditioned.get(path) or Candidates(tokens[i], logprobs[i], caps[i]), guessed)

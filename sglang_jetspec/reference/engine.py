@@ -10,7 +10,7 @@ the next root, has neither yet).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Protocol
 
 import torch
@@ -20,6 +20,7 @@ from ..core.branch_gap import rank1_branch_gap
 from ..core.drafter import ContextCache
 from ..core.sampling import SamplingParams, make_generator
 from ..core.step_record import StepRecord
+from ..core.suffix_store import RECENT_OUTPUT_TOKENS, SuffixStore
 from ..core.drafting import draft_trees, headless_trees, settled_clock
 from ..core.prompt_lookup import LookupMerge
 from ..core.tree import DraftTree, TreeSpec, root_only_tree
@@ -150,6 +151,8 @@ class ReferenceEngine:
         self.check_draft_rounds(self.config.draft_rounds)
         # measured before the first request, so no request pays for it
         self.sizer = TreeSizer(verify_cost(target, self.tap_layers)) if self.config.tree_sizing == "adaptive" and drafter else None
+        # what this engine's finished requests wrote: the hybrid drafter looks its continuations up too
+        self.recent_outputs = SuffixStore(max_tokens=RECENT_OUTPUT_TOKENS)
 
     def check_draft_rounds(self, rounds: int) -> None:
         """ValueError unless this engine's drafter can run `rounds` tree-causal rounds."""
@@ -303,10 +306,14 @@ class RunningBatch:
         self.engine.check_draft_rounds(rounds)
         width = self.engine.config.tree_width if tree_width is None else tree_width
         merge = self.engine.config.lookup if lookup is FROM_CONFIG else lookup
+        if merge is not None and merge.corpus is not None:  # a merge without a corpus looks up the request's own tokens only
+            merge = replace(merge, recent=self.engine.recent_outputs)
         record = self.engine._step(self.cache, self.lanes, budget, rounds, width, merge)
         if self.engine.config.check_invariants:
             check_invariants(self.cache, self.lanes)
         finished = [(lane.request, lane.output()) for lane in self.lanes if lane.finish_reason]
+        for _, output in finished:
+            self.engine.recent_outputs.add(output.output_ids)
         if finished:
             keep = [i for i, lane in enumerate(self.lanes) if not lane.finish_reason]
             self.cache.keep_lanes(keep)

@@ -15,6 +15,7 @@ from ..core.drafter import HeadDrafter
 from ..core.head_config import HeadConfig, default_tap_layers
 from ..core.head_io import init_head, load_head
 from ..core.prompt_lookup import LookupMerge, PromptLookupDrafter
+from ..core.suffix_store import SuffixStore, load_draft_corpus
 from .engine import Drafter
 from .precision import resolve_dtype
 from .target import TargetModel
@@ -119,10 +120,19 @@ def check_drafter_options(args: Namespace) -> None:
                                  "use --draft-rounds 0")
 
 
-def lookup_merge(accept: float, args: Namespace) -> LookupMerge:
-    """The hybrid drafter's merge of prompt-lookup guesses, at acceptance chance `accept`, with the --lookup-* n-grams."""
+def load_corpus(target: TargetModel, head: str | None) -> SuffixStore:
+    """The head directory's draft corpus (an empty store when it has none, or for an untrained head):
+    the hybrid drafter looks up in it, and in the outputs the engine adds to it as requests finish."""
+    head_dir = None if head == "untrained" else resolve_head_dir(target.path, head)
+    corpus = load_draft_corpus(head_dir, target.info.vocab_size) if head_dir is not None else None
+    return corpus if corpus is not None else SuffixStore()
+
+
+def lookup_merge(accept: float, args: Namespace, corpus: SuffixStore | None = None) -> LookupMerge:
+    """The hybrid drafter's merge of looked-up guesses, at acceptance chance `accept`, with the --lookup-* n-grams;
+    with `corpus`, guesses also come from it and from the engine's finished outputs."""
     check_lookup_options(args)
-    return LookupMerge(math.log(accept), args.lookup_min_ngram, args.lookup_max_ngram)
+    return LookupMerge(math.log(accept), args.lookup_min_ngram, args.lookup_max_ngram, corpus)
 
 
 def lookup_drafter(vocab_size: int, args: Namespace) -> PromptLookupDrafter:
@@ -151,7 +161,9 @@ def load_engine_drafter(target: TargetModel, args: Namespace) -> EngineDrafter:
         return EngineDrafter(lookup_drafter(target.info.vocab_size, args), label, tree_width=1)
     drafter, label = load_drafter(target, args.head)
     if args.drafter == "hybrid":
-        accept = args.lookup_accept[0]
-        return EngineDrafter(drafter, f"{label} + prompt lookup (hybrid, accept {accept:g})", args.tree_width,
-                             lookup_merge(accept, args))
+        accept, stores = args.lookup_accept[0], args.draft_corpus[0] == "head"
+        corpus = load_corpus(target, args.head) if stores else None
+        looked_up = f"prompt lookup + draft corpus of {corpus.num_tokens} tokens + finished outputs" if stores else "prompt lookup"
+        return EngineDrafter(drafter, f"{label} + {looked_up} (hybrid, accept {accept:g})", args.tree_width,
+                             lookup_merge(accept, args, corpus))
     return EngineDrafter(drafter, label, args.tree_width)

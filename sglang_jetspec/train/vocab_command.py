@@ -55,15 +55,16 @@ def write_draft_vocab(head_dir: Path, data_dir: Path, size: int) -> dict:
     return record
 
 
-def note_in_head_record(head_dir: Path, record: dict, command: str) -> None:
-    """A head with a training record (the shipped one) keeps its provenance whole: the vocabulary's
-    command and record, its checksum in `files_sha256`, and SHA256SUMS rewritten to match."""
+def note_in_head_record(head_dir: Path, file_name: str, key: str, record: dict, command: str) -> None:
+    """A head with a training record (the shipped one) keeps its provenance whole when a file is added
+    to it (draft vocabulary, draft corpus): the command and record under `key`, the file's checksum in
+    `files_sha256`, and SHA256SUMS rewritten to match."""
     path = head_dir / "training_record.json"
     if not path.is_file():
         return
     training = json.loads(path.read_text())
-    training["draft_vocab"] = {"command": command, **record}
-    training.setdefault("files_sha256", {})[DRAFT_VOCAB_FILE] = sha256_file(head_dir / DRAFT_VOCAB_FILE)
+    training[key] = {"command": command, **record}
+    training.setdefault("files_sha256", {})[file_name] = sha256_file(head_dir / file_name)
     path.write_text(json.dumps(training, indent=2) + "\n")
     sums = head_dir / "SHA256SUMS"
     if sums.is_file():
@@ -77,6 +78,6 @@ def run(args) -> int:
     if not (data_dir / RESPONSES).is_file():
         raise SystemExit(f"jetspec draft-vocab: --data-dir {data_dir}: no {RESPONSES}; pass a `jetspec train` data directory")
     record = write_draft_vocab(head_dir, data_dir, args.size)
-    note_in_head_record(head_dir, record, shlex.join(["jetspec", *getattr(args, "argv", [])]))
+    note_in_head_record(head_dir, DRAFT_VOCAB_FILE, "draft_vocab", record, shlex.join(["jetspec", *getattr(args, "argv", [])]))
     print(json.dumps(record, indent=2))
     return 0

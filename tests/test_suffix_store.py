@@ -1,0 +1,151 @@
+"""The suffix store (core/suffix_store.py) and its guesses in the hybrid drafter's trees: the draft
+corpus shipped in a head directory and the outputs of finished requests."""
+
+import hashlib
+import json
+import math
+
+import pytest
+import torch
+
+from sglang_jetspec.core.drafting import headless_trees
+from sglang_jetspec.core.prompt_lookup import LookupMerge, lookup_guesses, noisy_or, store_guesses
+from sglang_jetspec.core.sampling import SamplingParams
+from sglang_jetspec.core.suffix_store import (DRAFT_CORPUS_FILE, DraftCorpusError, SuffixStore, likeliest_paths, load_draft_corpus,
+                                              save_draft_corpus)
+from sglang_jetspec.core.tree import TreeSpec
+from sglang_jetspec.reference.engine import EngineConfig, ReferenceEngine, Request
+
+LOG = math.log
+
+
+def store_of(*sequences, **kwargs) -> SuffixStore:
+    store = SuffixStore(max_ngram=3, **kwargs)
+    for seq in sequences:
+        store.add(seq)
+    return store
+
+
+def test_continuations_follow_the_longest_recurring_suffix_and_count_every_path():
+    store = store_of([1, 2, 3, 4, 5], [9, 2, 3, 4, 6], [7, 2, 3, 8])
+    # "2 3" recurs three times (the 3-gram "0 2 3" never): 4 5, 4 6, 8
+    assert store.continuations([0, 2, 3], 3) == ({(4,): 2, (4, 5): 1, (4, 6): 1, (8,): 1}, 3)
+    # "3 4" (n = 2) beats "4" (n = 1); sequences end at their separator, never run into the next one
+    assert store.continuations([5, 5, 3, 4], 3) == ({(5,): 1, (6,): 1}, 2)
+    assert store.continuations([42], 3) == ({}, 0)
+    assert store.continuations([5], 3) == ({}, 0)  # 5 only ends a sequence: nothing follows it
+    assert SuffixStore().continuations([1, 2], 3) == ({}, 0)
+
+
+def test_only_the_most_recent_occurrences_are_counted():
+    store = store_of([1, 2], [1, 3], [1, 4], max_occurrences=2)
+    assert store.continuations([1], 1) == ({(3,): 1, (4,): 1}, 2)
+
+
+def test_a_bounded_store_forgets_its_oldest_sequences_first():
+    store = store_of([1, 2], [1, 3], [1, 4], max_tokens=7)  # each sequence holds 3 slots with its separator
+    assert store.continuations([1], 1)[0] == {(3,): 1, (4,): 1}
+    assert store.num_tokens == 4
+
+
+def test_likeliest_paths_keep_a_prefix_closed_set_scored_by_share_given_the_parent():
+    counts = {(4,): 3, (4, 5): 2, (4, 6): 1, (8,): 1}
+    kept = likeliest_paths(counts, 4, 3)
+    assert kept == pytest.approx({(4,): LOG(3 / 4), (4, 5): LOG(2 / 3), (8,): LOG(1 / 4)})  # ties: shallower first
+    assert likeliest_paths(counts, 4, 0) == {}
+
+
+def test_corpus_guesses_join_the_requests_own_chain_and_agreeing_guesses_combine():
+    corpus = store_of([7, 8, 9, 1], [7, 8, 2])
+    merge = LookupMerge(LOG(0.9), corpus=corpus)
+    spec = TreeSpec(budget=8, max_depth=4, width=4)
+    own_only = lookup_guesses([5, 6, 7, 8, 9, 5, 6, 7], spec, LookupMerge(LOG(0.9)))
+    assert own_only == {(): {8: LOG(0.9)}, (8,): {9: LOG(0.9)}, (8, 9): {5: LOG(0.9)}, (8, 9, 5): {6: LOG(0.9)}}
+    guesses = lookup_guesses([5, 6, 7, 8, 9, 5, 6, 7], spec, merge)
+    # the corpus after "7": 8 (both times), then 9 or 2 (half each), then 1 after 9
+    assert guesses[()][8] == pytest.approx(noisy_or(LOG(0.9), LOG(0.9)))
+    assert guesses[(8,)][9] == pytest.approx(noisy_or(LOG(0.9), LOG(0.9 * 0.5)))
+    assert guesses[(8,)][2] == pytest.approx(LOG(0.9 * 0.5))
+    assert guesses[(8, 9)] == pytest.approx({5: LOG(0.9), 1: LOG(0.9)})
+    assert store_guesses([7], corpus, depth=4, limit=1, logprob=LOG(0.9)) == {(): {8: pytest.approx(LOG(0.9))}}
+
+
+def test_a_headless_step_drafts_the_corpus_tree_best_first_within_the_budget():
+    corpus = store_of([3, 4, 5], [3, 4, 6], [3, 4, 5], [3, 7])
+    lane = type("Lane", (), {"committed_ids": [1, 3], "root_token": 3})()
+    tree = headless_trees([lane], TreeSpec(budget=4, max_depth=4, width=4), LookupMerge(LOG(0.5), corpus=corpus))[0]
+    # after 3: 4 (3 of 4), 7 (1 of 4); after 3 4: 5 (2 of 3), 6 (1 of 3); the budget keeps the three likeliest
+    assert set(tree.token_paths()) == {(), (4,), (4, 5), (7,)}
+    scores = dict(zip(tree.token_paths(), tree.cum_logprobs.double().exp().tolist()))
+    assert scores[(4, 5)] == pytest.approx(0.5 * 0.75 * 0.5 * 2 / 3, rel=1e-5)
+
+
+def test_the_corpus_file_round_trips_and_a_foreign_one_is_refused(tmp_path):
+    assert load_draft_corpus(tmp_path, 100) is None
+    save_draft_corpus(tmp_path, [[1, 2, 3], [1, 2, 4]], {"source": "test"})
+    assert load_draft_corpus(tmp_path, 100).continuations([1, 2], 1) == ({(3,): 1, (4,): 1}, 2)
+    with pytest.raises(DraftCorpusError, match=f"{DRAFT_CORPUS_FILE}: token ids outside .* `jetspec draft-corpus`"):
+        load_draft_corpus(tmp_path, 4)
+    (tmp_path / DRAFT_CORPUS_FILE).write_bytes(b"not safetensors")
+    with pytest.raises(DraftCorpusError, match="unreadable"):
+        load_draft_corpus(tmp_path, 100)
+
+
+def test_draft_corpus_command_writes_the_file_and_keeps_the_head_record_whole(tmp_path, capsys):
+    from sglang_jetspec.cli import main
+
+    data, head = tmp_path / "data", tmp_path / "head"
+    data.mkdir()
+    head.mkdir()
+    lines = [{"id": str(i), "prompt_ids": [1], "output_ids": [5, 6, 7, 9 + i % 2]} for i in range(20)]
+    (data / "responses.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    (head / "config.json").write_text(json.dumps({"vocab_size": 50}))
+    (head / "training_record.json").write_text(json.dumps({"files_sha256": {"config.json": "c0"}}))
+    (head / "SHA256SUMS").write_text("c0  config.json\n")
+    assert main(["draft-corpus", "--head", str(head), "--data-dir", str(data), "--max-tokens", "40"]) == 0
+    corpus = load_draft_corpus(head, 50)
+    assert corpus.num_tokens == 40  # ten of the 18 counted responses fit; the last two are held out
+    assert corpus.continuations([6, 7], 1) == ({(9,): 5, (10,): 5}, 10)
+    record = json.loads((head / "training_record.json").read_text())["draft_corpus"]
+    assert record["command"] == f"jetspec draft-corpus --head {head} --data-dir {data} --max-tokens 40"
+    # held out [5 6 7 9] and [5 6 7 10]: 6 and 7 always follow, the last token is among the guesses too
+    assert record["heldout_next_token_hit_rate"] == 1.0 and json.loads(capsys.readouterr().out)["responses"] == 10
+    digest = hashlib.sha256((head / DRAFT_CORPUS_FILE).read_bytes()).hexdigest()
+    assert (head / "SHA256SUMS").read_text() == f"c0  config.json\n{digest}  {DRAFT_CORPUS_FILE}\n"
+    with pytest.raises(SystemExit, match="--data-dir .*no responses.jsonl"):
+        main(["draft-corpus", "--head", str(head), "--data-dir", str(tmp_path / "nowhere")])
+
+
+@pytest.fixture(scope="module")
+def countdown(smollm2):
+    """A request whose greedy output this module reuses: SmolLM2 counting, 24 tokens, and that output."""
+    ids = smollm2.tokenizer("10, 9, 8, 7, 6,")["input_ids"]
+    request = Request(ids, SamplingParams(max_new_tokens=24, ignore_eos=True), "0")
+    output = ReferenceEngine(smollm2, None, EngineConfig(max_batch_size=1)).generate([request], budget=0)[0]
+    return request, output.output_ids
+
+
+def test_a_corpus_that_holds_the_answer_is_accepted_deep_and_greedy_output_is_unchanged(smollm2, untrained_drafter, countdown,
+                                                                                       single_thread):
+    request, expected = countdown
+    corpus = store_of(expected)
+    with_corpus = ReferenceEngine(smollm2, untrained_drafter, EngineConfig(
+        tree_width=4, max_batch_size=1, check_invariants=True, lookup=LookupMerge(LOG(0.9), corpus=corpus))).generate([request], 16)[0]
+    assert with_corpus.output_ids == expected
+    # the untrained head alone is almost never right: 24 tokens in few steps are the corpus's doing
+    assert len(with_corpus.accept_lengths) <= 4
+
+
+def test_an_engine_looks_up_what_its_finished_requests_wrote(smollm2, untrained_drafter, countdown, single_thread):
+    request, expected = countdown
+    engine = ReferenceEngine(smollm2, untrained_drafter, EngineConfig(
+        tree_width=4, max_batch_size=1, lookup=LookupMerge(LOG(0.9), corpus=SuffixStore())))
+    first = engine.generate([request], 16)[0]
+    again = engine.generate([request], 16)[0]
+    assert first.output_ids == again.output_ids == expected
+    assert engine.recent_outputs.num_tokens == 2 * len(expected)
+    assert len(again.accept_lengths) <= 4 < len(first.accept_lengths)
+    # without a corpus the merge looks up the request's own tokens only: nothing is carried over
+    own_only = ReferenceEngine(smollm2, untrained_drafter, EngineConfig(tree_width=4, max_batch_size=1, lookup=LookupMerge(LOG(0.9))))
+    own_only.generate([request], 16)
+    assert len(own_only.generate([request], 16)[0].accept_lengths) == len(first.accept_lengths)
