@@ -169,7 +169,8 @@ class JetSpecWorker(BaseSpecWorker):
         state = self.states.drop(rid)
         if state is None or state.req is None or not state.req.finished():
             return
-        self.hybrid.recent.add(list(state.req.output_ids))
+        if self.hybrid.recent is not None:
+            self.hybrid.recent.add(list(state.req.output_ids))
         if self.shadow is not None:
             self.shadow.finished(state.req, state)
 

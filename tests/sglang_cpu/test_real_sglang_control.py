@@ -13,6 +13,8 @@ import pytest
 from e2e_client import ADMIN_KEY, REPO, generate, get, jetspec_state, post, until_eos
 from prometheus_client.parser import text_string_to_metric_families
 
+from policies.schema import DRAFTERS
+
 AUTH = {"Authorization": f"Bearer {ADMIN_KEY}"}
 
 
@@ -99,6 +101,30 @@ def test_budget_zero_is_ordinary_decoding(yaml_policy_after, plain_server, human
     assert spec["meta_info"]["spec_verify_ct"] == spec["meta_info"]["completion_tokens"] - 1
     assert steps_at(url, "bs1", 0) - off_before == spec["meta_info"]["spec_verify_ct"]
     assert sum(samples(url, "jetspec_draft_seconds_total").values()) == draft_before
+
+
+def test_a_pushed_hybrid_drafter_looks_up_finished_outputs_and_stays_exact(yaml_policy_after, plain_server, humaneval_ids,
+                                                                           tokenizer):
+    """The hybrid drafter in the real server: prompt lookup, the shipped head's draft corpus and the
+    outputs of requests the worker already finished. The same prompt a second time is then drafted
+    from the first answer, so its tokens are accepted many per step, and greedy output stays plain SGLang's."""
+    url = yaml_policy_after
+    prompt, new = humaneval_ids[2], 24
+
+    def run_with(drafter: str) -> dict:
+        flat = {"jetspec_policy.ttl_s": 60, **{f"jetspec_policy.{c}.{field}": value for c in ("bs1", "bs2-4")
+                                               for field, value in (("budget", 16), ("drafter", DRAFTERS.index(drafter)))}}
+        status, reply = post(f"{url}/set_internal_state", {"server_args": flat}, AUTH)
+        assert status == 200 and reply == [True], reply
+        return generate(url, prompt, new, ignore_eos=True)
+
+    plain = generate(plain_server.url, prompt, new, ignore_eos=True)["output_ids"]
+    head = run_with("head")
+    run_with("hybrid")
+    again = run_with("hybrid")
+    assert head["output_ids"] == again["output_ids"] == plain
+    steps = {name: reply["meta_info"]["spec_verify_ct"] for name, reply in (("head", head), ("hybrid", again))}
+    assert steps["hybrid"] <= 6 < steps["head"], steps  # 23 tokens after the prefill's first
 
 
 def test_metrics_from_the_scheduler_process(jetspec_server, humaneval_ids):
