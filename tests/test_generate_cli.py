@@ -15,11 +15,14 @@ def test_generate_reports_both_modes_side_by_side(tmp_path, smollm2_dir, capsys)
         assert figures["tokens"] == 16 and figures["requests"] == 2
         assert figures["tokens_per_s"] > 0 and figures["seconds"] > 0
     assert report["autoregressive"]["mean_accept_length"] == 1.0
-    assert report["jetspec"]["budget"] == 8 and report["jetspec"]["mean_accept_length"] >= 1.0
+    # an untrained head and no repeats: about 1 (1.0 measured). Had the autoregressive answers leaked into
+    # the hybrid drafter's store of finished outputs (one engine for both runs), the answers would be
+    # drafted whole (3.5 measured)
+    assert report["jetspec"]["budget"] == 8 and 1.0 <= report["jetspec"]["mean_accept_length"] < 2
     assert report["greedy_outputs_differing"] == 0 and report["greedy_divergences"] == []
     assert report["device"].endswith("fp32 (requested)")
     assert abs(report["speedup"] - report["jetspec"]["tokens_per_s"] / report["autoregressive"]["tokens_per_s"]) < 1e-9
     printed = capsys.readouterr().out
-    # the default drafter is the hybrid (head tree + prompt lookup), said in the row and the head line
-    assert report["jetspec"]["mode"] == "hybrid" and "prompt lookup (hybrid" in report["head"]
+    # the default drafter is the hybrid (head tree + lookups), said in the row and the head line
+    assert report["jetspec"]["mode"] == "hybrid" and "prompt lookup + draft corpus of 0 tokens + finished outputs (hybrid" in report["head"]
     assert "autoregressive" in printed and "hybrid" in printed and "speedup" in printed and "untrained head" in printed

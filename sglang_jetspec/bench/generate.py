@@ -58,11 +58,14 @@ def run(args) -> dict:
     prompt_ids = load_prompt_ids(args.prompts, target.tokenizer, limit=args.num_prompts)
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p, seed=args.seed, max_new_tokens=args.max_new_tokens)
     requests = [Request(ids, params, str(i)) for i, ids in enumerate(prompt_ids)]
+    plain = ReferenceEngine(target, None, EngineConfig(max_batch_size=args.batch_size))
+    timed_run(plain, requests[:1], 0, "warmup")  # first calls pay one-off allocation costs
+    ar, ar_out = timed_run(plain, requests, 0, "autoregressive")
+    # A separate engine: the hybrid drafter looks up its engine's finished outputs, and the
+    # autoregressive answers to these very prompts must not be among them.
     engine = ReferenceEngine(target, chosen.drafter, EngineConfig(tree_width=chosen.tree_width, fanout=args.fanout, acceptance=args.acceptance, max_batch_size=args.batch_size,
                                                         draft_rounds=args.draft_rounds, lookup=chosen.lookup,
                                                         tree_sizing=args.tree_sizing))
-    timed_run(engine, requests[:1], 0, "warmup")  # first calls pay one-off allocation costs
-    ar, ar_out = timed_run(engine, requests, 0, "autoregressive")
     # the speculative run keeps the report key "jetspec"; its mode names the drafter that ran
     spec, spec_out = timed_run(engine, requests, args.budget, {"head": "jetspec"}.get(args.drafter, args.drafter))
     divergences = greedy_divergences(target, ar_out, spec_out) if params.greedy else None

@@ -16,7 +16,7 @@ prompts); where the head proposes the same token, the two are combined as indepe
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -84,8 +84,9 @@ class LookupMerge:
     logprob: float
     min_ngram: int = 2
     max_ngram: int = 4
-    corpus: SuffixStore | None = field(default=None, compare=False)
-    recent: SuffixStore | None = field(default=None, compare=False)
+    # compared by identity: merges that look up different stores draft different trees
+    corpus: SuffixStore | None = None
+    recent: SuffixStore | None = None
 
     @classmethod
     def from_policy(cls, lookup, corpus: SuffixStore | None = None, recent: SuffixStore | None = None) -> LookupMerge:
