@@ -119,8 +119,9 @@ def draft_trees(drafter: TreeDrafter, lanes: list, spec: TreeSpec, rounds: int =
     # one top-k over the batch and one copy of its result to the host: trees are built there, and a
     # copy per request would stall a GPU once per request
     tokens, logprobs = (t.cpu() for t in top_k_per_depth(depth_logits, spec.width, vocab))
-    drafts = [TreeDraft(lane.root_token, tokens[b], logprobs[b], spec, guesses=lookup_guesses(lane.committed_ids, spec, lookup), vocab=vocab)
-              for b, lane in enumerate(lanes)]
+    # lanes need committed_ids only when something is looked up
+    drafts = [TreeDraft(lane.root_token, tokens[b], logprobs[b], spec, guesses=lookup_guesses(lane.committed_ids, spec, lookup) if lookup else {},
+                        vocab=vocab) for b, lane in enumerate(lanes)]
     timing = DraftTiming([t1 - t0], time.perf_counter() - t1)
     for _ in range(rounds):
         head_s, tree_s = refine(drafter, lanes, drafts)

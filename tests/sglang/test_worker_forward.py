@@ -34,6 +34,7 @@ from sglang_jetspec.adapter.worker_observability import WorkerShadow  # noqa: E4
 from sglang_jetspec.core.drafter import HeadDrafter  # noqa: E402
 from sglang_jetspec.core.head_io import load_head  # noqa: E402
 from sglang_jetspec.core.prompt_lookup import LookupMerge  # noqa: E402
+from sglang_jetspec.core.suffix_store import SuffixStore  # noqa: E402
 from sglang_jetspec.reference.target import Segment  # noqa: E402
 
 
@@ -106,6 +107,7 @@ def worker(smollm2, head_dir):
     w.drafter = HeadDrafter(head, smollm2.embed_tokens, smollm2.lm_head)
     w.tree_width, w.vocab_size = 8, head.config.vocab_size
     w.metrics = w.shadow = w.token_to_kv_pool_allocator = None
+    w.hybrid = LookupMerge(math.log(0.9), 2, 4, SuffixStore(), SuffixStore())  # as __init__ makes it, with empty stores
     return w
 
 
@@ -257,7 +259,7 @@ def test_policy_draft_rounds_and_width_shape_the_trees_and_stay_lossless(fresh, 
 def test_a_hybrid_cohort_merges_each_requests_prompt_lookup_and_stays_lossless(fresh, smollm2, single_thread,
                                                                               monkeypatch, tmp_path):
     fresh.policy_control = _one_budget(tmp_path, 16, drafter="hybrid")
-    fresh.hybrid = LookupMerge(math.log(0.9), 2, 4)
+    fresh.hybrid = LookupMerge(math.log(0.9), 2, 4, SuffixStore(), SuffixStore())
     merges = []
     real = worker_module.draft_trees
 
@@ -276,6 +278,8 @@ def test_a_hybrid_cohort_merges_each_requests_prompt_lookup_and_stays_lossless(f
     for req in reqs:
         assert req.output_ids == _plain_greedy(smollm2, req.origin_input_ids, 16), req.rid
     assert merges and all(m is fresh.hybrid for m in merges)
+    # each finished request's output joined the store the next requests look up
+    assert fresh.hybrid.recent.num_tokens == sum(len(req.output_ids) for req in reqs) == 32
     assert max(sched.accept_lens) >= 5  # the repeating list: lookup guesses accepted deep
 
 
