@@ -75,6 +75,14 @@ def _digests(sha256: dict[str, str] | None) -> str:
     return f" (sha256 {', '.join(f'{name} {digest[:12]}' for name, digest in sha256.items())})" if sha256 else ""
 
 
+def _lookup_line(lookup: dict | None) -> list[str]:
+    """The lookup settings, when the run recorded them (older runs name no draft corpus)."""
+    if not lookup:
+        return []
+    corpus = ", ".join(lookup.get("draft_corpus") or ["none recorded"])
+    return [f"- lookup: n-grams {lookup['min_ngram']}-{lookup['max_ngram']}, accept {lookup['accept']}, hybrid draft corpus {corpus}"]
+
+
 def markdown_report(report: dict) -> str:
     h = report["header"]
     machine = h["machine"]
@@ -85,6 +93,7 @@ def markdown_report(report: dict) -> str:
         f"- machine: {machine['device']}, {machine.get('gpu') or machine['cpu']}, {machine['threads']} threads; torch {h['torch']}, {h['dtype']}, {h.get('attention', 'sdpa')} attention",
         f"- target: `{h['target']}`",
         f"- heads: {heads or 'none (lookup only)'}",
+        *_lookup_line(h.get("lookup")),
         f"- prompts: {h['prompts']} [{h['prompt_range']}], {h['max_new_tokens']} new tokens; tree width {h['tree']['width']} ({h['tree']['fanout']})",
         f"- command: `{h['command_line']}`",
         "",

@@ -112,7 +112,7 @@ def test_a_pushed_hybrid_drafter_looks_up_finished_outputs_and_stays_exact(yaml_
     prompt, new = humaneval_ids[2], 24
 
     def run_with(drafter: str) -> dict:
-        flat = {"jetspec_policy.ttl_s": 60, **{f"jetspec_policy.{c}.{field}": value for c in ("bs1", "bs2-4")
+        flat = {"jetspec_policy.ttl_s": 30, **{f"jetspec_policy.{c}.{field}": value for c in ("bs1", "bs2-4")
                                                for field, value in (("budget", 16), ("drafter", DRAFTERS.index(drafter)))}}
         status, reply = post(f"{url}/set_internal_state", {"server_args": flat}, AUTH)
         assert status == 200 and reply == [True], reply
