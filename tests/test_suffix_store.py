@@ -6,7 +6,6 @@ import json
 import math
 
 import pytest
-import torch
 
 from sglang_jetspec.core.drafting import headless_trees
 from sglang_jetspec.core.prompt_lookup import LookupMerge, lookup_guesses, noisy_or, store_guesses
