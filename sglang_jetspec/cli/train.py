@@ -10,10 +10,8 @@ from ..train.command import PROMPT_SETS, run as run_train
 from ..train.data import FEATURE_MODES, RegenerationConfig
 from ..train.objective import LOSSES, REVEALS
 from ..train.trainer import TrainConfig
-from ..train.corpus_command import run as run_draft_corpus
+from ..train.corpus_command import DEFAULT_MAX_TOKENS, run as run_draft_corpus
 from ..train.vocab_command import DEFAULT_SIZE, run as run_draft_vocab
-
-DEFAULT_CORPUS_TOKENS = 1_000_000
 from .args import add_target_arguments
 def register(sub) -> None:
     p = sub.add_parser("train", help="train a JetSpec (or DFlash-style) draft head for a target")
@@ -67,17 +65,23 @@ def register(sub) -> None:
     p.set_defaults(func=run_train)
 
 
-def register_draft_vocab(sub) -> None:
-    p = sub.add_parser("draft-vocab", help="write a head's reduced draft vocabulary from the target's own regenerated outputs")
-    p.add_argument("--head", required=True, help="head directory to write draft_vocab.safetensors into")
+def _head_file_parser(sub, name: str, help_text: str, file_name: str):
+    """A `jetspec draft-*` command: it writes `file_name` into --head from --data-dir's target outputs."""
+    p = sub.add_parser(name, help=help_text)
+    p.add_argument("--head", required=True, help=f"head directory to write {file_name} into")
     p.add_argument("--data-dir", required=True, help="a `jetspec train` data directory (its responses.jsonl: target outputs)")
+    return p
+
+
+def register_draft_vocab(sub) -> None:
+    p = _head_file_parser(sub, "draft-vocab", "write a head's reduced draft vocabulary from the target's own regenerated outputs",
+                          "draft_vocab.safetensors")
     p.add_argument("--size", type=int, default=DEFAULT_SIZE, help="tokens in the draft vocabulary")
     p.set_defaults(func=run_draft_vocab)
 
 
 def register_draft_corpus(sub) -> None:
-    p = sub.add_parser("draft-corpus", help="write a head's draft corpus (what the target wrote) for the hybrid drafter's lookups")
-    p.add_argument("--head", required=True, help="head directory to write draft_corpus.safetensors into")
-    p.add_argument("--data-dir", required=True, help="a `jetspec train` data directory (its responses.jsonl: target outputs)")
-    p.add_argument("--max-tokens", type=int, default=DEFAULT_CORPUS_TOKENS, help="most tokens kept (4 bytes each on disk)")
+    p = _head_file_parser(sub, "draft-corpus", "write a head's draft corpus (what the target wrote) for the hybrid drafter's lookups",
+                          "draft_corpus.safetensors")
+    p.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, help="most tokens kept (4 bytes each on disk)")
     p.set_defaults(func=run_draft_corpus)

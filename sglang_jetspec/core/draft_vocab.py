@@ -19,8 +19,9 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 from safetensors.torch import save_file
+
+from .head_io import read_head_file_tensor
 
 DRAFT_VOCAB_FILE = "draft_vocab.safetensors"
 
@@ -76,11 +77,7 @@ def load_draft_vocab(head_dir: str | Path, vocab_size: int) -> torch.Tensor | No
     path = Path(head_dir) / DRAFT_VOCAB_FILE
     if not path.is_file():
         return None
-    try:
-        with safe_open(str(path), framework="pt") as fh:
-            ids = fh.get_tensor("token_ids")
-    except Exception as exc:  # safetensors raises several types for a damaged file
-        raise DraftVocabError(f"{path}: unreadable ({exc}); rebuild it with `jetspec head draft-vocab` or delete it") from exc
+    ids = read_head_file_tensor(path, "token_ids", DraftVocabError, "jetspec head draft-vocab")
     if ids.dim() != 1 or ids.numel() == 0 or ids.dtype not in (torch.int32, torch.int64):
         raise DraftVocabError(f"{path}: token_ids must be a non-empty 1-D integer tensor, got {tuple(ids.shape)} {ids.dtype}")
     ids = ids.long()

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from .head import DraftHead
@@ -15,6 +16,16 @@ WEIGHTS_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 # Some exports carry these copies of the target's tensors; the head always uses the target's own.
 _TARGET_OWNED_PREFIXES = ("embed_tokens.", "lm_head.")
+
+
+def read_head_file_tensor(path: Path, name: str, error: type[ValueError], rebuild: str) -> torch.Tensor:
+    """Tensor `name` of a safetensors file in a head directory (draft vocabulary, draft corpus);
+    `error` naming the file and the fix (`rebuild`, a command) when it cannot be read."""
+    try:
+        with safe_open(str(path), framework="pt") as fh:
+            return fh.get_tensor(name)
+    except Exception as exc:  # safetensors raises several types for a damaged file
+        raise error(f"{path}: unreadable ({exc}); rebuild it with `{rebuild}` or delete it") from exc
 
 
 def read_head_config(head_dir: str | Path) -> HeadConfig:

@@ -20,8 +20,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors import safe_open
 from safetensors.torch import save_file
+
+from .head_io import read_head_file_tensor
 
 DRAFT_CORPUS_FILE = "draft_corpus.safetensors"
 RECENT_OUTPUT_TOKENS = 200_000  # newest finished outputs an engine keeps looking up (about 13 MB of index)
@@ -42,6 +43,7 @@ class SuffixStore:
         # max_tokens bounds a store that learns while serving: past it, the oldest sequences go first
         self.max_ngram, self.max_occurrences, self.max_tokens = max_ngram, max_occurrences, max_tokens
         self._chunks: list[np.ndarray] = []
+        self._pending = 0  # tokens in _chunks, not yet indexed
         self._tokens = np.zeros(0, dtype=np.int64)
         self._index: list[tuple[np.ndarray, np.ndarray]] = []  # per n: (sorted keys, positions after the n-gram)
         self._stale = False
@@ -56,12 +58,11 @@ class SuffixStore:
         """Append one sequence (indexed lazily, at the next query); -1 inside it separates sequences."""
         if len(tokens):
             self._chunks.append(np.asarray(tokens, dtype=np.int64))
+            self._pending += len(tokens)
             self._stale = True
-
-    def tokens(self) -> np.ndarray:
-        """Every held token, sequences separated by -1."""
-        self._refresh()
-        return self._tokens
+            # a store that is fed but rarely queried (an engine without the hybrid drafter) stays bounded too
+            if self.max_tokens is not None and self._pending > self.max_tokens:
+                self._refresh()
 
     def _refresh(self) -> None:
         if not self._stale:
@@ -71,7 +72,7 @@ class SuffixStore:
         if self.max_tokens is not None and len(tokens) > self.max_tokens:
             separators = np.nonzero(tokens[: len(tokens) - self.max_tokens] == _SEPARATOR)[0]
             tokens = tokens[separators[-1] + 1 if separators.size else len(tokens) - self.max_tokens :]
-        self._tokens, self._chunks, self._stale = tokens, [], False
+        self._tokens, self._chunks, self._pending, self._stale = tokens, [], 0, False
         self._index = [self._build(n) for n in range(1, self.max_ngram + 1)]
 
     def _build(self, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -153,11 +154,7 @@ def load_draft_corpus(head_dir: str | Path, vocab_size: int, max_ngram: int = 4)
     path = Path(head_dir) / DRAFT_CORPUS_FILE
     if not path.is_file():
         return None
-    try:
-        with safe_open(str(path), framework="pt") as fh:
-            tokens = fh.get_tensor("tokens")
-    except Exception as exc:  # safetensors raises several types for a damaged file
-        raise DraftCorpusError(f"{path}: unreadable ({exc}); rebuild it with `jetspec draft-corpus` or delete it") from exc
+    tokens = read_head_file_tensor(path, "tokens", DraftCorpusError, "jetspec draft-corpus")
     if tokens.dim() != 1 or tokens.dtype not in (torch.int32, torch.int64):
         raise DraftCorpusError(f"{path}: tokens must be a 1-D integer tensor, got {tuple(tokens.shape)} {tokens.dtype}")
     values = tokens.long().numpy()

@@ -10,14 +10,14 @@ of held-out positions whose next token is among the corpus's likeliest guesses a
 from __future__ import annotations
 
 import json
-import shlex
 from pathlib import Path
 
 from ..core.suffix_store import DRAFT_CORPUS_FILE, SuffixStore, likeliest_paths, save_draft_corpus
 from ..models.fetch import sha256_file
-from .data import RESPONSES, read_responses
-from .vocab_command import HELDOUT_SHARE, note_in_head_record
+from .data import RESPONSES
+from .head_files import run_head_file_command, split_outputs
 
+DEFAULT_MAX_TOKENS = 1_000_000
 HELDOUT_GUESSES = 4  # depth-1 guesses counted in the held-out hit rate
 
 
@@ -35,10 +35,9 @@ def heldout_hit_rate(store: SuffixStore, sequences: list[list[int]]) -> float:
 def write_draft_corpus(head_dir: Path, data_dir: Path, max_tokens: int) -> dict:
     """Build and save the corpus (the first responses, up to `max_tokens` tokens); returns its record."""
     config = json.loads((head_dir / "config.json").read_text())
-    outputs = [r["output_ids"] for r in read_responses(data_dir)]
-    cut = max(1, int(len(outputs) * (1 - HELDOUT_SHARE))) if len(outputs) > 1 else len(outputs)
+    counted, heldout = split_outputs(data_dir)
     kept, tokens = [], 0
-    for seq in outputs[:cut]:
+    for seq in counted:
         if tokens + len(seq) > max_tokens:
             break
         kept.append(seq)
@@ -50,8 +49,8 @@ def write_draft_corpus(head_dir: Path, data_dir: Path, max_tokens: int) -> dict:
         "responses": len(kept),
         "tokens": tokens,
         "vocab_size": int(config["vocab_size"]),
-        "heldout_responses": len(outputs) - cut,
-        "heldout_next_token_hit_rate": round(heldout_hit_rate(store, outputs[cut:]), 4),
+        "heldout_responses": len(heldout),
+        "heldout_next_token_hit_rate": round(heldout_hit_rate(store, heldout), 4),
         "data_dir": str(data_dir),
         "responses_sha256": sha256_file(data_dir / RESPONSES),
     }
@@ -60,14 +59,7 @@ def write_draft_corpus(head_dir: Path, data_dir: Path, max_tokens: int) -> dict:
 
 
 def run(args) -> int:
-    head_dir, data_dir = Path(args.head), Path(args.data_dir)
-    if not (head_dir / "config.json").is_file():
-        raise SystemExit(f"jetspec draft-corpus: --head {head_dir}: no config.json; pass a head directory")
-    if not (data_dir / RESPONSES).is_file():
-        raise SystemExit(f"jetspec draft-corpus: --data-dir {data_dir}: no {RESPONSES}; pass a `jetspec train` data directory")
     if args.max_tokens < 1:
         raise SystemExit(f"jetspec draft-corpus: --max-tokens {args.max_tokens}: must be >= 1")
-    record = write_draft_corpus(head_dir, data_dir, args.max_tokens)
-    note_in_head_record(head_dir, DRAFT_CORPUS_FILE, "draft_corpus", record, shlex.join(["jetspec", *getattr(args, "argv", [])]))
-    print(json.dumps(record, indent=2))
-    return 0
+    return run_head_file_command(args, "draft-corpus", DRAFT_CORPUS_FILE, "draft_corpus",
+                                 lambda head_dir, data_dir: write_draft_corpus(head_dir, data_dir, args.max_tokens))
