@@ -99,10 +99,7 @@ class BudgetDecider:
         for c in self._policy.cohorts:
             state = self._states[c.name]
             probe = None if state.probe is None else Probe(budget=state.probe, share=self._gate.probe_share)
-            # the controller chooses budgets only: draft rounds, tree width and drafter stay each cohort's YAML values
-            cohorts.append(CohortBudget(name=c.name, min_batch=c.min_batch, max_batch=c.max_batch, budget=state.budget,
-                                        draft_rounds=c.draft_rounds, tree_width=c.tree_width, drafter=c.drafter,
-                                        probe=probe))
+            cohorts.append(CohortBudget.of(c, state.budget, probe))
         return PolicyTable(cohorts=cohorts, ttl_s=self._policy.controller.ttl_s)
 
     def decide(self, evidence: GoodputEstimator) -> list[Decision]:

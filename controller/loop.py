@@ -121,11 +121,7 @@ class Controller:
     def _gate_off_everywhere(self, now: float) -> list[Decision]:
         """Budget 0 (no probes) in every cohort; the decider keeps its own table for when the alarm clears."""
         previous = self._table.budgets()
-        self._table = PolicyTable(cohorts=[CohortBudget(name=c.name, min_batch=c.min_batch, max_batch=c.max_batch,
-                                                        budget=0, draft_rounds=c.draft_rounds, tree_width=c.tree_width,
-                                                        drafter=c.drafter)
-                                            for c in self._policy.cohorts],
-                                  ttl_s=self._policy.controller.ttl_s)
+        self._table = PolicyTable(cohorts=[CohortBudget.of(c, 0) for c in self._policy.cohorts], ttl_s=self._policy.controller.ttl_s)
         decisions = [Decision(c.name, now, previous[c.name], 0, None, SHADOW_ALARM, ()) for c in self._policy.cohorts]
         for decision in decisions:
             self._observer.record_decision(decision)

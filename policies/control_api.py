@@ -5,6 +5,7 @@
                                                 "jetspec_policy.bs1.draft_rounds": 1,
                                                 "jetspec_policy.bs1.tree_width": 4,
                                                 "jetspec_policy.bs1.drafter": 1,
+                                                "jetspec_policy.bs1.tree_sizing": 1,
                                                 "jetspec_policy.bs1.probe_budget": 64,
                                                 "jetspec_policy.bs1.probe_share": 0.05, ...}}
                                Authorization: Bearer <admin key>           -> 200 [true]
@@ -13,8 +14,9 @@
 SGLang's own /set_internal_state admits only numbers ({"server_args": {key: int|float}}: its
 request type rejects a nested TABLE before any plugin code runs), so the table travels as flat
 numeric keys, all in one request: jetspec_policy.ttl_s, jetspec_policy.<cohort>.budget,
-optionally jetspec_policy.<cohort>.draft_rounds, .tree_width and .drafter (an index into
-policies.schema.DRAFTERS: 0 head, 1 hybrid; missing = the cohort's YAML value), and
+optionally jetspec_policy.<cohort>.draft_rounds, .tree_width, .drafter (an index into
+policies.schema.DRAFTERS: 0 head, 1 hybrid) and .tree_sizing (an index into TREE_SIZINGS: 0 fixed,
+1 adaptive) -- missing = the cohort's YAML value --, and
 jetspec_policy.<cohort>.probe_budget + jetspec_policy.<cohort>.probe_share (both or neither).
 Cohort ranges are not sent: they are the server policy's own, in its order. SGLang has no
 /get_internal_state route; its /server_info lists each data-parallel rank's internal state.
@@ -35,14 +37,16 @@ from typing import Any
 
 from policies.problems import PolicyError, Problem
 from policies.runtime import ActivePolicy
-from policies.schema import DRAFTERS, Policy
+from policies.schema import DRAFTERS, TREE_SIZINGS, Policy
 from policies.table import PolicyTable, validate_table
 
 SERVER_ARGS_KEY = "server_args"
 INTERNAL_STATES_KEY = "internal_states"
 POLICY_KEY = "jetspec_policy"
 FLAT_PREFIX = POLICY_KEY + "."
-_FLAT_FIELDS = ("budget", "draft_rounds", "tree_width", "drafter", "probe_budget", "probe_share")
+_FLAT_FIELDS = ("budget", "draft_rounds", "tree_width", "drafter", "tree_sizing", "probe_budget", "probe_share")
+# fields pushed as an index into their names (SGLang admits numbers only)
+_CODED_FIELDS = {"drafter": DRAFTERS, "tree_sizing": TREE_SIZINGS}
 
 
 def _bad_request(message: str, problems: list[str] | None = None) -> tuple[int, dict[str, Any]]:
@@ -112,6 +116,8 @@ def table_to_flat_args(table: PolicyTable) -> dict[str, int | float]:
         flat[f"{FLAT_PREFIX}{cohort.name}.draft_rounds"] = cohort.draft_rounds
         flat[f"{FLAT_PREFIX}{cohort.name}.tree_width"] = cohort.tree_width
         flat[f"{FLAT_PREFIX}{cohort.name}.drafter"] = DRAFTERS.index(cohort.drafter)
+        if cohort.tree_sizing is not None:
+            flat[f"{FLAT_PREFIX}{cohort.name}.tree_sizing"] = TREE_SIZINGS.index(cohort.tree_sizing)
         if cohort.probe is not None:
             flat[f"{FLAT_PREFIX}{cohort.name}.probe_budget"] = cohort.probe.budget
             flat[f"{FLAT_PREFIX}{cohort.name}.probe_share"] = cohort.probe.share
@@ -140,9 +146,10 @@ def table_from_flat_args(flat: dict[str, Any], policy: Policy) -> PolicyTable:
         if "budget" not in got:
             problems.append(Problem((f"{FLAT_PREFIX}{name}.budget",), f"{FLAT_PREFIX}{name}.budget is missing",
                                     "send a budget for every cohort of the server's policy"))
-        if "drafter" in got and got["drafter"] not in range(len(DRAFTERS)):
-            problems.append(Problem((f"{FLAT_PREFIX}{name}.drafter",), f"{FLAT_PREFIX}{name}.drafter {got['drafter']!r} "
-                                    "is not a drafter code", f"send one of {dict(enumerate(DRAFTERS))}"))
+        for field, names_of in _CODED_FIELDS.items():
+            if field in got and got[field] not in range(len(names_of)):
+                problems.append(Problem((f"{FLAT_PREFIX}{name}.{field}",), f"{FLAT_PREFIX}{name}.{field} {got[field]!r} "
+                                        f"is not a {field} code", f"send one of {dict(enumerate(names_of))}"))
         if ("probe_budget" in got) != ("probe_share" in got):
             problems.append(Problem((f"{FLAT_PREFIX}{name}.probe_budget",),
                                     f"cohort {name}: probe_budget and probe_share come together",
@@ -156,5 +163,7 @@ def table_from_flat_args(flat: dict[str, Any], policy: Policy) -> PolicyTable:
         cohorts.append({"name": own.name, "min_batch": own.min_batch, "max_batch": own.max_batch,
                         "budget": got["budget"], "draft_rounds": got.get("draft_rounds", own.draft_rounds),
                         "tree_width": got.get("tree_width", own.tree_width),
-                        "drafter": DRAFTERS[got["drafter"]] if "drafter" in got else own.drafter, "probe": probe})
+                        "drafter": DRAFTERS[got["drafter"]] if "drafter" in got else own.drafter,
+                        "tree_sizing": TREE_SIZINGS[got["tree_sizing"]] if "tree_sizing" in got else own.tree_sizing,
+                        "probe": probe})
     return validate_table({"cohorts": cohorts, "ttl_s": ttl_s}, policy)

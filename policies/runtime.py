@@ -48,14 +48,15 @@ class ActivePolicy:
         return self.state(now).table
 
     def step_plan(self, batch_size: int, now: float) -> StepPlan:
-        """Cohort, budget, draft rounds and tree width for the next step of a batch of `batch_size` requests."""
+        """The plan (cohort, budget, rounds, width, drafter, sizing) of the next step of a batch of `batch_size` requests."""
         table = self.table(now)
         cohort = table.cohorts[cohort_index_for_batch(table.cohorts, batch_size)]
         if cohort.probe is None:
-            return StepPlan(cohort.name, cohort.budget, cohort.draft_rounds, cohort.tree_width, cohort.drafter)
+            return StepPlan(cohort.name, cohort.budget, cohort.draft_rounds, cohort.tree_width, cohort.drafter,
+                            cohort.tree_sizing)
         with self._lock:
             credit = self._probe_credit.get(cohort.name, 0.0) + cohort.probe.share
             probe_now = credit >= 1.0
             self._probe_credit[cohort.name] = credit - 1.0 if probe_now else credit
         return StepPlan(cohort.name, cohort.probe.budget if probe_now else cohort.budget, cohort.draft_rounds,
-                        cohort.tree_width, cohort.drafter)
+                        cohort.tree_width, cohort.drafter, cohort.tree_sizing)

@@ -27,6 +27,9 @@ Budget = Annotated[int, Field(ge=0)]
 # head: the draft head's tree; hybrid: the same tree with the request's prompt-lookup guess merged in
 DrafterName = Literal["head", "hybrid"]
 DRAFTERS: tuple[str, ...] = ("head", "hybrid")  # a push sends the index (SGLang admits numbers only)
+# fixed: verify the whole tree; adaptive: only the nodes that pay for themselves (core/tree_sizing.py)
+TreeSizingName = Literal["fixed", "adaptive"]
+TREE_SIZINGS: tuple[str, ...] = ("fixed", "adaptive")  # a push sends the index
 
 
 class StrictModel(BaseModel):
@@ -42,6 +45,9 @@ class CohortPolicy(StrictModel):
     draft_rounds: int = Field(default=0, ge=0, description="tree-causal draft rounds after the marginal tree")
     tree_width: int = Field(default=0, ge=0, description="children per tree node (top-K); 0 = the head's own width")
     drafter: DrafterName = Field(default="head", description="head, or hybrid (prompt-lookup guesses merged into the tree)")
+    tree_sizing: TreeSizingName | None = Field(
+        default=None, description="fixed or adaptive (the budget is then a cap); unset: the server's own "
+        "(jetspec serve --tree-sizing; fixed in SGLang)")
 
 
 class GatePolicy(StrictModel):

@@ -3,7 +3,7 @@
 As read back (`GET /server_info` -> `internal_states[i].jetspec_policy.table`):
 
     {"cohorts": [{"name": "bs1", "min_batch": 1, "max_batch": 1, "budget": 32, "draft_rounds": 0,
-                  "tree_width": 0, "drafter": "head", "probe": {"budget": 64, "share": 0.05} | null}, ...],
+                  "tree_width": 0, "drafter": "head", "tree_sizing": null, "probe": {"budget": 64, "share": 0.05} | null}, ...],
      "ttl_s": 90.0}
 
 A push carries it as flat numeric keys instead (SGLang admits only numbers there):
@@ -21,7 +21,7 @@ from pydantic import Field, ValidationError
 
 from policies.problems import PolicyError, Problem
 from policies.pydantic_errors import problems_from_validation_error
-from policies.schema import LABEL_PATTERN, Budget, DrafterName, Policy, StrictModel
+from policies.schema import LABEL_PATTERN, Budget, CohortPolicy, DrafterName, Policy, StrictModel, TreeSizingName
 
 
 class Probe(StrictModel):
@@ -37,18 +37,28 @@ class CohortBudget(StrictModel):
     draft_rounds: int = Field(default=0, ge=0)  # tree-causal rounds; probe steps draft with them too
     tree_width: int = Field(default=0, ge=0)  # children per node; 0 = the head's own width
     drafter: DrafterName = "head"  # probe steps draft with it too
+    tree_sizing: TreeSizingName | None = None  # None: the server's own; probe steps are sized too
     probe: Probe | None = None
+
+    @classmethod
+    def of(cls, cohort: CohortPolicy, budget: int, probe: Probe | None = None) -> "CohortBudget":
+        """A YAML cohort at `budget`: its range, draft rounds, width, drafter and tree sizing as the YAML
+        says (a controller chooses budgets and probes only)."""
+        return cls(name=cohort.name, min_batch=cohort.min_batch, max_batch=cohort.max_batch, budget=budget,
+                   draft_rounds=cohort.draft_rounds, tree_width=cohort.tree_width, drafter=cohort.drafter,
+                   tree_sizing=cohort.tree_sizing, probe=probe)
 
 
 class StepPlan(NamedTuple):
     """What the next step runs: its cohort, tree budget, tree-causal draft rounds, tree width (0 = the
-    head's) and drafter (head or hybrid)."""
+    head's), drafter (head or hybrid) and tree sizing (fixed, adaptive, None = the server's own)."""
 
     cohort: str
     budget: int
     draft_rounds: int
     tree_width: int
     drafter: str = "head"
+    tree_sizing: str | None = None
 
 
 class PolicyTable(StrictModel):
@@ -69,14 +79,9 @@ class PolicyState(StrictModel):
 
 
 def default_table(policy: Policy) -> PolicyTable:
-    """The table a server runs from its YAML file: each cohort's default budget, draft rounds, width and
-    drafter, no probes."""
-    return PolicyTable(
-        cohorts=[CohortBudget(name=c.name, min_batch=c.min_batch, max_batch=c.max_batch, budget=c.default,
-                              draft_rounds=c.draft_rounds, tree_width=c.tree_width, drafter=c.drafter)
-                 for c in policy.cohorts],
-        ttl_s=policy.controller.ttl_s,
-    )
+    """The table a server runs from its YAML file: each cohort's default budget, draft rounds, width,
+    drafter and tree sizing, no probes."""
+    return PolicyTable(cohorts=[CohortBudget.of(c, c.default) for c in policy.cohorts], ttl_s=policy.controller.ttl_s)
 
 
 def _cohort_problems(i: int, pushed: CohortBudget, policy: Policy) -> list[Problem]:

@@ -221,3 +221,26 @@ def test_adaptive_sizing_is_greedy_exact_and_sizes_by_confidence(smollm2, untrai
     else:  # a random head is unsure of everything and wrong: next to no node pays for its share of the verify,
         # and the gate soon stops paying for its drafts: most steps run without the head
         assert nodes_per_lane < 3 and skipped > len(records) / 2
+
+
+def test_a_policy_step_can_size_adaptively_on_an_engine_started_fixed(smollm2, untrained_drafter, workload, autoregressive,
+                                                                       monkeypatch):
+    """A cohort's tree_sizing reaches the reference engine per step (serving/engine_worker.py passes the
+    plan's): its first adaptive step builds the sizer; output stays the autoregressive one."""
+    monkeypatch.setattr(reference_engine, "verify_cost", lambda target, taps=(): SMOLLM2_FP32)
+    engine = ReferenceEngine(smollm2, untrained_drafter, EngineConfig(tree_width=4, max_batch_size=2))
+    batch = engine.start_batch()
+    for request in workload[:2]:
+        assert batch.admit(request) is None
+    record, _ = batch.step(16)
+    assert engine.sizer is None and record.verified_nodes == 2 * 16  # fixed: the whole budget
+    with pytest.raises(ValueError, match="fixed, adaptive"):
+        batch.step(16, tree_sizing="sometimes")
+    outputs, records = {}, []
+    while len(batch):
+        record, finished = batch.step(16, tree_sizing="adaptive")
+        records.append(record)
+        outputs.update({request.request_id: output.output_ids for request, output in finished})
+    assert engine.sizer is not None and [outputs["0"], outputs["1"]] == autoregressive[:2]
+    # a random head: next to nothing pays for its share of the verify
+    assert sum(r.verified_nodes for r in records) / sum(r.batch_size for r in records) < 3

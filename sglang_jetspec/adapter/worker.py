@@ -12,7 +12,9 @@ What differs:
   sampling parameters and generator, instead of `eagle_sample`;
 - the tree budget of each step comes from the runtime policy (adapter.policy.PolicyControl) by
   the batch size's cohort; budget 0 verifies the root alone, i.e. one ordinary decoding step with
-  no draft work.
+  no draft work. A cohort with adaptive tree sizing verifies only the nodes that pay for themselves
+  (core.tree_sizing), against a verify cost this worker learns by timing its own verify passes
+  (core.learned_verify_cost).
 The scheduler runs it synchronously: the overlap scheduler and decode CUDA graphs are refused by
 adapter.server_args, so every call sees the previous step's results in req.output_ids.
 """
@@ -49,12 +51,14 @@ from sglang_jetspec.adapter.verify_inputs import build_verify_tensors
 from sglang_jetspec.adapter.worker_observability import WorkerShadow, step_tracer, trace_step, worker_metrics
 from sglang_jetspec.core.draft_vocab import load_draft_vocab
 from sglang_jetspec.core.drafter import HeadDrafter
-from sglang_jetspec.core.drafting import draft_trees
+from sglang_jetspec.core.drafting import draft_trees, headless_trees
 from sglang_jetspec.core.head_io import load_head
+from sglang_jetspec.core.learned_verify_cost import LearnedVerifyCost
 from sglang_jetspec.core.prompt_lookup import LookupMerge
 from sglang_jetspec.core.suffix_store import RECENT_OUTPUT_TOKENS, SuffixStore, load_draft_corpus
 from sglang_jetspec.core.step_record import StepRecord
 from sglang_jetspec.core.tree import DraftTree, TreeSpec, root_only_tree
+from sglang_jetspec.core.tree_sizing import TreeSizer
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +110,10 @@ class JetSpecWorker(BaseSpecWorker):
         # worker's finished requests wrote
         self.hybrid = LookupMerge.from_policy(policy.lookup, load_draft_corpus(draft_path, vocab) or SuffixStore(),
                                               SuffixStore(max_tokens=RECENT_OUTPUT_TOKENS))
+        # adaptive tree sizing (cohorts whose policy asks for it): one calibration and draft gate for the
+        # worker, as the reference engine keeps one per engine, and the verify cost it has timed
+        self.sizer = TreeSizer()
+        self.verify_costs = LearnedVerifyCost()
         self.shadow = WorkerShadow.from_env(policy.shadow.sample_rate, model=cfg.served_model_name
                                             or cfg.model_path, head=str(draft_path))
 
@@ -207,21 +215,36 @@ class JetSpecWorker(BaseSpecWorker):
             state.req = req  # the live Req: its finish reason and token ids for the sweep and the shadow
             offset += extend_len
 
-    def _trees(self, lanes: list[RequestDraftState], plan: StepPlan, budget: int) -> tuple[list[DraftTree], float, float]:
-        """Each request's tree (root-only for budget <= 1 and for blind requests), head and tree seconds;
-        the plan's tree-causal rounds after the marginal tree (the policy allows them only for a head
-        trained with revealed tokens), its tree width (0 = the head's) and its drafter (head or hybrid)."""
+    def _trees(self, lanes: list[RequestDraftState], plan: StepPlan, budget: int,
+               sizer: TreeSizer | None) -> tuple[list[DraftTree], float, float, bool]:
+        """Each request's tree (root-only for budget <= 1 and for blind requests), head and tree seconds,
+        and whether `sizer` cut the trees (adaptive sizing; not on a step that times a missing end of
+        the verify cost curve). The plan gives the tree-causal rounds after the marginal tree (the
+        policy allows them only for a head trained with revealed tokens), the tree width (0 = the
+        head's) and the drafter (head or hybrid)."""
         trees = [root_only_tree(lane.root_token) for lane in lanes]
         drafting = [b for b, lane in enumerate(lanes) if budget > 1 and not lane.blind]
-        if not drafting:
-            return trees, 0.0, 0.0
+        probe = self.verify_costs.probe(len(lanes), budget) if sizer is not None else None
+        if not drafting or probe == 1:  # probe 1: time an ordinary step, without draft work
+            return trees, 0.0, 0.0, False
         # a tree of `budget` nodes is at most budget-1 deep: never pay for deeper draft rows
         spec = TreeSpec(budget=budget, max_depth=min(self.drafter.max_depth, budget - 1), width=plan.tree_width or self.tree_width)
         lookup = self.hybrid if plan.drafter == "hybrid" else None
-        drafted, timing = draft_trees(self.drafter, [lanes[b] for b in drafting], spec, plan.draft_rounds, lookup)
+        sizing = sizer is not None and probe is None
+        head_runs = not sizing or sizer.gate.should_draft()
+        start = time.perf_counter()
+        if head_runs:
+            drafted, timing = draft_trees(self.drafter, [lanes[b] for b in drafting], spec, plan.draft_rounds, lookup)
+            draft_s, tree_s = timing.draft_s, timing.tree_s
+        else:  # the head has not been paying: the looked-up trees alone (or the roots)
+            drafted, draft_s, tree_s = headless_trees([lanes[b] for b in drafting], spec, lookup), 0.0, 0.0
         for b, tree in zip(drafting, drafted):
             trees[b] = tree
-        return trees, timing.draft_s, timing.tree_s
+        if sizing:
+            # every lane counts, blind ones too: a batched verify pads each to the longest tree
+            trees = sizer.size(trees, draft_s, drafted=head_runs, cost=self.verify_costs.curve(len(lanes)))
+            tree_s = time.perf_counter() - start - draft_s
+        return trees, draft_s, tree_s, sizing
 
     def _sync(self, observed: bool) -> float:
         """A phase boundary. When metrics or traces read the phase timings, wait for the device so they
@@ -251,9 +274,13 @@ class JetSpecWorker(BaseSpecWorker):
             lanes.append(state)
 
         set_time_batch(batch.reqs, "set_spec_draft_start_time", trace_only=True)
-        trees, draft_s, tree_s = self._trees(lanes, plan, num_nodes)
+        sizer = self.sizer if plan.tree_sizing == "adaptive" and num_nodes > 1 else None
+        trees, draft_s, tree_s, sized = self._trees(lanes, plan, num_nodes, sizer)
         set_time_batch(batch.reqs, "set_spec_draft_end_time", trace_only=True)
-        t_verify = self._sync(observed)
+        if sizer is not None:
+            num_nodes = max(tree.size for tree in trees)  # the verify pads every request to the longest tree
+        timed = observed or sizer is not None  # adaptive sizing learns the verify cost from these timings
+        t_verify = self._sync(timed)
 
         bind_verify_batch(batch, build_verify_tensors(trees, seq_lens, num_nodes), seq_lens, num_nodes,
                           self.mask_layout, self.device)
@@ -263,10 +290,14 @@ class JetSpecWorker(BaseSpecWorker):
         taps = logits_output.hidden_states  # [bs*N, taps*H]: every node's tap rows
         logits = logits_output.next_token_logits
         apply_sglang_logit_adjustments(logits, batch.sampling_info, num_nodes)
-        t_accept = self._sync(observed)
+        t_accept = self._sync(timed)
+        if timed:
+            self.verify_costs.observe(bs * num_nodes, t_accept - t_verify)
 
         acceptance = accept_step(trees, logits, num_nodes, [lane.params for lane in lanes],
                                  [lane.generator for lane in lanes])
+        if sized:
+            self.sizer.observe([result.path for result in acceptance.results])
         out = step_outputs(acceptance, num_nodes)
         accept_lens = out.accept_lens.to(device)
         accept_index = out.accept_index.to(device)
@@ -292,7 +323,7 @@ class JetSpecWorker(BaseSpecWorker):
             record = StepRecord(
                 batch_size=bs, budget=budget, committed_tokens=sum(out.row_counts), accept_lengths=out.row_counts,
                 draft_s=draft_s, tree_s=tree_s, verify_s=t_accept - t_verify, accept_s=t_end - t_accept,
-                wall_s=t_end - t_start)
+                wall_s=t_end - t_start, verified_nodes=sum(tree.size for tree in trees))
             if self.metrics is not None:
                 self.metrics.record_step(cohort, record)
             if tracer is not None:

@@ -38,8 +38,9 @@ SIZINGS = ("fixed", "adaptive")
 
 @dataclass(frozen=True)
 class VerifyCost:
-    """Seconds of one target forward over n new tokens, relative to n = 1 (`unit_s` seconds), at
-    measured node counts; linear between them and beyond the last."""
+    """Seconds of one target forward over n new tokens relative to `unit_s` seconds (one token, or the
+    batch's ordinary step for a cost learned while serving), at measured counts; linear between them
+    and beyond the last."""
 
     nodes: tuple[int, ...]
     relative: tuple[float, ...]
@@ -188,7 +189,7 @@ class TreeSizer:
     does not pay, and one calibration per kind of step: drafted trees (head, with any lookup guess
     merged in) and headless ones (prompt lookup alone)."""
 
-    def __init__(self, cost: VerifyCost, calibration: BandedCalibration | None = None, gate: DraftGate | None = None,
+    def __init__(self, cost: VerifyCost | None = None, calibration: BandedCalibration | None = None, gate: DraftGate | None = None,
                  headless_calibration: BandedCalibration | None = None) -> None:
         self.cost = cost
         self.calibration = calibration or BandedCalibration()
@@ -197,10 +198,14 @@ class TreeSizer:
         self._kept: list[DraftTree] = []
         self._last = self.calibration
 
-    def size(self, trees: list[DraftTree], draft_s: float, drafted: bool = True) -> list[DraftTree]:
-        """The trees cut to what pays; `drafted`: the head ran for them (only such steps teach the gate)."""
+    def size(self, trees: list[DraftTree], draft_s: float, drafted: bool = True, cost: VerifyCost | None = None) -> list[DraftTree]:
+        """The trees cut to what pays; `drafted`: the head ran for them (only such steps teach the gate);
+        `cost`: this step's verify cost when it is learned while serving (else the sizer's own)."""
+        cost = cost or self.cost
+        if cost is None:
+            raise ValueError("no verify cost: build the TreeSizer with one or pass this step's")
         self._last = self.calibration if drafted else self.headless_calibration
-        sized = size_trees(trees, self.cost, draft_s / self.cost.unit_s, self._last.scale)
+        sized = size_trees(trees, cost, draft_s / cost.unit_s, self._last.scale)
         self._kept = sized.trees
         if drafted:
             self.gate.observe(sized.pays)

@@ -42,6 +42,8 @@ STEP_COUNTERS: dict[str, tuple[str, Callable[[StepRecord], float]]] = {
     "jetspec_request_seconds_total": ("Request-seconds of verify steps (batch size x step wall seconds); "
                                       "goodput = committed_tokens_total / request_seconds_total",
                                       lambda r: r.batch_size * r.wall_s),
+    "jetspec_verified_nodes_total": ("Tree nodes the verify passes ran, roots included (below requests x budget "
+                                     "under adaptive tree sizing)", lambda r: r.verified_nodes),
     "jetspec_draft_seconds_total": ("Seconds in the draft head pass", lambda r: r.draft_s),
     "jetspec_tree_seconds_total": ("Seconds building draft trees", lambda r: r.tree_s),
     "jetspec_verify_seconds_total": ("Seconds in the target verify pass", lambda r: r.verify_s),

@@ -149,10 +149,22 @@ class ReferenceEngine:
         self.tap_layers: tuple[int, ...] = tuple(getattr(drafter, "tap_layers", ()))
         self.tap_width = target.info.hidden_size * len(self.tap_layers)
         self.check_draft_rounds(self.config.draft_rounds)
-        # measured before the first request, so no request pays for it
-        self.sizer = TreeSizer(verify_cost(target, self.tap_layers)) if self.config.tree_sizing == "adaptive" and drafter else None
+        self.sizer: TreeSizer | None = None
+        if self.config.tree_sizing == "adaptive":
+            self.sizer_for("adaptive")  # measured before the first request, so no request pays for it
         # what this engine's finished requests wrote: the hybrid drafter looks its continuations up too
         self.recent_outputs = SuffixStore(max_tokens=RECENT_OUTPUT_TOKENS)
+
+    def sizer_for(self, tree_sizing: str) -> TreeSizer | None:
+        """The engine's sizer for an adaptive step (None for a fixed one, or without a drafter); a policy
+        cohort's first adaptive step measures the verify cost if the engine was started fixed."""
+        if tree_sizing not in SIZINGS:
+            raise ValueError(f"tree_sizing={tree_sizing!r}: choose one of {', '.join(SIZINGS)}")
+        if tree_sizing == "fixed" or self.drafter is None:
+            return None
+        if self.sizer is None:
+            self.sizer = TreeSizer(verify_cost(self.target, self.tap_layers))
+        return self.sizer
 
     def check_draft_rounds(self, rounds: int) -> None:
         """ValueError unless this engine's drafter can run `rounds` tree-causal rounds."""
@@ -206,8 +218,9 @@ class ReferenceEngine:
         return lane, cache
 
     def _trees(self, lanes: list[Lane], budget: int, draft_rounds: int, tree_width: int,
-               lookup: LookupMerge | None) -> tuple[list[DraftTree], list[float], float]:
-        """Each lane's tree, the draft head seconds per round and the tree-building seconds."""
+               lookup: LookupMerge | None, sizer: TreeSizer | None) -> tuple[list[DraftTree], list[float], float]:
+        """Each lane's tree (cut to what pays by `sizer`, if any), the draft head seconds per round and the
+        tree-building seconds."""
         if budget <= 1 or self.drafter is None:
             if budget > 1:
                 raise ValueError(f"budget={budget} needs a drafter; pass a head (or use budget 0 for ordinary decoding)")
@@ -215,21 +228,21 @@ class ReferenceEngine:
         # a tree of `budget` nodes is at most budget-1 deep: never pay for deeper draft rows
         depth = min(self.drafter.max_depth, budget - 1)
         spec = TreeSpec(budget=budget, max_depth=depth, width=tree_width, fanout=self.config.fanout)
-        if self.sizer is not None and not self.sizer.gate.should_draft():  # the head has not been paying
+        if sizer is not None and not sizer.gate.should_draft():  # the head has not been paying
             start = time.perf_counter()
-            trees = self.sizer.size(headless_trees(lanes, spec, lookup), 0.0, drafted=False)
+            trees = sizer.size(headless_trees(lanes, spec, lookup), 0.0, drafted=False)
             return trees, [], time.perf_counter() - start
         trees, timing = draft_trees(self.drafter, lanes, spec, draft_rounds, lookup)
-        if self.sizer is not None:
+        if sizer is not None:
             start = time.perf_counter()
-            trees = self.sizer.size(trees, timing.draft_s)
+            trees = sizer.size(trees, timing.draft_s)
             timing.tree_s += time.perf_counter() - start
         return trees, timing.round_s, timing.tree_s
 
     def _step(self, cache: SlotKVCache, lanes: list[Lane], budget: int, draft_rounds: int, tree_width: int,
-              lookup: LookupMerge | None) -> StepRecord:
+              lookup: LookupMerge | None, sizer: TreeSizer | None) -> StepRecord:
         t_start = time.perf_counter()
-        trees, draft_round_s, tree_s = self._trees(lanes, budget, draft_rounds, tree_width, lookup)
+        trees, draft_round_s, tree_s = self._trees(lanes, budget, draft_rounds, tree_width, lookup, sizer)
         t_verify = time.perf_counter()
         segments = [
             Segment(tree.tokens, tree.positions(int(cache.lengths[b])), tree.ancestor_mask()) for b, tree in enumerate(trees)
@@ -238,8 +251,8 @@ class ReferenceEngine:
         logits = self.target.logits(out.hidden)
         t_accept = settled_clock(logits)
         results = accept_batch(trees, logits, [l.params for l in lanes], [l.generator for l in lanes], self.config.acceptance)
-        if self.sizer is not None and budget > 1:
-            self.sizer.observe([r.path for r in results])
+        if sizer is not None and budget > 1:
+            sizer.observe([r.path for r in results])
         t_commit = time.perf_counter()
         committed = self._commit(cache, lanes, results, out.taps)
         t_end = time.perf_counter()
@@ -298,17 +311,19 @@ class RunningBatch:
         return None
 
     def step(self, budget: int, draft_rounds: int | None = None, tree_width: int | None = None,
-             lookup: LookupMerge | None | str = FROM_CONFIG) -> tuple[StepRecord, list[tuple[Request, RequestOutput]]]:
-        """One verify step for every lane (`draft_rounds`, `tree_width` and `lookup`, the hybrid drafter's
-        merge or None for the head alone, override the engine config's, e.g. from a policy table);
-        finished requests leave the batch and are returned."""
+             lookup: LookupMerge | None | str = FROM_CONFIG,
+             tree_sizing: str | None = None) -> tuple[StepRecord, list[tuple[Request, RequestOutput]]]:
+        """One verify step for every lane (`draft_rounds`, `tree_width`, `lookup`, the hybrid drafter's
+        merge or None for the head alone, and `tree_sizing` override the engine config's, e.g. from a
+        policy table); finished requests leave the batch and are returned."""
         rounds = self.engine.config.draft_rounds if draft_rounds is None else draft_rounds
         self.engine.check_draft_rounds(rounds)
         width = self.engine.config.tree_width if tree_width is None else tree_width
         merge = self.engine.config.lookup if lookup is FROM_CONFIG else lookup
         if merge is not None and merge.corpus is not None:  # a merge without a corpus looks up the request's own tokens only
             merge = replace(merge, recent=self.engine.recent_outputs)
-        record = self.engine._step(self.cache, self.lanes, budget, rounds, width, merge)
+        sizer = self.engine.sizer_for(tree_sizing or self.engine.config.tree_sizing)
+        record = self.engine._step(self.cache, self.lanes, budget, rounds, width, merge, sizer)
         if self.engine.config.check_invariants:
             check_invariants(self.cache, self.lanes)
         finished = [(lane.request, lane.output()) for lane in self.lanes if lane.finish_reason]

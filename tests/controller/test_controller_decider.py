@@ -8,6 +8,7 @@ from controller import decider as reasons
 from controller.decider import BudgetDecider, Decision
 from controller.estimator import GoodputEstimator
 from controller.telemetry import Usage
+from policies.loader import parse_policy_text
 from policies.table import PolicyTable, validate_table
 
 # Truth for cohorts a test does not set: 16 is best at bs1, off is best at bs2-8.
@@ -176,3 +177,16 @@ def test_tables_keep_each_cohorts_yaml_draft_rounds(test_policy_yaml):
         assert [c.draft_rounds for c in table.cohorts] == [c.draft_rounds for c in policy.cohorts]
     assert table.cohorts[0].budget == 64
     validate_table(table.model_dump(), policy)
+
+
+def test_the_decider_keeps_each_cohorts_yaml_settings_beside_the_budgets_it_chooses(test_policy_yaml):
+    """A pushed table must not reset what the controller does not decide: a YAML cohort sized adaptively
+    stays adaptive (None would mean the server's own, fixed in SGLang), as do its drafter and width."""
+    text = test_policy_yaml.replace("default: 4}", "default: 4, tree_sizing: adaptive, drafter: hybrid}", 1)
+    policy = parse_policy_text(text, "adaptive.yaml")
+    world = World(policy, {})
+    for _ in range(3):
+        world.interval()
+    cohorts = world.decider.table().cohorts
+    assert [(c.tree_sizing, c.drafter) for c in cohorts] == [(c.tree_sizing, c.drafter) for c in policy.cohorts]
+    assert "adaptive" in [c.tree_sizing for c in cohorts] and "hybrid" in [c.drafter for c in cohorts]

@@ -14,6 +14,7 @@ from policies.cli import add_subcommands, main
 from policies.head import read_head_capacity
 from policies.loader import load_policy, parse_policy_text
 from policies.problems import PolicyError
+from policies.table import default_table
 
 POLICIES_DIR = Path(__file__).resolve().parents[2] / "policies"
 REPO_ROOT = POLICIES_DIR.parent
@@ -257,6 +258,12 @@ def test_cohort_drafter_and_lookup_calibration(tmp_path):
     assert (policy.lookup.accept, policy.lookup.min_ngram, policy.lookup.max_ngram) == (0.7, 2, 4)
     (problem,) = problems_of(GOOD.replace("    default: 4\n", "    default: 4\n    drafter: lookahead\n"))
     assert problem.startswith("p.yaml:12: cohorts[1].drafter") and "'head'" in problem and "'hybrid'" in problem
+    assert [c.tree_sizing for c in policy.cohorts] == [None, None]  # unset: the server's own sizing
+    sized = parse_policy_text(GOOD.replace("    default: 4\n", "    default: 4\n    tree_sizing: adaptive\n"))
+    assert [c.tree_sizing for c in sized.cohorts] == [None, "adaptive"]
+    assert [c.tree_sizing for c in default_table(sized).cohorts] == [None, "adaptive"]
+    (problem,) = problems_of(GOOD.replace("    default: 4\n", "    default: 4\n    tree_sizing: sometimes\n"))
+    assert problem.startswith("p.yaml:12: cohorts[1].tree_sizing") and "'fixed'" in problem and "'adaptive'" in problem
     (problem,) = problems_of(GOOD + "lookup:\n  min_ngram: 5\n  max_ngram: 3\n")
     assert problem == "p.yaml:13: lookup.min_ngram 5 is above lookup.max_ngram 3 -- lower min_ngram or raise max_ngram"
     (problem,) = problems_of(GOOD + "lookup:\n  accept: 1.0\n")

@@ -33,8 +33,10 @@ from sglang_jetspec.adapter.request_state import DraftStateStore  # noqa: E402
 from sglang_jetspec.adapter.worker_observability import WorkerShadow  # noqa: E402
 from sglang_jetspec.core.drafter import HeadDrafter  # noqa: E402
 from sglang_jetspec.core.head_io import load_head  # noqa: E402
+from sglang_jetspec.core.learned_verify_cost import LearnedVerifyCost  # noqa: E402
 from sglang_jetspec.core.prompt_lookup import LookupMerge  # noqa: E402
 from sglang_jetspec.core.suffix_store import SuffixStore  # noqa: E402
+from sglang_jetspec.core.tree_sizing import TreeSizer  # noqa: E402
 from sglang_jetspec.reference.target import Segment  # noqa: E402
 
 
@@ -116,6 +118,7 @@ def fresh(worker, monkeypatch):
     """The worker with empty state and the default policy; GPU-pool kernels stubbed."""
     worker.states = DraftStateStore(worker.drafter.head.config.num_taps * 576, "cpu", torch.float32)
     worker.policy_control = PolicyControl(load_policy(policy_path()), admin_key_configured=False)
+    worker.sizer, worker.verify_costs = TreeSizer(), LearnedVerifyCost()  # as __init__ makes them
     monkeypatch.setattr(worker_module, "record_stream_for_v2_verify", lambda *a: None)
     monkeypatch.setattr(worker_module, "move_accept_tokens_to_target_kvcache", lambda *a: None)
     monkeypatch.setattr(spec_inputs_module, "assign_extend_cache_locs_func", lambda **kw: None)
@@ -224,10 +227,10 @@ def test_budget_zero_is_plain_decoding_with_no_draft_work(fresh, smollm2, single
     assert record.spec.budgets == [0] * 5
 
 
-def _one_budget(tmp_path, budget, draft_rounds=0, tree_width=0, drafter="head"):
+def _one_budget(tmp_path, budget, draft_rounds=0, tree_width=0, drafter="head", tree_sizing="fixed"):
     path = tmp_path / "one.yaml"
     path.write_text(f"cohorts:\n  - {{name: all, min_batch: 1, max_batch: 256, budgets: [{budget}], default: {budget}, "
-                    f"draft_rounds: {draft_rounds}, tree_width: {tree_width}, drafter: {drafter}}}\n"
+                    f"draft_rounds: {draft_rounds}, tree_width: {tree_width}, drafter: {drafter}, tree_sizing: {tree_sizing}}}\n"
                     f"head: {{max_draft_rounds: {draft_rounds}}}\n")
     return PolicyControl(load_policy(path), admin_key_configured=False)
 
@@ -281,6 +284,47 @@ def test_a_hybrid_cohort_merges_each_requests_prompt_lookup_and_stays_lossless(f
     # each finished request's output joined the store the next requests look up
     assert fresh.hybrid.recent.num_tokens == sum(len(req.output_ids) for req in reqs) == 32
     assert max(sched.accept_lens) >= 5  # the repeating list: lookup guesses accepted deep
+
+
+def _verified_node_counts(worker, monkeypatch) -> list[int]:
+    """Each verify step's node count per request, as the worker hands it to SGLang's verify inputs."""
+    counts, real = [], worker_module.build_verify_tensors
+
+    def spy(trees, seq_lens, num_nodes):
+        counts.append(num_nodes)
+        return real(trees, seq_lens, num_nodes)
+
+    monkeypatch.setattr(worker_module, "build_verify_tensors", spy)
+    return counts
+
+
+def test_an_adaptive_cohort_times_both_ends_of_its_verify_cost_then_sizes_and_stays_lossless(fresh, smollm2, single_thread,
+                                                                                            monkeypatch, tmp_path):
+    fresh.policy_control = _one_budget(tmp_path, 16, tree_sizing="adaptive")
+    counts = _verified_node_counts(fresh, monkeypatch)
+    reqs = [FakeReq("s", smollm2.tokenizer(PROMPTS[0])["input_ids"], 12, temperature=0.0)]
+    Scheduler(fresh).run(reqs)
+    assert reqs[0].output_ids == _plain_greedy(smollm2, reqs[0].origin_input_ids, 12)
+    # an ordinary step, then the full tree, then what the learned curve says pays (never more than the budget)
+    assert counts[:2] == [1, 16] and max(counts[2:]) <= 16
+    assert fresh.verify_costs.rows[0] == 1 and 16 in fresh.verify_costs.rows and fresh.verify_costs.probe(1, 16) is None
+
+
+def test_an_adaptive_cohort_on_a_costly_verify_keeps_the_roots_and_rests_the_head(fresh, smollm2, single_thread,
+                                                                                monkeypatch, tmp_path):
+    fresh.policy_control = _one_budget(tmp_path, 16, tree_sizing="adaptive")
+    for rows, seconds in ((1, 0.01), (64, 0.704)):  # every added row costs more than a whole step: no draft pays
+        fresh.verify_costs.observe(rows, seconds)
+    monkeypatch.setattr(fresh.verify_costs, "observe", lambda rows, seconds: None)  # the curve stays as set
+    counts = _verified_node_counts(fresh, monkeypatch)
+    head_steps, real = [], worker_module.draft_trees
+    monkeypatch.setattr(worker_module, "draft_trees", lambda *a, **k: head_steps.append(1) or real(*a, **k))
+    reqs = [FakeReq("t", smollm2.tokenizer(PROMPTS[1])["input_ids"], 12, temperature=0.0)]
+    Scheduler(fresh).run(reqs)
+    assert reqs[0].output_ids == _plain_greedy(smollm2, reqs[0].origin_input_ids, 12)
+    # the draft gate backed off: most steps skip the head and verify the root alone (a step whose draft
+    # was already paid for may still keep a node or two: the sunk draft time makes them cheaper)
+    assert len(head_steps) <= len(counts) / 2 and counts.count(1) >= len(counts) / 2 and max(counts) < 16
 
 
 def test_seeded_sampling_does_not_depend_on_the_batch(fresh, smollm2, single_thread, tmp_path):

@@ -13,7 +13,7 @@ import pytest
 from e2e_client import ADMIN_KEY, REPO, generate, get, jetspec_state, post, until_eos
 from prometheus_client.parser import text_string_to_metric_families
 
-from policies.schema import DRAFTERS
+from policies.schema import DRAFTERS, TREE_SIZINGS
 
 AUTH = {"Authorization": f"Bearer {ADMIN_KEY}"}
 
@@ -125,6 +125,30 @@ def test_a_pushed_hybrid_drafter_looks_up_finished_outputs_and_stays_exact(yaml_
     assert head["output_ids"] == again["output_ids"] == plain
     steps = {name: reply["meta_info"]["spec_verify_ct"] for name, reply in (("head", head), ("hybrid", again))}
     assert steps["hybrid"] <= 6 < steps["head"], steps  # 23 tokens after the prefill's first
+
+
+def test_a_pushed_adaptive_cohort_verifies_fewer_nodes_than_its_budget_and_stays_exact(yaml_policy_after, plain_server,
+                                                                                        humaneval_ids):
+    """Adaptive tree sizing in the real server: the worker times its own verify passes (an ordinary step,
+    then the full tree) and from then on verifies only the nodes that pay; greedy output stays plain SGLang's."""
+    url = yaml_policy_after
+    flat = {"jetspec_policy.ttl_s": 30, **{f"jetspec_policy.{c}.{field}": value for c in ("bs1", "bs2-4")
+                                           for field, value in (("budget", 16), ("tree_sizing", TREE_SIZINGS.index("adaptive")))}}
+    status, reply = post(f"{url}/set_internal_state", {"server_args": flat}, AUTH)
+    assert status == 200 and reply == [True], reply
+    assert [c["tree_sizing"] for c in jetspec_state(url)["jetspec_policy"]["table"]["cohorts"]] == ["adaptive"] * 2
+
+    def counted(name: str) -> float:
+        return sum(v for labels, v in samples(url, name).items() if dict(labels).get("cohort") == "bs1")
+
+    steps_before, nodes_before = counted("jetspec_steps_total"), counted("jetspec_verified_nodes_total")
+    spec = generate(url, humaneval_ids[3], 24, ignore_eos=True)
+    assert spec["output_ids"] == generate(plain_server.url, humaneval_ids[3], 24, ignore_eos=True)["output_ids"]
+    steps = counted("jetspec_steps_total") - steps_before
+    nodes = counted("jetspec_verified_nodes_total") - nodes_before
+    assert steps == spec["meta_info"]["spec_verify_ct"] and steps >= 3
+    # the two probes verify 1 and 16 nodes; sized steps on a CPU, where each node costs, stay below 16
+    assert nodes < 16 * steps - 8, (nodes, steps)
 
 
 def test_metrics_from_the_scheduler_process(jetspec_server, humaneval_ids):
