@@ -3,8 +3,9 @@
     python bench/sglang_cpu_compare.py --prompts humaneval --num-prompts 20 --max-new-tokens 64 \
         --concurrency 4 --json bench/results/sglang_cpu_compare.json --markdown bench/results/sglang_cpu_compare.md
 
-Starts, in turn, a plain, an NGRAM and a JETSPEC server (the shipped head, the default policy unless
-JETSPEC_POLICY is set) through the test launcher (tests/sglang_cpu/launch.py: SGLang's CPU engine,
+Starts, in turn, a plain, an NGRAM and JETSPEC servers (the shipped head; `jetspec` under the default
+policy unless JETSPEC_POLICY is set, `jetspec-hybrid` and `jetspec-hybrid-adaptive` under it with every
+cohort's drafter / tree sizing changed) through the test launcher (tests/sglang_cpu/launch.py: SGLang's CPU engine,
 intel_amx attention, the PyTorch stand-in for sgl-kernel's CPU ops), sends the same prompts greedy and
 reports per configuration: exact matches against plain SGLang and against HF transformers greedy (with
 the first divergence), tokens/s one request at a time and at the given concurrency, mean accept length
@@ -30,7 +31,10 @@ from launch import launch  # noqa: E402
 from sglang_gpu_compare import _post, first_divergence, mean_accept_length  # noqa: E402
 
 HEAD = REPO / "sglang_jetspec" / "heads" / "smollm2-135m-instruct"
-CONFIGS = ("plain", "ngram", "jetspec")
+# JETSPEC under the default policy, then with every cohort's drafter and tree sizing changed
+POLICY_VARIANTS = {"jetspec": {}, "jetspec-hybrid": {"drafter": "hybrid"},
+                   "jetspec-hybrid-adaptive": {"drafter": "hybrid", "tree_sizing": "adaptive"}}
+CONFIGS = ("plain", "ngram", *POLICY_VARIANTS)
 
 
 @dataclass
@@ -55,10 +59,28 @@ def server_args(config: str, model: str, dtype: str, concurrency: int, ngram_tok
             "--host", "127.0.0.1", "--port", "31123"]
     if config == "ngram":
         return base + ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", str(ngram_tokens)]
-    if config == "jetspec":
+    if config in POLICY_VARIANTS:
         return base + ["--speculative-algorithm", "JETSPEC", "--speculative-draft-model-path", str(HEAD),
                        "--disable-decode-cuda-graph"]
     return base
+
+
+def policy_env(config: str, log_dir: Path) -> dict[str, str]:
+    """JETSPEC_POLICY for a policy variant: the default policy with every cohort's fields overridden."""
+    changes = POLICY_VARIANTS.get(config)
+    if not changes:
+        return {}
+    import yaml
+
+    from sglang_jetspec.adapter.policy import policy_path
+
+    data = yaml.safe_load(policy_path().read_text())
+    for cohort in data["cohorts"]:
+        cohort.update(changes)
+    path = log_dir / f"{config}-policy.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return {"JETSPEC_POLICY": str(path)}
 
 
 def hf_greedy(model: str, prompts: list[list[int]], max_new_tokens: int, dtype: str) -> list[list[int]]:
@@ -113,6 +135,10 @@ def markdown(results: list[ConfigResult], meta: dict) -> str:
                      f"{r.tokens_per_s:.1f}{ratio(r.tokens_per_s, plain.tokens_per_s if plain else 0)} | "
                      f"{r.tokens_per_s_concurrent:.1f}{ratio(r.tokens_per_s_concurrent, plain.tokens_per_s_concurrent if plain else 0)} | "
                      f"{accept} | {r.server_start_s:.0f} |")
+    if any("hybrid" in r.config for r in results):
+        lines += ["", "The concurrent pass sends the sequential pass's prompts again: hybrid configs look continuations "
+                  "up in the outputs their server just finished, so their concurrent column measures repeated requests, "
+                  "not new ones; compare them on the sequential column."]
     diverged = [(r.config, i, at) for r in results for i, at in r.first_divergence_vs_hf.items()]
     if diverged:
         lines += ["", "First divergence from HF greedy (config, prompt, token position): "
@@ -156,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for config in configs:
         server = launch(server_args(config, model, args.dtype, args.concurrency, args.ngram_draft_tokens),
-                        args.log_dir / f"{config}.log", {"OMP_NUM_THREADS": str(args.threads)})
+                        args.log_dir / f"{config}.log", {"OMP_NUM_THREADS": str(args.threads), **policy_env(config, args.log_dir)})
         try:
             sequential, seq_s, concurrent, conc_s = run_config(server.url, prompts, args.max_new_tokens, args.concurrency)
         finally:
