@@ -85,7 +85,7 @@ class LookupPolicy(StrictModel):
 
     accept: float = Field(default=DEFAULT_LOOKUP_ACCEPT, gt=0, lt=1,
                           description="calibrated chance a looked-up token is accepted given its parent was")
-    min_ngram: int = Field(default=2, ge=1)
+    min_ngram: int = Field(default=1, ge=1)
     max_ngram: int = Field(default=4, ge=1)
 
 

@@ -17,7 +17,7 @@ def test_generate_with_the_lookup_drafter_copies_the_prompt_losslessly(tmp_path,
                  "--num-prompts", "1", "--max-new-tokens", "24", "--budget", "16", "--json", str(out)])
     assert code == 0
     report = json.loads(out.read_text())
-    assert report["head"].startswith("prompt lookup (n-grams 2-4")
+    assert report["head"].startswith("prompt lookup (n-grams 1-4")
     assert report["tree"]["width"] == 1 and report["tree"]["max_depth"] == 15
     assert report["greedy_outputs_differing"] == 0
     # "Repeat the following text exactly": the answer is the prompt's text, so lookup's chains are accepted

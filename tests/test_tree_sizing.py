@@ -124,7 +124,8 @@ def test_headless_trees_are_the_lookup_guess_as_a_scored_chain_within_the_budget
     merge = LookupMerge(logprob=math.log(0.5))
     guessed, unmatched = headless_trees(lanes, spec, merge)
     assert guessed.tokens.tolist() == [6, 7, 8] and guessed.parents.tolist() == [-1, 0, 1]
-    assert guessed.cum_logprobs.exp().tolist() == pytest.approx([1.0, 0.5, 0.25])
+    # "5 6" recurred: a 2-token match, trusted OWN_MATCH_FACTOR[2] times the merge's rate
+    assert guessed.cum_logprobs.exp().tolist() == pytest.approx([1.0, 0.5 * 0.9, (0.5 * 0.9) ** 2])
     assert unmatched.tokens.tolist() == [3]
     assert [t.tokens.tolist() for t in headless_trees(lanes, spec, None)] == [[6], [3]]
 

@@ -69,7 +69,7 @@ def add_target_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_lookup_arguments(parser: argparse.ArgumentParser) -> None:
     """The prompt-lookup drafter's n-gram flags (sglang_jetspec/core/prompt_lookup.py)."""
-    parser.add_argument("--lookup-min-ngram", type=positive_int, default=2, help="shortest suffix n-gram the lookup drafter matches")
+    parser.add_argument("--lookup-min-ngram", type=positive_int, default=1, help="shortest suffix n-gram the lookup drafter matches")
     parser.add_argument("--lookup-max-ngram", type=positive_int, default=4, help="longest suffix n-gram tried first")
     parser.add_argument("--lookup-depth", type=positive_int, default=15, help="longest chain the lookup drafter proposes")
     parser.add_argument("--lookup-accept", type=probability_list, default=[DEFAULT_LOOKUP_ACCEPT],

@@ -4,13 +4,18 @@ Text often repeats itself (code identifiers, quoted prompt text, lists). If the 
 tokens occurred earlier in prompt + output, the tokens that followed that occurrence are a cheap
 guess for what follows now.
 
-The hybrid drafter files that guess into the head's draft as conditioned candidates along the
-guess's own path: the node reached by the first i guessed tokens gets guessed token i+1 among its
-children, next to the head's candidates for that depth. Best-first construction then spends the
-same node budget on whichever branches score higher, in one verify pass. A guessed token's score is
-a calibrated acceptance log-probability (`LookupMerge.logprob`, per depth, measured on tuning
-prompts); where the head proposes the same token, the two are combined as independent evidence
-(noisy-or). Drafts only propose, so none of this can change what the target accepts.
+The hybrid drafter looks the request's own tokens up as a trie rather than one chain: the
+continuations of the most recent occurrences (up to 64) of the longest recurring suffix, down to a
+single token, counted per path, so the budget can hold several of them; the draft corpus and the
+engine's finished outputs are looked up the same way (core/suffix_store.py). It files these guesses
+into the head's draft as conditioned candidates along their own paths: the node reached by a guessed
+path's first i tokens gets token i+1 among its children, next to the head's candidates for that depth.
+Best-first construction then spends the same node budget on whichever branches score higher, in one
+verify pass. A guessed token's score is a calibrated acceptance log-probability (`LookupMerge.logprob`,
+measured on tuning prompts), scaled by how it was found (`guess_logprob`) plus the log of its path's
+share of the occurrences given its parent; where the head proposes the same token, the two are
+combined as independent evidence (noisy-or). Drafts only propose, so none of this can change what the
+target accepts.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from typing import Protocol
 
 import torch
 
-from .suffix_store import SuffixStore, likeliest_paths
+from .suffix_store import SuffixStore, context_continuations, likeliest_paths
 from .tree import Candidates, TreeSpec, fanout_caps
 
 # Guessed children per tree node: node token path from the root -> {token: log-probability that the
@@ -54,7 +59,7 @@ class PromptLookupDrafter:
     d's logits 0 at the guessed token and -inf elsewhere, depths past the guess all -inf, so the tree
     builder (tree width 1) makes exactly the guessed chain, or the root alone when nothing matched."""
 
-    def __init__(self, vocab_size: int, max_depth: int = 15, min_ngram: int = 2, max_ngram: int = 4) -> None:
+    def __init__(self, vocab_size: int, max_depth: int = 15, min_ngram: int = 1, max_ngram: int = 4) -> None:
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"min_ngram={min_ngram}, max_ngram={max_ngram}: need 1 <= min_ngram <= max_ngram")
         if max_depth < 1:
@@ -76,13 +81,14 @@ class PromptLookupDrafter:
 @dataclass(frozen=True)
 class LookupMerge:
     """How the hybrid drafter finds and scores looked-up tokens. `logprob` is the log-probability that a
-    guessed token is accepted given that its parent was (HumanEval 0-99 tuning: see the README's speed
-    section). Besides the request's own tokens, guesses come from `corpus` (the head directory's draft
-    corpus: text the target wrote) and `recent` (outputs of requests the engine finished); a corpus
-    path's score adds the log of its share of the corpus occurrences given its parent."""
+    token looked up after a 3-token match in the request's own text is accepted given that its parent
+    was (HumanEval 0-99 tuning: see the README's speed section); other guesses scale it (guess_logprob).
+    The request's own tokens are matched on suffixes of `max_ngram` down to `min_ngram` tokens. Besides
+    them, guesses come from `corpus` (the head directory's draft corpus: text the target wrote) and
+    `recent` (outputs of requests the engine finished)."""
 
     logprob: float
-    min_ngram: int = 2
+    min_ngram: int = 1
     max_ngram: int = 4
     # compared by identity: merges that look up different stores draft different trees
     corpus: SuffixStore | None = None
@@ -120,14 +126,43 @@ def chain_guesses(guess: list[int], logprob: float) -> Guesses:
     return {tuple(guess[:i]): {token: logprob} for i, token in enumerate(guess)}
 
 
-def store_guesses(context: list[int], store: SuffixStore, depth: int, limit: int, logprob: float) -> Guesses:
-    """The `limit` likeliest continuation paths `store` knows for `context`, each token scored `logprob`
-    plus the log of its share of the occurrences given its parent."""
-    counts, occurrences = store.continuations(context, depth)
+# How much a looked-up token is trusted relative to LookupMerge.logprob, by where it was found. Tuned by
+# replay on HumanEval 0-99 (bench/results/speed/lookup-trie-tune.md): after a match of only the last
+# token of the request's own text a guess is right about half as often as after a longer match, and a
+# guess from other text (draft corpus, finished outputs) less often than one from the request itself.
+OWN_MATCH_FACTOR = {1: 0.55, 2: 0.9, 3: 1.0}  # by the matched suffix's length; longer matches: OWN_LONG_MATCH_FACTOR
+OWN_LONG_MATCH_FACTOR = 1.05
+STORE_FACTOR = 0.78
+MOST_TRUSTED = math.log(0.99)  # a scaled guess still leaves the target room to disagree
+
+
+def guess_logprob(logprob: float, factor: float) -> float:
+    """`logprob` scaled by `factor`, capped below certainty."""
+    return min(logprob + math.log(factor), MOST_TRUSTED)
+
+
+def path_guesses(counts: dict[tuple[int, ...], int], occurrences: int, limit: int, logprob: float) -> Guesses:
+    """The `limit` likeliest of the counted continuation paths, each token scored `logprob` plus the log of
+    its share of the occurrences given its parent."""
     guesses: Guesses = {}
     for path, share in likeliest_paths(counts, occurrences, limit).items():
         guesses.setdefault(path[:-1], {})[path[-1]] = logprob + share
     return guesses
+
+
+def store_guesses(context: list[int], store: SuffixStore, depth: int, limit: int, logprob: float) -> Guesses:
+    """The `limit` likeliest continuation paths `store` knows for `context` (path_guesses)."""
+    return path_guesses(*store.continuations(context, depth), limit, logprob)
+
+
+def context_guesses(committed_ids: list[int], spec: TreeSpec, merge: LookupMerge) -> Guesses:
+    """The likeliest continuation paths of the request's own tokens (within the tree's depth and node
+    budget), scored by the length of the suffix they matched."""
+    counts, occurrences, n = context_continuations(committed_ids, spec.max_depth, merge.min_ngram, merge.max_ngram)
+    if not occurrences:
+        return {}
+    factor = OWN_MATCH_FACTOR.get(n, OWN_LONG_MATCH_FACTOR)
+    return path_guesses(counts, occurrences, spec.budget - 1, guess_logprob(merge.logprob, factor))
 
 
 def combine_guesses(into: Guesses, more: Guesses) -> None:
@@ -139,14 +174,15 @@ def combine_guesses(into: Guesses, more: Guesses) -> None:
 
 
 def lookup_guesses(committed_ids: list[int], spec: TreeSpec, merge: LookupMerge | None) -> Guesses:
-    """Every guess for a request's next tokens: prompt lookup's chain over its own tokens, then each
-    suffix store's likeliest paths (within the tree's depth and node budget); {} without a merge."""
+    """Every guess for a request's next tokens: its own tokens' likeliest continuations, then each suffix
+    store's (within the tree's depth and node budget); {} without a merge."""
     if merge is None:
         return {}
-    guesses = chain_guesses(find_continuation(committed_ids, merge.min_ngram, merge.max_ngram, spec.max_depth), merge.logprob)
+    guesses = context_guesses(committed_ids, spec, merge)
     for store in (merge.corpus, merge.recent):
         if store is not None:
-            combine_guesses(guesses, store_guesses(committed_ids, store, spec.max_depth, spec.budget - 1, merge.logprob))
+            combine_guesses(guesses, store_guesses(committed_ids, store, spec.max_depth, spec.budget - 1,
+                                                   guess_logprob(merge.logprob, STORE_FACTOR)))
     return guesses
 
 

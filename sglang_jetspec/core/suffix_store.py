@@ -26,6 +26,7 @@ from .head_io import read_head_file_tensor
 
 DRAFT_CORPUS_FILE = "draft_corpus.safetensors"
 RECENT_OUTPUT_TOKENS = 200_000  # newest finished outputs an engine keeps looking up (about 13 MB of index)
+MAX_OCCURRENCES = 64  # most recent occurrences of a suffix whose continuations a lookup counts
 _SEPARATOR = -1  # between sequences: no continuation crosses it
 _MULTIPLIER = np.int64(0x9E3779B97F4A7C15 - (1 << 64))  # odd 64-bit constant; int64 arithmetic wraps
 
@@ -37,7 +38,7 @@ class DraftCorpusError(ValueError):
 class SuffixStore:
     """Token sequences indexed by their n-grams (n = 1..max_ngram), appendable."""
 
-    def __init__(self, max_ngram: int = 4, max_occurrences: int = 64, max_tokens: int | None = None) -> None:
+    def __init__(self, max_ngram: int = 4, max_occurrences: int = MAX_OCCURRENCES, max_tokens: int | None = None) -> None:
         if max_ngram < 1 or max_occurrences < 1 or (max_tokens is not None and max_tokens < 1):
             raise ValueError(f"max_ngram={max_ngram}, max_occurrences={max_occurrences}, max_tokens={max_tokens}: each must be >= 1")
         # max_tokens bounds a store that learns while serving: past it, the oldest sequences go first
@@ -110,6 +111,24 @@ class SuffixStore:
             positions = positions[-self.max_occurrences :]
             return _count_paths(tokens, positions, depth), int(positions.size)
         return {}, 0
+
+
+def context_continuations(context: list[int], depth: int, min_ngram: int, max_ngram: int,
+                          max_occurrences: int = MAX_OCCURRENCES) -> tuple[dict[tuple[int, ...], int], int, int]:
+    """A request's own tokens as a store: counts of every continuation path (up to `depth` tokens) after
+    the most recent occurrences (at most `max_occurrences`) of the longest suffix of `context` (n from
+    `max_ngram` down to `min_ngram`) that occurred earlier with something after it, the number of
+    occurrences and n; ({}, 0, 0) when no such suffix recurs. Unlike a SuffixStore nothing is indexed:
+    one vectorised scan per n, since the context grows by a few tokens every step."""
+    tokens = np.asarray(context, dtype=np.int64)
+    for n in range(min(max_ngram, len(tokens) - 1), min_ngram - 1, -1):
+        # windows over all but the last token: every match has a token after it, and the suffix itself is excluded
+        windows = np.lib.stride_tricks.sliding_window_view(tokens[:-1], n)
+        positions = np.nonzero((windows == tokens[-n:]).all(axis=1))[0] + n
+        if positions.size:
+            positions = positions[-max_occurrences:]
+            return _count_paths(tokens, positions, depth), int(positions.size), n
+    return {}, 0, 0
 
 
 def _keys(windows: np.ndarray) -> np.ndarray:

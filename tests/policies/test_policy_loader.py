@@ -255,7 +255,7 @@ def test_a_narrower_cohort_tree_width_lowers_what_budgets_the_head_can_use(tmp_p
 def test_cohort_drafter_and_lookup_calibration(tmp_path):
     policy = parse_policy_text(GOOD.replace("    default: 4\n", "    default: 4\n    drafter: hybrid\n") + "lookup: {accept: 0.7}\n")
     assert [c.drafter for c in policy.cohorts] == ["head", "hybrid"]  # head unless a cohort says otherwise
-    assert (policy.lookup.accept, policy.lookup.min_ngram, policy.lookup.max_ngram) == (0.7, 2, 4)
+    assert (policy.lookup.accept, policy.lookup.min_ngram, policy.lookup.max_ngram) == (0.7, 1, 4)
     (problem,) = problems_of(GOOD.replace("    default: 4\n", "    default: 4\n    drafter: lookahead\n"))
     assert problem.startswith("p.yaml:12: cohorts[1].drafter") and "'head'" in problem and "'hybrid'" in problem
     assert [c.tree_sizing for c in policy.cohorts] == [None, None]  # unset: the server's own sizing
