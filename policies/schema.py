@@ -16,9 +16,10 @@ from policies.head import HeadCapacity
 from policies.problems import Problem
 
 DEFAULT_MAX_BUDGET = 256
-# The hybrid drafter's chance that a prompt-lookup token is accepted given its parent was
-# (`jetspec replay --methods hybrid --lookup-accept 0.3,0.5,0.7,0.9` on HumanEval 0-99: 0.9 gave the
-# longest accepts at budgets 16 and 32, bench/results/hybrid/replay_tune.md).
+# The hybrid drafter's chance that a looked-up token is accepted given its parent was, for a token
+# found after a 3-token match in the request's own text; other guesses scale it (core/prompt_lookup.py).
+# Replay on HumanEval 0-99: 0.9 gave the longest accepts at budgets 16 and 32 among 0.3-0.97
+# (bench/results/hybrid/replay_tune.md, bench/results/speed/lookup-trie-tune.md).
 DEFAULT_LOOKUP_ACCEPT = 0.9
 # Cohort names become Prometheus label values and log keys: keep them plain.
 LABEL_PATTERN = r"^[A-Za-z0-9_.-]+$"

@@ -144,7 +144,7 @@ from policies import ActivePolicy, parse_policy_text
 from sglang_jetspec.observability.metrics import JetspecMetrics
 metrics = JetspecMetrics(CollectorRegistry())
 record = types.SimpleNamespace(batch_size=2, budget=4, committed_tokens=5, accept_lengths=[2, 3],
-                               draft_s=0.1, tree_s=0.01, verify_s=0.2, accept_s=0.02, wall_s=0.4)
+                               draft_s=0.1, tree_s=0.01, verify_s=0.2, accept_s=0.02, wall_s=0.4, verified_nodes=7)
 metrics.record_step("bs2-4", record)
 metrics.show_policy(ActivePolicy(parse_policy_text(sys.stdin.read())).state(0.0))
 """
@@ -170,6 +170,7 @@ def test_metrics_work_in_prometheus_multiprocess_mode(tmp_path):
     samples = {(s.name, s.labels.get("cohort")): s.value
                for family in text_string_to_metric_families(page) for s in family.samples}
     assert samples[("jetspec_accept_length_count", "bs2-4")] == 4
+    assert samples[("jetspec_verified_nodes_total", "bs2-4")] == 14
     # "live" gauges drop a process only when SGLang calls mark_process_dead(pid); nobody did here.
     assert samples[("jetspec_policy_budget", "bs1")] == 32  # policies/default.yaml
     assert samples[("jetspec_policy_generation", None)] == 0
