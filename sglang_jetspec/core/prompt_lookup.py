@@ -43,15 +43,8 @@ class LookupLane(Protocol):
 def find_continuation(tokens: list[int], min_ngram: int, max_ngram: int, max_tokens: int) -> list[int]:
     """Up to `max_tokens` tokens that followed the most recent earlier occurrence of the longest
     suffix n-gram of `tokens` (n from max_ngram down to min_ngram); [] when no suffix recurs."""
-    length = len(tokens)
-    for n in range(min(max_ngram, length - 1), min_ngram - 1, -1):
-        suffix = tokens[length - n :]
-        # Latest start first; an occurrence needs at least one token after it, which also
-        # excludes the suffix matching itself.
-        for start in range(length - n - 1, -1, -1):
-            if tokens[start : start + n] == suffix:
-                return tokens[start + n : start + n + max_tokens]
-    return []
+    counts, _, _ = context_continuations(tokens, max_tokens, min_ngram, max_ngram, max_occurrences=1)
+    return list(max(counts, key=len, default=()))
 
 
 class PromptLookupDrafter:
@@ -130,8 +123,7 @@ def chain_guesses(guess: list[int], logprob: float) -> Guesses:
 # replay on HumanEval 0-99 (bench/results/speed/lookup-trie-tune.md): after a match of only the last
 # token of the request's own text a guess is right about half as often as after a longer match, and a
 # guess from other text (draft corpus, finished outputs) less often than one from the request itself.
-OWN_MATCH_FACTOR = {1: 0.55, 2: 0.9, 3: 1.0}  # by the matched suffix's length; longer matches: OWN_LONG_MATCH_FACTOR
-OWN_LONG_MATCH_FACTOR = 1.05
+OWN_MATCH_FACTOR = {1: 0.55, 2: 0.9, 3: 1.0, 4: 1.05}  # by the matched suffix's length (longer: as 4)
 STORE_FACTOR = 0.78
 MOST_TRUSTED = math.log(0.99)  # a scaled guess still leaves the target room to disagree
 
@@ -161,7 +153,7 @@ def context_guesses(committed_ids: list[int], spec: TreeSpec, merge: LookupMerge
     counts, occurrences, n = context_continuations(committed_ids, spec.max_depth, merge.min_ngram, merge.max_ngram)
     if not occurrences:
         return {}
-    factor = OWN_MATCH_FACTOR.get(n, OWN_LONG_MATCH_FACTOR)
+    factor = OWN_MATCH_FACTOR[min(n, 4)]
     return path_guesses(counts, occurrences, spec.budget - 1, guess_logprob(merge.logprob, factor))
 
 
