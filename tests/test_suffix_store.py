@@ -137,6 +137,31 @@ def test_draft_corpus_command_writes_the_file_and_keeps_the_head_record_whole(tm
         main(["draft-corpus", "--head", str(head), "--data-dir", str(tmp_path / "nowhere")])
 
 
+def test_draft_corpus_append_keeps_the_current_sequences_and_their_record(tmp_path):
+    from sglang_jetspec.cli import main
+
+    head, code, chat = tmp_path / "head", tmp_path / "code", tmp_path / "chat"
+    for d in (head, code, chat):
+        d.mkdir()
+    (head / "config.json").write_text(json.dumps({"vocab_size": 50}))
+    (head / "training_record.json").write_text(json.dumps({"files_sha256": {}}))
+    for d, out in ((code, [5, 6, 7]), (chat, [20, 21, 22, 23])):
+        (d / "responses.jsonl").write_text("".join(json.dumps({"id": str(i), "prompt_ids": [1], "output_ids": out}) + "\n"
+                                                   for i in range(10)))
+    assert main(["draft-corpus", "--head", str(head), "--data-dir", str(code)]) == 0
+    assert main(["draft-corpus", "--head", str(head), "--data-dir", str(chat), "--append", "--max-tokens", "40"]) == 0
+    corpus = load_draft_corpus(head, 50)
+    # nine code responses (27 tokens) kept, then three of the nine counted chat ones fit in 40
+    assert corpus.num_tokens == 27 + 12
+    assert corpus.continuations([5, 6], 1) == ({(7,): 9}, 9) and corpus.continuations([21], 1) == ({(22,): 3}, 3)
+    record = json.loads((head / "training_record.json").read_text())["draft_corpus"]
+    assert (record["responses"], record["tokens"]) == (12, 39)
+    assert record["appended_to"]["data_dir"] == str(code) and record["appended_to"]["tokens"] == 27
+    # without --append the corpus is rebuilt from the one directory
+    assert main(["draft-corpus", "--head", str(head), "--data-dir", str(chat)]) == 0
+    assert load_draft_corpus(head, 50).continuations([5, 6], 1) == ({}, 0)
+
+
 @pytest.fixture(scope="module")
 def countdown(smollm2):
     """A request whose greedy output this module reuses: SmolLM2 counting, 24 tokens, and that output."""

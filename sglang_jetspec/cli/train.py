@@ -22,8 +22,10 @@ def register(sub) -> None:
     p.add_argument("--prompt-set", choices=PROMPT_SETS, default="default",
                    help="built-in prompts when --prompts is not given: default (stdlib completion/chat + instructions, the shipped "
                         "head's set) or code-mix (HumanEval-shaped completions from stdlib/numpy/scipy/... docstrings mixed with chat; "
-                        "train/code_prompts.py; --prompt-count prompts, --code-share of them completions)")
-    p.add_argument("--prompt-count", type=int, default=4000, help="--prompt-set code-mix: number of prompts")
+                        "train/code_prompts.py; --prompt-count prompts, --code-share of them completions) or chat (templated "
+                        "general-assistant requests: explanations, tips, emails, poems, recipes, travel, how-to in several "
+                        "languages; train/chat_prompts.py; --prompt-count prompts)")
+    p.add_argument("--prompt-count", type=int, default=4000, help="--prompt-set code-mix / chat: number of prompts")
     p.add_argument("--code-share", type=float, default=0.7, help="--prompt-set code-mix: share of raw code completions (the rest chat)")
     p.add_argument("--prompt-limit", type=int, help="use only the first N prompts (a pilot on a prefix of the set; a later full run "
                                                      "with the same --data-dir resumes from it)")
@@ -83,5 +85,7 @@ def register_draft_vocab(sub) -> None:
 def register_draft_corpus(sub) -> None:
     p = _head_file_parser(sub, "draft-corpus", "write a head's draft corpus (what the target wrote) for the hybrid drafter's lookups",
                           "draft_corpus.safetensors")
-    p.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, help="most tokens kept (4 bytes each on disk)")
+    p.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, help="most tokens kept in all (4 bytes each on disk)")
+    p.add_argument("--append", action="store_true", help="keep the head's current corpus and add --data-dir's outputs after it "
+                                                         "(the earlier record is kept under appended_to)")
     p.set_defaults(func=run_draft_corpus)

@@ -168,8 +168,8 @@ def save_draft_corpus(head_dir: str | Path, sequences: list[list[int]], metadata
     return path
 
 
-def load_draft_corpus(head_dir: str | Path, vocab_size: int, max_ngram: int = 4) -> SuffixStore | None:
-    """The head directory's draft corpus as an indexed store, or None when it has none."""
+def _corpus_tokens(head_dir: str | Path, vocab_size: int) -> np.ndarray | None:
+    """The head directory's draft corpus file as one checked array (sequences joined by _SEPARATOR), or None."""
     path = Path(head_dir) / DRAFT_CORPUS_FILE
     if not path.is_file():
         return None
@@ -180,6 +180,24 @@ def load_draft_corpus(head_dir: str | Path, vocab_size: int, max_ngram: int = 4)
     if values.size and (values.min() < _SEPARATOR or values.max() >= vocab_size):
         raise DraftCorpusError(f"{path}: token ids outside the target's vocabulary 0..{vocab_size - 1}; it was built for "
                                "another target: rebuild it with `jetspec draft-corpus`")
+    return values
+
+
+def load_draft_corpus(head_dir: str | Path, vocab_size: int, max_ngram: int = 4) -> SuffixStore | None:
+    """The head directory's draft corpus as an indexed store, or None when it has none."""
+    values = _corpus_tokens(head_dir, vocab_size)
+    if values is None:
+        return None
     store = SuffixStore(max_ngram)
     store.add(values)
     return store
+
+
+def corpus_sequences(head_dir: str | Path, vocab_size: int) -> list[list[int]]:
+    """The sequences the head directory's draft corpus holds (none without a corpus)."""
+    values = _corpus_tokens(head_dir, vocab_size)
+    if values is None:
+        return []
+    cuts = np.flatnonzero(values == _SEPARATOR)
+    starts = np.concatenate(([0], cuts[:-1] + 1)) if cuts.size else np.array([], dtype=np.int64)
+    return [values[a:b].tolist() for a, b in zip(starts, cuts)]

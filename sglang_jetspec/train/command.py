@@ -24,7 +24,7 @@ from .prompt_sources import default_prompt_records
 from .trainer import TrainConfig, Trainer
 
 RECORD = "training_record.json"
-PROMPT_SETS = ("default", "code-mix")
+PROMPT_SETS = ("default", "code-mix", "chat")
 
 
 def pick_mask_token_id(tokenizer) -> int:
@@ -124,6 +124,11 @@ def prompt_records(args) -> tuple[list[dict], str]:
 
         records = code_mix_prompt_records(seed=args.seed, total=args.prompt_count, code_share=args.code_share)
         label = f"code-mix-{hashlib.sha256(json.dumps(records, sort_keys=True).encode()).hexdigest()[:10]}"
+    elif args.prompt_set == "chat":
+        from .chat_prompts import chat_prompt_records
+
+        records = chat_prompt_records(seed=args.seed, total=args.prompt_count)
+        label = f"chat-{hashlib.sha256(json.dumps(records, sort_keys=True).encode()).hexdigest()[:10]}"
     else:
         records, label = default_prompt_records(seed=args.seed), "default"
     if args.prompt_limit is not None:
