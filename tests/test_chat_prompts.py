@@ -37,3 +37,8 @@ def test_tuning_prompts_never_train_and_the_report_set_is_never_generated():
 
 def test_chat_is_a_training_prompt_set():
     assert "chat" in PROMPT_SETS
+
+
+def test_the_committed_tuning_file_is_the_tuning_set():
+    lines = (REPORT_SET.parent / "chat-tune.jsonl").read_text().splitlines()
+    assert [json.loads(line)["messages"][0]["content"] for line in lines] == _texts(tuning_prompt_records())

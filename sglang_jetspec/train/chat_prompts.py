@@ -153,3 +153,24 @@ def chat_prompt_records(seed: int = 0, total: int = 2000) -> list[dict]:
 def tuning_prompt_records(seed: int = 0) -> list[dict]:
     """Our own chat tuning prompts, never among the training prompts of the same seed."""
     return _draw(seed, HELDOUT_TUNE)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Write the chat tuning prompts (or --training prompts) as JSONL, e.g. bench/prompts/chat-tune.jsonl."""
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(prog="python -m sglang_jetspec.train.chat_prompts", description=main.__doc__)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--training", type=int, metavar="N", help="write the first N training prompts instead")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    records = chat_prompt_records(args.seed, args.training) if args.training else tuning_prompt_records(args.seed)
+    with open(args.out, "w") as fh:
+        fh.writelines(json.dumps({"messages": r["messages"]}) + "\n" for r in records)
+    print(f"{len(records)} prompts written to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
