@@ -116,6 +116,7 @@ def test_short_training_run_lowers_loss_and_yields_a_loadable_head(tmp_path, tin
     losses = [h["loss"] for h in record["history"]]
     assert losses[-1] < 0.7 * losses[0], losses
     assert record["data_manifest"]["responses"] == 8 + 2  # greedy for all, sampled for every 4th
+    assert record["more_data"] == [] and record["init_head"] is None
     assert record["command"].startswith("jetspec train --target")
     assert evals and evals[-1]["step"] == 40
     cfg = read_head_config(out)
@@ -131,6 +132,33 @@ def test_short_training_run_lowers_loss_and_yields_a_loadable_head(tmp_path, tin
     # resuming a finished run does not train further
     assert main(args + ["--resume"]) == 0
     assert json.loads((out / "training_record.json").read_text())["steps"] == 40
+
+
+def test_init_head_fine_tunes_from_a_head_and_refuses_another_shape(tmp_path, tiny_target):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("\n".join(json.dumps({"prompt": f"def function_{i}(x):\n    return"}) for i in range(8)) + "\n")
+    common = ["train", "--target", str(tiny_target), "--prompts", str(prompts), "--data-dir", str(tmp_path / "data"), "--max-new-tokens", "16",
+              "--regen-batch-size", "4", "--block-size", "6", "--taps", "2", "--warmup-steps", "2", "--save-dtype", "fp32"]
+    first, second = tmp_path / "first", tmp_path / "second"
+    assert main(common + ["--out", str(first), "--steps", "6", "--eval-every", "6"]) == 0
+    # zero further steps: the fine-tuned head is the head it started from, and its record names it
+    assert main(common + ["--out", str(second), "--steps", "0", "--init-head", str(first)]) == 0
+    assert (second / "model.safetensors").read_bytes() == (first / "model.safetensors").read_bytes()
+    record = json.loads((second / "training_record.json").read_text())
+    assert record["init_head"] == {"dir": str(first), "model_sha256": record_of(first)["files_sha256"]["model.safetensors"]}
+    with pytest.raises(SystemExit, match="--init-head .*num_hidden_layers=1 vs 2.*--layers"):
+        main(common + ["--out", str(tmp_path / "third"), "--steps", "0", "--layers", "2", "--init-head", str(first)])
+
+
+def record_of(head_dir):
+    return json.loads((head_dir / "training_record.json").read_text())
+
+
+def test_prompt_sets_are_named_once_each_and_share_no_data_dir(tmp_path):
+    with pytest.raises(SystemExit, match="--prompt-set default,nope: name each of default, code-mix, chat at most once"):
+        main(["train", "--target", "smollm2", "--out", str(tmp_path / "h"), "--prompt-set", "default,nope"])
+    with pytest.raises(SystemExit, match="--data-dir names one directory for 2 prompt sets"):
+        main(["train", "--target", "smollm2", "--out", str(tmp_path / "h"), "--prompt-set", "default,chat", "--data-dir", str(tmp_path)])
 
 
 def test_reveal_is_refused_for_a_bidirectional_head(tmp_path, capsys):

@@ -6,7 +6,7 @@ The runs themselves are sglang_jetspec/train/command.py, train/vocab_command.py 
 
 from __future__ import annotations
 
-from ..train.command import PROMPT_SETS, run as run_train
+from ..train.command import run as run_train
 from ..train.data import FEATURE_MODES, RegenerationConfig
 from ..train.objective import LOSSES, REVEALS
 from ..train.trainer import TrainConfig
@@ -19,8 +19,9 @@ def register(sub) -> None:
     p.set_defaults(head=None)
     p.add_argument("--out", required=True, help="output head directory")
     p.add_argument("--prompts", help="JSONL of prompt/messages lines (default: the built-in --prompt-set, never HumanEval)")
-    p.add_argument("--prompt-set", choices=PROMPT_SETS, default="default",
-                   help="built-in prompts when --prompts is not given: default (stdlib completion/chat + instructions, the shipped "
+    p.add_argument("--prompt-set", default="default",
+                   help="built-in prompts when --prompts is not given, one set or several comma-separated (each regenerated "
+                        "into its own data directory, trained on together): default (stdlib completion/chat + instructions, the shipped "
                         "head's set) or code-mix (HumanEval-shaped completions from stdlib/numpy/scipy/... docstrings mixed with chat; "
                         "train/code_prompts.py; --prompt-count prompts, --code-share of them completions) or chat (templated "
                         "general-assistant requests: explanations, tips, emails, poems, recipes, travel, how-to in several "
@@ -64,6 +65,8 @@ def register(sub) -> None:
     p.add_argument("--save-dtype", choices=["fp32", "bf16"], default="bf16", help="dtype of the saved weights")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--resume", action="store_true", help="continue from <out>/checkpoint.pt")
+    p.add_argument("--init-head", help="fine-tune: start from this head directory's weights (same layers, block size and taps; "
+                                       "ignored when --resume finds a checkpoint)")
     p.set_defaults(func=run_train)
 
 

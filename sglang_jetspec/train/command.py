@@ -45,21 +45,27 @@ def run(args) -> int:
     init_layers = tuple(int(t) for t in args.init_from_target_layers.split(",")) if args.init_from_target_layers else ()
     if len(init_layers) > args.layers:
         raise SystemExit(f"jetspec train: --init-from-target-layers names {len(init_layers)} layers for a {args.layers}-layer head")
+    sources = prompt_records(args)
+    if args.data_dir and len(sources) > 1:
+        raise SystemExit(f"jetspec train: --data-dir names one directory for {len(sources)} prompt sets; drop it (each set gets its own "
+                         "directory under the cache) or train on one set")
     target = load_target(args.target, args.regen_dtype, args.device, args.attention)
-    records, label = prompt_records(args)
     head_cfg = untrained_head_config(target, layers=args.layers, block_size=args.block_size, taps=args.taps)
     taps = tuple(int(t) for t in args.tap_layers.split(",")) if args.tap_layers else tuple(default_tap_layers(target.info.num_hidden_layers, args.taps))
     regen = RegenerationConfig(max_new_tokens=args.max_new_tokens, sampled_share=args.sampled_share, batch_size=args.regen_batch_size, seed=args.seed,
                                dtype=args.regen_dtype, features=args.features, tap_layers=taps if args.features == "generation" else ())
-    data_dir = Path(args.data_dir) if args.data_dir else default_data_dir(target.path, label, regen)
-    _check_same_regeneration(data_dir, regen)
-    if regen.features == "generation":
-        feature_dir = regenerate_with_features(target, records, data_dir, regen)
-    else:
-        regenerate(target, records, data_dir, regen)
-        feature_dir = featurize(target, data_dir, taps)
-    manifest = write_manifest(data_dir, records, regen, target.path, feature_dir)
-    sequences = load_sequences(feature_dir)
+    data, sequences = [], []
+    for records, label in sources:
+        data_dir = Path(args.data_dir) if args.data_dir else default_data_dir(target.path, label, regen)
+        _check_same_regeneration(data_dir, regen)
+        if regen.features == "generation":
+            feature_dir = regenerate_with_features(target, records, data_dir, regen)
+        else:
+            regenerate(target, records, data_dir, regen)
+            feature_dir = featurize(target, data_dir, taps)
+        manifest = write_manifest(data_dir, records, regen, target.path, feature_dir)
+        sequences += load_sequences(feature_dir)
+        data.append({"data_dir": str(data_dir), "data_manifest": manifest, "data_manifest_sha256": sha256_file(data_dir / MANIFEST)})
     if target.dtype != torch.float32:  # distillation reads the fp32 embedding / lm_head (and target layers)
         del target
         target = load_target(args.target, "fp32", args.device, args.attention)
@@ -79,6 +85,8 @@ def run(args) -> int:
     trainer = Trainer(head_cfg, train_cfg, target.embed_tokens, target.lm_head, sequences, out, target.device, target_model=target.model)
     if args.resume and trainer.load_checkpoint():
         print(f"resumed from step {trainer.step}")
+    elif args.init_head:
+        start_from_head(trainer, Path(args.init_head), target.info)
     history = trainer.run()
     trainer.export(out, torch.bfloat16 if args.save_dtype == "bf16" else torch.float32)
     record = {
@@ -86,10 +94,10 @@ def run(args) -> int:
         "target": str(target.path),
         "head_config": head_cfg.to_json_dict(),
         "train_config": asdict(train_cfg),
-        "data_dir": str(data_dir),
-        "data_manifest": manifest,
-        "data_manifest_sha256": sha256_file(data_dir / MANIFEST),
-        "teacher_features": manifest.get("features"),
+        **data[0],
+        "more_data": data[1:],  # further prompt sets, each with its own data directory
+        "teacher_features": data[0]["data_manifest"].get("features"),
+        "init_head": {"dir": args.init_head, "model_sha256": sha256_file(Path(args.init_head) / "model.safetensors")} if args.init_head else None,
         "init_from_target": {"layers": list(init_layers), "copied": len(trainer.copied_from_target)} if init_layers else None,
         "train_sequences": len(trainer.train),
         "heldout_sequences": len(trainer.heldout),
@@ -114,26 +122,53 @@ def _check_same_regeneration(data_dir: Path, regen: RegenerationConfig) -> None:
                              "--regen-dtype/--features/--seed (and taps, for --features generation) or a new --data-dir")
 
 
-def prompt_records(args) -> tuple[list[dict], str]:
-    """The training prompts and a label naming them (for the default data directory)."""
+def start_from_head(trainer: Trainer, head_dir: Path, target_info) -> None:
+    """Fine-tune: the trainer's head starts from `head_dir`'s weights, whose config must be the one being trained."""
+    from ..core.head_io import load_head
+
+    loaded = load_head(head_dir, target_info)
+    theirs, ours = loaded.config.to_json_dict(), trainer.head_cfg.to_json_dict()
+    differ = sorted(k for k in {**theirs, **ours} if theirs.get(k) != ours.get(k))
+    if differ:
+        raise SystemExit(f"jetspec train: --init-head {head_dir}: its {', '.join(differ)} differ from the head being trained "
+                         f"({', '.join(f'{k}={theirs.get(k)!r} vs {ours.get(k)!r}' for k in differ)}); pass the matching "
+                         "--layers/--block-size/--tap-layers or train from scratch")
+    trainer.head.load_state_dict({k: v.to(torch.float32) for k, v in loaded.state_dict().items()})
+
+
+def prompt_records(args) -> list[tuple[list[dict], str]]:
+    """The training prompts, per source: (records, a label naming them for the default data directory).
+    One source for --prompts; one per name of a comma-separated --prompt-set."""
     if args.prompts:
         records = read_prompt_file(args.prompts)
         label = f"{Path(args.prompts).stem}-{hashlib.sha256(Path(args.prompts).read_bytes()).hexdigest()[:10]}"
-    elif args.prompt_set == "code-mix":
+        return [(_limited(records, args), label)]
+    names = args.prompt_set.split(",")
+    unknown = [n for n in names if n not in PROMPT_SETS]
+    if unknown or len(set(names)) != len(names):
+        raise SystemExit(f"jetspec train: --prompt-set {args.prompt_set}: name each of {', '.join(PROMPT_SETS)} at most once")
+    return [_prompt_set(name, args) for name in names]
+
+
+def _limited(records: list[dict], args) -> list[dict]:
+    # the label stays: a prefix run shares the full run's data directory
+    return records[: args.prompt_limit] if args.prompt_limit is not None else records
+
+
+def _prompt_set(name: str, args) -> tuple[list[dict], str]:
+    if name == "code-mix":
         from .code_prompts import code_mix_prompt_records
 
         records = code_mix_prompt_records(seed=args.seed, total=args.prompt_count, code_share=args.code_share)
         label = f"code-mix-{hashlib.sha256(json.dumps(records, sort_keys=True).encode()).hexdigest()[:10]}"
-    elif args.prompt_set == "chat":
+    elif name == "chat":
         from .chat_prompts import chat_prompt_records
 
         records = chat_prompt_records(seed=args.seed, total=args.prompt_count)
         label = f"chat-{hashlib.sha256(json.dumps(records, sort_keys=True).encode()).hexdigest()[:10]}"
     else:
         records, label = default_prompt_records(seed=args.seed), "default"
-    if args.prompt_limit is not None:
-        records = records[: args.prompt_limit]  # the label stays: a prefix run shares the full run's data directory
-    return records, label
+    return _limited(records, args), label
 
 
 def default_data_dir(target_dir: Path, label: str, regen: RegenerationConfig) -> Path:
