@@ -114,6 +114,28 @@ def test_draft_vocab_command_writes_the_file_and_keeps_the_head_record_whole(tmp
     assert json.loads(capsys.readouterr().out)["counted_responses"] == 18
 
 
+def test_draft_vocab_append_keeps_the_current_tokens_first(tmp_path):
+    import json
+
+    from sglang_jetspec.cli import main
+
+    head, code, chat = tmp_path / "head", tmp_path / "code", tmp_path / "chat"
+    for d, out in ((head, None), (code, [5, 5, 7, 9]), (chat, [20, 20, 20, 21, 21, 22, 5])):
+        d.mkdir()
+        if out:
+            (d / "responses.jsonl").write_text("".join(json.dumps({"id": str(i), "output_ids": out}) + "\n" for i in range(10)))
+    (head / "config.json").write_text(json.dumps({"vocab_size": 50}))
+    (head / "training_record.json").write_text(json.dumps({"files_sha256": {}}))
+    assert main(["draft-vocab", "--head", str(head), "--data-dir", str(code), "--size", "3"]) == 0
+    assert main(["draft-vocab", "--head", str(head), "--data-dir", str(chat), "--size", "5", "--append"]) == 0
+    # the code tokens stay, then the chat data's most frequent others (22, the least frequent, left out)
+    assert load_draft_vocab(head, 50).tolist() == [5, 7, 9, 20, 21]
+    record = json.loads((head / "training_record.json").read_text())["draft_vocab"]
+    assert record["heldout_coverage"] == round(6 / 7, 5) and record["appended_to"]["size"] == 3
+    with pytest.raises(SystemExit, match="--size 4 with --append: the head's vocabulary already holds 5 tokens"):
+        main(["draft-vocab", "--head", str(head), "--data-dir", str(chat), "--size", "4", "--append"])
+
+
 def test_draft_vocab_command_names_a_missing_data_dir(tmp_path):
     from sglang_jetspec.cli import main
 

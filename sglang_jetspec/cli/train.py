@@ -75,6 +75,8 @@ def _head_file_parser(sub, name: str, help_text: str, file_name: str):
     p = sub.add_parser(name, help=help_text)
     p.add_argument("--head", required=True, help=f"head directory to write {file_name} into")
     p.add_argument("--data-dir", required=True, help="a `jetspec train` data directory (its responses.jsonl: target outputs)")
+    p.add_argument("--append", action="store_true", help=f"keep the head's current {file_name} and add --data-dir's outputs to it "
+                                                         "(the earlier record is kept under appended_to)")
     return p
 
 
@@ -89,6 +91,4 @@ def register_draft_corpus(sub) -> None:
     p = _head_file_parser(sub, "draft-corpus", "write a head's draft corpus (what the target wrote) for the hybrid drafter's lookups",
                           "draft_corpus.safetensors")
     p.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, help="most tokens kept in all (4 bytes each on disk)")
-    p.add_argument("--append", action="store_true", help="keep the head's current corpus and add --data-dir's outputs after it "
-                                                         "(the earlier record is kept under appended_to)")
     p.set_defaults(func=run_draft_corpus)

@@ -77,13 +77,13 @@ def load_draft_vocab(head_dir: str | Path, vocab_size: int) -> torch.Tensor | No
     path = Path(head_dir) / DRAFT_VOCAB_FILE
     if not path.is_file():
         return None
-    ids = read_head_file_tensor(path, "token_ids", DraftVocabError, "jetspec head draft-vocab")
+    ids = read_head_file_tensor(path, "token_ids", DraftVocabError, "jetspec draft-vocab")
     if ids.dim() != 1 or ids.numel() == 0 or ids.dtype not in (torch.int32, torch.int64):
         raise DraftVocabError(f"{path}: token_ids must be a non-empty 1-D integer tensor, got {tuple(ids.shape)} {ids.dtype}")
     ids = ids.long()
     if int(ids.min()) < 0 or int(ids.max()) >= vocab_size:
         raise DraftVocabError(f"{path}: token ids outside the target's vocabulary 0..{vocab_size - 1}; it was built for another "
-                              "target: rebuild it with `jetspec head draft-vocab`")
+                              "target: rebuild it with `jetspec draft-vocab`")
     if ids.unique().numel() != ids.numel():
-        raise DraftVocabError(f"{path}: token_ids repeats ids; rebuild it with `jetspec head draft-vocab`")
+        raise DraftVocabError(f"{path}: token_ids repeats ids; rebuild it with `jetspec draft-vocab`")
     return ids

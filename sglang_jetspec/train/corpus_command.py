@@ -19,7 +19,7 @@ from pathlib import Path
 from ..core.suffix_store import DRAFT_CORPUS_FILE, SuffixStore, corpus_sequences, likeliest_paths, save_draft_corpus
 from ..models.fetch import sha256_file
 from .data import RESPONSES
-from .head_files import run_head_file_command, split_outputs
+from .head_files import current_record, run_head_file_command, split_outputs
 
 DEFAULT_MAX_TOKENS = 1_000_000
 HELDOUT_GUESSES = 4  # depth-1 guesses counted in the held-out hit rate
@@ -42,7 +42,7 @@ def write_draft_corpus(head_dir: Path, data_dir: Path, max_tokens: int, append: 
     config = json.loads((head_dir / "config.json").read_text())
     counted, heldout = split_outputs(data_dir)
     kept = corpus_sequences(head_dir, int(config["vocab_size"])) if append else []
-    earlier = _current_record(head_dir) if append else None
+    earlier = current_record(head_dir, "draft_corpus") if append else None
     tokens = sum(len(seq) for seq in kept)
     for seq in counted:
         if tokens + len(seq) > max_tokens:
@@ -65,11 +65,6 @@ def write_draft_corpus(head_dir: Path, data_dir: Path, max_tokens: int, append: 
         record["appended_to"] = earlier
     save_draft_corpus(head_dir, kept, {k: v for k, v in record.items() if k != "appended_to"})
     return record
-
-
-def _current_record(head_dir: Path) -> dict | None:
-    path = head_dir / "training_record.json"
-    return json.loads(path.read_text()).get("draft_corpus") if path.is_file() else None
 
 
 def run(args) -> int:

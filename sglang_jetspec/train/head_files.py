@@ -23,6 +23,12 @@ def split_outputs(data_dir: Path) -> tuple[list[list[int]], list[list[int]]]:
     return outputs[:cut], outputs[cut:]
 
 
+def current_record(head_dir: Path, key: str) -> dict | None:
+    """The head record's entry for a file (`draft_vocab`, `draft_corpus`): what `--append` builds on."""
+    path = head_dir / "training_record.json"
+    return json.loads(path.read_text()).get(key) if path.is_file() else None
+
+
 def note_in_head_record(head_dir: Path, file_name: str, key: str, record: dict, command: str) -> None:
     """A head with a training record (the shipped one) keeps its provenance whole when a file is added
     to it (draft vocabulary, draft corpus): the command and record under `key`, the file's checksum in

@@ -3,7 +3,9 @@
 The tokens are ranked by how often the target itself emitted them in regenerated training data
 (`responses.jsonl` of a `jetspec train` data directory: the target's own outputs, never HumanEval),
 the target's end-of-sequence tokens always included. The last tenth of the responses is held out
-to report how much of unseen target output the vocabulary covers.
+to report how much of unseen target output the vocabulary covers. `--append` keeps the head's current
+vocabulary and adds the data directory's most frequent other tokens up to `--size` (for a second kind
+of text, such as chat next to code); the earlier record is kept under `appended_to`.
 """
 
 from __future__ import annotations
@@ -11,10 +13,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..core.draft_vocab import DRAFT_VOCAB_FILE, coverage, rank_tokens, save_draft_vocab
+from ..core.draft_vocab import DRAFT_VOCAB_FILE, coverage, load_draft_vocab, rank_tokens, save_draft_vocab
 from ..models.fetch import sha256_file
 from .data import RESPONSES
-from .head_files import run_head_file_command, split_outputs
+from .head_files import current_record, run_head_file_command, split_outputs
 
 DEFAULT_SIZE = 8192
 
@@ -30,14 +32,21 @@ def end_token_ids(target_dir: Path | None) -> list[int]:
     return ids
 
 
-def write_draft_vocab(head_dir: Path, data_dir: Path, size: int) -> dict:
-    """Build and save the vocabulary; returns its record (size, coverage, data provenance)."""
+def write_draft_vocab(head_dir: Path, data_dir: Path, size: int, append: bool = False) -> dict:
+    """Build and save the vocabulary (after the head's current one with `append`); returns its record
+    (size, coverage, data provenance)."""
     config = json.loads((head_dir / "config.json").read_text())
     manifest_path = data_dir / "manifest.json"
     manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
     target_dir = Path(manifest["target"]) if manifest.get("target") else None
     train, heldout = split_outputs(data_dir)
-    ids = rank_tokens(train, size, int(config["vocab_size"]), end_token_ids(target_dir))
+    kept = load_draft_vocab(head_dir, int(config["vocab_size"])) if append else None
+    kept = kept.tolist() if kept is not None else []
+    if size < len(kept):
+        raise SystemExit(f"jetspec draft-vocab: --size {size} with --append: the head's vocabulary already holds {len(kept)} tokens; "
+                         f"pass --size above {len(kept)}")
+    earlier = current_record(head_dir, "draft_vocab") if append else None
+    ids = rank_tokens(train, size, int(config["vocab_size"]), [*kept, *end_token_ids(target_dir)])
     record = {
         "size": size,
         "vocab_size": int(config["vocab_size"]),
@@ -48,10 +57,12 @@ def write_draft_vocab(head_dir: Path, data_dir: Path, size: int) -> dict:
         "data_dir": str(data_dir),
         "responses_sha256": sha256_file(data_dir / RESPONSES),
     }
-    save_draft_vocab(head_dir, ids, record)
+    if append:
+        record["appended_to"] = earlier
+    save_draft_vocab(head_dir, ids, {k: v for k, v in record.items() if k != "appended_to"})
     return record
 
 
 def run(args) -> int:
     return run_head_file_command(args, "draft-vocab", DRAFT_VOCAB_FILE, "draft_vocab",
-                                 lambda head_dir, data_dir: write_draft_vocab(head_dir, data_dir, args.size))
+                                 lambda head_dir, data_dir: write_draft_vocab(head_dir, data_dir, args.size, args.append))
