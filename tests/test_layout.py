@@ -170,6 +170,7 @@ DOCUMENTED_ENTRY_POINTS = [
     ["jetspec"], ["jetspec-controller"],
     [sys.executable, "-m", "sglang_jetspec.cli"], [sys.executable, "-m", "controller"], [sys.executable, "-m", "policies"],
     [sys.executable, "-m", "ops.catalogue"], [sys.executable, "-m", "sglang_jetspec.train.code_prompts"],
+    [sys.executable, "-m", "sglang_jetspec.train.chat_prompts"],
 ]
 
 
