@@ -3,7 +3,7 @@
 The code-mix set's chat share is almost all about Python functions; a chat answer from the target
 (explanations, lists of tips, emails, short poems, recipes, comparisons) has its own recurring
 phrasing, and the drafter can only propose that phrasing if the target's own chat answers are in its
-data. Each template names the kind of subject it takes; subjects come from pools by kind, so every
+data. Each template's placeholders name the kind of subject it takes; subjects come from pools by kind, so every
 prompt reads naturally. Deterministic for a seed. The first `HELDOUT_TUNE` distinct prompts of the
 draw are a tuning set of our own and never training prompts; `bench/prompts/chat.jsonl` is the report
 set, which no generated prompt equals (tests/test_chat_prompts.py).
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import random
+import string
 
 SUBJECTS = {
     "concept": (
@@ -81,49 +82,47 @@ SUBJECTS = {
         "How much does this cost?", "Happy birthday", "I am learning a new language", "The weather is nice today",
     ),
     "number": ("three", "four", "five", "six", "seven"),
+    "place_language": ("French", "Spanish", "German", "Italian", "Japanese", "Portuguese", "Dutch", "Swedish"),
 }
 
 TEMPLATES = (
-    ("Explain {concept} in simple terms.", ("concept",)),
-    ("Explain {concept} to {audience}.", ("concept", "audience")),
-    ("What is {concept}, and why does it matter?", ("concept",)),
-    ("Give me {number} facts about {concept}.", ("number", "concept")),
-    ("What are the main causes and effects of {concept}?", ("concept",)),
-    ("Write a short paragraph about {concept} for a school newsletter.", ("concept",)),
-    ("What are {number} tips for {activity}?", ("number", "activity")),
-    ("How do I get started with {activity}?", ("activity",)),
-    ("What are common mistakes people make when {activity}?", ("activity",)),
-    ("Give me a one-week plan for {activity}.", ("activity",)),
-    ("What are the pros and cons of {activity}?", ("activity",)),
-    ("What is the difference between {pair}?", ("pair",)),
-    ("Should I choose {pair}? Compare them briefly.", ("pair",)),
-    ("Give me a simple recipe for {dish}.", ("dish",)),
-    ("What ingredients do I need for {dish}, and how long does it take?", ("dish",)),
-    ("Write a short poem about {theme}.", ("theme",)),
-    ("Write a haiku about {theme}.", ("theme",)),
-    ("Write a very short story about {theme}.", ("theme",)),
-    ("Write a limerick about {theme}.", ("theme",)),
-    ("Write a polite email {occasion}.", ("occasion",)),
-    ("Draft a short message to my team {occasion}.", ("occasion",)),
-    ("How do I {code_task} in {language}?", ("code_task", "language")),
-    ("Show me how to {code_task} in {language}, with a short explanation.", ("code_task", "language")),
-    ("What is the best way to {code_task} in {language}?", ("code_task", "language")),
-    ("What should I know before visiting {place}?", ("place",)),
-    ("Plan a three-day itinerary for {place}.", ("place",)),
-    ("What foods is {place} famous for?", ("place",)),
-    ("Summarize {story} in a few sentences.", ("story",)),
-    ("Who are the main characters in {story}, and what happens to them?", ("story",)),
-    ("What is the main theme of {story}?", ("story",)),
-    ("How do you say '{phrase}' in {place_language}?", ("phrase", "place_language")),
-    ("Translate '{phrase}' into {place_language} and explain the grammar.", ("phrase", "place_language")),
+    "Explain {concept} in simple terms.",
+    "Explain {concept} to {audience}.",
+    "What is {concept}, and why does it matter?",
+    "Give me {number} facts about {concept}.",
+    "What are the main causes and effects of {concept}?",
+    "Write a short paragraph about {concept} for a school newsletter.",
+    "What are {number} tips for {activity}?",
+    "How do I get started with {activity}?",
+    "What are common mistakes people make when {activity}?",
+    "Give me a one-week plan for {activity}.",
+    "What are the pros and cons of {activity}?",
+    "What is the difference between {pair}?",
+    "Should I choose {pair}? Compare them briefly.",
+    "Give me a simple recipe for {dish}.",
+    "What ingredients do I need for {dish}, and how long does it take?",
+    "Write a short poem about {theme}.",
+    "Write a haiku about {theme}.",
+    "Write a very short story about {theme}.",
+    "Write a limerick about {theme}.",
+    "Write a polite email {occasion}.",
+    "Draft a short message to my team {occasion}.",
+    "How do I {code_task} in {language}?",
+    "Show me how to {code_task} in {language}, with a short explanation.",
+    "What is the best way to {code_task} in {language}?",
+    "What should I know before visiting {place}?",
+    "Plan a three-day itinerary for {place}.",
+    "What foods is {place} famous for?",
+    "Summarize {story} in a few sentences.",
+    "Who are the main characters in {story}, and what happens to them?",
+    "What is the main theme of {story}?",
+    "How do you say '{phrase}' in {place_language}?",
+    "Translate '{phrase}' into {place_language} and explain the grammar.",
 )
-LANGUAGES_SPOKEN = ("French", "Spanish", "German", "Italian", "Japanese", "Portuguese", "Dutch", "Swedish")
 HELDOUT_TUNE = 48
 
 
 def _fill(kind: str, rng: random.Random) -> str:
-    if kind == "place_language":
-        return rng.choice(LANGUAGES_SPOKEN)
     value = rng.choice(SUBJECTS[kind])
     return f"{value[0]} and {value[1]}" if kind == "pair" else value
 
@@ -136,8 +135,9 @@ def _draw(seed: int, count: int) -> list[dict]:
     for i in itertools.count():
         if len(records) >= count or i > 50 * count:
             break
-        template, kinds = TEMPLATES[i % len(TEMPLATES)]
-        text = template.format(**{kind: _fill(kind, rng) for kind in kinds})
+        template = TEMPLATES[i % len(TEMPLATES)]
+        # each placeholder, in order of appearance, names the subject pool it draws from
+        text = template.format(**{kind: _fill(kind, rng) for _, kind, _, _ in string.Formatter().parse(template) if kind})
         if text in seen:
             continue
         seen.add(text)
