@@ -150,3 +150,48 @@ def test_bench_runs_jetspec_once_per_draft_rounds_value(tmp_path, smollm2, smoll
     assert all(r["greedy_mismatches"] == 0 for r in records)
     # the shipped-style head without draft_reveal is refused before anything loads, naming the flag
     assert main(bench_args(smollm2_dir, heads, prompts_file, tmp_path / "x.json", "--methods", "jetspec", "--draft-rounds", "1")) == 2
+
+
+class RecordingEngine:
+    """Stands in for a ReferenceEngine: logs which cell ran which requests, in order."""
+
+    def __init__(self, log, name):
+        self.log, self.name = log, name
+
+    def generate(self, requests, budget, on_step):
+        from sglang_jetspec.core.step_record import StepRecord
+        from sglang_jetspec.reference.engine import RequestOutput
+        self.log.append((self.name, budget, [r.request_id for r in requests]))
+        for _ in requests:
+            on_step(StepRecord(1, budget, 2, [2], 0.001, 0.0, 0.01, 0.0, 0.011, draft_round_s=[0.001]))
+        return [RequestOutput(r.request_id, r.prompt_ids, [1, 2], "length", [2]) for r in requests]
+
+
+def test_bench_cells_run_interleaved_round_by_round_and_sum_over_rounds(monkeypatch):
+    """A machine's speed drifts: every round runs the next ROUND_BATCHES batches through every cell,
+    autoregressive first, so drift weighs on all cells alike; each cell keeps one engine."""
+    from types import SimpleNamespace
+
+    from sglang_jetspec.bench import run as bench_run
+    from sglang_jetspec.bench.setup import Contender, make_requests
+
+    log, engines = [], []
+
+    def engine(self, batch_size, contender=None):
+        engines.append(RecordingEngine(log, contender.method if contender else "ar"))
+        return engines[-1]
+
+    monkeypatch.setattr(bench_run.GridRunner, "engine", engine)
+    runner = bench_run.GridRunner(None, SimpleNamespace(budgets=[4, 8]))
+    requests = make_requests([[5, 6]] * 5, 1.0, 2, 0)
+    for i, r in enumerate(requests):
+        r.request_id = str(i)
+    records = runner.group([Contender("hybrid", None, 8)], requests, 1, 1.0)
+    per_round = bench_run.ROUND_BATCHES  # batch size 1
+    assert per_round < len(requests)  # the test needs two rounds
+    first, second = [str(i) for i in range(per_round)], [str(i) for i in range(per_round, 5)]
+    assert log == [("ar", 0, first), ("hybrid", 4, first), ("hybrid", 8, first),
+                   ("ar", 0, second), ("hybrid", 4, second), ("hybrid", 8, second)]
+    assert len(engines) == 3  # one engine per cell, kept across rounds
+    assert [(r.method, r.budget, r.requests, r.tokens) for r in records] == [("autoregressive", 0, 5, 10), ("hybrid", 4, 5, 10), ("hybrid", 8, 5, 10)]
+    assert all(r.mean_accept_length == 2.0 and r.phase_ms["verify"] == pytest.approx(10.0) for r in records)

@@ -37,18 +37,38 @@ class RunFigures:
 STEP_PHASES = ("draft", "tree", "verify", "accept")
 
 
+class RunTally:
+    """One method's timed runs, possibly over several rounds of requests, summed into one RunFigures
+    (the bench interleaves its cells round by round, so a machine that speeds up or slows down over
+    the run weighs on every cell alike)."""
+
+    def __init__(self, mode: str, budget: int) -> None:
+        self.mode, self.budget = mode, budget
+        self.seconds = 0.0
+        self.outputs: list[RequestOutput] = []
+        self.steps: list = []  # StepRecord of every verify step
+
+    def run(self, engine: ReferenceEngine, requests: list[Request]) -> None:
+        start = time.perf_counter()
+        outputs = engine.generate(requests, budget=self.budget, on_step=self.steps.append)
+        self.seconds += time.perf_counter() - start
+        self.outputs += outputs
+
+    def figures(self) -> RunFigures:
+        outputs, records = self.outputs, self.steps
+        tokens = sum(len(o.output_ids) for o in outputs)
+        verifies = sum(len(o.accept_lengths) for o in outputs)
+        accept = sum(sum(o.accept_lengths) for o in outputs) / max(1, verifies)
+        steps = max(1, len(records))
+        per_round = [sum(col) / steps for col in zip(*(r.draft_round_s for r in records))]
+        phase_ms = {phase: 1000 * sum(getattr(r, f"{phase}_s") for r in records) / steps for phase in STEP_PHASES}
+        return RunFigures(self.mode, self.budget, len(outputs), tokens, self.seconds, tokens / self.seconds, accept, per_round, phase_ms)
+
+
 def timed_run(engine: ReferenceEngine, requests: list[Request], budget: int, mode: str) -> tuple[RunFigures, list[RequestOutput]]:
-    records = []
-    start = time.perf_counter()
-    outputs = engine.generate(requests, budget=budget, on_step=records.append)
-    seconds = time.perf_counter() - start
-    tokens = sum(len(o.output_ids) for o in outputs)
-    verifies = sum(len(o.accept_lengths) for o in outputs)
-    accept = sum(sum(o.accept_lengths) for o in outputs) / max(1, verifies)
-    steps = max(1, len(records))
-    per_round = [sum(col) / steps for col in zip(*(r.draft_round_s for r in records))]
-    phase_ms = {phase: 1000 * sum(getattr(r, f"{phase}_s") for r in records) / steps for phase in STEP_PHASES}
-    return RunFigures(mode, budget, len(outputs), tokens, seconds, tokens / seconds, accept, per_round, phase_ms), outputs
+    tally = RunTally(mode, budget)
+    tally.run(engine, requests)
+    return tally.figures(), tally.outputs
 
 
 def run(args) -> dict:

@@ -1,7 +1,8 @@
 """`jetspec bench`: every drafting method over a grid of tree budgets, batch sizes and temperatures.
 
-Each (batch size, temperature) group first measures autoregressive decoding (budget 0, no drafter)
-on the same requests; every speculative cell's speedup is relative to that run. Methods:
+Each (batch size, temperature) group measures autoregressive decoding (budget 0, no drafter) on the
+same requests as every speculative cell, interleaved with them round by round; every speculative
+cell's speedup is relative to that run. Methods:
   jetspec  the causal head from --head, best-first tree of width --tree-width; with --draft-rounds
            0,1,2 once per value (jetspec, jetspec-r1, jetspec-r2: r tree-causal rounds after the marginal tree)
   dflash   the bidirectional head from --dflash-head, same tree
@@ -18,13 +19,16 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .report import AUTOREGRESSIVE, format_summary, markdown_report, plot_report, summarize
-from .generate import RunFigures, timed_run
+from .generate import RunFigures, RunTally, timed_run
 from .setup import Contender, load_run, make_requests, run_command, run_header
 from ..reference.divergence import describe as describe_divergence, greedy_divergences
 from ..reference.engine import EngineConfig, ReferenceEngine, Request, RequestOutput
 from ..reference.target import TargetModel
 
 WARMUP_TOKENS = 8
+# Cells run interleaved, this many batches' worth of requests per cell per round: a shared machine's
+# speed drifts over minutes, and a grid run cell after cell would charge that drift to later cells.
+ROUND_BATCHES = 4
 
 
 @dataclass
@@ -56,7 +60,7 @@ def draft_token_cost(phase_ms: dict[str, float], budget: int) -> float | None:
 
 
 class GridRunner:
-    """Runs cells on one target; a fresh engine per cell because the engine sets the target's tap layers."""
+    """Runs cells on one target, each with its own engine (its own drafter settings, sizing and finished outputs)."""
 
     def __init__(self, target: TargetModel, args) -> None:
         self.target = target
@@ -75,8 +79,16 @@ class GridRunner:
         timed_run(self.engine(batch_size), requests, 0, "warmup")
 
     def group(self, contenders: list[Contender], requests: list[Request], batch_size: int, temperature: float) -> list[BenchRecord]:
-        """Autoregressive, then every method x budget, on the same requests."""
-        baseline, baseline_outputs = timed_run(self.engine(batch_size), requests, 0, AUTOREGRESSIVE)
+        """Autoregressive and every method x budget on the same requests, interleaved: each round
+        runs the next ROUND_BATCHES batches of requests through every cell, autoregressive first.
+        Each cell keeps one engine for the whole run (its adaptive sizing and finished outputs carry over)."""
+        cells = [(RunTally(AUTOREGRESSIVE, 0), self.engine(batch_size))]
+        cells += [(RunTally(c.method, budget), self.engine(batch_size, c)) for c in contenders for budget in self.args.budgets]
+        per_round = ROUND_BATCHES * batch_size
+        for start in range(0, len(requests), per_round):
+            for tally, engine in cells:
+                tally.run(engine, requests[start : start + per_round])
+        baseline, baseline_outputs = cells[0][0].figures(), cells[0][0].outputs
 
         def record(run: RunFigures, outputs: list[RequestOutput]) -> BenchRecord:
             # sampled outputs legitimately differ from autoregressive ones: only greedy runs are compared
@@ -92,12 +104,7 @@ class GridRunner:
                 print(f"    greedy mismatch, request {d['request']}: {describe_divergence(d)}", flush=True)
             return cell
 
-        records = [record(baseline, baseline_outputs)]
-        for contender in contenders:
-            for budget in self.args.budgets:
-                engine = self.engine(batch_size, contender)
-                records.append(record(*timed_run(engine, requests, budget, contender.method)))
-        return records
+        return [record(tally.figures(), tally.outputs) for tally, _ in cells]
 
 
 def bench(args) -> dict:
