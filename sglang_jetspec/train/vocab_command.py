@@ -18,7 +18,9 @@ from ..models.fetch import sha256_file
 from .data import RESPONSES
 from .head_files import current_record, run_head_file_command, split_outputs
 
-DEFAULT_SIZE = 8192
+# Replay on chat tuning prompts and HumanEval 0-39 found no accept length lost from 8192 down to 1024 tokens
+# at budgets 4-32; each 1024 tokens fewer is 1.2 MB less lm_head to read per draft step (bf16, SmolLM2).
+DEFAULT_SIZE = 2048
 
 
 def end_token_ids(target_dir: Path | None) -> list[int]:
