@@ -167,7 +167,7 @@ class RecordingEngine:
         return [RequestOutput(r.request_id, r.prompt_ids, [1, 2], "length", [2]) for r in requests]
 
 
-def test_bench_cells_run_interleaved_round_by_round_and_sum_over_rounds(monkeypatch):
+def test_bench_cells_run_interleaved_round_by_round_and_sum_over_rounds(monkeypatch, capsys):
     """A machine's speed drifts: every round runs the next ROUND_BATCHES batches through every cell,
     autoregressive first, so drift weighs on all cells alike; each cell keeps one engine."""
     from types import SimpleNamespace
@@ -195,3 +195,5 @@ def test_bench_cells_run_interleaved_round_by_round_and_sum_over_rounds(monkeypa
     assert len(engines) == 3  # one engine per cell, kept across rounds
     assert [(r.method, r.budget, r.requests, r.tokens) for r in records] == [("autoregressive", 0, 5, 10), ("hybrid", 4, 5, 10), ("hybrid", 8, 5, 10)]
     assert all(r.mean_accept_length == 2.0 and r.phase_ms["verify"] == pytest.approx(10.0) for r in records)
+    printed = capsys.readouterr().out  # a long run says how far it is
+    assert "round 1/2 done (3 cells x 4 requests)" in printed and "round 2/2 done (3 cells x 1 requests)" in printed

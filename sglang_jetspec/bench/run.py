@@ -85,9 +85,12 @@ class GridRunner:
         cells = [(RunTally(AUTOREGRESSIVE, 0), self.engine(batch_size))]
         cells += [(RunTally(c.method, budget), self.engine(batch_size, c)) for c in contenders for budget in self.args.budgets]
         per_round = ROUND_BATCHES * batch_size
-        for start in range(0, len(requests), per_round):
+        rounds = -(-len(requests) // per_round)
+        for i, start in enumerate(range(0, len(requests), per_round), start=1):
             for tally, engine in cells:
                 tally.run(engine, requests[start : start + per_round])
+            print(f"batch {batch_size} T={temperature:g}: round {i}/{rounds} done ({len(cells)} cells x "
+                  f"{len(requests[start : start + per_round])} requests)", flush=True)
         baseline, baseline_outputs = cells[0][0].figures(), cells[0][0].outputs
 
         def record(run: RunFigures, outputs: list[RequestOutput]) -> BenchRecord:
