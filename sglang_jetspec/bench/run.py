@@ -87,10 +87,10 @@ class GridRunner:
         per_round = ROUND_BATCHES * batch_size
         rounds = -(-len(requests) // per_round)
         for i, start in enumerate(range(0, len(requests), per_round), start=1):
+            chunk = requests[start : start + per_round]
             for tally, engine in cells:
-                tally.run(engine, requests[start : start + per_round])
-            print(f"batch {batch_size} T={temperature:g}: round {i}/{rounds} done ({len(cells)} cells x "
-                  f"{len(requests[start : start + per_round])} requests)", flush=True)
+                tally.run(engine, chunk)
+            print(f"batch {batch_size} T={temperature:g}: round {i}/{rounds} done ({len(cells)} cells x {len(chunk)} requests)", flush=True)
         baseline, baseline_outputs = cells[0][0].figures(), cells[0][0].outputs
 
         def record(run: RunFigures, outputs: list[RequestOutput]) -> BenchRecord:
