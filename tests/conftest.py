@@ -38,6 +38,21 @@ def smollm2(smollm2_dir):
 
 
 @pytest.fixture(scope="session")
+def tiny_target(tmp_path_factory, smollm2_dir):
+    """A 6-layer, 64-wide random Llama with SmolLM2's tokenizer: training and data code at test speed.
+    A large init makes its next-token distributions peaked, so a head has something to learn."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2,
+                                         vocab_size=49152, max_position_embeddings=512, initializer_range=0.5))
+    out = tmp_path_factory.mktemp("tiny-llama")
+    model.save_pretrained(str(out))
+    AutoTokenizer.from_pretrained(str(smollm2_dir)).save_pretrained(str(out))
+    return out
+
+
+@pytest.fixture(scope="session")
 def untrained_drafter(smollm2):
     """A randomly initialised 1-layer head for SmolLM2 (seed 0), wrapped as a drafter."""
     from sglang_jetspec.reference.loading import load_drafter

@@ -6,7 +6,6 @@ import random
 
 import pytest
 import torch
-from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from sglang_jetspec.cli import main
 from sglang_jetspec.core.head_io import load_head, read_head_config
@@ -88,17 +87,6 @@ def test_forward_kl_equals_hand_computation():
     assert math.isclose(distillation_loss(draft, teacher, torch.tensor([0, 0]), weights, "reverse_kl").item(), reverse / 2, rel_tol=1e-5)
     sft = distillation_loss(draft, teacher, torch.tensor([1, 2]), weights, "sft").item()
     assert math.isclose(sft, (-math.log(0.5) + math.log(3)) / 2, rel_tol=1e-5)
-
-
-@pytest.fixture(scope="module")
-def tiny_target(tmp_path_factory, smollm2_dir):
-    torch.manual_seed(0)
-    # a large init makes the tiny target's next-token distributions peaked, so there is something to learn
-    model = LlamaForCausalLM(LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2, vocab_size=49152, max_position_embeddings=512, initializer_range=0.5))
-    out = tmp_path_factory.mktemp("tiny-llama")
-    model.save_pretrained(str(out))
-    AutoTokenizer.from_pretrained(str(smollm2_dir)).save_pretrained(str(out))
-    return out
 
 
 @pytest.mark.parametrize("bidirectional, reveal", [(False, False), (True, False), (False, True)], ids=["causal", "bidirectional", "reveal"])

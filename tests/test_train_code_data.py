@@ -6,7 +6,6 @@ import re
 
 import pytest
 import torch
-from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from sglang_jetspec.cli import main
 from sglang_jetspec.reference.target import Segment, TargetModel
@@ -85,17 +84,6 @@ def test_code_mix_is_deterministic_and_mixed(code_mix):
     assert all(len(r["messages"]) == 1 and r["messages"][0]["role"] == "user" for r in code_mix if "prompt" not in r)
     assert {r["source"].split(":")[0] for r in code_mix} >= {"code-stdlib", "stdlib-chat", "general"}
     assert not any(re.search(r" at 0x[0-9a-f]+", json.dumps(r)) for r in code_mix)  # no object reprs: stable across runs
-
-
-@pytest.fixture(scope="module")
-def tiny_target(tmp_path_factory, smollm2_dir):
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2,
-                                         vocab_size=49152, max_position_embeddings=512, initializer_range=0.5))
-    out = tmp_path_factory.mktemp("tiny-llama")
-    model.save_pretrained(str(out))
-    AutoTokenizer.from_pretrained(str(smollm2_dir)).save_pretrained(str(out))
-    return out
 
 
 def test_generation_features_equal_a_teacher_forced_pass(tmp_path, tiny_target):

@@ -7,7 +7,7 @@ The runs themselves are sglang_jetspec/train/command.py, train/vocab_command.py 
 from __future__ import annotations
 
 from ..train.command import run as run_train
-from ..train.data import FEATURE_MODES, RegenerationConfig
+from ..train.data import FEATURE_MODES, REGEN_BACKENDS, RegenerationConfig
 from ..train.objective import LOSSES, REVEALS
 from ..train.trainer import TrainConfig
 from ..train.corpus_command import DEFAULT_MAX_TOKENS, run as run_draft_corpus
@@ -30,9 +30,12 @@ def register(sub) -> None:
     p.add_argument("--code-share", type=float, default=0.7, help="--prompt-set code-mix: share of raw code completions (the rest chat)")
     p.add_argument("--prompt-limit", type=int, help="use only the first N prompts (a pilot on a prefix of the set; a later full run "
                                                      "with the same --data-dir resumes from it)")
+    p.add_argument("--data-only", action="store_true", help="regenerate and featurize every prompt set, write the manifests, and stop "
+                                                             "(prepares the data for several later trainings, e.g. side by side on one GPU)")
     p.add_argument("--data-dir", help="where regenerated data and features are cached (default: $JETSPEC_CACHE_DIR/data/<target>-<prompts>)")
     p.add_argument("--max-new-tokens", type=int, default=RegenerationConfig.max_new_tokens)
-    p.add_argument("--sampled-share", type=float, default=RegenerationConfig.sampled_share, help="share of prompts that also get a sampled response")
+    p.add_argument("--sampled-share", type=float, default=RegenerationConfig.sampled_share,
+                   help="share of prompts that also get a sampled response; above 1, a whole number of sampled responses per prompt")
     p.add_argument("--regen-batch-size", type=int, default=RegenerationConfig.batch_size)
     p.add_argument("--regen-dtype", choices=["fp32", "bf16"], default=RegenerationConfig.dtype,
                    help="target dtype for regeneration and teacher features (bf16: faster batched generation on CPU; the "
@@ -40,6 +43,9 @@ def register(sub) -> None:
     p.add_argument("--features", choices=FEATURE_MODES, default=RegenerationConfig.features,
                    help="teacher-forced: a second target pass per sequence after regeneration; generation: tapped rows kept "
                         "while generating (what the engine computes at inference, no second pass; ties the data dir to the taps)")
+    p.add_argument("--regen-backend", choices=REGEN_BACKENDS, default=RegenerationConfig.backend,
+                   help="engine: the reference engine's lanes (CPU); hf-generate: transformers generate in padded batches of "
+                        "--regen-batch-size, then padded teacher-forced feature passes (a GPU: hundreds of sequences per call)")
     p.add_argument("--layers", type=int, default=1, help="head decoder layers")
     p.add_argument("--init-from-target-layers", help="comma-separated target layers copied into head layers 0, 1, ... (weights "
                                                       "whose name and shape match; the head's final norm from the target's)")
@@ -61,6 +67,9 @@ def register(sub) -> None:
     p.add_argument("--blocks-per-seq", type=int, default=TrainConfig.blocks_per_seq)
     p.add_argument("--warmup-steps", type=int, default=TrainConfig.warmup_steps)
     p.add_argument("--eval-every", type=int, default=TrainConfig.eval_every)
+    p.add_argument("--time-budget-min", type=float,
+                   help="fit training into this many minutes: after a few timed steps --steps is lowered to what fits "
+                        "(the schedule follows the lowered count; the record keeps both)")
     p.add_argument("--bf16", action="store_true", help="bf16 autocast for the head's compute")
     p.add_argument("--save-dtype", choices=["fp32", "bf16"], default="bf16", help="dtype of the saved weights")
     p.add_argument("--seed", type=int, default=0)
@@ -74,6 +83,8 @@ def _head_file_parser(sub, name: str, help_text: str, file_name: str):
     """A `jetspec draft-*` command: it writes `file_name` into --head from --data-dir's target outputs."""
     p = sub.add_parser(name, help=help_text)
     p.add_argument("--head", required=True, help=f"head directory to write {file_name} into")
+    p.add_argument("--data-only", action="store_true", help="regenerate and featurize every prompt set, write the manifests, and stop "
+                                                             "(prepares the data for several later trainings, e.g. side by side on one GPU)")
     p.add_argument("--data-dir", required=True, help="a `jetspec train` data directory (its responses.jsonl: target outputs)")
     p.add_argument("--append", action="store_true", help=f"keep the head's current {file_name} and add --data-dir's outputs to it "
                                                          "(the earlier record is kept under appended_to)")

@@ -19,6 +19,7 @@ import torch
 from ..core.head_config import default_tap_layers
 from ..models.fetch import cache_root, sha256_file
 from ..reference.prompts import read_prompt_file
+from .batched_data import featurize_batched, regenerate_batched
 from .data import MANIFEST, RegenerationConfig, featurize, load_sequences, regenerate, regenerate_with_features, same_regeneration, write_manifest
 from .prompt_sources import default_prompt_records
 from .trainer import TrainConfig, Trainer
@@ -52,20 +53,31 @@ def run(args) -> int:
     target = load_target(args.target, args.regen_dtype, args.device, args.attention)
     head_cfg = untrained_head_config(target, layers=args.layers, block_size=args.block_size, taps=args.taps)
     taps = tuple(int(t) for t in args.tap_layers.split(",")) if args.tap_layers else tuple(default_tap_layers(target.info.num_hidden_layers, args.taps))
-    regen = RegenerationConfig(max_new_tokens=args.max_new_tokens, sampled_share=args.sampled_share, batch_size=args.regen_batch_size, seed=args.seed,
-                               dtype=args.regen_dtype, features=args.features, tap_layers=taps if args.features == "generation" else ())
+    try:
+        regen = RegenerationConfig(max_new_tokens=args.max_new_tokens, sampled_share=args.sampled_share, batch_size=args.regen_batch_size, seed=args.seed,
+                                   dtype=args.regen_dtype, features=args.features, tap_layers=taps if args.features == "generation" else (),
+                                   backend=args.regen_backend)
+    except ValueError as err:
+        raise SystemExit(f"jetspec train: {err} (flags --regen-backend, --features, --sampled-share)") from None
     data, sequences = [], []
     for records, label in sources:
         data_dir = Path(args.data_dir) if args.data_dir else default_data_dir(target.path, label, regen)
         _check_same_regeneration(data_dir, regen)
-        if regen.features == "generation":
+        if regen.backend == "hf-generate":
+            regenerate_batched(target, records, data_dir, regen)
+            feature_dir = featurize_batched(target, data_dir, taps, batch_size=max(1, regen.batch_size // 4))
+        elif regen.features == "generation":
             feature_dir = regenerate_with_features(target, records, data_dir, regen)
         else:
             regenerate(target, records, data_dir, regen)
             feature_dir = featurize(target, data_dir, taps)
         manifest = write_manifest(data_dir, records, regen, target.path, feature_dir)
-        sequences += load_sequences(feature_dir)
+        print(f"data: {data_dir} ({manifest['responses']} responses, {manifest['response_tokens']} response tokens)", flush=True)
+        if not args.data_only:
+            sequences += load_sequences(feature_dir)
         data.append({"data_dir": str(data_dir), "data_manifest": manifest, "data_manifest_sha256": sha256_file(data_dir / MANIFEST)})
+    if args.data_only:
+        return 0
     if target.dtype != torch.float32:  # distillation reads the fp32 embedding / lm_head (and target layers)
         del target
         target = load_target(args.target, "fp32", args.device, args.attention)
@@ -79,7 +91,8 @@ def run(args) -> int:
     train_cfg = TrainConfig(steps=args.steps, lr=args.lr, seqs_per_step=args.seqs_per_step, blocks_per_seq=args.blocks_per_seq, warmup_steps=args.warmup_steps,
                             loss=args.loss, kd_temperature=args.kd_temperature, position_decay=args.position_decay, eval_every=args.eval_every,
                             save_every=args.eval_every, seed=args.seed, bf16=args.bf16, reveal=args.reveal, all_mask_share=args.all_mask_share,
-                            init_from_target_layers=init_layers)
+                            init_from_target_layers=init_layers,
+                            time_budget_s=args.time_budget_min * 60 if args.time_budget_min else None)
     torch.manual_seed(args.seed)
     out = Path(args.out)
     trainer = Trainer(head_cfg, train_cfg, target.embed_tokens, target.lm_head, sequences, out, target.device, target_model=target.model)
@@ -93,7 +106,8 @@ def run(args) -> int:
         "command": "jetspec " + " ".join(shlex.quote(a) for a in args.argv),
         "target": str(target.path),
         "head_config": head_cfg.to_json_dict(),
-        "train_config": asdict(train_cfg),
+        "train_config": asdict(trainer.cfg),  # steps: as run (a time budget may lower them)
+        "requested_steps": trainer.requested_steps,
         **data[0],
         "more_data": data[1:],  # further prompt sets, each with its own data directory
         "teacher_features": data[0]["data_manifest"].get("features"),

@@ -43,24 +43,36 @@ class RegenerationConfig:
     dtype: str = "fp32"  # the target's dtype while regenerating and computing teacher features
     features: str = "teacher-forced"  # or "generation": features captured while generating
     tap_layers: tuple[int, ...] = ()  # with features="generation": the taps captured (fixed per data dir)
+    backend: str = "engine"  # or "hf-generate": batched transformers generate + padded feature passes (train/batched_data.py)
 
     def __post_init__(self) -> None:
         if self.features not in FEATURE_MODES:
             raise ValueError(f"features={self.features!r}: choose one of {FEATURE_MODES}")
         if self.dtype not in ("fp32", "bf16", "fp16"):
             raise ValueError(f"dtype={self.dtype!r}: choose fp32, bf16 or fp16")
+        if self.backend not in REGEN_BACKENDS:
+            raise ValueError(f"backend={self.backend!r}: choose one of {REGEN_BACKENDS}")
+        if self.backend == "hf-generate" and self.features != "teacher-forced":
+            raise ValueError("backend='hf-generate' computes teacher-forced features; generation features come from the engine backend")
+        if self.sampled_share > 1 and self.sampled_share != int(self.sampled_share):
+            raise ValueError(f"sampled_share={self.sampled_share}: above 1 it is a whole number of sampled responses per prompt")
         if self.features == "generation" and not self.tap_layers:
             raise ValueError("features='generation' needs tap_layers (the taps are captured while generating)")
 
     def as_json(self) -> dict:
-        """The config as its manifest stores it (tuples as lists)."""
-        return json.loads(json.dumps(asdict(self)))
+        """The config as its manifest stores it (tuples as lists); `backend` only when it is not the engine,
+        so configs from before it existed keep their digest and data directory."""
+        fields = asdict(self)
+        if fields["backend"] == "engine":
+            del fields["backend"]
+        return json.loads(json.dumps(fields))
 
     def digest(self) -> str:
         return hashlib.sha256(json.dumps(self.as_json(), sort_keys=True).encode()).hexdigest()[:8]
 
 
 FEATURE_MODES = ("teacher-forced", "generation")
+REGEN_BACKENDS = ("engine", "hf-generate")
 
 
 def same_regeneration(previous: dict, current: RegenerationConfig) -> bool:
@@ -68,13 +80,18 @@ def same_regeneration(previous: dict, current: RegenerationConfig) -> bool:
     return {**RegenerationConfig().as_json(), **previous} == current.as_json()
 
 
-def _jobs(records: list[dict], cfg: RegenerationConfig) -> list[tuple[str, dict, SamplingParams]]:
+def jobs_for(records: list[dict], cfg: RegenerationConfig) -> list[tuple[str, dict, SamplingParams]]:
+    """(job id, record, sampling) of every response to generate: one greedy per prompt, plus sampled ones:
+    a share of prompts (every round(1/share)-th) for sampled_share <= 1, else sampled_share each."""
     jobs = []
-    every = max(1, round(1 / cfg.sampled_share)) if cfg.sampled_share > 0 else 0
+    every = max(1, round(1 / cfg.sampled_share)) if 0 < cfg.sampled_share <= 1 else 0
+    extra = int(cfg.sampled_share) if cfg.sampled_share > 1 else 0
     for i, record in enumerate(records):
         jobs.append((f"{i}:greedy", record, SamplingParams(max_new_tokens=cfg.max_new_tokens)))
-        if every and i % every == 0:
-            jobs.append((f"{i}:sampled", record, SamplingParams(temperature=cfg.temperature, seed=cfg.seed + i, max_new_tokens=cfg.max_new_tokens)))
+        for k in range(1 if every and i % every == 0 else extra):
+            # the first sample keeps its historical id and seed
+            jobs.append((f"{i}:sampled" + (f"-{k}" if k else ""), record,
+                         SamplingParams(temperature=cfg.temperature, seed=cfg.seed + i + k * 1_000_003, max_new_tokens=cfg.max_new_tokens)))
     return jobs
 
 
@@ -82,7 +99,7 @@ def regenerate(target: TargetModel, records: list[dict], out_dir: Path, cfg: Reg
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / RESPONSES
     done = {json.loads(line)["id"] for line in path.read_text().splitlines()} if path.exists() else set()
-    todo = [job for job in _jobs(records, cfg) if job[0] not in done]
+    todo = [job for job in jobs_for(records, cfg) if job[0] not in done]
     engine = ReferenceEngine(target, config=EngineConfig(max_batch_size=cfg.batch_size))
     chunk = cfg.batch_size * 4
     with open(path, "a") as fh, tqdm(total=len(todo), desc="regenerating responses", unit="seq") as bar:
@@ -126,7 +143,7 @@ def regenerate_with_features(target: TargetModel, records: list[dict], out_dir: 
     feature_dir.mkdir(exist_ok=True)
     path = out_dir / RESPONSES
     done = {json.loads(line)["id"] for line in path.read_text().splitlines() if line.strip()} if path.exists() else set()
-    jobs = _jobs(records, cfg)
+    jobs = jobs_for(records, cfg)
     todo = [(index, job) for index, job in enumerate(jobs) if job[0] not in done]
     last = target.info.num_hidden_layers - 1
     taps = tuple(cfg.tap_layers)

@@ -6,7 +6,7 @@ import json
 import math
 import random
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -19,6 +19,8 @@ from .data import Sequence
 from .objective import REVEALS, block_inputs, distillation_loss, position_weights, sample_reveals, target_rows, training_mask
 
 CHECKPOINT = "checkpoint.pt"
+TIMED_STEPS = (5, 25)  # a time-budgeted run times its steps [a, b) (the first ones pay for warm-up: allocator, kernels)
+BUDGET_RESERVE = 0.1  # share of the budget kept for evaluations, checkpoints and export
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,7 @@ class TrainConfig:
     reveal: str = "none"  # "prefix": blocks may hold true tokens before their masks (tree-causal drafting)
     all_mask_share: float = 0.5  # with reveal "prefix": share of blocks with nothing revealed
     init_from_target_layers: tuple[int, ...] = ()  # target layers copied into head layers 0, 1, ... before training
+    time_budget_s: float | None = None  # fit the run into this wall time: `steps` is lowered after TIMED_STEPS timed steps
 
     def __post_init__(self) -> None:
         if self.reveal not in REVEALS:
@@ -101,6 +104,7 @@ class Trainer:
         no_decay = [p for n, p in self.head.named_parameters() if n.endswith("norm.weight")]
         self.optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95))
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
+        self.requested_steps = cfg.steps
         self.step = 0
         self.history: list[dict] = []
         self.rng = random.Random(cfg.seed + 1)
@@ -203,7 +207,8 @@ class Trainer:
 
     def save_checkpoint(self) -> None:
         state = {"head": self.head.state_dict(), "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                 "step": self.step, "history": self.history, "rng": self.rng.getstate(), "config": asdict(self.cfg)}
+                 "step": self.step, "history": self.history, "rng": self.rng.getstate(),
+                 "config": asdict(replace(self.cfg, steps=self.requested_steps)), "planned_steps": self.cfg.steps}
         tmp = self.out_dir / (CHECKPOINT + ".tmp")
         torch.save(state, tmp)
         tmp.replace(self.out_dir / CHECKPOINT)  # atomic: a crash never leaves a half-written checkpoint
@@ -220,14 +225,33 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.step, self.history = state["step"], state["history"]
+        self.cfg = replace(self.cfg, steps=state.get("planned_steps", self.cfg.steps))  # a time budget's count stays
         self.rng.setstate(state["rng"])
         return True
+
+    def fit_steps_to_budget(self, elapsed_s: float, timed_s: float, timed_steps: int) -> None:
+        """Lower `steps` to what the time budget still allows at the measured rate (never raise it);
+        the cosine schedule then runs over the new count."""
+        per_step = timed_s / timed_steps
+        remaining = self.cfg.time_budget_s * (1 - BUDGET_RESERVE) - elapsed_s
+        fits = self.step + max(0, int(remaining / per_step))
+        if fits < self.cfg.steps:
+            self.cfg = replace(self.cfg, steps=max(self.step + 1, fits))
+            tqdm.write(f"time budget {self.cfg.time_budget_s / 60:.1f} min at {per_step * 1000:.0f} ms/step: {self.cfg.steps} steps "
+                       f"(asked for {self.requested_steps})")
 
     def run(self) -> list[dict]:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         start = time.time()
+        timed_from, first_step = None, self.step  # a resumed run times its own first steps against its own budget
         with tqdm(total=self.cfg.steps, initial=self.step, desc="training head", unit="step") as bar:
             while self.step < self.cfg.steps:
+                if self.cfg.time_budget_s and self.step - first_step in TIMED_STEPS:
+                    if self.step - first_step == TIMED_STEPS[0]:
+                        timed_from = time.time()
+                    else:
+                        self.fit_steps_to_budget(time.time() - start, time.time() - timed_from, TIMED_STEPS[1] - TIMED_STEPS[0])
+                        bar.total = self.cfg.steps
                 loss = self.train_step()
                 entry = {"step": self.step, "loss": loss, "lr": self.scheduler.get_last_lr()[0]}
                 if self.step % self.cfg.eval_every == 0 or self.step == self.cfg.steps:
@@ -236,8 +260,8 @@ class Trainer:
                 self.history.append(entry)
                 bar.set_postfix(loss=f"{loss:.3f}")
                 bar.update(1)
-                if self.step % self.cfg.save_every == 0:
-                    self.save_checkpoint()
+                if self.step % self.cfg.save_every == 0 or self.step == self.cfg.steps:
+                    self.save_checkpoint()  # the last one too: a finished run resumes as finished
         self.elapsed_s = time.time() - start
         return self.history
 
