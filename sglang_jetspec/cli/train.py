@@ -83,8 +83,6 @@ def _head_file_parser(sub, name: str, help_text: str, file_name: str):
     """A `jetspec draft-*` command: it writes `file_name` into --head from --data-dir's target outputs."""
     p = sub.add_parser(name, help=help_text)
     p.add_argument("--head", required=True, help=f"head directory to write {file_name} into")
-    p.add_argument("--data-only", action="store_true", help="regenerate and featurize every prompt set, write the manifests, and stop "
-                                                             "(prepares the data for several later trainings, e.g. side by side on one GPU)")
     p.add_argument("--data-dir", required=True, help="a `jetspec train` data directory (its responses.jsonl: target outputs)")
     p.add_argument("--append", action="store_true", help=f"keep the head's current {file_name} and add --data-dir's outputs to it "
                                                          "(the earlier record is kept under appended_to)")

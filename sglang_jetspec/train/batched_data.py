@@ -20,12 +20,24 @@ from safetensors.torch import save_file
 
 from ..reference.prompts import encode
 from ..reference.target import TargetModel
-from .data import RESPONSES, RegenerationConfig, jobs_for, read_responses
+from .data import RESPONSES, RegenerationConfig, finished_job_ids, jobs_for, read_responses, response_line, teacher_feature_dir
 
 
 def _pad_id(target: TargetModel) -> int:
     tokenizer = target.tokenizer
     return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(target.eos_token_ids)
+
+
+def _padded(seqs: list[list[int]], pad: int, left: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """ids and attention mask [len(seqs), longest], padded on the left (for generate) or the right."""
+    width = max(map(len, seqs))
+    ids = torch.full((len(seqs), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for row, seq in enumerate(seqs):
+        cols = slice(width - len(seq), width) if left else slice(0, len(seq))
+        ids[row, cols] = torch.tensor(seq)
+        mask[row, cols] = 1
+    return ids, mask
 
 
 def _trim_at_eos(tokens: list[int], eos: frozenset[int]) -> list[int]:
@@ -51,7 +63,7 @@ def regenerate_batched(target: TargetModel, records: list[dict], out_dir: Path, 
     prompts per call, left-padded; resumable (finished jobs are skipped)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / RESPONSES
-    done = {json.loads(line)["id"] for line in path.read_text().splitlines() if line.strip()} if path.exists() else set()
+    done = finished_job_ids(path)
     todo = [(index, job_id, record, params, encode(record, target.tokenizer))
             for index, (job_id, record, params) in enumerate(jobs_for(records, cfg)) if job_id not in done]
     pad, eos = _pad_id(target), target.eos_token_ids
@@ -62,12 +74,8 @@ def regenerate_batched(target: TargetModel, records: list[dict], out_dir: Path, 
     try:
         with open(path, "a") as fh:
             for batch in _batches(todo, cfg.batch_size):
-                width = max(len(job[4]) for job in batch)
-                ids = torch.full((len(batch), width), pad, dtype=torch.long)
-                mask = torch.zeros((len(batch), width), dtype=torch.long)
-                for row, job in enumerate(batch):
-                    ids[row, width - len(job[4]) :] = torch.tensor(job[4])
-                    mask[row, width - len(job[4]) :] = 1
+                ids, mask = _padded([job[4] for job in batch], pad, left=True)
+                width = ids.shape[1]
                 temperature = batch[0][3].temperature
                 if temperature > 0:
                     torch.manual_seed(cfg.seed + batch[0][0])  # reproducible per batch (not per prompt)
@@ -80,8 +88,7 @@ def regenerate_batched(target: TargetModel, records: list[dict], out_dir: Path, 
                 for row, (index, job_id, record, params, prompt_ids) in enumerate(batch):
                     output_ids = _trim_at_eos(out[row, width:].tolist(), eos)
                     tokens += len(output_ids)
-                    fh.write(json.dumps({"id": job_id, "source": record.get("source", ""), "temperature": params.temperature,
-                                         "prompt_ids": prompt_ids, "output_ids": output_ids}) + "\n")
+                    fh.write(json.dumps(response_line(job_id, record, params, prompt_ids, output_ids)) + "\n")
                 fh.flush()
                 finished += len(batch)
                 if time.time() - last_log >= log_every_s:
@@ -97,7 +104,7 @@ def featurize_batched(target: TargetModel, out_dir: Path, tap_layers: tuple[int,
     """Teacher features of every response (the `featurize` layout: features-<taps>/shard-*.safetensors,
     keyed by response index), from right-padded teacher-forced passes of `batch_size` sequences;
     resumable by shard. Right padding never changes a real row: each attends only to itself and earlier ones."""
-    feature_dir = out_dir / ("features-" + "-".join(map(str, tap_layers)))
+    feature_dir = teacher_feature_dir(out_dir, tap_layers)
     feature_dir.mkdir(exist_ok=True)
     responses = read_responses(out_dir)
     pad = _pad_id(target)
@@ -111,12 +118,7 @@ def featurize_batched(target: TargetModel, out_dir: Path, tap_layers: tuple[int,
         for first in range(0, len(chunk), batch_size):
             keys = chunk[first : first + batch_size]
             seqs = [responses[i]["prompt_ids"] + responses[i]["output_ids"] for i in keys]
-            width = max(map(len, seqs))
-            ids = torch.full((len(seqs), width), pad, dtype=torch.long)
-            mask = torch.zeros((len(seqs), width), dtype=torch.long)
-            for row, seq in enumerate(seqs):
-                ids[row, : len(seq)] = torch.tensor(seq)
-                mask[row, : len(seq)] = 1
+            ids, mask = _padded(seqs, pad, left=False)
             with torch.no_grad():
                 out = target.model.model(input_ids=ids.to(target.device), attention_mask=mask.to(target.device), output_hidden_states=True)
             # hidden_states[L + 1] is decoder layer L's output: the taps the engine reads

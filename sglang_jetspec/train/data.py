@@ -95,10 +95,25 @@ def jobs_for(records: list[dict], cfg: RegenerationConfig) -> list[tuple[str, di
     return jobs
 
 
+def finished_job_ids(path: Path) -> set[str]:
+    """Job ids already in a responses.jsonl (a resumed run skips them)."""
+    return {json.loads(line)["id"] for line in path.read_text().splitlines() if line.strip()} if path.exists() else set()
+
+
+def response_line(job_id: str, record: dict, params: SamplingParams, prompt_ids: list[int], output_ids: list[int]) -> dict:
+    """One responses.jsonl line."""
+    return {"id": job_id, "source": record.get("source", ""), "temperature": params.temperature, "prompt_ids": prompt_ids, "output_ids": output_ids}
+
+
+def teacher_feature_dir(out_dir: Path, tap_layers: tuple[int, ...]) -> Path:
+    """Where teacher-forced features of `tap_layers` live in a data directory."""
+    return out_dir / ("features-" + "-".join(map(str, tap_layers)))
+
+
 def regenerate(target: TargetModel, records: list[dict], out_dir: Path, cfg: RegenerationConfig) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / RESPONSES
-    done = {json.loads(line)["id"] for line in path.read_text().splitlines()} if path.exists() else set()
+    done = finished_job_ids(path)
     todo = [job for job in jobs_for(records, cfg) if job[0] not in done]
     engine = ReferenceEngine(target, config=EngineConfig(max_batch_size=cfg.batch_size))
     chunk = cfg.batch_size * 4
@@ -107,8 +122,7 @@ def regenerate(target: TargetModel, records: list[dict], out_dir: Path, cfg: Reg
             batch = todo[start : start + chunk]
             requests = [Request(encode(record, target.tokenizer), params, job_id) for job_id, record, params in batch]
             for (job_id, record, params), out in zip(batch, engine.generate(requests, budget=0)):
-                fh.write(json.dumps({"id": job_id, "source": record.get("source", ""), "temperature": params.temperature,
-                                     "prompt_ids": out.prompt_ids, "output_ids": out.output_ids}) + "\n")
+                fh.write(json.dumps(response_line(job_id, record, params, out.prompt_ids, out.output_ids)) + "\n")
             fh.flush()
             bar.update(len(batch))
     return path
@@ -142,7 +156,7 @@ def regenerate_with_features(target: TargetModel, records: list[dict], out_dir: 
     feature_dir = generation_feature_dir(out_dir, cfg)
     feature_dir.mkdir(exist_ok=True)
     path = out_dir / RESPONSES
-    done = {json.loads(line)["id"] for line in path.read_text().splitlines() if line.strip()} if path.exists() else set()
+    done = finished_job_ids(path)
     jobs = jobs_for(records, cfg)
     todo = [(index, job) for index, job in enumerate(jobs) if job[0] not in done]
     last = target.info.num_hidden_layers - 1
@@ -159,7 +173,7 @@ def regenerate_with_features(target: TargetModel, records: list[dict], out_dir: 
     start, tokens, finished_count, last_log = time.time(), 0, 0, time.time()
 
     def sequence(index: int, job_id: str, record: dict, params: SamplingParams, prompt_ids: list[int], output_ids: list[int], rows: torch.Tensor | None):
-        line = {"id": job_id, "source": record.get("source", ""), "temperature": params.temperature, "prompt_ids": prompt_ids, "output_ids": output_ids}
+        line = response_line(job_id, record, params, prompt_ids, output_ids)
         tensors = {}
         length = len(prompt_ids) + len(output_ids)
         if rows is not None and rows.shape[0] == length - 1:
@@ -227,7 +241,7 @@ def read_responses(out_dir: Path) -> list[dict]:
 
 def featurize(target: TargetModel, out_dir: Path, tap_layers: tuple[int, ...], shard_size: int = 128, dtype: torch.dtype = torch.bfloat16) -> Path:
     """Teacher features per sequence into features-<taps>/shard-*.safetensors (resumable by shard)."""
-    feature_dir = out_dir / ("features-" + "-".join(map(str, tap_layers)))
+    feature_dir = teacher_feature_dir(out_dir, tap_layers)
     feature_dir.mkdir(exist_ok=True)
     responses = read_responses(out_dir)
     for shard_start in tqdm(range(0, len(responses), shard_size), desc="teacher features", unit="shard"):
