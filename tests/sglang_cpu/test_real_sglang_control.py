@@ -163,16 +163,17 @@ def test_metrics_from_the_scheduler_process(jetspec_server, humaneval_ids):
 
 def test_step_spans_reach_an_otlp_receiver(jetspec_server, trace_receiver, humaneval_ids):
     reply = generate(jetspec_server.url, humaneval_ids[3], 8)
+    rid = reply["meta_info"]["id"]
+    # spans leave in export batches: earlier requests' steps can arrive before this one's, so wait for ours
     deadline = time.monotonic() + 30
     while True:
         spans = trace_receiver.spans()
         steps = [s for s in spans if s.name == "jetspec.step"]
-        if steps or time.monotonic() > deadline:
+        ours = [s for s in steps if any(a.key == "jetspec.request_ids" and rid in str(a.value) for a in s.attributes)]
+        if ours or time.monotonic() > deadline:
             break
         time.sleep(0.5)
     assert steps, sorted({s.name for s in spans})
-    rid = reply["meta_info"]["id"]
-    ours = [s for s in steps if any(a.key == "jetspec.request_ids" and rid in str(a.value) for a in s.attributes)]
     assert ours
     children = {s.name for s in spans if s.parent_span_id == ours[-1].span_id}
     assert children == {"jetspec.draft", "jetspec.tree", "jetspec.verify", "jetspec.accept", "jetspec.commit"}
