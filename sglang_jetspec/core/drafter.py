@@ -17,6 +17,7 @@ from torch import nn
 
 from .head import DraftHead, LayerContext, block_mask, tree_causal_mask
 from .head_config import HeadConfig
+from .packed_linear import PackedWeight, linear
 from .tree import DraftTree
 
 
@@ -134,6 +135,7 @@ class HeadDrafter:
         self.draft_vocab = None if draft_vocab is None else draft_vocab.to(device=head.fc.weight.device, dtype=torch.long)
         self._padded: list[LayerContext] = []  # reusable padded context buffers for batches of several lanes
         self._rows: tuple[tuple, torch.Tensor] | None = None  # (key of the lm_head weight it came from, its draft_vocab rows)
+        self._packed_rows = PackedWeight()
 
     @property
     def max_depth(self) -> int:
@@ -212,7 +214,7 @@ class HeadDrafter:
         if self.draft_vocab is None:
             return self.lm_head(hidden.to(self.lm_head.weight.dtype)).float()
         rows = self._draft_rows()
-        return nn.functional.linear(hidden.to(rows.dtype), rows).float()
+        return linear(hidden.to(rows.dtype), rows, None, self._packed_rows).float()
 
     @torch.no_grad()
     def propose(self, lanes: list[DraftLane], depth: int) -> torch.Tensor:

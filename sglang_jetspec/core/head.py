@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from .head_config import HeadConfig
+from .packed_linear import DraftLinear
 
 
 class RMSNorm(nn.Module):
@@ -24,15 +25,22 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        # normalised in float32, scaled in the input's dtype (as HF's Qwen3 norm); one fused op, not five
+        normed = nn.functional.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
+        return self.weight * normed.to(x.dtype)
 
 
-def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin tables [..., head_dim] for integer positions, in the HF rotate-half convention."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
+def rope_inv_freq(head_dim: int, theta: float, device: torch.device) -> torch.Tensor:
+    """RoPE's inverse frequencies [head_dim / 2], float32."""
+    return 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
+
+
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype,
+                 inv_freq: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin tables [..., head_dim] for integer positions, in the HF rotate-half convention
+    (`inv_freq`: rope_inv_freq's result, when the caller keeps it)."""
+    if inv_freq is None:
+        inv_freq = rope_inv_freq(head_dim, theta, positions.device)
     angles = positions.float().unsqueeze(-1) * inv_freq
     emb = torch.cat([angles, angles], dim=-1)
     return emb.cos().to(dtype), emb.sin().to(dtype)
@@ -59,10 +67,10 @@ class DraftAttention(nn.Module):
         self.cfg = cfg
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         bias = cfg.attention_bias
-        self.q_proj = nn.Linear(cfg.hidden_size, self.num_heads * self.head_dim, bias=bias)
-        self.k_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
-        self.v_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, cfg.hidden_size, bias=bias)
+        self.q_proj = DraftLinear(cfg.hidden_size, self.num_heads * self.head_dim, bias=bias)
+        self.k_proj = DraftLinear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = DraftLinear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.o_proj = DraftLinear(self.num_heads * self.head_dim, cfg.hidden_size, bias=bias)
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
 
@@ -81,18 +89,17 @@ class DraftAttention(nn.Module):
         own = self.project_kv(x, cos, sin)
         k = torch.cat([context.keys, own.keys], dim=2)
         v = torch.cat([context.values, own.values], dim=2)
-        groups = self.num_heads // self.num_kv_heads
-        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-        out = nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        # grouped-query heads read as they are: no copy of the context per query head
+        out = nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.num_heads != self.num_kv_heads)
         return self.o_proj(out.transpose(1, 2).reshape(x.shape[0], x.shape[1], -1))
 
 
 class DraftMLP(nn.Module):
     def __init__(self, cfg: HeadConfig) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.gate_proj = DraftLinear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = DraftLinear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = DraftLinear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -117,13 +124,17 @@ class DraftHead(nn.Module):
     def __init__(self, cfg: HeadConfig) -> None:
         super().__init__()
         self.config = cfg
-        self.fc = nn.Linear(cfg.num_taps * cfg.hidden_size, cfg.hidden_size, bias=False)
+        self.fc = DraftLinear(cfg.num_taps * cfg.hidden_size, cfg.hidden_size, bias=False)
         self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.layers = nn.ModuleList(DraftLayer(cfg) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self._inv_freq: torch.Tensor | None = None
 
     def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        return rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, dtype)
+        # the frequencies are kept per device (not as a buffer: the head's dtype casts would round them)
+        if self._inv_freq is None or self._inv_freq.device != positions.device:
+            self._inv_freq = rope_inv_freq(self.config.head_dim, self.config.rope_theta, positions.device)
+        return rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, dtype, self._inv_freq)
 
     def project_context(self, tap_rows: torch.Tensor, positions: torch.Tensor) -> list[LayerContext]:
         """Per-layer context K/V for tapped target rows [B, L, taps*H] at positions [B, L].
