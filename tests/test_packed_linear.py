@@ -1,5 +1,6 @@
-"""The draft head's oneDNN-packed linears (core/packed_linear.py): same results as nn.Linear, used only
-where they are exact and pay, re-packed after a weight update, and safe to copy."""
+"""oneDNN-packed linears (core/packed_linear.py): the same results as nn.Linear for any row count
+(fewer than MIN_ROWS zero-padded), the plain op under autograd, re-packed after a weight update, safe
+to copy; a bf16 target runs on them, an fp32 one (the oracle) does not."""
 
 import copy
 import pickle
@@ -8,21 +9,21 @@ import pytest
 import torch
 from torch import nn
 
-from sglang_jetspec.core.packed_linear import DraftLinear, available
+from sglang_jetspec.core.packed_linear import MIN_ROWS, PackedLinear, available, pack_linears
 
 needs_onednn = pytest.mark.skipif(not available(torch.zeros(1)), reason="this torch build has no oneDNN packed linear")
 
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
 
 
-def _layer(dtype: torch.dtype, bias: bool = True) -> DraftLinear:
+def _layer(dtype: torch.dtype, bias: bool = True) -> PackedLinear:
     torch.manual_seed(0)
-    return DraftLinear(64, 48, bias=bias).to(dtype)
+    return PackedLinear(64, 48, bias=bias).to(dtype)
 
 
 @needs_onednn
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("rows", [2, 7, 16])
+@pytest.mark.parametrize("rows", [1, 2, MIN_ROWS, 7, 16])
 @pytest.mark.parametrize("bias", [True, False])
 def test_packed_equals_plain_linear(dtype, rows, bias):
     layer = _layer(dtype, bias)
@@ -30,23 +31,19 @@ def test_packed_equals_plain_linear(dtype, rows, bias):
     with torch.no_grad():
         out = layer(x)
         plain = nn.functional.linear(x, layer.weight, layer.bias)
-    assert layer._packed._packed is not None, "two or more rows without autograd must take the packed path"
+    assert layer._packed._packed is not None, "without autograd every row count takes the packed path"
     assert out.shape == plain.shape and out.dtype == dtype
     torch.testing.assert_close(out.float(), plain.float(), atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
 
 
 @needs_onednn
-def test_one_row_and_autograd_take_the_plain_path():
+def test_autograd_takes_the_plain_path():
     layer = _layer(torch.float32)
-    row = torch.randn(1, 64)
-    with torch.no_grad():
-        one = layer(row)
-    assert layer._packed._packed is None, "a single row must not use oneDNN's packed path (a slow reference kernel)"
     x = torch.randn(4, 64, requires_grad=True)
     out = layer(x)  # training: autograd needs the plain op
     out.sum().backward()
     assert layer._packed._packed is None and x.grad is not None and layer.weight.grad is not None
-    assert torch.equal(one, nn.functional.linear(row, layer.weight, layer.bias))
+    assert torch.equal(out, nn.functional.linear(x, layer.weight, layer.bias))
 
 
 @needs_onednn
@@ -72,3 +69,46 @@ def test_copies_and_pickles_pack_their_own_weight():
         for other in (copy.deepcopy(layer), pickle.loads(pickle.dumps(layer))):
             assert torch.equal(other(x), want)
     assert set(layer.state_dict()) == {"weight", "bias"}, "published checkpoints load by nn.Linear's names"
+
+
+def test_pack_linears_shares_parameters_and_keeps_ties():
+    model = nn.Sequential(nn.Embedding(10, 8), nn.Sequential(nn.Linear(8, 8), nn.ReLU()), nn.Linear(8, 10, bias=False))
+    model[2].weight = model[0].weight  # tied, as an lm_head to its embedding
+    plain_ids = {id(p) for p in model.parameters()}
+    assert pack_linears(model) == 2
+    assert isinstance(model[1][0], PackedLinear) and isinstance(model[2], PackedLinear)
+    assert {id(p) for p in model.parameters()} == plain_ids and model[2].weight is model[0].weight
+
+
+@pytest.fixture(scope="module")
+def bf16_targets(smollm2_dir):
+    from sglang_jetspec.reference.target import TargetModel
+
+    return TargetModel(smollm2_dir, torch.bfloat16), TargetModel(smollm2_dir, torch.bfloat16, packed_linears=False)
+
+
+@needs_onednn
+@pytest.mark.parametrize("new_tokens", [1, 3, 8])
+def test_a_packed_bf16_target_scores_like_the_plain_one(bf16_targets, new_tokens):
+    from sglang_jetspec.reference.target import Segment
+
+    packed, plain = bf16_targets
+    assert packed.packed_linears and not plain.packed_linears and isinstance(packed.lm_head, PackedLinear)
+    prompt = list(range(1000, 1040))
+    outs = []
+    for target in (packed, plain):
+        cache = target.new_cache(lanes=1, capacity=64)
+        target.forward(cache, [Segment.chain(prompt, 0)], (1, 10))
+        cache.commit(0, list(range(len(prompt))))
+        out = target.forward(cache, [Segment.chain(list(range(2000, 2000 + new_tokens)), len(prompt))], (1, 10))
+        assert out.hidden.shape[1] == new_tokens and out.taps.shape[1] == new_tokens, "padding rows never leave the forward"
+        cache.commit(0, [0])
+        outs.append((target.logits(out.hidden), out.taps))
+    (logits, taps), (plain_logits, plain_taps) = outs
+    torch.testing.assert_close(taps.float(), plain_taps.float(), atol=0.1, rtol=0.05)
+    torch.testing.assert_close(logits, plain_logits, atol=0.25, rtol=0.05)
+    assert (logits.argmax(-1) == plain_logits.argmax(-1)).float().mean() >= 0.85
+
+
+def test_an_fp32_target_keeps_the_plain_kernels(smollm2):
+    assert not smollm2.packed_linears and type(smollm2.lm_head) is nn.Linear

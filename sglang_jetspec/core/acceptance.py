@@ -201,8 +201,15 @@ def accept_batch(
     batch = len(trees)
     greedy = torch.tensor([p.greedy for p in params])
     # Work where the logits live (a GPU in SGLang) and copy to the host only what the walk reads:
-    # [B, N] ids for greedy rows, one processed [V] row per visited node for sampled rows.
-    choice = logits.argmax(-1).cpu()
+    # [B, N] ids for greedy rows, one processed [V] row per visited node for sampled rows (whose
+    # argmax nobody reads: an all-sampled batch skips it).
+    if bool(greedy.all()):
+        choice = logits.argmax(-1).cpu()
+    else:
+        choice = torch.zeros(batch, logits.shape[1], dtype=torch.long)
+        if bool(greedy.any()):
+            rows = greedy.nonzero().squeeze(-1)
+            choice[rows] = logits[rows.to(logits.device)].argmax(-1).cpu()
 
     residual_rows = [] if method == "match" else [b for b in range(batch) if not greedy[b]]
     residual_set = set(residual_rows)

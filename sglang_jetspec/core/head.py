@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from .head_config import HeadConfig
-from .packed_linear import DraftLinear
+from .packed_linear import PackedLinear
 
 
 class RMSNorm(nn.Module):
@@ -67,10 +67,10 @@ class DraftAttention(nn.Module):
         self.cfg = cfg
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         bias = cfg.attention_bias
-        self.q_proj = DraftLinear(cfg.hidden_size, self.num_heads * self.head_dim, bias=bias)
-        self.k_proj = DraftLinear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
-        self.v_proj = DraftLinear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
-        self.o_proj = DraftLinear(self.num_heads * self.head_dim, cfg.hidden_size, bias=bias)
+        self.q_proj = PackedLinear(cfg.hidden_size, self.num_heads * self.head_dim, bias=bias)
+        self.k_proj = PackedLinear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = PackedLinear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.o_proj = PackedLinear(self.num_heads * self.head_dim, cfg.hidden_size, bias=bias)
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
 
@@ -97,9 +97,9 @@ class DraftAttention(nn.Module):
 class DraftMLP(nn.Module):
     def __init__(self, cfg: HeadConfig) -> None:
         super().__init__()
-        self.gate_proj = DraftLinear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.up_proj = DraftLinear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.down_proj = DraftLinear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.gate_proj = PackedLinear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = PackedLinear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = PackedLinear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -124,7 +124,7 @@ class DraftHead(nn.Module):
     def __init__(self, cfg: HeadConfig) -> None:
         super().__init__()
         self.config = cfg
-        self.fc = DraftLinear(cfg.num_taps * cfg.hidden_size, cfg.hidden_size, bias=False)
+        self.fc = PackedLinear(cfg.num_taps * cfg.hidden_size, cfg.hidden_size, bias=False)
         self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.layers = nn.ModuleList(DraftLayer(cfg) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)

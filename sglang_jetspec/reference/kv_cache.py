@@ -88,9 +88,10 @@ class SlotKVCache(Cache):
             for layer in self.layers:
                 layer.keys[lane, :, dst] = layer.keys[lane, :, src]
                 layer.values[lane, :, dst] = layer.values[lane, :, src]
-        for layer in self.layers:
-            layer.keys[lane, :, start + len(kept) : start + written] = 0
-            layer.values[lane, :, start + len(kept) : start + written] = 0
+        if len(kept) < written:  # an ordinary decoding step keeps all it wrote: 60 empty writes saved
+            for layer in self.layers:
+                layer.keys[lane, :, start + len(kept) : start + written] = 0
+                layer.values[lane, :, start + len(kept) : start + written] = 0
         self.lengths[lane] = start + len(kept)
 
     def keep_lanes(self, keep: list[int]) -> None:

@@ -16,6 +16,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from ..core.head_config import TargetInfo
+from ..core.packed_linear import MIN_ROWS, pack_linears
 from .kv_cache import SlotKVCache
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen3", "qwen2")
@@ -59,7 +60,9 @@ def read_target_config(target_dir: str | Path) -> dict:
 
 class TargetModel:
     def __init__(self, target_dir: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
-                 attention: str = "sdpa") -> None:
+                 attention: str = "sdpa", packed_linears: bool | None = None) -> None:
+        """`packed_linears`: run the linears on oneDNN-packed weights (core/packed_linear.py); by default
+        for a bf16 target on a CPU, never for fp32, the oracle of the identity tests."""
         self.path = Path(target_dir)
         read_target_config(self.path)
         self.device = torch.device(device)
@@ -73,6 +76,9 @@ class TargetModel:
         implementation = register()
         self.attention = attention
         self.model = AutoModelForCausalLM.from_pretrained(str(self.path), dtype=dtype, attn_implementation=implementation).to(self.device).eval()
+        if packed_linears is None:
+            packed_linears = dtype == torch.bfloat16 and self.device.type == "cpu"
+        self.packed_linears = packed_linears and pack_linears(self.model) > 0
         self.tokenizer = AutoTokenizer.from_pretrained(str(self.path))
         cfg = self.model.config
         self.info = TargetInfo(
@@ -124,12 +130,15 @@ class TargetModel:
         if len(segments) != cache.lanes:
             raise ValueError(f"{len(segments)} segments for {cache.lanes} lanes")
         n_max = max(int(s.ids.numel()) for s in segments)
-        cache.prepare_write(n_max)
+        # packed linears want MIN_ROWS rows: pad the pass once here (padding rows are dropped from
+        # the output and their KV slots are never committed), not each linear call
+        rows = max(n_max, MIN_ROWS) if self.packed_linears else n_max
+        cache.prepare_write(rows)
         visible = cache.visible_len
         lanes = len(segments)
-        ids = torch.zeros(lanes, n_max, dtype=torch.long)
-        positions = torch.zeros(lanes, n_max, dtype=torch.long)
-        mask = torch.zeros(lanes, 1, n_max, visible, dtype=torch.bool)
+        ids = torch.zeros(lanes, rows, dtype=torch.long)
+        positions = torch.zeros(lanes, rows, dtype=torch.long)
+        mask = torch.zeros(lanes, 1, rows, visible, dtype=torch.bool)
         for b, seg in enumerate(segments):
             n, start = int(seg.ids.numel()), int(cache.lengths[b])
             ids[b, :n] = seg.ids
@@ -138,7 +147,7 @@ class TargetModel:
             mask[b, 0, :n, :start] = True
             mask[b, 0, :n, start : start + n] = seg.mask
             # Padding queries attend only to their own slot so no softmax row is empty.
-            pad = torch.arange(n, n_max)
+            pad = torch.arange(n, rows)
             mask[b, 0, pad, start + pad] = True
         out = self.model.model(
             input_ids=ids.to(self.device),
@@ -147,9 +156,10 @@ class TargetModel:
             past_key_values=cache,
             use_cache=True,
         )
-        tapped = torch.cat([self._captured[layer] for layer in taps], dim=-1) if taps else None
+        tapped = torch.cat([self._captured[layer][:, :n_max] for layer in taps], dim=-1) if taps else None
         self._captured.clear()
-        return ForwardOutput(hidden=out.last_hidden_state, taps=tapped)
+        return ForwardOutput(hidden=out.last_hidden_state[:, :n_max], taps=tapped)
 
+    @torch.no_grad()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()
