@@ -16,6 +16,8 @@ plain kernels: they are the oracle of the identity tests (reference/target.py).
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 
@@ -23,10 +25,15 @@ MIN_ROWS = 4
 _PACK_HINT = 8  # the row count oneDNN lays the weight out for; any count works
 
 
+@functools.cache
+def _onednn() -> bool:
+    """Whether this torch build has oneDNN and its packed linear (asked once: every linear call checks)."""
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
 def available(weight: torch.Tensor) -> bool:
     """Whether a packed copy of `weight` can serve this process's calls (a CPU build with oneDNN)."""
-    return (weight.device.type == "cpu" and weight.dtype in (torch.float32, torch.bfloat16)
-            and torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+    return weight.is_cpu and weight.dtype in (torch.float32, torch.bfloat16) and _onednn()
 
 
 class PackedWeight:
