@@ -35,12 +35,9 @@ def rope_inv_freq(head_dim: int, theta: float, device: torch.device) -> torch.Te
     return 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
 
 
-def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype,
-                 inv_freq: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin tables [..., head_dim] for integer positions, in the HF rotate-half convention
-    (`inv_freq`: rope_inv_freq's result, when the caller keeps it)."""
-    if inv_freq is None:
-        inv_freq = rope_inv_freq(head_dim, theta, positions.device)
+def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin tables [..., head_dim] for integer positions (`inv_freq`: rope_inv_freq's), in the HF
+    rotate-half convention."""
     angles = positions.float().unsqueeze(-1) * inv_freq
     emb = torch.cat([angles, angles], dim=-1)
     return emb.cos().to(dtype), emb.sin().to(dtype)
@@ -134,7 +131,7 @@ class DraftHead(nn.Module):
         # the frequencies are kept per device (not as a buffer: the head's dtype casts would round them)
         if self._inv_freq is None or self._inv_freq.device != positions.device:
             self._inv_freq = rope_inv_freq(self.config.head_dim, self.config.rope_theta, positions.device)
-        return rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, dtype, self._inv_freq)
+        return rope_cos_sin(positions, self._inv_freq, dtype)
 
     def project_context(self, tap_rows: torch.Tensor, positions: torch.Tensor) -> list[LayerContext]:
         """Per-layer context K/V for tapped target rows [B, L, taps*H] at positions [B, L].

@@ -88,7 +88,7 @@ class SlotKVCache(Cache):
             for layer in self.layers:
                 layer.keys[lane, :, dst] = layer.keys[lane, :, src]
                 layer.values[lane, :, dst] = layer.values[lane, :, src]
-        if len(kept) < written:  # an ordinary decoding step keeps all it wrote: 60 empty writes saved
+        if len(kept) < written:  # a step that keeps all it wrote (one unpadded token) has nothing to zero
             for layer in self.layers:
                 layer.keys[lane, :, start + len(kept) : start + written] = 0
                 layer.values[lane, :, start + len(kept) : start + written] = 0

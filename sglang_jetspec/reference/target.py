@@ -16,7 +16,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from ..core.head_config import TargetInfo
-from ..core.packed_linear import MIN_ROWS, pack_linears
+from ..core.packed_linear import MIN_ROWS, available, pack_linears
 from .kv_cache import SlotKVCache
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen3", "qwen2")
@@ -78,7 +78,8 @@ class TargetModel:
         self.model = AutoModelForCausalLM.from_pretrained(str(self.path), dtype=dtype, attn_implementation=implementation).to(self.device).eval()
         if packed_linears is None:
             packed_linears = dtype == torch.bfloat16 and self.device.type == "cpu"
-        self.packed_linears = packed_linears and pack_linears(self.model) > 0
+        # only where the packed path will run: elsewhere padding the forward would buy nothing
+        self.packed_linears = bool(packed_linears) and available(self.model.get_input_embeddings().weight) and pack_linears(self.model) > 0
         self.tokenizer = AutoTokenizer.from_pretrained(str(self.path))
         cfg = self.model.config
         self.info = TargetInfo(
