@@ -62,11 +62,13 @@ def test_invariant_checker_catches_leftover_and_miscounted_state(smollm2, head_e
     cache, lanes = batch.cache, batch.lanes
     check_invariants(cache, lanes)
     length = int(cache.lengths[0])
-    cache.layers[3].keys[0, :, length + 1] = 1.0  # a rejected node's key left behind
+    with torch.inference_mode():  # the engine's state is made in inference mode: only there can it change in place
+        cache.layers[3].keys[0, :, length + 1] = 1.0  # a rejected node's key left behind
     with pytest.raises(InvariantError, match="past kv_len"):
         check_invariants(cache, lanes)
-    cache.layers[3].keys[0, :, length + 1] = 0.0
-    cache.lengths[0] += 1
+    with torch.inference_mode():
+        cache.layers[3].keys[0, :, length + 1] = 0.0
+        cache.lengths[0] += 1
     with pytest.raises(InvariantError, match="committed_len"):
         check_invariants(cache, lanes)
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from sglang_jetspec.core.packed_linear import MIN_ROWS, PackedLinear, available, pack_linears
+from sglang_jetspec.core.packed_linear import MIN_ROWS, PackedLinear, PackedWeight, available, linear, pack_linears
 
 needs_onednn = pytest.mark.skipif(not available(torch.zeros(1)), reason="this torch build has no oneDNN packed linear")
 
@@ -58,6 +58,19 @@ def test_a_weight_update_is_seen_at_the_next_call():
         replaced = layer(x)
     torch.testing.assert_close(after, 2 * before - layer.bias, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(replaced, layer.bias.expand_as(replaced))
+
+
+@needs_onednn
+def test_a_weight_made_in_inference_mode_is_packed():
+    """The drafter's draft-vocabulary rows are gathered under the engine's inference mode: such a tensor
+    has no version counter, and packing must not ask it for one."""
+    x = torch.randn(3, 64)
+    with torch.inference_mode():
+        weight = torch.randn(48, 64)
+        packed = PackedWeight()
+        out = linear(x, weight, None, packed)
+    assert weight.is_inference() and packed._packed is not None
+    torch.testing.assert_close(out, nn.functional.linear(x, weight), atol=1e-5, rtol=1e-5)
 
 
 @needs_onednn

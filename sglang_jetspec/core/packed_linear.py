@@ -44,7 +44,8 @@ class PackedWeight:
         self._packed: torch.Tensor | None = None
 
     def get(self, weight: torch.Tensor) -> torch.Tensor:
-        key = (weight.data_ptr(), weight._version, weight.dtype, tuple(weight.shape))
+        # an inference tensor (made under torch.inference_mode) keeps no version counter
+        key = (weight.data_ptr(), None if weight.is_inference() else weight._version, weight.dtype, tuple(weight.shape))
         if key != self._key:
             self._packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), _PACK_HINT)
             self._key = key

@@ -288,7 +288,11 @@ class ReferenceEngine:
 
 
 class RunningBatch:
-    """The requests decoding together: their lanes and the shared slot KV cache."""
+    """The requests decoding together: their lanes and the shared slot KV cache.
+
+    Admission and steps run under torch.inference_mode: no autograd bookkeeping on any op (about 2 ms
+    of a 30 ms SmolLM2 step on a 2-core CPU). The batch's tensors are inference tensors as a result:
+    only code under inference mode may change them in place."""
 
     def __init__(self, engine: ReferenceEngine) -> None:
         self.engine = engine
@@ -301,6 +305,7 @@ class RunningBatch:
     def has_room(self) -> bool:
         return len(self.lanes) < self.engine.config.max_batch_size
 
+    @torch.inference_mode()
     def admit(self, request: Request) -> RequestOutput | None:
         """Prefill a request into the batch; its output if it finished on its first token."""
         lane, lane_cache = self.engine._prefill(request)
@@ -310,6 +315,7 @@ class RunningBatch:
         self.lanes.append(lane)
         return None
 
+    @torch.inference_mode()
     def step(self, budget: int, draft_rounds: int | None = None, tree_width: int | None = None,
              lookup: LookupMerge | None | str = FROM_CONFIG,
              tree_sizing: str | None = None) -> tuple[StepRecord, list[tuple[Request, RequestOutput]]]:

@@ -19,6 +19,7 @@ from .target import Segment, TargetModel
 NODE_COUNTS = (1, 2, 4, 8, 16, 32, 64)
 
 
+@torch.inference_mode()  # as the engine's steps run: the same per-op cost
 def measure_verify_cost(target: TargetModel, taps: tuple[int, ...] = (), context: int = 256,
                         node_counts: tuple[int, ...] = NODE_COUNTS, repeats: int = 2) -> VerifyCost:
     generator = torch.Generator().manual_seed(0)
