@@ -6,6 +6,8 @@
 # Stage first (here): JETSPEC_STAGE_REQUIREMENTS=bench/gpu_train_requirements.txt bench/gpu_stage.sh,
 # send .stage/p00 with bench/gpu_receive.sh, then run this with .stage/p01 carried (bench/GPU.md).
 # Both heads, their training records and the log come back under $OUT; pick one by replay on CPU.
+# A step trains its sequences in one padded head pass (Trainer._batch_rows), so the GPU is not left
+# waiting on one small pass per sequence.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 START=$(date +%s)
@@ -24,6 +26,8 @@ if [ "$DEVICE" = cuda ]; then
   source bench/gpu_env.sh || exit 2
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   TARGET=$SMOLLM2_DIR
+  # the trainer's fp32 matrix products (the lm_head over 49,152 tokens dominates) on TF32 tensor cores
+  export TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1
 else
   TARGET=${JETSPEC_GPU_TARGET:-smollm2}
 fi

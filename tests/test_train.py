@@ -177,10 +177,48 @@ def test_conditioned_chain_accept_in_one_pass_equals_one_pass_per_revealed_prefi
     room = 30 - 2 - anchors
     slow = []
     for k in range(4):
-        _, argmax, labels, distance = trainer.sequence_loss(seq, anchors, torch.clamp(room, max=k))
+        _, argmax, labels, distance = trainer.batch_loss([seq], [anchors], [torch.clamp(room, max=k)])
         first = distance == 1
         slow.append((argmax[first] == labels[first]) & (k <= room))
     expected = (1 + torch.stack(slow, 1).int().cumprod(1).sum(1)).tolist()
     with torch.no_grad():
         assert trainer._conditioned_chain_accepts(seq, anchors) == expected
     assert max(expected) > 2 and min(expected) < max(expected)  # runs of varied length, so the check has teeth
+
+
+def test_a_padded_batch_trains_each_sequence_as_if_alone(tmp_path):
+    """Sequences of different lengths and block counts share one padded head pass: each one's loss and
+    the batch's gradient equal what it gets alone (padding and other sequences leak nothing)."""
+    from sglang_jetspec.core.head_config import HeadConfig
+    from sglang_jetspec.train.data import Sequence
+    from sglang_jetspec.train.trainer import TrainConfig, Trainer
+
+    vocab, hidden = 12, 16
+    cfg = HeadConfig(hidden_size=hidden, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=8,
+                     intermediate_size=32, vocab_size=vocab, block_size=4, target_layer_ids=(0,), mask_token_id=vocab - 1)
+    gen = torch.Generator().manual_seed(1)
+    seqs = [Sequence(torch.randint(0, vocab - 1, (n,), generator=gen), 3, torch.randn(n, hidden, generator=gen), torch.randn(n, hidden, generator=gen))
+            for n in (9, 30, 17)]
+    anchors = [torch.tensor([2, 5, 7]), torch.tensor([2, 8, 13, 20, 26, 28]), torch.tensor([4, 15])]  # the last blocks run out of tokens
+    revealed = [torch.tensor([0, 1, 0]), torch.tensor([0, 2, 1, 0, 2, 0]), torch.tensor([1, 0])]
+    embed, lm_head = torch.nn.Embedding(vocab, hidden), torch.nn.Linear(hidden, vocab)
+    trainer = Trainer(cfg, TrainConfig(position_decay=2.0, reveal="prefix"), embed, lm_head, seqs, tmp_path, torch.device("cpu"))
+    with torch.no_grad():
+        for p in [*trainer.head.parameters(), *embed.parameters(), *lm_head.parameters()]:
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
+
+    def grads(loss):
+        trainer.head.zero_grad()
+        loss.backward()
+        return [p.grad.clone() for p in trainer.head.parameters()]
+
+    losses, argmax, labels, distance = trainer.batch_loss(seqs, anchors, revealed)
+    alone = [trainer.batch_loss([s], [a], [r]) for s, a, r in zip(seqs, anchors, revealed)]
+    assert torch.allclose(losses.detach(), torch.stack([one[0][0] for one in alone]).detach(), atol=1e-5)
+    assert torch.equal(argmax, torch.cat([one[1] for one in alone])) and torch.equal(labels, torch.cat([one[2] for one in alone]))
+    assert torch.equal(distance, torch.cat([one[3] for one in alone]))
+    batched = grads(losses.mean())
+    separate = [grads(one[0][0]) for one in alone]
+    for got, *each in zip(batched, *separate):
+        assert torch.allclose(got, sum(each) / len(each), atol=1e-5)
+    assert (losses.max() - losses.min()).item() > 0.05  # the sequences' losses differ, so a mix-up would show

@@ -74,18 +74,28 @@ def position_weights(depths: torch.Tensor, decay: float | None) -> torch.Tensor:
     return torch.exp(-(depths.float() - 1) / decay)
 
 
-def distillation_loss(draft_logits: torch.Tensor, teacher_logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor, kind: str = "forward_kl", temperature: float = 1.0) -> torch.Tensor:
-    """Weighted mean over rows of T^2 * KL(teacher || draft) (or reverse KL, or cross-entropy on labels)."""
+def distillation_per_row(draft_logits: torch.Tensor, teacher_logits: torch.Tensor, labels: torch.Tensor, kind: str = "forward_kl", temperature: float = 1.0) -> torch.Tensor:
+    """Per row: T^2 * KL(teacher || draft) (or reverse KL, or cross-entropy on labels)."""
     if kind not in LOSSES:
         raise ValueError(f"loss={kind!r}: choose one of {LOSSES}")
     if kind == "sft":
-        per_row = F.cross_entropy(draft_logits.float(), labels, reduction="none")
+        return F.cross_entropy(draft_logits.float(), labels, reduction="none")
+    draft_logp = F.log_softmax(draft_logits.float() / temperature, dim=-1)
+    teacher_logp = F.log_softmax(teacher_logits.float() / temperature, dim=-1)
+    if kind == "forward_kl":
+        per_row = (teacher_logp.exp() * (teacher_logp - draft_logp)).sum(-1)
     else:
-        draft_logp = F.log_softmax(draft_logits.float() / temperature, dim=-1)
-        teacher_logp = F.log_softmax(teacher_logits.float() / temperature, dim=-1)
-        if kind == "forward_kl":
-            per_row = (teacher_logp.exp() * (teacher_logp - draft_logp)).sum(-1)
-        else:
-            per_row = (draft_logp.exp() * (draft_logp - teacher_logp)).sum(-1)
-        per_row = per_row * temperature**2
-    return (per_row * weights).sum() / weights.sum()
+        per_row = (draft_logp.exp() * (draft_logp - teacher_logp)).sum(-1)
+    return per_row * temperature**2
+
+
+def distillation_loss(draft_logits: torch.Tensor, teacher_logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor, kind: str = "forward_kl", temperature: float = 1.0) -> torch.Tensor:
+    """Weighted mean over rows of `distillation_per_row`."""
+    return per_sequence_mean(distillation_per_row(draft_logits, teacher_logits, labels, kind, temperature), weights, torch.zeros_like(labels), 1)[0]
+
+
+def per_sequence_mean(values: torch.Tensor, weights: torch.Tensor, sequence: torch.Tensor, count: int) -> torch.Tensor:
+    """[count]: the weighted mean of each sequence's rows (row r belongs to sequence `sequence[r]`), so a
+    batch of padded sequences weighs each as a batch of one would."""
+    total = torch.zeros(count, device=values.device, dtype=values.dtype).index_add(0, sequence, values * weights)
+    return total / torch.zeros(count, device=weights.device, dtype=weights.dtype).index_add(0, sequence, weights)

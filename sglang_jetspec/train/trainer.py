@@ -16,11 +16,24 @@ from ..core.head import DraftHead
 from ..core.head_config import HeadConfig
 from ..core.head_io import init_head, save_head
 from .data import Sequence
-from .objective import REVEALS, block_inputs, distillation_loss, position_weights, sample_reveals, target_rows, training_mask
+from .objective import REVEALS, block_inputs, distillation_per_row, per_sequence_mean, position_weights, sample_reveals, target_rows, training_mask
 
 CHECKPOINT = "checkpoint.pt"
 TIMED_STEPS = (5, 25)  # a time-budgeted run times its steps [a, b) (the first ones pay for warm-up: allocator, kernels)
 BUDGET_RESERVE = 0.1  # share of the budget kept for evaluations, checkpoints and export
+
+
+@dataclass(frozen=True)
+class TrainedRows:
+    """The trained rows of a batch, sequence by sequence, block by block: head output, the target's
+    final hidden state of its teacher position, the real next token, distance from the last real
+    token, and the row's sequence in the batch."""
+
+    hidden: torch.Tensor
+    teacher: torch.Tensor
+    labels: torch.Tensor
+    distance: torch.Tensor
+    sequence: torch.Tensor
 
 
 @dataclass(frozen=True)
@@ -116,53 +129,75 @@ class Trainer:
         return self.cfg.min_lr_ratio + (1 - self.cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
     def _anchors(self, seq: Sequence, rng: random.Random, count: int) -> torch.Tensor:
-        """Distinct anchors in the response: the root is a committed response position (or the prompt's last token)."""
+        """Distinct anchors in the response (on the host): the root is a committed response position (or the prompt's last token)."""
         low, high = seq.prompt_len - 1, seq.ids.numel() - 2
         picks = rng.sample(range(low, high + 1), min(count, high - low + 1))
-        return torch.tensor(sorted(picks), device=self.device)
+        return torch.tensor(sorted(picks))
 
-    def _block_hidden(self, seq: Sequence, anchors: torch.Tensor, revealed: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Head hidden states of one sequence's blocks (block j showing `revealed[j]` true tokens) and,
-        for the trained rows block by block: query index, teacher position, distance from the last real token."""
-        cfg = self.head_cfg
-        ids = seq.ids.to(self.device)
-        length = ids.numel()
-        taps = seq.taps.to(self.device, torch.float32)
-        context = self.head.project_context(taps.unsqueeze(0), torch.arange(length, device=self.device).unsqueeze(0))
-        block_ids, positions = block_inputs(ids, anchors, cfg.block_size, cfg.mask_token_id, revealed)
-        mask = training_mask(anchors, cfg.block_size, length, cfg.causal_head)
-        hidden = self.head(self.embed_tokens(block_ids).unsqueeze(0).float(), positions.unsqueeze(0), context, mask)[0]
-        return (hidden, *target_rows(anchors, cfg.block_size, length, revealed))
+    def _batch_rows(self, seqs: list[Sequence], anchors: list[torch.Tensor], revealed: list[torch.Tensor | None]) -> TrainedRows:
+        """One head pass over several sequences' blocks (sequence i's block j showing `revealed[i][j]` true tokens).
 
-    def sequence_loss(self, seq: Sequence, anchors: torch.Tensor, revealed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Loss of one sequence's blocks (block j showing `revealed[j]` true tokens); also (draft argmax,
-        labels, distances from the last real token) of the trained rows, block by block."""
-        ids = seq.ids.to(self.device)
-        hidden, query, teacher_pos, depths = self._block_hidden(seq, anchors, revealed)
-        draft_logits = self.lm_head(hidden[query])
+        Sequences are padded to the longest and their blocks to the most; a block's context mask stops at
+        its anchor, so no row sees another sequence's padding, and a padding block only sees itself (a row
+        with no key at all would make attention NaN). Rows come sequence by sequence, block by block."""
+        cfg, device = self.head_cfg, self.device
+        size, count = cfg.block_size, len(seqs)
+        length, rows = max(s.ids.numel() for s in seqs), max(a.numel() for a in anchors) * cfg.block_size
+        block_ids = torch.full((count, rows), cfg.mask_token_id, dtype=torch.long)
+        positions = torch.zeros((count, rows), dtype=torch.long)
+        mask = torch.zeros((count, rows, length + rows), dtype=torch.bool)
+        mask[:, :, length:] = torch.eye(rows, dtype=torch.bool)
+        query, teacher_pos, distance, sequence = [], [], [], []
+        for i, (seq, seq_anchors, seq_revealed) in enumerate(zip(seqs, anchors, revealed)):
+            n, seq_len = seq_anchors.numel() * size, seq.ids.numel()
+            block_ids[i, :n], positions[i, :n] = block_inputs(seq.ids, seq_anchors, size, cfg.mask_token_id, seq_revealed)
+            own = training_mask(seq_anchors, size, length, cfg.causal_head)[0, 0]
+            mask[i, :n, :length], mask[i, :n, length : length + n] = own[:, :length], own[:, length:]
+            q, t, d = target_rows(seq_anchors, size, seq_len, seq_revealed)
+            query.append(q + i * rows)
+            teacher_pos.append(t)
+            distance.append(d)
+            sequence.append(torch.full_like(q, i))
+        taps = torch.nn.utils.rnn.pad_sequence([s.taps for s in seqs], batch_first=True).to(device, torch.float32)
+        context = self.head.project_context(taps, torch.arange(length, device=device).expand(count, length))
+        embeds = self.embed_tokens(block_ids.to(device)).float()
+        hidden = self.head(embeds, positions.to(device), context, mask.to(device).unsqueeze(1))
+        return TrainedRows(
+            hidden=hidden.reshape(count * rows, -1)[torch.cat(query).to(device)],
+            teacher=torch.cat([s.final[t] for s, t in zip(seqs, teacher_pos)]).to(device, torch.float32),
+            labels=torch.cat([s.ids[t + 1] for s, t in zip(seqs, teacher_pos)]).to(device),
+            distance=torch.cat(distance).to(device),
+            sequence=torch.cat(sequence).to(device),
+        )
+
+    def batch_loss(self, seqs: list[Sequence], anchors: list[torch.Tensor], revealed: list[torch.Tensor | None] | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Each sequence's loss [S] (the weighted mean of its rows, as if it were trained alone); also
+        (draft argmax, labels, distances from the last real token) of the trained rows."""
+        rows = self._batch_rows(seqs, anchors, revealed or [None] * len(seqs))
+        draft_logits = self.lm_head(rows.hidden)
         with torch.no_grad():
-            teacher_logits = self.lm_head(seq.final.to(self.device, torch.float32)[teacher_pos])
-        labels = ids[teacher_pos + 1]
-        loss = distillation_loss(draft_logits, teacher_logits, labels, position_weights(depths, self.cfg.position_decay), self.cfg.loss, self.cfg.kd_temperature)
-        return loss, draft_logits.argmax(-1), labels, depths
+            teacher_logits = self.lm_head(rows.teacher)
+        per_row = distillation_per_row(draft_logits, teacher_logits, rows.labels, self.cfg.loss, self.cfg.kd_temperature)
+        losses = per_sequence_mean(per_row, position_weights(rows.distance, self.cfg.position_decay), rows.sequence, len(seqs))
+        return losses, draft_logits.argmax(-1), rows.labels, rows.distance
 
     def train_step(self) -> float:
         self.optimizer.zero_grad(set_to_none=True)
-        total = 0.0
-        for seq in self.rng.sample(self.train, min(self.cfg.seqs_per_step, len(self.train))):
-            anchors = self._anchors(seq, self.rng, self.cfg.blocks_per_seq)
-            revealed = None
+        seqs = self.rng.sample(self.train, min(self.cfg.seqs_per_step, len(self.train)))
+        anchors, revealed = [], []
+        for seq in seqs:  # anchors, then reveals, sequence by sequence: one rng stream whatever the batching
+            anchors.append(self._anchors(seq, self.rng, self.cfg.blocks_per_seq))
             if self.cfg.reveal == "prefix":
-                revealed = sample_reveals(self.rng, anchors, self.head_cfg.block_size, seq.ids.numel(), self.cfg.all_mask_share)
-            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.bf16):
-                loss, *_ = self.sequence_loss(seq, anchors, revealed)
-            (loss / self.cfg.seqs_per_step).backward()
-            total += loss.item() / self.cfg.seqs_per_step
+                revealed.append(sample_reveals(self.rng, anchors[-1], self.head_cfg.block_size, seq.ids.numel(), self.cfg.all_mask_share))
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.bf16):
+            losses, *_ = self.batch_loss(seqs, anchors, revealed or None)
+        loss = losses.mean()
+        loss.backward()
         torch.nn.utils.clip_grad_norm_(self.head.parameters(), self.cfg.grad_clip)
         self.optimizer.step()
         self.scheduler.step()
         self.step += 1
-        return total
+        return loss.item()
 
     @torch.no_grad()
     def evaluate(self) -> dict:
@@ -174,16 +209,18 @@ class Trainer:
         self.head.eval()
         rng = random.Random(12345)  # the same held-out blocks every evaluation
         losses, accept, conditioned = [], [], []
-        for seq in self.heldout:
-            anchors = self._anchors(seq, rng, self.cfg.blocks_per_seq)
-            loss, argmax, labels, depths = self.sequence_loss(seq, anchors)
-            losses.append(loss.item())
+        for start in range(0, len(self.heldout), self.cfg.seqs_per_step):
+            seqs = self.heldout[start : start + self.cfg.seqs_per_step]
+            anchors = [self._anchors(seq, rng, self.cfg.blocks_per_seq) for seq in seqs]
+            seq_losses, argmax, labels, depths = self.batch_loss(seqs, anchors)
+            losses += seq_losses.tolist()
             hit = (argmax == labels).float()
-            # rows are ordered block by block, depth 1.. within each block
+            # rows are ordered sequence by sequence, block by block, depth 1.. within each block
             for block in hit.split(torch.bincount((depths == 1).cumsum(0) - 1).tolist()):
                 accept.append(1 + int(block.cumprod(0).sum()))
             if self.cfg.reveal == "prefix":
-                conditioned += self._conditioned_chain_accepts(seq, anchors)
+                for seq, seq_anchors in zip(seqs, anchors):
+                    conditioned += self._conditioned_chain_accepts(seq, seq_anchors)
         self.head.train()
         metrics = {"heldout_loss": sum(losses) / len(losses), "heldout_chain_accept_length": sum(accept) / len(accept)}
         if conditioned:
@@ -196,13 +233,12 @@ class Trainer:
         One head pass: every anchor repeated once per k = 0..B-2 (blocks never see each other), and
         only each block's first masked row pays for the lm_head."""
         steps = self.head_cfg.block_size - 1
-        anchors = anchors.to(self.device).repeat_interleave(steps)
-        shown = torch.arange(steps, device=self.device).repeat(anchors.numel() // steps)
+        anchors = anchors.repeat_interleave(steps)
+        shown = torch.arange(steps).repeat(anchors.numel() // steps)
         room = seq.ids.numel() - 2 - anchors  # the most tokens a block can reveal and still predict one
-        hidden, query, teacher_pos, distance = self._block_hidden(seq, anchors, torch.minimum(shown, room))
-        first = distance == 1  # the first masked row: exactly one per block, in block order
-        argmax = self.lm_head(hidden[query[first]]).argmax(-1)
-        hits = (argmax == seq.ids.to(self.device)[teacher_pos[first] + 1]) & (shown <= room)
+        rows = self._batch_rows([seq], [anchors], [torch.minimum(shown, room)])
+        first = rows.distance == 1  # the first masked row: exactly one per block, in block order
+        hits = (self.lm_head(rows.hidden[first]).argmax(-1) == rows.labels[first]).cpu() & (shown <= room)
         return (1 + hits.view(-1, steps).int().cumprod(1).sum(1)).tolist()
 
     def save_checkpoint(self) -> None:
