@@ -41,6 +41,9 @@ echo "gpu_train: data ready after $(elapsed) s"
 # what is left, less loading the sequences and the fp32 target before training and the export after it
 budget_min=$(python3 -c "print(max(0.5, ($DEADLINE_S - $(elapsed) - 90) / 60))")
 TRAIN=(--position-decay 5 --seqs-per-step 16 --blocks-per-seq 32 --eval-every 400 --time-budget-min "$budget_min")
+# Two trainers side by side split the cores: each at every core's worth of threads made a step take
+# 1.55 s instead of 0.08 s (H100, 16 cores, bench/results/gpu/train-2026-11-26-h100.md).
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( $(nproc) / 4 > 0 ? $(nproc) / 4 : 1 ))}
 python3 -m sglang_jetspec.cli train "${DATA[@]}" "${TRAIN[@]}" --out /tmp/head-a --layers 1 --steps 20000 --lr 1e-3 --warmup-steps 50 \
   --init-head sglang_jetspec/heads/smollm2-135m-instruct > "$RESULTS/train-a.log" 2>&1 &
 a=$!
