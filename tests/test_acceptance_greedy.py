@@ -2,7 +2,9 @@
 
 import torch
 
-from sglang_jetspec.core.acceptance import accept_batch
+import pytest
+
+from sglang_jetspec.core.acceptance import accept_batch, target_argmax
 from sglang_jetspec.core.sampling import SamplingParams, make_generator
 from sglang_jetspec.core.tree import DraftTree
 
@@ -70,3 +72,17 @@ def test_greedy_and_sampled_rows_mix_in_one_batch():
     results = accept_batch([TREE, TREE], logits, [SamplingParams(), SamplingParams(temperature=1.0, seed=1)], [make_generator(0), make_generator(1)])
     assert results[0].tokens == [2, 4, 7]
     assert results[1].tokens == [3]  # root's children are 1 and 2, so 3 is the correction
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_target_argmax_is_the_first_maximum_in_every_dtype(dtype):
+    """Half-precision logits are widened before the argmax on a CPU: the same winner, ties to the first."""
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 5, 4096, generator=gen).to(dtype)
+    logits[0, 0, 7] = logits[0, 0, 4000] = 50.0  # a tie: the lower index wins
+    logits[1, 2, 4095] = 50.0
+    got = target_argmax(logits)
+    assert got.dtype == torch.long and got.shape == (3, 5)
+    assert got[0, 0] == 7 and got[1, 2] == 4095
+    first_max = (logits == logits.amax(-1, keepdim=True)).int().argmax(-1)  # first index holding the maximum
+    assert torch.equal(got, first_max)
