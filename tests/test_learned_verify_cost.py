@@ -3,7 +3,7 @@
 import pytest
 
 from sglang_jetspec.core.learned_verify_cost import LearnedVerifyCost
-from sglang_jetspec.core.tree_sizing import TreeSizer, size_trees
+from sglang_jetspec.core.tree_sizing import TreeSizer, VerifyCost, size_trees
 
 from test_tree_sizing import chain
 
@@ -59,3 +59,12 @@ def test_a_learned_curve_sizes_trees_as_the_same_costs_measured_per_token_would(
     assert 1 < learned.trees[0].size < tree.size
     with pytest.raises(ValueError, match="no verify cost"):
         TreeSizer().size([tree], draft_s=0.0)
+
+
+def test_a_curve_started_from_a_measurement_is_it_until_timings_correct_it():
+    measured = VerifyCost((1, 4, 16), (1.0, 1.5, 3.0), unit_s=0.02)
+    costs = LearnedVerifyCost.starting_from(measured, decay=0.5)
+    assert costs.probe(lanes=1, budget=16) is None  # both ends known: no probe step needed
+    assert costs.curve(1)(4) == pytest.approx(1.5) and costs.curve(1).unit_s == pytest.approx(0.02)
+    costs.observe(4, 0.02)  # warm, the 4-node verify costs what one token does
+    assert costs.curve(1)(4) == pytest.approx(1.25) and costs.curve(1)(16) == pytest.approx(3.0)

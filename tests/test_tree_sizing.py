@@ -245,3 +245,16 @@ def test_a_policy_step_can_size_adaptively_on_an_engine_started_fixed(smollm2, u
     assert engine.sizer is not None and [outputs["0"], outputs["1"]] == autoregressive[:2]
     # a random head: next to nothing pays for its share of the verify
     assert sum(r.verified_nodes for r in records) / sum(r.batch_size for r in records) < 3
+
+
+def test_the_engine_sizes_with_the_verify_cost_its_own_steps_teach(smollm2, untrained_drafter, workload, monkeypatch):
+    """The start-up measurement only seeds the curve: every sized step's timed verify refines it, and
+    sizing reads the refined curve (the sizer holds no cost of its own, so an unwired curve would raise)."""
+    seeded = VerifyCost(SMOLLM2_FP32.nodes, SMOLLM2_FP32.relative, unit_s=10.0)  # absurdly slow: what timing must correct
+    monkeypatch.setattr(reference_engine, "verify_cost", lambda target, taps=(): seeded)
+    engine = ReferenceEngine(smollm2, untrained_drafter, EngineConfig(tree_width=4, max_batch_size=2, tree_sizing="adaptive"))
+    assert engine.sizer.cost is None and engine.verify_costs.seconds == pytest.approx([10.0, 15.4, 21.7, 43.5])
+    engine.generate(workload[:2], budget=16)
+    learned = dict(zip(engine.verify_costs.rows, engine.verify_costs.seconds))
+    assert learned[2] < 1.0  # two lanes' ordinary steps as timed, not the ~12 s the seed implies
+    assert learned[64] == pytest.approx(43.5)  # never verified: still the seed

@@ -125,7 +125,8 @@ def add_tree_arguments(parser: argparse.ArgumentParser, rounds: str | None = "on
 
 SIZING_HELP = ("fixed: verify the whole tree of --budget nodes; adaptive: each step verifies only the nodes whose "
                "draft probability pays for their share of the verify pass, by the target's verify cost measured on this "
-               "machine at start-up (core/tree_sizing.py; down to the roots alone, an ordinary decoding step), and the draft "
+               "machine at start-up and refined by every verify pass after it (core/tree_sizing.py; down to the roots alone, "
+               "an ordinary decoding step), and the draft "
                "head sits out steps while it does not pay (prompt lookup still proposes)")
 sizing_list = comma_list(str, lambda v: v in SIZINGS, f"one of {', '.join(SIZINGS)}", ",".join(SIZINGS))
 

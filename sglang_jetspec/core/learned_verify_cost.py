@@ -1,7 +1,8 @@
-"""The target's verify cost learned from the verify passes a server times, for adaptive tree sizing
-where no model of our own can be timed at start-up: the SGLang worker's target runs in SGLang's
-model runner, with SGLang's kernels, batch shapes and memory pools (the reference engine times its
-HF model instead: reference/verify_cost.py).
+"""The target's verify cost learned from the verify passes an engine times, for adaptive tree sizing.
+The SGLang worker has no model of its own to time at start-up (its target runs in SGLang's model
+runner, with SGLang's kernels, batch shapes and memory pools), so it starts empty and probes. The
+reference engine starts from the curve it measures on its HF model (reference/verify_cost.py): a few
+cold forwards, which its warm verify passes then correct.
 
 Cost is keyed by the rows one verify forward computes (lanes x nodes): the matmuls grow with them on
 a CPU, and stay flat on a GPU until they are compute bound; attention over each lane's own cache is
@@ -26,6 +27,15 @@ class LearnedVerifyCost:
         self.decay = decay
         self.rows: list[int] = []  # timed row counts, increasing
         self.seconds: list[float] = []  # their moving averages
+
+    @classmethod
+    def starting_from(cls, cost: VerifyCost, decay: float = 0.8) -> "LearnedVerifyCost":
+        """A curve that starts as `cost` (measured once, e.g. at engine start, with the unit one row)
+        and then follows what observations say: a start-up measurement is a few cold forwards, and
+        the engine's own verify passes, warm and at the sizes it uses, correct it."""
+        learned = cls(decay)
+        learned.rows, learned.seconds = list(cost.nodes), [r * cost.unit_s for r in cost.relative]
+        return learned
 
     def observe(self, rows: int, seconds: float) -> None:
         """One verify forward over `rows` rows (lanes x nodes) took `seconds`."""

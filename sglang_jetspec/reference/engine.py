@@ -22,6 +22,7 @@ from ..core.sampling import SamplingParams, make_generator
 from ..core.step_record import StepRecord
 from ..core.suffix_store import RECENT_OUTPUT_TOKENS, SuffixStore
 from ..core.drafting import draft_trees, headless_trees, settled_clock
+from ..core.learned_verify_cost import LearnedVerifyCost
 from ..core.prompt_lookup import LookupMerge
 from ..core.tree import DraftTree, TreeSpec, root_only_tree
 from ..core.tree_sizing import SIZINGS, TreeSizer
@@ -150,6 +151,7 @@ class ReferenceEngine:
         self.tap_width = target.info.hidden_size * len(self.tap_layers)
         self.check_draft_rounds(self.config.draft_rounds)
         self.sizer: TreeSizer | None = None
+        self.verify_costs: LearnedVerifyCost | None = None  # with the sizer: its verify cost, refined by every sized step
         if self.config.tree_sizing == "adaptive":
             self.sizer_for("adaptive")  # measured before the first request, so no request pays for it
         # what this engine's finished requests wrote: the hybrid drafter looks its continuations up too
@@ -163,7 +165,8 @@ class ReferenceEngine:
         if tree_sizing == "fixed" or self.drafter is None:
             return None
         if self.sizer is None:
-            self.sizer = TreeSizer(verify_cost(self.target, self.tap_layers))
+            self.sizer = TreeSizer()
+            self.verify_costs = LearnedVerifyCost.starting_from(verify_cost(self.target, self.tap_layers))
         return self.sizer
 
     def check_draft_rounds(self, rounds: int) -> None:
@@ -230,12 +233,12 @@ class ReferenceEngine:
         spec = TreeSpec(budget=budget, max_depth=depth, width=tree_width, fanout=self.config.fanout)
         if sizer is not None and not sizer.gate.should_draft():  # the head has not been paying
             start = time.perf_counter()
-            trees = sizer.size(headless_trees(lanes, spec, lookup), 0.0, drafted=False)
+            trees = sizer.size(headless_trees(lanes, spec, lookup), 0.0, drafted=False, cost=self.verify_costs.curve(len(lanes)))
             return trees, [], time.perf_counter() - start
         trees, timing = draft_trees(self.drafter, lanes, spec, draft_rounds, lookup)
         if sizer is not None:
             start = time.perf_counter()
-            trees = sizer.size(trees, timing.draft_s)
+            trees = sizer.size(trees, timing.draft_s, cost=self.verify_costs.curve(len(lanes)))
             timing.tree_s += time.perf_counter() - start
         return trees, timing.round_s, timing.tree_s
 
@@ -250,6 +253,8 @@ class ReferenceEngine:
         out = self.target.forward(cache, segments, self.tap_layers)
         logits = self.target.logits(out.hidden)
         t_accept = settled_clock(logits)
+        if sizer is not None:  # the forward pads every lane to the longest tree
+            self.verify_costs.observe(len(lanes) * max(tree.size for tree in trees), t_accept - t_verify)
         results = accept_batch(trees, logits, [l.params for l in lanes], [l.generator for l in lanes], self.config.acceptance)
         if sizer is not None and budget > 1:
             sizer.observe([r.path for r in results])
