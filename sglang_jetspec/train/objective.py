@@ -91,7 +91,7 @@ def distillation_per_row(draft_logits: torch.Tensor, teacher_logits: torch.Tenso
 
 def distillation_loss(draft_logits: torch.Tensor, teacher_logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor, kind: str = "forward_kl", temperature: float = 1.0) -> torch.Tensor:
     """Weighted mean over rows of `distillation_per_row`."""
-    return per_sequence_mean(distillation_per_row(draft_logits, teacher_logits, labels, kind, temperature), weights, torch.zeros_like(labels), 1)[0]
+    return (distillation_per_row(draft_logits, teacher_logits, labels, kind, temperature) * weights).sum() / weights.sum()
 
 
 def per_sequence_mean(values: torch.Tensor, weights: torch.Tensor, sequence: torch.Tensor, count: int) -> torch.Tensor:
