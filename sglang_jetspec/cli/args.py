@@ -113,7 +113,9 @@ def add_tree_arguments(parser: argparse.ArgumentParser, rounds: str | None = "on
     (rounds="several": bench, replay, gap), or is absent (None: serve, where the policy sets rounds per cohort)."""
     parser.add_argument("--tree-width", type=int, default=8, help="top-K candidates per depth")
     parser.add_argument("--fanout", choices=["uniform", "top2gap"], default="uniform")
-    parser.add_argument("--acceptance", choices=["match", "residual"], default="match", help="lossless rule for sampled requests")
+    parser.add_argument("--acceptance", choices=["match", "residual", "draw"], default="match",
+                        help="lossless rule for sampled requests; draw: the head's children are drawn from its "
+                             "distribution and accepted against it (core/drawn_children.py)")
     rounds_help = ("tree-causal draft rounds after the marginal tree: each re-drafts every node's children conditioned on its "
                    "real path and rebuilds the tree within the same budget (needs a head trained with --reveal prefix; 0 = off)")
     if rounds == "several":

@@ -8,7 +8,10 @@ drafts, selectable per call:
   * "residual" (SpecInfer-style recursive rejection with point-mass proposals): at a node, try the
     children in rank order; accept child token t with probability p(t); on rejection set p(t) = 0 and
     renormalise; if every child is rejected, draw the correction from what is left.
-Both emit exactly the processed target distribution at every position. All randomness comes from
+And for trees whose children were drawn from the draft distribution (core/drawn_children.py):
+  * "draw": the same recursion, with each drawn child accepted with probability min(1, r(t) / q(t))
+    under the proposal q it was drawn from, and a rejection leaving normalise(max(r - q, 0)).
+All three emit exactly the processed target distribution at every position. All randomness comes from
 uniforms drawn from each request's own generator, so a seed reproduces a request whatever its batch.
 
 Only the nodes the walk visits are ever turned into probabilities (`visited_probs`, one [V] row per
@@ -25,7 +28,7 @@ import torch
 from .sampling import SamplingParams, processed_probs
 from .tree import DraftTree
 
-METHODS = ("match", "residual")
+METHODS = ("match", "residual", "draw")
 
 
 @dataclass
@@ -193,6 +196,44 @@ def _walk_residual(padded: _PaddedTrees, logits: torch.Tensor, params: list[Samp
     return path, final
 
 
+def reject_drawn(r: torch.Tensor, q: torch.Tensor, vocab: torch.Tensor | None) -> None:
+    """Residual after rejecting a child drawn from q ([V_d] over `vocab`'s columns): max(r - q, 0), unnormalised."""
+    at = slice(None) if vocab is None else vocab
+    r[at] = (r[at] - q).clamp(min=0.0)
+
+
+def _walk_drawn(tree: DraftTree, logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> tuple[list[int], int]:
+    """Recursive rejection down one request's tree (`logits` [N, V]), drawn children against the proposal
+    they were drawn from and the others as point masses (the module docstring). One request at a time:
+    drawn proposals differ per request, and the walk visits a node or two per depth. Uniforms come from
+    the request's generator, as many per visited node as it has children, plus one."""
+    drawn, kids, tokens, depths = tree.drawn, tree.children(), tree.tokens.tolist(), tree.depths.tolist()
+    path = [0]
+    while True:
+        node = path[-1]
+        r = processed_probs(logits[node : node + 1], params)[0].double().cpu()
+        uniforms = torch.rand(len(kids[node]) + 1, generator=generator, dtype=torch.float64).tolist()
+        accepted = None
+        for child, u in zip(kids[node], uniforms):
+            token = tokens[child]
+            if drawn is not None and child in drawn.drawn:
+                q = drawn.proposal(child, depths[child])
+                column = drawn.drawn[child][0]
+                if u * float(q[column]) < float(r[token]):  # u < min(1, r / q)
+                    accepted = child
+                    break
+                reject_drawn(r, q, drawn.vocab)
+            else:
+                if u < float(r[token]):
+                    accepted = child
+                    break
+                r[token] = 0.0
+            r /= r.sum().clamp(min=1e-300)
+        if accepted is None:
+            return path, int(sample_from_probs(r, torch.tensor(uniforms[-1], dtype=torch.float64)))
+        path.append(accepted)
+
+
 def accept_batch(
     trees: list[DraftTree],
     logits: torch.Tensor,
@@ -244,7 +285,11 @@ def accept_batch(
         for j, b in enumerate(match_rows):
             results[b] = _result(trees[b], paths[j], finals[j])
 
-    if residual_rows:
+    if residual_rows and method == "draw":
+        for b in residual_rows:
+            path, final = _walk_drawn(trees[b], logits[b], params[b], generators[b])
+            results[b] = _result(trees[b], path, final)
+    elif residual_rows:
         idx = torch.tensor(residual_rows)
         sub = _subset(padded, idx)
         uniforms = _residual_uniforms(sub, [trees[b] for b in residual_rows], [generators[b] for b in residual_rows])

@@ -18,6 +18,7 @@ from typing import Protocol
 
 import torch
 
+from .drawn_children import draw_children, proposals_from_logits
 from .prompt_lookup import Guesses, LookupMerge, lookup_guesses, merge_guesses, with_guesses
 from .tree import Candidates, DraftTree, TreeSpec, build_tree, candidate_lists, root_only_tree, top_k_per_depth
 
@@ -108,10 +109,17 @@ def headless_trees(lanes: list, spec: TreeSpec, lookup: LookupMerge | None) -> l
             for lane in lanes]
 
 
+Draw = tuple[float, torch.Generator]  # a sampled request's temperature and random stream
+
+
 def draft_trees(drafter: TreeDrafter, lanes: list, spec: TreeSpec, rounds: int = 0,
-                lookup: LookupMerge | None = None) -> tuple[list[DraftTree], DraftTiming]:
+                lookup: LookupMerge | None = None, draws: list[Draw | None] | None = None) -> tuple[list[DraftTree], DraftTiming]:
     """Every lane's tree after the marginal pass and `rounds` tree-causal rounds (0 = marginal only),
-    with each lane's prompt-lookup guess merged in when `lookup` is given (the hybrid drafter)."""
+    with each lane's prompt-lookup guess merged in when `lookup` is given (the hybrid drafter). With
+    `draws`, the marginal children of each lane that has one are drawn from the head's distribution at
+    its temperature (core/drawn_children.py; marginal trees only: rounds must be 0)."""
+    if draws is not None and rounds:
+        raise ValueError(f"draws with draft rounds {rounds}: drawn children need the marginal tree (rounds 0)")
     t0 = time.perf_counter()
     depth_logits = drafter.propose(lanes, spec.max_depth)
     t1 = settled_clock(depth_logits)
@@ -127,4 +135,24 @@ def draft_trees(drafter: TreeDrafter, lanes: list, spec: TreeSpec, rounds: int =
         head_s, tree_s = refine(drafter, lanes, drafts)
         timing.round_s.append(head_s)
         timing.tree_s += tree_s
-    return [d.tree for d in drafts], timing
+    trees = [d.tree for d in drafts]
+    if draws is not None:
+        start = time.perf_counter()
+        trees = drawn_trees(drafts, depth_logits, draws)
+        timing.tree_s += time.perf_counter() - start
+    return trees, timing
+
+
+def drawn_trees(drafts: list[TreeDraft], depth_logits: torch.Tensor, draws: list[Draw | None]) -> list[DraftTree]:
+    """Each draft's tree, with its marginal children drawn where the lane has a draw (draw_children)."""
+    logits = depth_logits.cpu()
+    trees = []
+    for b, (draft, draw) in enumerate(zip(drafts, draws)):
+        if draw is None:
+            trees.append(draft.tree)
+            continue
+        temperature, generator = draw
+        fixed = {path: set(tokens) for path, tokens in draft.guesses.items()}
+        vocab = None if draft.vocab is None else draft.vocab.cpu()
+        trees.append(draw_children(draft.tree, fixed, proposals_from_logits(logits[b], temperature), vocab, generator))
+    return trees

@@ -190,6 +190,7 @@ def load_draft_corpus(head_dir: str | Path, vocab_size: int, max_ngram: int = 4)
         return None
     store = SuffixStore(max_ngram)
     store.add(values)
+    store._refresh()  # index now: lazily, the first request to look it up would pay for it (about 0.1 s)
     return store
 
 

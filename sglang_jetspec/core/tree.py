@@ -15,8 +15,12 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from .drawn_children import DrawnChildren
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,8 @@ class DraftTree:
     depths: torch.Tensor  # [N] long, root 0
     ranks: torch.Tensor  # [N] long, the token's rank among its parent's candidates (root 0)
     cum_logprobs: torch.Tensor  # [N] float, root 0
+    # a sampled request's drawn children (core/drawn_children.py): what acceptance needs to stay lossless
+    drawn: "DrawnChildren | None" = None
 
     @property
     def size(self) -> int:

@@ -113,7 +113,7 @@ def truncate(tree: DraftTree, size: int) -> DraftTree:
     """The tree's first `size` nodes (a tree: parents precede their children)."""
     if size >= tree.size:
         return tree
-    return DraftTree(tree.tokens[:size], tree.parents[:size], tree.depths[:size], tree.ranks[:size], tree.cum_logprobs[:size])
+    return DraftTree(tree.tokens[:size], tree.parents[:size], tree.depths[:size], tree.ranks[:size], tree.cum_logprobs[:size], tree.drawn)
 
 
 def conditional_probabilities(tree: DraftTree) -> torch.Tensor:

@@ -63,7 +63,7 @@ FROM_CONFIG = "config"  # RunningBatch.step: use the engine config's lookup merg
 class EngineConfig:
     tree_width: int = 8
     fanout: str = "uniform"
-    acceptance: str = "match"  # "match" or "residual" for sampled requests
+    acceptance: str = "match"  # sampled requests: "match", "residual" or "draw" (children drawn from the head: core/drawn_children.py)
     max_batch_size: int = 4
     check_invariants: bool = False  # verify KV / hidden-row bookkeeping after every step (debugging, tests)
     draft_rounds: int = 0  # tree-causal rounds after the marginal tree (0 = per-depth marginals only)
@@ -235,12 +235,19 @@ class ReferenceEngine:
             start = time.perf_counter()
             trees = sizer.size(headless_trees(lanes, spec, lookup), 0.0, drafted=False, cost=self.verify_costs.curve(len(lanes)))
             return trees, [], time.perf_counter() - start
-        trees, timing = draft_trees(self.drafter, lanes, spec, draft_rounds, lookup)
+        trees, timing = draft_trees(self.drafter, lanes, spec, draft_rounds, lookup, self._draws(lanes, draft_rounds))
         if sizer is not None:
             start = time.perf_counter()
             trees = sizer.size(trees, timing.draft_s, cost=self.verify_costs.curve(len(lanes)))
             timing.tree_s += time.perf_counter() - start
         return trees, timing.round_s, timing.tree_s
+
+    def _draws(self, lanes: list[Lane], draft_rounds: int) -> list | None:
+        """Under "draw" acceptance, each sampled lane's temperature and generator for drawing its children
+        (marginal trees only: with tree-causal rounds the children stay the head's top-K)."""
+        if self.config.acceptance != "draw" or draft_rounds or all(lane.params.greedy for lane in lanes):
+            return None
+        return [None if lane.params.greedy else (lane.params.temperature, lane.generator) for lane in lanes]
 
     def _step(self, cache: SlotKVCache, lanes: list[Lane], budget: int, draft_rounds: int, tree_width: int,
               lookup: LookupMerge | None, sizer: TreeSizer | None) -> StepRecord:
