@@ -59,6 +59,13 @@ def proposals_from_logits(depth_logits: torch.Tensor, temperature: float) -> tor
     return torch.cat([torch.zeros(1, probs.shape[-1], dtype=probs.dtype), probs])
 
 
+def _columns(tokens: set[int], vocab: torch.Tensor | None) -> list[int]:
+    """The proposal columns of `tokens` (those outside a reduced vocabulary have none)."""
+    if vocab is None or not tokens:
+        return sorted(tokens)
+    return (vocab.unsqueeze(1) == torch.tensor(sorted(tokens))).any(1).nonzero().flatten().tolist()
+
+
 def draw_children(tree: DraftTree, fixed: dict[tuple[int, ...], set[int]], proposals: torch.Tensor,
                   vocab: torch.Tensor | None, generator: torch.Generator) -> DraftTree:
     """`tree` with the tokens of its marginal children redrawn (the module docstring), `tree.drawn` set.
@@ -68,7 +75,6 @@ def draw_children(tree: DraftTree, fixed: dict[tuple[int, ...], set[int]], propo
     proposal has fewer tokens than it has children to draw keeps its children as they are."""
     tokens, depths = tree.tokens.tolist(), tree.depths.tolist()
     paths = tree.token_paths()  # the build's own paths: `fixed` is keyed by them
-    column_of = None if vocab is None else {t: c for c, t in enumerate(vocab.tolist())}
     drawn: dict[int, tuple[int, list[int]]] = {}
     for node, kids in enumerate(tree.children()):
         # a drawn node's own build path was never looked up (it was a marginal child), so this is empty for it
@@ -76,8 +82,7 @@ def draw_children(tree: DraftTree, fixed: dict[tuple[int, ...], set[int]], propo
         slots = [c for c in kids if tokens[c] not in looked_up]
         if not slots or depths[node] + 1 >= proposals.shape[0]:
             continue
-        banned = [column_of.get(t) for t in looked_up] if column_of is not None else list(looked_up)
-        banned = [c for c in banned if c is not None]
+        banned = _columns(looked_up, vocab)
         q = proposals[depths[node] + 1].clone()
         q[banned] = 0.0
         if int((q > 0).sum()) < len(slots):
