@@ -6,6 +6,7 @@
                                                 "jetspec_policy.bs1.tree_width": 4,
                                                 "jetspec_policy.bs1.drafter": 1,
                                                 "jetspec_policy.bs1.tree_sizing": 1,
+                                                "jetspec_policy.bs1.sampled_children": 1,
                                                 "jetspec_policy.bs1.probe_budget": 64,
                                                 "jetspec_policy.bs1.probe_share": 0.05, ...}}
                                Authorization: Bearer <admin key>           -> 200 [true]
@@ -15,8 +16,9 @@ SGLang's own /set_internal_state admits only numbers ({"server_args": {key: int|
 request type rejects a nested TABLE before any plugin code runs), so the table travels as flat
 numeric keys, all in one request: jetspec_policy.ttl_s, jetspec_policy.<cohort>.budget,
 optionally jetspec_policy.<cohort>.draft_rounds, .tree_width, .drafter (an index into
-policies.schema.DRAFTERS: 0 head, 1 hybrid) and .tree_sizing (an index into TREE_SIZINGS: 0 fixed,
-1 adaptive) -- missing = the cohort's YAML value --, and
+policies.schema.DRAFTERS: 0 head, 1 hybrid), .tree_sizing (an index into TREE_SIZINGS: 0 fixed,
+1 adaptive) and .sampled_children (an index into SAMPLED_CHILDREN: 0 top_k, 1 drawn) -- missing = the
+cohort's YAML value --, and
 jetspec_policy.<cohort>.probe_budget + jetspec_policy.<cohort>.probe_share (both or neither).
 Cohort ranges are not sent: they are the server policy's own, in its order. SGLang has no
 /get_internal_state route; its /server_info lists each data-parallel rank's internal state.
@@ -37,16 +39,17 @@ from typing import Any
 
 from policies.problems import PolicyError, Problem
 from policies.runtime import ActivePolicy
-from policies.schema import DRAFTERS, TREE_SIZINGS, Policy
+from policies.schema import DRAFTERS, SAMPLED_CHILDREN, TREE_SIZINGS, Policy
 from policies.table import PolicyTable, validate_table
 
 SERVER_ARGS_KEY = "server_args"
 INTERNAL_STATES_KEY = "internal_states"
 POLICY_KEY = "jetspec_policy"
 FLAT_PREFIX = POLICY_KEY + "."
-_FLAT_FIELDS = ("budget", "draft_rounds", "tree_width", "drafter", "tree_sizing", "probe_budget", "probe_share")
+_FLAT_FIELDS = ("budget", "draft_rounds", "tree_width", "drafter", "tree_sizing", "sampled_children", "probe_budget",
+                "probe_share")
 # fields pushed as an index into their names (SGLang admits numbers only)
-_CODED_FIELDS = {"drafter": DRAFTERS, "tree_sizing": TREE_SIZINGS}
+_CODED_FIELDS = {"drafter": DRAFTERS, "tree_sizing": TREE_SIZINGS, "sampled_children": SAMPLED_CHILDREN}
 
 
 def _bad_request(message: str, problems: list[str] | None = None) -> tuple[int, dict[str, Any]]:
@@ -118,6 +121,7 @@ def table_to_flat_args(table: PolicyTable) -> dict[str, int | float]:
         flat[f"{FLAT_PREFIX}{cohort.name}.drafter"] = DRAFTERS.index(cohort.drafter)
         if cohort.tree_sizing is not None:
             flat[f"{FLAT_PREFIX}{cohort.name}.tree_sizing"] = TREE_SIZINGS.index(cohort.tree_sizing)
+        flat[f"{FLAT_PREFIX}{cohort.name}.sampled_children"] = SAMPLED_CHILDREN.index(cohort.sampled_children)
         if cohort.probe is not None:
             flat[f"{FLAT_PREFIX}{cohort.name}.probe_budget"] = cohort.probe.budget
             flat[f"{FLAT_PREFIX}{cohort.name}.probe_share"] = cohort.probe.share
@@ -165,5 +169,7 @@ def table_from_flat_args(flat: dict[str, Any], policy: Policy) -> PolicyTable:
                         "tree_width": got.get("tree_width", own.tree_width),
                         "drafter": DRAFTERS[got["drafter"]] if "drafter" in got else own.drafter,
                         "tree_sizing": TREE_SIZINGS[got["tree_sizing"]] if "tree_sizing" in got else own.tree_sizing,
+                        "sampled_children": (SAMPLED_CHILDREN[got["sampled_children"]] if "sampled_children" in got
+                                             else own.sampled_children),
                         "probe": probe})
     return validate_table({"cohorts": cohorts, "ttl_s": ttl_s}, policy)

@@ -53,10 +53,10 @@ class ActivePolicy:
         cohort = table.cohorts[cohort_index_for_batch(table.cohorts, batch_size)]
         if cohort.probe is None:
             return StepPlan(cohort.name, cohort.budget, cohort.draft_rounds, cohort.tree_width, cohort.drafter,
-                            cohort.tree_sizing)
+                            cohort.tree_sizing, cohort.sampled_children)
         with self._lock:
             credit = self._probe_credit.get(cohort.name, 0.0) + cohort.probe.share
             probe_now = credit >= 1.0
             self._probe_credit[cohort.name] = credit - 1.0 if probe_now else credit
         return StepPlan(cohort.name, cohort.probe.budget if probe_now else cohort.budget, cohort.draft_rounds,
-                        cohort.tree_width, cohort.drafter, cohort.tree_sizing)
+                        cohort.tree_width, cohort.drafter, cohort.tree_sizing, cohort.sampled_children)

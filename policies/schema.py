@@ -31,6 +31,10 @@ DRAFTERS: tuple[str, ...] = ("head", "hybrid")  # a push sends the index (SGLang
 # fixed: verify the whole tree; adaptive: only the nodes that pay for themselves (core/tree_sizing.py)
 TreeSizingName = Literal["fixed", "adaptive"]
 TREE_SIZINGS: tuple[str, ...] = ("fixed", "adaptive")  # a push sends the index
+# How a sampled request's marginal children are chosen: the head's top-K, or drawn from its distribution
+# and accepted against it (core/drawn_children.py; greedy requests and tree-causal rounds keep top-K)
+SampledChildrenName = Literal["top_k", "drawn"]
+SAMPLED_CHILDREN: tuple[str, ...] = ("top_k", "drawn")  # a push sends the index
 
 
 class StrictModel(BaseModel):
@@ -49,6 +53,9 @@ class CohortPolicy(StrictModel):
     tree_sizing: TreeSizingName | None = Field(
         default=None, description="fixed or adaptive (the budget is then a cap); unset: the server's own "
         "(jetspec serve --tree-sizing; fixed in SGLang)")
+    sampled_children: SampledChildrenName = Field(
+        default="top_k", description="sampled requests: the head's top-K children, or children drawn from its "
+        "distribution (drawn: more accepted at T = 1 with wide trees; greedy requests are not affected)")
 
 
 class GatePolicy(StrictModel):

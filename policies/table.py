@@ -3,7 +3,8 @@
 As read back (`GET /server_info` -> `internal_states[i].jetspec_policy.table`):
 
     {"cohorts": [{"name": "bs1", "min_batch": 1, "max_batch": 1, "budget": 32, "draft_rounds": 0,
-                  "tree_width": 0, "drafter": "head", "tree_sizing": null, "probe": {"budget": 64, "share": 0.05} | null}, ...],
+                  "tree_width": 0, "drafter": "head", "tree_sizing": null, "sampled_children": "top_k",
+                  "probe": {"budget": 64, "share": 0.05} | null}, ...],
      "ttl_s": 90.0}
 
 A push carries it as flat numeric keys instead (SGLang admits only numbers there):
@@ -21,7 +22,8 @@ from pydantic import Field, ValidationError
 
 from policies.problems import PolicyError, Problem
 from policies.pydantic_errors import problems_from_validation_error
-from policies.schema import LABEL_PATTERN, Budget, CohortPolicy, DrafterName, Policy, StrictModel, TreeSizingName
+from policies.schema import (LABEL_PATTERN, Budget, CohortPolicy, DrafterName, Policy, SampledChildrenName, StrictModel,
+                             TreeSizingName)
 
 
 class Probe(StrictModel):
@@ -38,6 +40,7 @@ class CohortBudget(StrictModel):
     tree_width: int = Field(default=0, ge=0)  # children per node; 0 = the head's own width
     drafter: DrafterName = "head"  # probe steps draft with it too
     tree_sizing: TreeSizingName | None = None  # None: the server's own; probe steps are sized too
+    sampled_children: SampledChildrenName = "top_k"  # probe steps draw with it too
     probe: Probe | None = None
 
     @classmethod
@@ -46,12 +49,13 @@ class CohortBudget(StrictModel):
         says (a controller chooses budgets and probes only)."""
         return cls(name=cohort.name, min_batch=cohort.min_batch, max_batch=cohort.max_batch, budget=budget,
                    draft_rounds=cohort.draft_rounds, tree_width=cohort.tree_width, drafter=cohort.drafter,
-                   tree_sizing=cohort.tree_sizing, probe=probe)
+                   tree_sizing=cohort.tree_sizing, sampled_children=cohort.sampled_children, probe=probe)
 
 
 class StepPlan(NamedTuple):
     """What the next step runs: its cohort, tree budget, tree-causal draft rounds, tree width (0 = the
-    head's), drafter (head or hybrid) and tree sizing (fixed, adaptive, None = the server's own)."""
+    head's), drafter (head or hybrid), tree sizing (fixed, adaptive, None = the server's own) and how
+    sampled requests' children are chosen (top_k or drawn)."""
 
     cohort: str
     budget: int
@@ -59,6 +63,7 @@ class StepPlan(NamedTuple):
     tree_width: int
     drafter: str = "head"
     tree_sizing: str | None = None
+    sampled_children: str = "top_k"
 
 
 class PolicyTable(StrictModel):

@@ -145,6 +145,6 @@ def test_catches_a_proposal_that_forgets_earlier_siblings(monkeypatch):
 
 def test_catches_a_residual_left_as_it_was(monkeypatch):
     # rejecting a drawn child must take its proposal out of the target's residual
-    monkeypatch.setattr(acceptance, "reject_drawn", lambda r, q, vocab: None)
+    monkeypatch.setattr(acceptance, "reject_drawn", lambda r, q, vocab: 0.0)
     counts, _ = simulate(SETTINGS[0])
     assert pvalue(counts, SETTINGS[0]) < 1e-3

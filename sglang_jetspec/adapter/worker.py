@@ -51,7 +51,7 @@ from sglang_jetspec.adapter.verify_inputs import build_verify_tensors
 from sglang_jetspec.adapter.worker_observability import WorkerShadow, step_tracer, trace_step, worker_metrics
 from sglang_jetspec.core.draft_vocab import load_draft_vocab
 from sglang_jetspec.core.drafter import HeadDrafter
-from sglang_jetspec.core.drafting import draft_trees, headless_trees
+from sglang_jetspec.core.drafting import draft_trees, headless_trees, sampled_draws
 from sglang_jetspec.core.head_io import load_head
 from sglang_jetspec.core.learned_verify_cost import LearnedVerifyCost
 from sglang_jetspec.core.prompt_lookup import LookupMerge
@@ -234,7 +234,8 @@ class JetSpecWorker(BaseSpecWorker):
         head_runs = not sizing or sizer.gate.should_draft()
         start = time.perf_counter()
         if head_runs:
-            drafted, timing = draft_trees(self.drafter, [lanes[b] for b in drafting], spec, plan.draft_rounds, lookup)
+            drafted, timing = draft_trees(self.drafter, [lanes[b] for b in drafting], spec, plan.draft_rounds, lookup,
+                                          sampled_draws([lanes[b] for b in drafting], plan.sampled_children == "drawn", plan.draft_rounds))
             draft_s, tree_s = timing.draft_s, timing.tree_s
         else:  # the head has not been paying: the looked-up trees alone (or the roots)
             drafted, draft_s, tree_s = headless_trees([lanes[b] for b in drafting], spec, lookup), 0.0, 0.0
@@ -295,7 +296,7 @@ class JetSpecWorker(BaseSpecWorker):
             self.verify_costs.observe(bs * num_nodes, t_accept - t_verify)
 
         acceptance = accept_step(trees, logits, num_nodes, [lane.params for lane in lanes],
-                                 [lane.generator for lane in lanes])
+                                 [lane.generator for lane in lanes], "draw" if plan.sampled_children == "drawn" else "match")
         if sized:
             self.sizer.observe([result.path for result in acceptance.results])
         out = step_outputs(acceptance, num_nodes)

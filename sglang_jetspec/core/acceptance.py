@@ -196,10 +196,13 @@ def _walk_residual(padded: _PaddedTrees, logits: torch.Tensor, params: list[Samp
     return path, final
 
 
-def reject_drawn(r: torch.Tensor, q: torch.Tensor, vocab: torch.Tensor | None) -> None:
-    """Residual after rejecting a child drawn from q ([V_d] over `vocab`'s columns): max(r - q, 0), unnormalised."""
+def reject_drawn(r: torch.Tensor, q: torch.Tensor, vocab: torch.Tensor | None) -> float:
+    """Residual after rejecting a child drawn from q ([V_d] over `vocab`'s columns, scaled to r's total):
+    r = max(r - q, 0) in place, unnormalised; returns the mass it took away."""
     at = slice(None) if vocab is None else vocab
+    removed = float(torch.minimum(r[at], q).sum())  # r - max(r - q, 0) = min(r, q)
     r[at] = (r[at] - q).clamp(min=0.0)
+    return removed
 
 
 def _walk_drawn(tree: DraftTree, logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> tuple[list[int], int]:
@@ -211,24 +214,26 @@ def _walk_drawn(tree: DraftTree, logits: torch.Tensor, params: SamplingParams, g
     path = [0]
     while True:
         node = path[-1]
+        # r stays unnormalised, its mass tracked in `total`: a rejection then touches the proposal's
+        # columns only, not the whole vocabulary
         r = processed_probs(logits[node : node + 1], params)[0].double().cpu()
+        total = float(r.sum())
         uniforms = torch.rand(len(kids[node]) + 1, generator=generator, dtype=torch.float64).tolist()
         accepted = None
         for child, u in zip(kids[node], uniforms):
             token = tokens[child]
             if drawn is not None and child in drawn.drawn:
                 q = drawn.proposal(child, depths[child])
-                column = drawn.drawn[child][0]
-                if u * float(q[column]) < float(r[token]):  # u < min(1, r / q)
+                if u * float(q[drawn.drawn[child][0]]) * total < float(r[token]):  # u < min(1, (r / total) / q)
                     accepted = child
                     break
-                reject_drawn(r, q, drawn.vocab)
+                total -= reject_drawn(r, q * total, drawn.vocab)
             else:
-                if u < float(r[token]):
+                if u * total < float(r[token]):
                     accepted = child
                     break
+                total -= float(r[token])
                 r[token] = 0.0
-            r /= r.sum().clamp(min=1e-300)
         if accepted is None:
             return path, int(sample_from_probs(r, torch.tensor(uniforms[-1], dtype=torch.float64)))
         path.append(accepted)

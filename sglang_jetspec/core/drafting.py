@@ -143,6 +143,15 @@ def draft_trees(drafter: TreeDrafter, lanes: list, spec: TreeSpec, rounds: int =
     return trees, timing
 
 
+def sampled_draws(lanes: list, draw: bool, rounds: int) -> list[Draw | None] | None:
+    """Each sampled lane's temperature and generator (lanes with `params` and `generator`), for drawing
+    its children when `draw` is on; None when nothing is drawn: drawing off, a greedy batch, or
+    tree-causal rounds (drawn children need the marginal tree)."""
+    if not draw or rounds or all(lane.params.greedy for lane in lanes):
+        return None
+    return [None if lane.params.greedy else (lane.params.temperature, lane.generator) for lane in lanes]
+
+
 def drawn_trees(drafts: list[TreeDraft], depth_logits: torch.Tensor, draws: list[Draw | None]) -> list[DraftTree]:
     """Each draft's tree, with its marginal children drawn where the lane has a draw (draw_children)."""
     logits = depth_logits.cpu()

@@ -21,7 +21,7 @@ from ..core.drafter import ContextCache
 from ..core.sampling import SamplingParams, make_generator
 from ..core.step_record import StepRecord
 from ..core.suffix_store import RECENT_OUTPUT_TOKENS, SuffixStore
-from ..core.drafting import draft_trees, headless_trees, settled_clock
+from ..core.drafting import draft_trees, headless_trees, sampled_draws, settled_clock
 from ..core.learned_verify_cost import LearnedVerifyCost
 from ..core.prompt_lookup import LookupMerge
 from ..core.tree import DraftTree, TreeSpec, root_only_tree
@@ -221,7 +221,7 @@ class ReferenceEngine:
         return lane, cache
 
     def _trees(self, lanes: list[Lane], budget: int, draft_rounds: int, tree_width: int,
-               lookup: LookupMerge | None, sizer: TreeSizer | None) -> tuple[list[DraftTree], list[float], float]:
+               lookup: LookupMerge | None, sizer: TreeSizer | None, acceptance: str) -> tuple[list[DraftTree], list[float], float]:
         """Each lane's tree (cut to what pays by `sizer`, if any), the draft head seconds per round and the
         tree-building seconds."""
         if budget <= 1 or self.drafter is None:
@@ -235,24 +235,18 @@ class ReferenceEngine:
             start = time.perf_counter()
             trees = sizer.size(headless_trees(lanes, spec, lookup), 0.0, drafted=False, cost=self.verify_costs.curve(len(lanes)))
             return trees, [], time.perf_counter() - start
-        trees, timing = draft_trees(self.drafter, lanes, spec, draft_rounds, lookup, self._draws(lanes, draft_rounds))
+        draws = sampled_draws(lanes, acceptance == "draw", draft_rounds)
+        trees, timing = draft_trees(self.drafter, lanes, spec, draft_rounds, lookup, draws)
         if sizer is not None:
             start = time.perf_counter()
             trees = sizer.size(trees, timing.draft_s, cost=self.verify_costs.curve(len(lanes)))
             timing.tree_s += time.perf_counter() - start
         return trees, timing.round_s, timing.tree_s
 
-    def _draws(self, lanes: list[Lane], draft_rounds: int) -> list | None:
-        """Under "draw" acceptance, each sampled lane's temperature and generator for drawing its children
-        (marginal trees only: with tree-causal rounds the children stay the head's top-K)."""
-        if self.config.acceptance != "draw" or draft_rounds or all(lane.params.greedy for lane in lanes):
-            return None
-        return [None if lane.params.greedy else (lane.params.temperature, lane.generator) for lane in lanes]
-
     def _step(self, cache: SlotKVCache, lanes: list[Lane], budget: int, draft_rounds: int, tree_width: int,
-              lookup: LookupMerge | None, sizer: TreeSizer | None) -> StepRecord:
+              lookup: LookupMerge | None, sizer: TreeSizer | None, acceptance: str) -> StepRecord:
         t_start = time.perf_counter()
-        trees, draft_round_s, tree_s = self._trees(lanes, budget, draft_rounds, tree_width, lookup, sizer)
+        trees, draft_round_s, tree_s = self._trees(lanes, budget, draft_rounds, tree_width, lookup, sizer, acceptance)
         t_verify = time.perf_counter()
         segments = [
             Segment(tree.tokens, tree.positions(int(cache.lengths[b])), tree.ancestor_mask()) for b, tree in enumerate(trees)
@@ -262,7 +256,7 @@ class ReferenceEngine:
         t_accept = settled_clock(logits)
         if sizer is not None:  # the forward pads every lane to the longest tree
             self.verify_costs.observe(len(lanes) * max(tree.size for tree in trees), t_accept - t_verify)
-        results = accept_batch(trees, logits, [l.params for l in lanes], [l.generator for l in lanes], self.config.acceptance)
+        results = accept_batch(trees, logits, [l.params for l in lanes], [l.generator for l in lanes], acceptance)
         if sizer is not None and budget > 1:
             sizer.observe([r.path for r in results])
         t_commit = time.perf_counter()
@@ -330,10 +324,10 @@ class RunningBatch:
     @torch.inference_mode()
     def step(self, budget: int, draft_rounds: int | None = None, tree_width: int | None = None,
              lookup: LookupMerge | None | str = FROM_CONFIG,
-             tree_sizing: str | None = None) -> tuple[StepRecord, list[tuple[Request, RequestOutput]]]:
+             tree_sizing: str | None = None, acceptance: str | None = None) -> tuple[StepRecord, list[tuple[Request, RequestOutput]]]:
         """One verify step for every lane (`draft_rounds`, `tree_width`, `lookup`, the hybrid drafter's
-        merge or None for the head alone, and `tree_sizing` override the engine config's, e.g. from a
-        policy table); finished requests leave the batch and are returned."""
+        merge or None for the head alone, `tree_sizing` and `acceptance`, the rule for sampled requests,
+        override the engine config's, e.g. from a policy table); finished requests leave the batch and are returned."""
         rounds = self.engine.config.draft_rounds if draft_rounds is None else draft_rounds
         self.engine.check_draft_rounds(rounds)
         width = self.engine.config.tree_width if tree_width is None else tree_width
@@ -341,7 +335,8 @@ class RunningBatch:
         if merge is not None and merge.corpus is not None:  # a merge without a corpus looks up the request's own tokens only
             merge = replace(merge, recent=self.engine.recent_outputs)
         sizer = self.engine.sizer_for(tree_sizing or self.engine.config.tree_sizing)
-        record = self.engine._step(self.cache, self.lanes, budget, rounds, width, merge, sizer)
+        record = self.engine._step(self.cache, self.lanes, budget, rounds, width, merge, sizer,
+                                   acceptance or self.engine.config.acceptance)
         if self.engine.config.check_invariants:
             check_invariants(self.cache, self.lanes)
         finished = [(lane.request, lane.output()) for lane in self.lanes if lane.finish_reason]

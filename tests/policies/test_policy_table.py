@@ -101,8 +101,8 @@ def test_probe_share_is_exact_and_evenly_spread():
 
 def test_batches_beyond_the_last_cohort_use_it():
     active = ActivePolicy(POLICY)
-    assert active.step_plan(8, now=0.0) == ("bs2-8", 4, 0, 0, "head", None)
-    assert active.step_plan(500, now=0.0) == ("bs2-8", 4, 0, 0, "head", None)
+    assert active.step_plan(8, now=0.0) == ("bs2-8", 4, 0, 0, "head", None, "top_k")
+    assert active.step_plan(500, now=0.0) == ("bs2-8", 4, 0, 0, "head", None, "top_k")
 
 
 def _push(active, payload, authorization=f"Bearer {KEY}", admin_key=KEY):
@@ -119,10 +119,11 @@ def test_flat_keys_are_numbers_and_round_trip():
     pushed = validate_table(table(budget=64, probe={"budget": 16, "share": 0.05}), POLICY)
     assert table_to_flat_args(pushed) == {"jetspec_policy.ttl_s": 90.0, "jetspec_policy.bs1.budget": 64,
                                           "jetspec_policy.bs1.draft_rounds": 0, "jetspec_policy.bs1.tree_width": 0,
-                                          "jetspec_policy.bs1.drafter": 0,
+                                          "jetspec_policy.bs1.drafter": 0, "jetspec_policy.bs1.sampled_children": 0,
                                           "jetspec_policy.bs1.probe_budget": 16, "jetspec_policy.bs1.probe_share": 0.05,
                                           "jetspec_policy.bs2-8.budget": 4, "jetspec_policy.bs2-8.draft_rounds": 0,
-                                          "jetspec_policy.bs2-8.tree_width": 0, "jetspec_policy.bs2-8.drafter": 0}
+                                          "jetspec_policy.bs2-8.tree_width": 0, "jetspec_policy.bs2-8.drafter": 0,
+                                          "jetspec_policy.bs2-8.sampled_children": 0}
     assert table_from_flat_args(table_to_flat_args(pushed), POLICY) == pushed
 
 
@@ -152,6 +153,20 @@ def test_tree_sizing_travels_as_its_index_reaches_the_step_plan_and_a_bad_code_i
         "jetspec_policy.bs2-8.tree_sizing 2 is not a tree_sizing code -- send one of {0: 'fixed', 1: 'adaptive'}"]
 
 
+def test_sampled_children_travel_as_their_index_reach_the_step_plan_and_a_bad_code_is_refused():
+    args = {**flat()["server_args"], "jetspec_policy.bs1.sampled_children": 1}
+    table_ = table_from_flat_args(args, POLICY)
+    assert [c.sampled_children for c in table_.cohorts] == ["drawn", "top_k"]
+    assert table_to_flat_args(table_)["jetspec_policy.bs1.sampled_children"] == 1
+    active = ActivePolicy(POLICY)
+    assert _push(active, {"server_args": args})[0] == 200
+    assert active.step_plan(1, now=10.0).sampled_children == "drawn" and active.step_plan(4, now=10.0).sampled_children == "top_k"
+    with pytest.raises(PolicyError) as caught:
+        table_from_flat_args({**args, "jetspec_policy.bs2-8.sampled_children": 2}, POLICY)
+    assert [str(p) for p in caught.value.problems] == [
+        "jetspec_policy.bs2-8.sampled_children 2 is not a sampled_children code -- send one of {0: 'top_k', 1: 'drawn'}"]
+
+
 @pytest.mark.parametrize("key, expected", [
     ("ttl_s", "unknown key ttl_s"),                                  # the prefix is part of the key
     ("bs1.budget", "unknown key bs1.budget"),
@@ -163,7 +178,7 @@ def test_flat_keys_outside_the_scheme_are_unknown(key, expected):
         table_from_flat_args({**flat()["server_args"], key: 4}, POLICY)
     assert [str(p) for p in caught.value.problems] == [
         f"{expected} -- send jetspec_policy.ttl_s and jetspec_policy.<cohort>.{{budget,draft_rounds,tree_width,drafter,tree_sizing,"
-        "probe_budget,probe_share} "
+        "sampled_children,probe_budget,probe_share} "
         "for cohorts ['bs1', 'bs2-8']"]
 
 
@@ -225,15 +240,15 @@ head: {max_draft_rounds: 2}
 
 def test_draft_rounds_come_from_the_yaml_until_a_push_changes_them():
     active = ActivePolicy(ROUNDS_POLICY)
-    assert active.step_plan(1, now=0.0) == ("bs1", 16, 1, 0, "head", None)
-    assert active.step_plan(3, now=0.0) == ("bs2-8", 4, 0, 0, "head", None)
+    assert active.step_plan(1, now=0.0) == ("bs1", 16, 1, 0, "head", None, "top_k")
+    assert active.step_plan(3, now=0.0) == ("bs2-8", 4, 0, 0, "head", None, "top_k")
     flat_args = table_to_flat_args(default_table(ROUNDS_POLICY))
     flat_args["jetspec_policy.bs2-8.draft_rounds"] = 2
     del flat_args["jetspec_policy.bs1.draft_rounds"]  # missing: the cohort's YAML value
     active.apply(table_from_flat_args(flat_args, ROUNDS_POLICY), now=0.0)
-    assert active.step_plan(1, now=1.0) == ("bs1", 16, 1, 0, "head", None)
-    assert active.step_plan(3, now=1.0) == ("bs2-8", 4, 2, 0, "head", None)
-    assert active.step_plan(3, now=90.0) == ("bs2-8", 4, 0, 0, "head", None)  # expired: back to the YAML default
+    assert active.step_plan(1, now=1.0) == ("bs1", 16, 1, 0, "head", None, "top_k")
+    assert active.step_plan(3, now=1.0) == ("bs2-8", 4, 2, 0, "head", None, "top_k")
+    assert active.step_plan(3, now=90.0) == ("bs2-8", 4, 0, 0, "head", None, "top_k")  # expired: back to the YAML default
 
 
 def test_draft_rounds_above_the_policy_limit_are_refused_and_nothing_changes():
@@ -243,6 +258,6 @@ def test_draft_rounds_above_the_policy_limit_are_refused_and_nothing_changes():
     status, answer = _push(active, {"server_args": flat_args})
     assert status == 400 and answer["problems"] == [
         "cohorts[0].draft_rounds 3 is above the server policy's head.max_draft_rounds 2 -- use 0..2"]
-    assert active.step_plan(1, now=11.0) == ("bs1", 16, 1, 0, "head", None) and active.state(11.0).source == "yaml"
+    assert active.step_plan(1, now=11.0) == ("bs1", 16, 1, 0, "head", None, "top_k") and active.state(11.0).source == "yaml"
     with pytest.raises(PolicyError, match=r"cohorts\[0\].draft_rounds 1 is above the server policy's head.max_draft_rounds 0"):
         validate_table(table(draft_rounds=1), POLICY)  # POLICY leaves max_draft_rounds at its default, 0

@@ -227,10 +227,11 @@ def test_budget_zero_is_plain_decoding_with_no_draft_work(fresh, smollm2, single
     assert record.spec.budgets == [0] * 5
 
 
-def _one_budget(tmp_path, budget, draft_rounds=0, tree_width=0, drafter="head", tree_sizing="fixed"):
+def _one_budget(tmp_path, budget, draft_rounds=0, tree_width=0, drafter="head", tree_sizing="fixed", sampled_children="top_k"):
     path = tmp_path / "one.yaml"
     path.write_text(f"cohorts:\n  - {{name: all, min_batch: 1, max_batch: 256, budgets: [{budget}], default: {budget}, "
-                    f"draft_rounds: {draft_rounds}, tree_width: {tree_width}, drafter: {drafter}, tree_sizing: {tree_sizing}}}\n"
+                    f"draft_rounds: {draft_rounds}, tree_width: {tree_width}, drafter: {drafter}, tree_sizing: {tree_sizing}, "
+                    f"sampled_children: {sampled_children}}}\n"
                     f"head: {{max_draft_rounds: {draft_rounds}}}\n")
     return PolicyControl(load_policy(path), admin_key_configured=False)
 
@@ -266,11 +267,11 @@ def test_a_hybrid_cohort_merges_each_requests_prompt_lookup_and_stays_lossless(f
     merges = []
     real = worker_module.draft_trees
 
-    def spy(drafter, lanes, spec, rounds=0, lookup=None):
+    def spy(drafter, lanes, spec, rounds=0, lookup=None, draws=None):
         merges.append(lookup)
         # the guess comes from the live request's own tokens (SGLang's origin_input_ids + output_ids)
         assert all(lane.committed_ids[-1] == lane.root_token for lane in lanes)
-        return real(drafter, lanes, spec, rounds, lookup)
+        return real(drafter, lanes, spec, rounds, lookup, draws)
 
     monkeypatch.setattr(worker_module, "draft_trees", spy)
     encode = lambda text: smollm2.tokenizer(text)["input_ids"]  # noqa: E731
@@ -327,10 +328,31 @@ def test_an_adaptive_cohort_on_a_costly_verify_keeps_the_roots_and_rests_the_hea
     assert len(head_steps) <= len(counts) / 2 and counts.count(1) >= len(counts) / 2 and max(counts) < 16
 
 
-def test_seeded_sampling_does_not_depend_on_the_batch(fresh, smollm2, single_thread, tmp_path):
+def test_a_drawn_cohort_draws_the_children_of_sampled_requests_only(fresh, smollm2, single_thread, monkeypatch, tmp_path):
+    fresh.policy_control = _one_budget(tmp_path, 8, sampled_children="drawn")
+    methods, drawn, real = [], [], worker_module.accept_step
+
+    def spy(trees, logits, num_nodes, params, generators, method="match"):
+        methods.append(method)
+        assert all(t.drawn is None for t, p in zip(trees, params) if p.greedy)
+        drawn.extend(t.drawn is not None for t, p in zip(trees, params) if not p.greedy and t.size > 1)
+        return real(trees, logits, num_nodes, params, generators, method)
+
+    monkeypatch.setattr(worker_module, "accept_step", spy)
+    encode = lambda text: smollm2.tokenizer(text)["input_ids"]  # noqa: E731
+    greedy = FakeReq("g", encode(PROMPTS[0]), 12, temperature=0.0)
+    sampled = FakeReq("s", encode(PROMPTS[1]), 12, temperature=1.0, sampling_seed=7)
+    Scheduler(fresh).run([greedy, sampled])
+    assert greedy.output_ids == _plain_greedy(smollm2, greedy.origin_input_ids, 12)
+    assert set(methods) == {"draw"} and drawn and all(drawn)
+    assert len(sampled.output_ids) == 12
+
+
+@pytest.mark.parametrize("children", ["top_k", "drawn"])
+def test_seeded_sampling_does_not_depend_on_the_batch(fresh, smollm2, single_thread, tmp_path, children):
     """Same seed and same budget: the same tokens alone or next to another request (a request's
-    draws come from its own generator, one uniform per node of its own tree)."""
-    fresh.policy_control = _one_budget(tmp_path, 16)
+    draws come from its own generator, one uniform per node of its own tree; drawn children too)."""
+    fresh.policy_control = _one_budget(tmp_path, 16, sampled_children=children)
     prompt = smollm2.tokenizer(PROMPTS[1])["input_ids"]
 
     def run(with_neighbour):
