@@ -149,3 +149,27 @@ def test_request_stopping_mid_path_keeps_only_committed_state(smollm2):
     out = engine.generate([Request(prompt, SamplingParams(max_new_tokens=7, ignore_eos=True))], budget=16)[0]
     assert out.output_ids == reference[:7] and out.finish_reason == "length"
     assert sum(out.accept_lengths) == 6  # the prefill's first token is not a verify
+
+
+def test_drawn_children_keep_the_engine_exact_and_seeded_requests_reproducible(smollm2, untrained_drafter, monkeypatch):
+    """acceptance "draw": sampled lanes verify trees whose children were drawn (after every step the KV
+    and rows equal a fresh prefill), seeds reproduce across batches, greedy lanes stay autoregressive."""
+    import sglang_jetspec.reference.engine as engine_module
+
+    engine = ReferenceEngine(smollm2, untrained_drafter, EngineConfig(tree_width=4, max_batch_size=3, check_invariants=True,
+                                                                      acceptance="draw"))
+    drawn_steps, real = [], engine_module.accept_batch
+
+    def spy(trees, logits, params, generators, method):
+        drawn_steps.extend(t.drawn is not None for t, p in zip(trees, params) if not p.greedy and t.size > 1)
+        assert method == "draw" and all(t.drawn is None for t, p in zip(trees, params) if p.greedy)
+        return real(trees, logits, params, generators, method)
+
+    monkeypatch.setattr(engine_module, "accept_batch", spy)
+    sampled = requests(smollm2.tokenizer, max_new_tokens=10, temperature=1.0, seed=11)
+    alone = engine.generate(sampled[:1], budget=8)[0]
+    greedy = Request(sampled[2].prompt_ids, SamplingParams(max_new_tokens=10), "g")
+    together = engine.generate([sampled[0], sampled[1], greedy], budget=8)
+    assert drawn_steps and all(drawn_steps)
+    assert alone.output_ids == together[0].output_ids
+    assert together[2].output_ids == engine.generate([greedy], budget=0)[0].output_ids

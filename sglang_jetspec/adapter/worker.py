@@ -9,7 +9,9 @@ What differs:
   (`set_dflash_layers_to_capture`, the hook SGLang's DFLASH uses) and kept per request
   (request_state.DraftStateStore, keyed by rid);
 - acceptance: the core's lossless rules (adapter.accept.accept_step) with each request's own
-  sampling parameters and generator, instead of `eagle_sample`;
+  sampling parameters and generator, instead of `eagle_sample`; a cohort whose policy says
+  `sampled_children: drawn` draws its sampled requests' children from the head's distribution and
+  accepts them against it (core.drawn_children);
 - the tree budget of each step comes from the runtime policy (adapter.policy.PolicyControl) by
   the batch size's cohort; budget 0 verifies the root alone, i.e. one ordinary decoding step with
   no draft work. A cohort with adaptive tree sizing verifies only the nodes that pay for themselves
