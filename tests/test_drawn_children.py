@@ -16,7 +16,8 @@ from scipy.stats import chisquare
 from sglang_jetspec.core import acceptance
 from sglang_jetspec.core.acceptance import accept_batch
 from sglang_jetspec.core.drafting import TreeDraft, drawn_trees
-from sglang_jetspec.core.drawn_children import DrawnChildren, draw_children, proposals_from_logits
+from sglang_jetspec.core.drawn_children import draw_children, proposals_from_logits
+from sglang_jetspec.core.tree import DrawnChildren
 from sglang_jetspec.core.prompt_lookup import chain_guesses
 from sglang_jetspec.core.sampling import SamplingParams, make_generator
 from sglang_jetspec.core.tree import TreeSpec, top_k_per_depth

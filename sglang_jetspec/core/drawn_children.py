@@ -26,31 +26,9 @@ Greedy requests never draw: their acceptance stays the argmax walk.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-from .tree import DraftTree
-
-
-@dataclass(frozen=True)
-class DrawnChildren:
-    """How a tree's drawn nodes were proposed. `proposals` [D+1, V_d] float64: row d is q_d over the
-    columns of `vocab` (target ids; None = the whole vocabulary), row 0 unused. `drawn` maps a drawn
-    node to (its column, the columns left out of its proposal). A prefix of the tree (tree_sizing.truncate)
-    keeps node indices, so the same record serves it."""
-
-    proposals: torch.Tensor
-    vocab: torch.Tensor | None
-    drawn: dict[int, tuple[int, list[int]]]
-
-    def proposal(self, node: int, depth: int) -> torch.Tensor:
-        """q_j of a drawn node, [V_d] float64, the exact distribution its token was drawn from."""
-        q = self.proposals[depth].clone()
-        excluded = self.drawn[node][1]
-        if excluded:
-            q[excluded] = 0.0
-        return q / q.sum()
+from .tree import DraftTree, DrawnChildren
 
 
 def proposals_from_logits(depth_logits: torch.Tensor, temperature: float) -> torch.Tensor:

@@ -15,12 +15,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING
 
 import torch
-
-if TYPE_CHECKING:
-    from .drawn_children import DrawnChildren
 
 
 @dataclass(frozen=True)
@@ -45,6 +41,26 @@ class TreeSpec:
             raise ValueError(f"fanout={self.fanout!r}: choose 'uniform' or 'top2gap'")
 
 
+@dataclass(frozen=True)
+class DrawnChildren:
+    """How a tree's drawn nodes were proposed (core/drawn_children.py draws them). `proposals` [D+1, V_d]
+    float64: row d is q_d over the columns of `vocab` (target ids; None = the whole vocabulary), row 0
+    unused. `drawn` maps a drawn node to (its column, the columns left out of its proposal). A prefix of
+    the tree (tree_sizing.truncate) keeps node indices, so the same record serves it."""
+
+    proposals: torch.Tensor
+    vocab: torch.Tensor | None
+    drawn: dict[int, tuple[int, list[int]]]
+
+    def proposal(self, node: int, depth: int) -> torch.Tensor:
+        """q_j of a drawn node, [V_d] float64, the exact distribution its token was drawn from."""
+        q = self.proposals[depth].clone()
+        excluded = self.drawn[node][1]
+        if excluded:
+            q[excluded] = 0.0
+        return q / q.sum()
+
+
 @dataclass
 class DraftTree:
     """Nodes in insertion order; node 0 is the root (the last committed token)."""
@@ -55,7 +71,7 @@ class DraftTree:
     ranks: torch.Tensor  # [N] long, the token's rank among its parent's candidates (root 0)
     cum_logprobs: torch.Tensor  # [N] float, root 0
     # a sampled request's drawn children (core/drawn_children.py): what acceptance needs to stay lossless
-    drawn: "DrawnChildren | None" = None
+    drawn: DrawnChildren | None = None
 
     @property
     def size(self) -> int:
