@@ -352,22 +352,23 @@ def test_pushed_draft_rounds_tree_width_and_drafter_reach_the_engine_and_stay_lo
     engine = ReferenceEngine(smollm2, reveal_drafter, EngineConfig(max_batch_size=4))
     rounds_run = []
     real_trees = engine._trees
-    monkeypatch.setattr(engine, "_trees", lambda lanes, budget, rounds, width, lookup, sizer: rounds_run.append((rounds, width, lookup))
-                        or real_trees(lanes, budget, rounds, width, lookup, sizer))
+    monkeypatch.setattr(engine, "_trees", lambda lanes, budget, rounds, width, lookup, sizer, acceptance:
+                        rounds_run.append((rounds, width, lookup, acceptance))
+                        or real_trees(lanes, budget, rounds, width, lookup, sizer, acceptance))
     ids = smollm2.tokenizer(PROMPTS[0])["input_ids"]
     payload = {"input_ids": ids, "sampling_params": {"temperature": 0, "max_new_tokens": 8}}
     with JetspecServer(engine, policy, ADMIN_KEY) as server:
-        assert generate(server.url, payload)[0] == 200 and set(rounds_run) == {(0, 8, None)}  # the YAML defaults
+        assert generate(server.url, payload)[0] == 200 and set(rounds_run) == {(0, 8, None, "match")}  # the YAML defaults
         rounds_run.clear()
         pushed = {**table(8, 4), "jetspec_policy.bs1.draft_rounds": 2, "jetspec_policy.bs1.tree_width": 3,
-                  "jetspec_policy.bs1.drafter": 1}
+                  "jetspec_policy.bs1.drafter": 1, "jetspec_policy.bs1.sampled_children": 1}
         assert push(server.url, pushed) == (200, [True])
-        assert {k: readback(server.url)["table"]["cohorts"][0][k] for k in ("draft_rounds", "tree_width", "drafter")} == {
-            "draft_rounds": 2, "tree_width": 3, "drafter": "hybrid"}
+        assert {k: readback(server.url)["table"]["cohorts"][0][k] for k in ("draft_rounds", "tree_width", "drafter", "sampled_children")} == {
+            "draft_rounds": 2, "tree_width": 3, "drafter": "hybrid", "sampled_children": "drawn"}
         status, out = generate(server.url, payload)
         status_bad, bad = push(server.url, {**table(8, 4), "jetspec_policy.bs1.draft_rounds": 3})
     # the hybrid cohort merges prompt lookup with the policy's calibration
-    assert status == 200 and set(rounds_run) == {(2, 3, LookupMerge(math.log(0.7), 1, 4))}
+    assert status == 200 and set(rounds_run) == {(2, 3, LookupMerge(math.log(0.7), 1, 4), "draw")}
     reference = ReferenceEngine(smollm2, None).generate([Request(ids, SamplingParams(max_new_tokens=8))], budget=0)[0]
     assert out["output_ids"] == reference.output_ids
     assert status_bad == 400 and "draft_rounds 3 is above the server policy's head.max_draft_rounds 2" in bad["problems"][0]
