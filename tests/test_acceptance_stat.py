@@ -78,6 +78,14 @@ def tree_logits(context, tree) -> torch.Tensor:
     return torch.stack([target_logits(context + p) for p in paths])
 
 
+def accept_padded(trees, logits, params: SamplingParams, generators, method: str):
+    """accept_batch over trees of different sizes: each request's node logits padded to the largest tree."""
+    batch = torch.full((len(trees), max(t.size for t in trees), VOCAB), -1e9)
+    for b, rows in enumerate(logits):
+        batch[b, : rows.shape[0]] = rows
+    return accept_batch(trees, batch, [params] * len(trees), generators, method)
+
+
 def simulate(params: SamplingParams, method: str, draws: int = DRAWS, drafting=draft_tree) -> torch.Tensor:
     """Counts [V, V] of the first two emitted tokens over `draws` independent requests."""
     contexts = [(ROOT,)] * draws
@@ -94,11 +102,7 @@ def simulate(params: SamplingParams, method: str, draws: int = DRAWS, drafting=d
                 cache[ctx] = (tree, tree_logits(ctx, tree))
             trees.append(cache[ctx][0])
             logits.append(cache[ctx][1])
-        n = max(t.size for t in trees)
-        batch = torch.full((len(trees), n, VOCAB), -1e9)
-        for b, l in enumerate(logits):
-            batch[b, : l.shape[0]] = l
-        results = accept_batch(trees, batch, [params] * len(trees), [generators[r] for r in pending], method)
+        results = accept_padded(trees, logits, params, [generators[r] for r in pending], method)
         for r, res in zip(pending, results):
             emitted[r].extend(res.tokens)
         pending = [r for r in pending if len(emitted[r]) < 2]

@@ -14,7 +14,6 @@ import torch
 from scipy.stats import chisquare
 
 from sglang_jetspec.core import acceptance
-from sglang_jetspec.core.acceptance import accept_batch
 from sglang_jetspec.core.drafting import TreeDraft, drawn_trees
 from sglang_jetspec.core.drawn_children import draw_children, proposals_from_logits
 from sglang_jetspec.core.tree import DrawnChildren
@@ -22,7 +21,7 @@ from sglang_jetspec.core.prompt_lookup import chain_guesses
 from sglang_jetspec.core.sampling import SamplingParams, make_generator
 from sglang_jetspec.core.tree import TreeSpec, top_k_per_depth
 from sglang_jetspec.core.tree_sizing import truncate
-from test_acceptance_stat import ROOT, VOCAB, expected_joint, target_logits, tree_logits
+from test_acceptance_stat import ROOT, VOCAB, accept_padded, expected_joint, target_logits, tree_logits
 
 DRAWS = 30_000
 SPEC = TreeSpec(budget=6, max_depth=2, width=3)
@@ -56,11 +55,7 @@ def simulate(params: SamplingParams, method: str = "draw", hybrid: bool = False,
             tree = truncate(tree, size) if size else tree
             trees.append(tree)
             logits.append(tree_logits(ctx, tree))
-        n = max(t.size for t in trees)
-        batch = torch.full((len(trees), n, VOCAB), -1e9)
-        for b, l in enumerate(logits):
-            batch[b, : l.shape[0]] = l
-        results = accept_batch(trees, batch, [params] * len(trees), [generators[r] for r in pending], method)
+        results = accept_padded(trees, logits, params, [generators[r] for r in pending], method)
         for r, res in zip(pending, results):
             if not emitted[r]:
                 first_lengths.append(res.accept_length)
