@@ -235,12 +235,13 @@ class JetSpecWorker(BaseSpecWorker):
         sizing = sizer is not None and probe is None
         head_runs = not sizing or sizer.gate.should_draft()
         start = time.perf_counter()
+        drafting_lanes = [lanes[b] for b in drafting]
         if head_runs:
-            drafted, timing = draft_trees(self.drafter, [lanes[b] for b in drafting], spec, plan.draft_rounds, lookup,
-                                          sampled_draws([lanes[b] for b in drafting], plan.sampled_children == "drawn", plan.draft_rounds))
+            draws = sampled_draws(drafting_lanes, plan.sampled_children == "drawn", plan.draft_rounds)
+            drafted, timing = draft_trees(self.drafter, drafting_lanes, spec, plan.draft_rounds, lookup, draws)
             draft_s, tree_s = timing.draft_s, timing.tree_s
         else:  # the head has not been paying: the looked-up trees alone (or the roots)
-            drafted, draft_s, tree_s = headless_trees([lanes[b] for b in drafting], spec, lookup), 0.0, 0.0
+            drafted, draft_s, tree_s = headless_trees(drafting_lanes, spec, lookup), 0.0, 0.0
         for b, tree in zip(drafting, drafted):
             trees[b] = tree
         if sizing:
