@@ -197,3 +197,37 @@ def test_bench_cells_run_interleaved_round_by_round_and_sum_over_rounds(monkeypa
     assert all(r.mean_accept_length == 2.0 and r.phase_ms["verify"] == pytest.approx(10.0) for r in records)
     printed = capsys.readouterr().out  # a long run says how far it is
     assert "round 1/2 done (3 cells x 4 requests)" in printed and "round 2/2 done (3 cells x 1 requests)" in printed
+
+
+def test_bench_runs_each_method_once_per_sizing_and_acceptance_rule(tmp_path, smollm2_dir, heads, prompts_file, monkeypatch, single_thread):
+    """--tree-sizing and --acceptance lists put top-K and drawn children (and fixed and adaptive trees)
+    side by side in one run: every combination is a cell, labelled by what differs from the default,
+    and each cell's engine runs the rule its label names."""
+    from sglang_jetspec.bench import run as bench_run
+
+    built = {}
+    make_engine = bench_run.GridRunner.engine
+
+    def engine(self, batch_size, contender=None):
+        made = make_engine(self, batch_size, contender)
+        built[contender.method if contender else "autoregressive"] = (made.config.acceptance, made.config.tree_sizing)
+        return made
+
+    monkeypatch.setattr(bench_run.GridRunner, "engine", engine)
+    out = tmp_path / "bench.json"
+    code = main(bench_args(smollm2_dir, heads, prompts_file, out, "--budgets", "4", "--batch-sizes", "1", "--temperatures", "1",
+                           "--methods", "jetspec", "--tree-sizing", "fixed,adaptive", "--acceptance", "match,draw",
+                           "--max-new-tokens", "6", "--threads", "1"))
+    assert code == 0
+    report = json.loads(out.read_text())
+    labels = ["jetspec", "jetspec+adaptive", "jetspec+draw", "jetspec+adaptive+draw"]
+    assert [r["method"] for r in report["records"]] == ["autoregressive", *labels]
+    assert {label: built[label] for label in labels} == {"jetspec": ("match", "fixed"), "jetspec+adaptive": ("match", "adaptive"),
+                                                         "jetspec+draw": ("draw", "fixed"), "jetspec+adaptive+draw": ("draw", "adaptive")}
+    assert report["header"]["acceptance"] == ["match", "draw"]
+    assert all(r["tokens"] == report["records"][0]["tokens"] for r in report["records"])
+
+
+def test_unknown_acceptance_rule_is_refused_naming_the_flag(tmp_path, smollm2_dir, heads, prompts_file, capsys):
+    code, err = run_failing(bench_args(smollm2_dir, heads, prompts_file, tmp_path / "o.json", "--acceptance", "match,sample"), capsys)
+    assert code == 2 and "argument --acceptance" in err and "'sample'" in err and "match,draw" in err

@@ -69,7 +69,7 @@ class GridRunner:
     def engine(self, batch_size: int, contender: Contender | None = None) -> ReferenceEngine:
         """An engine for one cell: autoregressive without a contender."""
         c = contender or Contender(AUTOREGRESSIVE, None, 1)
-        config = EngineConfig(tree_width=c.tree_width, fanout=self.args.fanout, acceptance=self.args.acceptance, max_batch_size=batch_size,
+        config = EngineConfig(tree_width=c.tree_width, fanout=self.args.fanout, acceptance=c.acceptance, max_batch_size=batch_size,
                               draft_rounds=c.draft_rounds, lookup=c.lookup, tree_sizing=c.tree_sizing)
         return ReferenceEngine(self.target, c.drafter, config)
 

@@ -39,6 +39,7 @@ class Contender:
     draft_rounds: int = 0
     lookup: LookupMerge | None = None
     tree_sizing: str = "fixed"
+    acceptance: str = "match"
 
 
 def jetspec_label(rounds: int) -> str:
@@ -138,14 +139,17 @@ def load_contenders(args, target: TargetModel) -> tuple[list[Contender], dict[st
                            for c in args.draft_corpus for p in args.lookup_accept]
         else:
             contenders.append(Contender(method, *drafting[method]))
-    return [sized(c, sizing) for sizing in getattr(args, "tree_sizing", ["fixed"]) for c in contenders], labels
+    # bench lists sizings and acceptance rules; replay and gap take one rule and measure fixed trees
+    sizings = getattr(args, "tree_sizing", ["fixed"])
+    rules = args.acceptance if isinstance(args.acceptance, list) else [args.acceptance]
+    return [variant(c, sizing, rule) for rule in rules for sizing in sizings for c in contenders], labels
 
 
-def sized(contender: Contender, sizing: str) -> Contender:
-    """The contender under a --tree-sizing value; adaptive ones are labelled method+adaptive."""
-    if sizing == "fixed":
-        return contender
-    return replace(contender, method=f"{contender.method}+{sizing}", tree_sizing=sizing)
+def variant(contender: Contender, sizing: str, acceptance: str) -> Contender:
+    """The contender under a --tree-sizing value and an --acceptance rule; each setting other than
+    the default (fixed, match) is appended to the label: method+adaptive+draw."""
+    suffix = "".join(f"+{value}" for value, default in ((sizing, "fixed"), (acceptance, "match")) if value != default)
+    return replace(contender, method=contender.method + suffix, tree_sizing=sizing, acceptance=acceptance)
 
 
 def make_requests(prompt_ids: list[list[int]], temperature: float, max_new_tokens: int, seed: int) -> list[Request]:

@@ -108,14 +108,24 @@ def draft_rounds_list(text: str) -> list[int]:
     return values
 
 
-def add_tree_arguments(parser: argparse.ArgumentParser, rounds: str | None = "one") -> None:
+ACCEPTANCE_RULES = ("match", "residual", "draw")
+ACCEPTANCE_HELP = ("lossless rule for sampled requests; draw: the head's children are drawn from its "
+                   "distribution and accepted against it (core/drawn_children.py)")
+acceptance_list = comma_list(str, lambda v: v in ACCEPTANCE_RULES, f"one of {', '.join(ACCEPTANCE_RULES)}", "match,draw")
+
+
+def add_tree_arguments(parser: argparse.ArgumentParser, rounds: str | None = "one", acceptances: str = "one") -> None:
     """Tree flags. --draft-rounds takes one value (rounds="one"), a list, one jetspec method each
-    (rounds="several": bench, replay, gap), or is absent (None: serve, where the policy sets rounds per cohort)."""
+    (rounds="several": bench, replay, gap), or is absent (None: serve, where the policy sets rounds per cohort).
+    --acceptance takes one rule, or (acceptances="several": bench) a list, each speculative method run once per rule."""
     parser.add_argument("--tree-width", type=int, default=8, help="top-K candidates per depth")
     parser.add_argument("--fanout", choices=["uniform", "top2gap"], default="uniform")
-    parser.add_argument("--acceptance", choices=["match", "residual", "draw"], default="match",
-                        help="lossless rule for sampled requests; draw: the head's children are drawn from its "
-                             "distribution and accepted against it (core/drawn_children.py)")
+    if acceptances == "several":
+        parser.add_argument("--acceptance", type=acceptance_list, default=["match"],
+                            help=ACCEPTANCE_HELP + "; comma-separated, e.g. match,draw: each method once per rule "
+                                                   "(other than match, labelled method+rule)")
+    else:
+        parser.add_argument("--acceptance", choices=ACCEPTANCE_RULES, default="match", help=ACCEPTANCE_HELP)
     rounds_help = ("tree-causal draft rounds after the marginal tree: each re-drafts every node's children conditioned on its "
                    "real path and rebuilds the tree within the same budget (needs a head trained with --reveal prefix; 0 = off)")
     if rounds == "several":
