@@ -139,10 +139,9 @@ def load_contenders(args, target: TargetModel) -> tuple[list[Contender], dict[st
                            for c in args.draft_corpus for p in args.lookup_accept]
         else:
             contenders.append(Contender(method, *drafting[method]))
-    # bench lists sizings and acceptance rules; replay and gap take one rule and measure fixed trees
+    # replay measures fixed trees only (it has no --tree-sizing)
     sizings = getattr(args, "tree_sizing", ["fixed"])
-    rules = args.acceptance if isinstance(args.acceptance, list) else [args.acceptance]
-    return [variant(c, sizing, rule) for rule in rules for sizing in sizings for c in contenders], labels
+    return [variant(c, sizing, rule) for rule in args.acceptance for sizing in sizings for c in contenders], labels
 
 
 def variant(contender: Contender, sizing: str, acceptance: str) -> Contender:

@@ -32,10 +32,10 @@ def prompt_range(text: str) -> slice:
     return slice(*bounds)
 
 
-def _drafting_arguments(p, acceptances: str = "one") -> None:
+def _drafting_arguments(p) -> None:
     """Flags shared by `bench` and `replay`: target, tree, heads, prompts, grid, lookup settings, outputs."""
     add_target_arguments(p)
-    add_tree_arguments(p, rounds="several", acceptances=acceptances)
+    add_tree_arguments(p, rounds="several", acceptances="several")
     p.add_argument("--dflash-head", help="bidirectional head directory (config causal_head false), needed by the dflash method")
     p.add_argument("--prompts", default="humaneval", help="'humaneval' or a JSONL file with prompt/messages per line")
     p.add_argument("--prompt-range", type=prompt_range, help="start:stop of the prompts to use (default: all)")
@@ -70,7 +70,7 @@ def register_gap(sub) -> None:
 
 def register(sub) -> None:
     p = sub.add_parser("bench", help="speedup and accept length of every drafting method over budgets, batch sizes and temperatures")
-    _drafting_arguments(p, acceptances="several")
+    _drafting_arguments(p)
     p.add_argument("--batch-sizes", type=batch_size_list, default=[1, 4])
     p.add_argument("--temperatures", type=temperature_list, default=[0.0, 1.0], help="0 = greedy; sampled requests get per-request seeds")
     add_sizing_argument(p, several=True)
