@@ -1,17 +1,25 @@
-"""Plain SGLang vs NGRAM vs JETSPEC, each in the real SGLang server on this CPU (issue 16).
+"""Plain SGLang vs NGRAM vs JETSPEC, each in the real SGLang server on this CPU, swept over concurrency.
 
-    python bench/sglang_cpu_compare.py --prompts humaneval --num-prompts 20 --max-new-tokens 64 \
-        --concurrency 4 --json bench/results/sglang_cpu_compare.json --markdown bench/results/sglang_cpu_compare.md
+    python bench/sglang_cpu_compare.py --prompts humaneval --prompt-range 100:164 --num-prompts 8 \
+        --concurrency 1,2,4,8,16 --max-new-tokens 64 --dtype float32 \
+        --json bench/results/sglang_cpu/x.json --markdown bench/results/sglang_cpu/x.md
 
-Starts, in turn, a plain, an NGRAM and JETSPEC servers (the shipped head; `jetspec` under the default
-policy unless JETSPEC_POLICY is set, `jetspec-hybrid` and `jetspec-hybrid-adaptive` under it with every
-cohort's drafter / tree sizing changed) through the test launcher (tests/sglang_cpu/launch.py: SGLang's CPU engine,
-intel_amx attention, the PyTorch stand-in for sgl-kernel's CPU ops), sends the same prompts greedy and
-reports per configuration: exact matches against plain SGLang and against HF transformers greedy (with
-the first divergence), tokens/s one request at a time and at the given concurrency, mean accept length
-from `meta_info`, and the server's start time. The attention kernels are the stand-in's PyTorch code,
-not sgl-kernel's: the ratios say how the plugin's step structure fares on this CPU, not what a CPU
-build of sgl-kernel would give.
+Starts, in turn, a plain, an NGRAM and JETSPEC servers (the shipped head; `jetspec` under the shipped
+policy unless JETSPEC_POLICY is set, `jetspec-hybrid` / `jetspec-hybrid-adaptive` under it with every
+cohort's drafter / tree sizing changed) through the test launcher (tests/sglang_cpu/launch.py: SGLang's
+CPU engine, intel_amx attention, the PyTorch stand-in for sgl-kernel's CPU ops). Each server runs one
+pass per concurrency level; pass k sends the k-th consecutive slice of the prompts (max(--num-prompts,
+concurrency) prompts), so no server ever sees a prompt twice and the hybrid drafter's store of
+finished outputs cannot copy an answer. Every config gets the same slices, greedy.
+
+Reported per config and concurrency: tokens/s (and x plain), mean accept length, exact matches against
+plain SGLang (and against HF transformers greedy with --hf), and where the time of a decode iteration
+goes, in ms: the scheduler's own work (tests/sglang_cpu/stub/step_profile.py: building the batch, the
+rest of run_batch, output processing) and inside the worker the JETSPEC phases from its own
+`jetspec_*_seconds_total` counters (draft, tree building and sizing, verify forward, acceptance, KV
+move/commit); for plain SGLang and NGRAM the worker's forward + sample is one column. The attention
+kernels are the stand-in's PyTorch code, not sgl-kernel's: the ratios say how the plugin's step
+structure fares on this CPU, not what a CPU build of sgl-kernel would give.
 """
 
 from __future__ import annotations
@@ -21,52 +29,113 @@ import json
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "sglang_cpu"))  # the launcher is test-only code; so is this comparison
+sys.path.insert(0, str(REPO / "bench"))
 
 from launch import launch  # noqa: E402
 from sglang_gpu_compare import _post, first_divergence, mean_accept_length  # noqa: E402
 
 HEAD = REPO / "sglang_jetspec" / "heads" / "smollm2-135m-instruct"
-# JETSPEC under the default policy, then with every cohort's drafter and tree sizing changed
+# JETSPEC under the shipped policy, then with every cohort's drafter and tree sizing changed
+# (jetspec-off: every cohort gated off, the fallback whose tax over plain SGLang an operator pays)
 POLICY_VARIANTS = {"jetspec": {}, "jetspec-hybrid": {"drafter": "hybrid"},
-                   "jetspec-hybrid-adaptive": {"drafter": "hybrid", "tree_sizing": "adaptive"}}
+                   "jetspec-hybrid-adaptive": {"drafter": "hybrid", "tree_sizing": "adaptive"},
+                   "jetspec-off": {"default": 0}}
 CONFIGS = ("plain", "ngram", *POLICY_VARIANTS)
+PROFILE_ENV = "JETSPEC_TEST_STEP_PROFILE"
+WARMUP_TEXT = "Warm-up request: count from one to five."
+# worker phases of a JETSPEC decode iteration, from the worker's own counters
+WORKER_PHASES = ("draft", "tree", "verify", "accept", "commit")
+PHASE_COLUMNS = ("sched_pre", "sched_run", *WORKER_PHASES, "worker_other", "output", "iteration")
+
+
+class BenchArgsError(ValueError):
+    pass
+
+
+def parse_concurrency(text: str) -> list[int]:
+    try:
+        levels = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise BenchArgsError(f"--concurrency {text!r}: give positive integers separated by commas, e.g. 1,2,4,8,16")
+    if not levels or min(levels) < 1:
+        raise BenchArgsError(f"--concurrency {text!r}: give positive integers separated by commas, e.g. 1,2,4,8,16")
+    return levels
+
+
+def pass_slices(available: int, num_prompts: int, levels: list[int]) -> list[slice]:
+    """Consecutive, disjoint slices of the prompt list, one per concurrency level, each of
+    max(num_prompts, level) prompts; BenchArgsError when the prompts run out."""
+    slices, start = [], 0
+    for level in levels:
+        n = max(num_prompts, level)
+        slices.append(slice(start, start + n))
+        start += n
+    if start > available:
+        raise BenchArgsError(
+            f"--prompts: {available} prompts, but {len(levels)} passes of max(--num-prompts {num_prompts}, concurrency) "
+            f"new prompts need {start}; use a longer prompt file or range, fewer --concurrency levels or a smaller "
+            "--num-prompts")
+    return slices
+
+
+def prompt_range(text: str) -> slice:
+    start, _, stop = text.partition(":")
+    try:
+        return slice(int(start) if start else None, int(stop) if stop else None)
+    except ValueError:
+        raise BenchArgsError(f"--prompt-range {text!r}: expected start:stop, e.g. 100:164")
+
+
+@dataclass
+class PassResult:
+    concurrency: int
+    prompts: int
+    tokens: int
+    seconds: float
+    accept_length: float | None
+    exact_match_vs_plain: int | None
+    first_divergence_vs_plain: dict[int, int]  # prompt index in the pass -> first differing token
+    exact_match_vs_hf: int | None
+    phases_ms: dict[str, float]  # PHASE_COLUMNS -> ms per decode iteration
+    decode_iterations: int
+    mean_batch: float
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds
 
 
 @dataclass
 class ConfigResult:
     config: str
-    prompts: int
-    exact_match_vs_plain: int
-    exact_match_vs_hf: int
-    first_divergence_vs_hf: dict[int, int]  # prompt index -> token position, for the prompts that differ
-    tokens_per_s: float
-    tokens_per_s_concurrent: float
-    concurrency: int
-    exact_match_concurrent_vs_sequential: int
-    accept_length: float | None
+    passes: list[PassResult]
     server_start_s: float
+    tokens_per_s_by_concurrency: dict[str, float] = field(default_factory=dict)
+    speedup_vs_plain_by_concurrency: dict[str, float] = field(default_factory=dict)
+    tokens_per_s: float = 0.0  # concurrency 1 (or the first level)
+    tokens_per_s_concurrent: float = 0.0  # the highest level
 
 
-def server_args(config: str, model: str, dtype: str, concurrency: int, ngram_tokens: int) -> list[str]:
+def server_args(config: str, model: str, dtype: str, max_running: int, ngram_tokens: int, port: int) -> list[str]:
     base = ["--model-path", model, "--device", "cpu", "--dtype", dtype, "--attention-backend", "intel_amx",
-            "--disable-cuda-graph", "--max-total-tokens", "16384", "--max-running-requests", str(max(4, concurrency)),
+            "--disable-cuda-graph", "--max-total-tokens", "32768", "--max-running-requests", str(max(4, max_running)),
             "--skip-server-warmup", "--disable-radix-cache", "--disable-overlap-schedule", "--sleep-on-idle",
-            "--host", "127.0.0.1", "--port", "31123"]
+            "--host", "127.0.0.1", "--port", str(port)]
     if config == "ngram":
         return base + ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", str(ngram_tokens)]
     if config in POLICY_VARIANTS:
         return base + ["--speculative-algorithm", "JETSPEC", "--speculative-draft-model-path", str(HEAD),
-                       "--disable-decode-cuda-graph"]
+                       "--disable-decode-cuda-graph", "--enable-metrics"]
     return base
 
 
 def policy_env(config: str, log_dir: Path) -> dict[str, str]:
-    """JETSPEC_POLICY for a policy variant: the default policy with every cohort's fields overridden."""
+    """JETSPEC_POLICY for a policy variant: the shipped policy with every cohort's fields overridden."""
     changes = POLICY_VARIANTS.get(config)
     if not changes:
         return {}
@@ -100,63 +169,190 @@ def hf_greedy(model: str, prompts: list[list[int]], max_new_tokens: int, dtype: 
     return out
 
 
-def run_config(url: str, prompts: list[list[int]], max_new_tokens: int, concurrency: int) -> tuple[list[dict], float, list[dict], float]:
-    def one(ids: list[int]) -> dict:
-        return _post(f"{url}/generate", {"input_ids": ids, "sampling_params": {"temperature": 0, "max_new_tokens": max_new_tokens}})
+# ---- where a decode iteration's time goes ----
 
-    one(prompts[0][:8])  # warm-up: first-call allocations stay out of the timings
-    start = time.perf_counter()
-    sequential = [one(ids) for ids in prompts]
-    seq_s = time.perf_counter() - start
-    start = time.perf_counter()
-    with ThreadPoolExecutor(concurrency) as pool:
-        concurrent = list(pool.map(one, prompts))
-    return sequential, seq_s, concurrent, time.perf_counter() - start
+def read_profile(path: Path) -> dict[str, float]:
+    """The scheduler-side sums for decode iterations (step_profile.py), zeros before the first."""
+    try:
+        return json.loads(path.read_text()).get("decode", {})
+    except (OSError, ValueError):
+        return {}
 
 
-def tokens(replies: list[dict]) -> int:
-    return sum(r["meta_info"]["completion_tokens"] for r in replies)
+def read_worker_seconds(url: str) -> dict[str, float]:
+    """The JETSPEC worker's phase counters summed over cohorts and budgets ({} for other servers)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    import urllib.request
+    try:
+        with urllib.request.urlopen(url + "/metrics", timeout=30) as response:
+            text = response.read().decode()
+    except OSError:
+        return {}
+    wanted = {f"jetspec_{p}_seconds_total": p for p in WORKER_PHASES} | {"jetspec_steps_total": "steps"}
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in wanted:
+                key = wanted[sample.name]
+                out[key] = out.get(key, 0.0) + sample.value
+    return out
+
+
+def diff(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
+    return {k: v - before.get(k, 0.0) for k, v in after.items()}
+
+
+def phase_ms(sched: dict[str, float], worker: dict[str, float]) -> dict[str, float]:
+    """ms per decode iteration by phase. `sched`: step_profile sums over the pass's decode iterations;
+    `worker`: the JETSPEC counters over the same pass (empty for plain / NGRAM, whose worker time is
+    one column, `verify`). accept excludes commit (the counter includes it)."""
+    n = sched.get("iterations", 0)
+    if not n:
+        return {}
+    per = lambda seconds: 1000.0 * seconds / n  # noqa: E731
+    row = {"sched_pre": per(sched["pre_s"]), "sched_run": per(sched["run_s"] - sched["worker_s"]),
+           "output": per(sched["post_s"]), "iteration": per(sched["pre_s"] + sched["run_s"] + sched["post_s"])}
+    if worker:
+        phases = {p: worker.get(p, 0.0) for p in WORKER_PHASES}
+        phases["accept"] -= phases["commit"]
+        row.update({p: per(s) for p, s in phases.items()})
+        row["worker_other"] = per(sched["worker_s"] - sum(phases.values()))
+    else:
+        row.update({p: 0.0 for p in WORKER_PHASES})
+        row["verify"], row["worker_other"] = per(sched["worker_s"]), 0.0
+    return row
+
+
+# ---- running one server ----
+
+def generate(url: str, ids: list[int], max_new_tokens: int) -> dict:
+    return _post(f"{url}/generate", {"input_ids": ids, "sampling_params": {"temperature": 0,
+                                                                          "max_new_tokens": max_new_tokens}})
+
+
+def quiet(profile: Path, timeout_s: float = 10.0) -> dict[str, float]:
+    """The profile once the scheduler has gone idle and flushed it (its sums stop changing)."""
+    last, deadline = read_profile(profile), time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        time.sleep(0.3)
+        now = read_profile(profile)
+        if now == last:
+            return now
+        last = now
+    return last
+
+
+def run_passes(url: str, prompts: list[list[int]], slices: list[slice], levels: list[int], max_new_tokens: int,
+               profile: Path, warmup_ids: list[int]) -> list[tuple[list[dict], float, dict, dict]]:
+    """(replies, seconds, scheduler sums, worker seconds) per pass."""
+    generate(url, warmup_ids, 8)  # first-call allocations stay out of the timings
+    out = []
+    for level, part in zip(levels, slices):
+        sched0, worker0 = quiet(profile), read_worker_seconds(url)
+        start = time.perf_counter()
+        with ThreadPoolExecutor(level) as pool:
+            replies = list(pool.map(lambda ids: generate(url, ids, max_new_tokens), prompts[part]))
+        seconds = time.perf_counter() - start
+        out.append((replies, seconds, diff(quiet(profile), sched0), diff(read_worker_seconds(url), worker0)))
+    return out
+
+
+def run_config(config: str, args, model: str, prompts, slices, levels, warmup_ids, port: int) -> tuple[ConfigResult, list[list[list[int]]]]:
+    profile = (args.log_dir / f"{config}-profile.json").resolve()
+    profile.unlink(missing_ok=True)
+    env = {"OMP_NUM_THREADS": str(args.threads), PROFILE_ENV: str(profile), **policy_env(config, args.log_dir)}
+    server = launch(server_args(config, model, args.dtype, max(levels), args.ngram_draft_tokens, port),
+                    args.log_dir / f"{config}.log", env)
+    try:
+        raw = run_passes(server.url, prompts, slices, levels, args.max_new_tokens, profile, warmup_ids)
+    finally:
+        server.stop()
+    passes, outputs = [], []
+    for level, part, (replies, seconds, sched, worker) in zip(levels, slices, raw):
+        outputs.append([list(r["output_ids"]) for r in replies])
+        n = sched.get("iterations", 0)
+        passes.append(PassResult(
+            concurrency=level, prompts=len(replies), tokens=sum(r["meta_info"]["completion_tokens"] for r in replies),
+            seconds=seconds, accept_length=mean_accept_length(replies), exact_match_vs_plain=None,
+            first_divergence_vs_plain={}, exact_match_vs_hf=None, phases_ms=phase_ms(sched, worker),
+            decode_iterations=int(n), mean_batch=sched.get("requests", 0) / n if n else 0.0))
+    return ConfigResult(config, passes, server.start_s), outputs
+
+
+def compare_outputs(result: ConfigResult, outputs, reference, attr: str, divergences: bool) -> None:
+    for p, got, ref in zip(result.passes, outputs, reference):
+        at = {i: first_divergence(r, g) for i, (r, g) in enumerate(zip(ref, got))}
+        setattr(p, attr, sum(v is None for v in at.values()))
+        if divergences:
+            p.first_divergence_vs_plain = {i: v for i, v in at.items() if v is not None}
+
+
+def summarise(results: list[ConfigResult]) -> None:
+    plain = next((r for r in results if r.config == "plain"), None)
+    for r in results:
+        r.tokens_per_s_by_concurrency = {str(p.concurrency): p.tokens_per_s for p in r.passes}
+        if plain is not None:
+            base = {p.concurrency: p.tokens_per_s for p in plain.passes}
+            r.speedup_vs_plain_by_concurrency = {str(p.concurrency): p.tokens_per_s / base[p.concurrency]
+                                                 for p in r.passes}
+        first = next((p for p in r.passes if p.concurrency == 1), r.passes[0])
+        r.tokens_per_s = first.tokens_per_s
+        r.tokens_per_s_concurrent = max(r.passes, key=lambda p: p.concurrency).tokens_per_s
 
 
 def markdown(results: list[ConfigResult], meta: dict) -> str:
+    levels = [p.concurrency for p in results[0].passes]
     lines = [f"# Real SGLang on CPU: plain vs NGRAM vs JETSPEC ({meta['cpu']}, {meta['dtype']})", "",
              f"`{meta['command']}`", "",
-             f"{meta['prompts']} prompts ({meta['source']}), greedy, max_new_tokens {meta['max_new_tokens']}, "
-             f"SGLang {meta['sglang']}, torch {meta['torch']}, {meta['threads']} threads; attention and KV kernels are "
-             "the test stand-in's PyTorch code (tests/sglang_cpu/stub), not sgl-kernel's.", "",
-             f"| config | exact vs plain | exact vs HF | tok/s seq (x plain) | tok/s conc {meta['concurrency']} (x plain) "
-             "| accept length | server start s |", "|---|---|---|---|---|---|---|"]
-    plain = next((r for r in results if r.config == "plain"), None)
+             f"{meta['source']} {meta['prompt_range']}: {meta['prompts_per_pass']} new prompts per pass, greedy, "
+             f"max_new_tokens {meta['max_new_tokens']}, SGLang {meta['sglang']}, torch {meta['torch']}, "
+             f"{meta['threads']} threads, {meta['date']}. Attention and KV kernels are the test stand-in's PyTorch "
+             "code (tests/sglang_cpu/stub), not sgl-kernel's.", "",
+             "## Tokens/s by concurrency (x plain)", "",
+             "| config | " + " | ".join(f"c={c}" for c in levels) + " | accept length by c | exact vs plain by c |",
+             "|---|" + "---|" * (len(levels) + 2)]
     for r in results:
-        def ratio(v, p):
-            return f" ({v / p:.2f}x)" if plain and p else ""
-        accept = "-" if r.accept_length is None else f"{r.accept_length:.2f}"
-        lines.append(f"| {r.config} | {r.exact_match_vs_plain}/{r.prompts} | {r.exact_match_vs_hf}/{r.prompts} | "
-                     f"{r.tokens_per_s:.1f}{ratio(r.tokens_per_s, plain.tokens_per_s if plain else 0)} | "
-                     f"{r.tokens_per_s_concurrent:.1f}{ratio(r.tokens_per_s_concurrent, plain.tokens_per_s_concurrent if plain else 0)} | "
-                     f"{accept} | {r.server_start_s:.0f} |")
-    if any("hybrid" in r.config for r in results):
-        lines += ["", "The concurrent pass sends the sequential pass's prompts again: hybrid configs look continuations "
-                  "up in the outputs their server just finished, so their concurrent column measures repeated requests, "
-                  "not new ones; compare them on the sequential column."]
-    diverged = [(r.config, i, at) for r in results for i, at in r.first_divergence_vs_hf.items()]
+        cells = [f"{p.tokens_per_s:.1f} ({r.speedup_vs_plain_by_concurrency.get(str(p.concurrency), 0):.2f}x)"
+                 for p in r.passes]
+        accept = " / ".join("-" if p.accept_length is None else f"{p.accept_length:.2f}" for p in r.passes)
+        exact = " / ".join("-" if p.exact_match_vs_plain is None else f"{p.exact_match_vs_plain}/{p.prompts}"
+                           for p in r.passes)
+        lines.append(f"| {r.config} | " + " | ".join(cells) + f" | {accept} | {exact} |")
+    lines += ["", "## Where a decode iteration's time goes (ms per iteration, mean batch)", "",
+              "sched_pre: receiving requests and building the batch (incl. KV allocation); sched_run: the rest of "
+              "run_batch outside the worker; draft / tree (building, sizing, verify tensors) / verify (the target "
+              "forward; for plain and NGRAM the worker's whole forward + sample) / accept / commit (KV move, "
+              "draft-context rows): the JETSPEC worker's own counters; worker_other: the worker's remaining time; "
+              "output: process_batch_result.", "",
+              "| config | c | batch | " + " | ".join(PHASE_COLUMNS) + " |", "|---|---|---|" + "---|" * len(PHASE_COLUMNS)]
+    for r in results:
+        for p in r.passes:
+            if p.phases_ms:
+                lines.append(f"| {r.config} | {p.concurrency} | {p.mean_batch:.1f} | "
+                             + " | ".join(f"{p.phases_ms[c]:.1f}" for c in PHASE_COLUMNS) + " |")
+    diverged = [(r.config, p.concurrency, i, at) for r in results for p in r.passes
+                for i, at in p.first_divergence_vs_plain.items()]
     if diverged:
-        lines += ["", "First divergence from HF greedy (config, prompt, token position): "
-                  + ", ".join(f"{c} #{i} @{at}" for c, i, at in diverged)]
+        lines += ["", "First divergence from plain SGLang (config, concurrency, prompt in pass, token position): "
+                  + ", ".join(f"{c} c={lvl} #{i} @{at}" for c, lvl, i, at in diverged)]
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--prompts", default="humaneval", help="humaneval, or a JSONL file of `prompt` / `messages` lines")
-    p.add_argument("--num-prompts", type=int, default=20)
+    p.add_argument("--prompt-range", default=":", help="start:stop of the prompts to draw passes from (default: all)")
+    p.add_argument("--num-prompts", type=int, default=8, help="new prompts per pass (at least the pass's concurrency)")
     p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--concurrency", type=int, default=4)
+    p.add_argument("--concurrency", default="1,4", help="comma-separated levels, one pass each, e.g. 1,2,4,8,16")
     p.add_argument("--model", help="target checkpoint directory (default: jetspec model fetch smollm2)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--configs", default=",".join(CONFIGS), help=f"subset of {','.join(CONFIGS)}, in this order")
     p.add_argument("--ngram-draft-tokens", type=int, default=8)
     p.add_argument("--threads", type=int, default=2, help="OMP threads of each server")
+    p.add_argument("--hf", action="store_true", help="also compare with HF transformers greedy (slow)")
+    p.add_argument("--port", type=int, default=31123)
     p.add_argument("--json", type=Path, required=True)
     p.add_argument("--markdown", type=Path, required=True)
     p.add_argument("--log-dir", type=Path, default=Path("bench/out/sglang-cpu-logs"))
@@ -165,6 +361,11 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(configs) - set(CONFIGS))
     if unknown:
         p.error(f"--configs: unknown {unknown}; choose from {','.join(CONFIGS)}")
+    try:
+        levels = parse_concurrency(args.concurrency)
+        chosen = prompt_range(args.prompt_range)
+    except BenchArgsError as exc:
+        p.error(str(exc))
 
     import sglang
     import torch
@@ -175,40 +376,38 @@ def main(argv: list[str] | None = None) -> int:
     from sglang_jetspec.reference.prompts import load_prompt_ids
 
     model = args.model or str(fetch("smollm2"))
-    prompts = load_prompt_ids(args.prompts, AutoTokenizer.from_pretrained(model), args.num_prompts)
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    prompts = load_prompt_ids(args.prompts, tokenizer)[chosen]
+    try:
+        slices = pass_slices(len(prompts), args.num_prompts, levels)
+    except BenchArgsError as exc:
+        p.error(str(exc))
+    warmup_ids = tokenizer(WARMUP_TEXT)["input_ids"]
     torch.set_num_threads(args.threads)
-    hf = hf_greedy(model, prompts, args.max_new_tokens, args.dtype)
-    outputs: dict[str, list[list[int]]] = {}
-    results = []
+
+    results, outputs = [], {}
     for config in configs:
-        server = launch(server_args(config, model, args.dtype, args.concurrency, args.ngram_draft_tokens),
-                        args.log_dir / f"{config}.log", {"OMP_NUM_THREADS": str(args.threads), **policy_env(config, args.log_dir)})
-        try:
-            sequential, seq_s, concurrent, conc_s = run_config(server.url, prompts, args.max_new_tokens, args.concurrency)
-        finally:
-            server.stop()
-        outputs[config] = [list(r["output_ids"]) for r in sequential]
-        vs_hf = {i: first_divergence(ref, out) for i, (ref, out) in enumerate(zip(hf, outputs[config]))}
-        results.append(ConfigResult(
-            config=config, prompts=len(prompts),
-            exact_match_vs_plain=sum(a == b for a, b in zip(outputs[config], outputs.get("plain", [])))
-            if "plain" in outputs else 0,
-            exact_match_vs_hf=sum(at is None for at in vs_hf.values()),
-            first_divergence_vs_hf={i: at for i, at in vs_hf.items() if at is not None},
-            tokens_per_s=tokens(sequential) / seq_s, tokens_per_s_concurrent=tokens(concurrent) / conc_s,
-            concurrency=args.concurrency,
-            exact_match_concurrent_vs_sequential=sum(list(c["output_ids"]) == s for c, s in zip(concurrent, outputs[config])),
-            accept_length=mean_accept_length(sequential), server_start_s=server.start_s))
-        r = results[-1]
-        print(f"[{config}] exact vs plain {r.exact_match_vs_plain}/{r.prompts}, vs HF {r.exact_match_vs_hf}/{r.prompts}, "
-              f"{r.tokens_per_s:.1f} tok/s seq, {r.tokens_per_s_concurrent:.1f} tok/s at {args.concurrency}, "
-              f"accept {r.accept_length}, start {r.server_start_s:.0f}s", flush=True)
+        result, outputs[config] = run_config(config, args, model, prompts, slices, levels, warmup_ids, args.port)
+        results.append(result)
+        print(f"[{config}] " + ", ".join(f"c={q.concurrency}: {q.tokens_per_s:.1f} tok/s accept {q.accept_length}"
+                                         for q in result.passes), flush=True)
+    if "plain" in outputs:
+        for r in results:
+            compare_outputs(r, outputs[r.config], outputs["plain"], "exact_match_vs_plain", divergences=True)
+    if args.hf:
+        hf = [hf_greedy(model, prompts[part], args.max_new_tokens, args.dtype) for part in slices]
+        for r in results:
+            compare_outputs(r, outputs[r.config], hf, "exact_match_vs_hf", divergences=False)
+    summarise(results)
     meta = {"command": "python bench/sglang_cpu_compare.py " + " ".join(sys.argv[1:] if argv is None else argv),
-            "cpu": cpu_model(), "dtype": args.dtype, "prompts": len(prompts), "source": args.prompts,
-            "max_new_tokens": args.max_new_tokens, "concurrency": args.concurrency, "threads": args.threads,
-            "sglang": sglang.__version__, "torch": torch.__version__, "date": time.strftime("%Y-%m-%d")}
+            "cpu": cpu_model(), "dtype": args.dtype, "source": args.prompts, "prompt_range": args.prompt_range,
+            "prompts_per_pass": [s.stop - s.start for s in slices], "concurrency": levels,
+            "max_new_tokens": args.max_new_tokens, "threads": args.threads, "sglang": sglang.__version__,
+            "torch": torch.__version__, "date": time.strftime("%Y-%m-%d %H:%M")}
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"meta": meta, "results": [asdict(r) for r in results]}, indent=2) + "\n")
+    args.json.write_text(json.dumps({"meta": meta, "results": [
+        {**asdict(r), "passes": [{**asdict(q), "tokens_per_s": q.tokens_per_s} for q in r.passes]}
+        for r in results]}, indent=2) + "\n")
     args.markdown.parent.mkdir(parents=True, exist_ok=True)
     args.markdown.write_text(markdown(results, meta))
     print(args.markdown.read_text())

@@ -49,11 +49,15 @@ class ActivePolicy:
 
     def step_plan(self, batch_size: int, now: float) -> StepPlan:
         """The plan (cohort, budget, rounds, width, drafter, sizing) of the next step of a batch of `batch_size` requests."""
-        table = self.table(now)
+        state = self.state(now)
+        table = state.table
         cohort = table.cohorts[cohort_index_for_batch(table.cohorts, batch_size)]
         if cohort.probe is None:
+            # a pushed table may re-enable or probe a gated cohort at any time: only the YAML default's
+            # off cohorts can drop the draft context
+            keep = cohort.budget > 0 or state.source != "yaml"
             return StepPlan(cohort.name, cohort.budget, cohort.draft_rounds, cohort.tree_width, cohort.drafter,
-                            cohort.tree_sizing, cohort.sampled_children)
+                            cohort.tree_sizing, cohort.sampled_children, keep)
         with self._lock:
             credit = self._probe_credit.get(cohort.name, 0.0) + cohort.probe.share
             probe_now = credit >= 1.0

@@ -64,6 +64,9 @@ class StepPlan(NamedTuple):
     drafter: str = "head"
     tree_sizing: str | None = None
     sampled_children: str = "top_k"
+    # False on a step the YAML default gates off (budget 0, no push in force, so no probe): nothing will
+    # draft for these requests in this cohort, so an engine need not keep their draft context
+    keep_draft_context: bool = True
 
 
 class PolicyTable(StrictModel):

@@ -6,7 +6,8 @@ Two hooks on `SchedulerInternalStateController` (the scheduler-side handler of b
   per-key `_update_handlers` cannot do that: each handler sees one key, so a table split over
   several keys could be applied half-way.
 - AFTER `get_internal_state`: adds the state in force under `jetspec_policy` and the number of
-  requests holding draft state under `jetspec_live_draft_states`; SGLang serves them on GET
+  requests holding draft state under `jetspec_live_draft_states` (and the bytes they hold under
+  `jetspec_draft_state_bytes`); SGLang serves them on GET
   /server_info as `internal_states[i].jetspec_policy` (it has no /get_internal_state route).
 The scheduler runs these requests between forward steps, so a table never changes inside a step.
 """
@@ -33,6 +34,7 @@ def _policy_control(controller):
 
 
 LIVE_STATES_KEY = "jetspec_live_draft_states"
+STATE_BYTES_KEY = "jetspec_draft_state_bytes"
 
 
 def around_set_internal_state(original, controller, recv_req):
@@ -62,5 +64,8 @@ def after_get_internal_state(result, controller, recv_req):
     if control is not None:
         result.internal_state[POLICY_KEY] = control.readback(time.time())
         # requests holding draft state outside the KV pool; 0 whenever nothing runs (else a leak)
-        result.internal_state[LIVE_STATES_KEY] = controller.scheduler.draft_worker.live_draft_states()
+        worker = controller.scheduler.draft_worker
+        result.internal_state[LIVE_STATES_KEY] = worker.live_draft_states()
+        # bytes of tap rows and head context they hold (0 while every running request is gated off)
+        result.internal_state[STATE_BYTES_KEY] = worker.draft_state_bytes()
     return result

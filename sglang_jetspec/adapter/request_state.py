@@ -78,6 +78,16 @@ class RequestDraftState:
         """Bytes this request holds outside SGLang's KV pool: its tap-row buffer and its context K/V."""
         return self._rows.untyped_storage().nbytes() + self.draft_cache.nbytes()
 
+    def stop_drafting(self) -> None:
+        """Never draft for this request again (its cohort is gated off by default): free its tap rows
+        and the head's context, and keep none from now on. It decodes root-only until it finishes."""
+        if self.blind:
+            return
+        self.blind = True
+        self._rows = self._rows.new_empty(0, self._rows.shape[1])
+        self._first_row = self._num_rows
+        self.draft_cache = ContextCache()
+
     def truncate(self, length: int) -> None:
         """Forget rows from `length` on (a retracted request is prefilled again from there)."""
         if length >= self._num_rows:
@@ -159,6 +169,10 @@ class DraftStateStore:
 
     def drop(self, rid: str) -> RequestDraftState | None:
         return self._states.pop(rid, None)
+
+    def nbytes(self) -> int:
+        """Bytes all running requests hold outside SGLang's KV pool (tap rows and head context)."""
+        return sum(state.nbytes() for state in self._states.values())
 
     def drop_all(self) -> None:
         self._states.clear()

@@ -10,6 +10,10 @@
   sequence lengths, plus the empty fields SGLang's relay code reads by name. It reuses the
   NGRAM_VERIFY type, the type SGLang's own NGRAM worker gives its between-round input.
 - bind_verify_batch: puts a step's verify tensors on the batch.
+- bind_decode_batch: the same batch as one ordinary decode forward of each request's root, for a step
+  whose trees are all root-only (speculation gated off, adaptive sizing keeping no node, blind
+  requests): SGLang's decode path is cheaper than a one-node TARGET_VERIFY, and the root's KV lands in
+  the same slot either way.
 """
 
 from __future__ import annotations
@@ -49,6 +53,24 @@ def bind_verify_batch(batch, tensors, seq_lens: list[int], num_nodes: int, mask_
         retrieve_next_token=tensors.retrieve_next_token.to(device, non_blocking=True),
         retrieve_next_sibling=tensors.retrieve_next_sibling.to(device, non_blocking=True),
         draft_token_num=num_nodes)
+
+
+def bind_decode_batch(batch, root_tokens: torch.Tensor, device) -> None:
+    """Rebind the batch for a DECODE forward of each request's root token (the last committed token,
+    not in KV yet), as ScheduleBatch.prepare_for_decode lays out a plain decode: seq_lens count the
+    root, whose position is the committed length and whose KV slot is the first one reserved past
+    it. The scheduler's _forward_isolation restores every field afterwards."""
+    seq_lens = batch.seq_lens
+    batch.forward_mode = ForwardMode.DECODE
+    batch.input_ids = root_tokens.to(device, non_blocking=True)
+    batch.out_cache_loc = assign_extend_cache_locs_func(
+        req_pool_indices=batch.req_pool_indices, req_to_token=batch.req_to_token_pool.req_to_token,
+        start_offset=seq_lens, end_offset=seq_lens + 1, batch_size=len(root_tokens), draft_token_num=1, device=device)
+    batch.seq_lens = seq_lens + 1
+    if batch.seq_lens_cpu is not None:
+        batch.seq_lens_cpu = batch.seq_lens_cpu + 1
+    batch.seq_lens_sum = None  # ForwardBatch.init_new recomputes it
+    batch.spec_info = None  # no tree: nothing for the attention backend to mask
 
 
 class JetSpecDraftState(SpecInput):

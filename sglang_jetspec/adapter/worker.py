@@ -46,7 +46,7 @@ from sglang_jetspec.adapter.policy import PolicyControl, load_runtime_policy
 from sglang_jetspec.adapter.request_sampling import core_sampling_params
 from sglang_jetspec.adapter.request_state import DraftStateStore, RequestDraftState
 from sglang_jetspec.adapter.server_args import JetSpecArgsError, target_info
-from sglang_jetspec.adapter.spec_inputs import JetSpecDraftState, bind_verify_batch
+from sglang_jetspec.adapter.spec_inputs import JetSpecDraftState, bind_decode_batch, bind_verify_batch
 from sglang_jetspec.adapter.step_outputs import step_outputs
 from sglang_jetspec.adapter.target_views import TargetEmbedding, TargetLMHead
 from sglang_jetspec.adapter.verify_inputs import build_verify_tensors
@@ -150,6 +150,10 @@ class JetSpecWorker(BaseSpecWorker):
         """Requests holding draft state: 0 whenever none is running or waiting after a retraction."""
         self.retire_finished()
         return len(self.states.rids())
+
+    def draft_state_bytes(self) -> int:
+        """Bytes of tap rows and head context the running requests hold outside SGLang's KV pool."""
+        return self.states.nbytes()
 
     # ---- forward ----
 
@@ -262,6 +266,7 @@ class JetSpecWorker(BaseSpecWorker):
         tracer = step_tracer()
         observed = tracer is not None or self.metrics is not None
         bs = len(batch.reqs)
+        committed_lens = batch.seq_lens  # a decode forward rebinds batch.seq_lens to count the root
         seq_lens = (batch.seq_lens_cpu if batch.seq_lens_cpu is not None else batch.seq_lens.cpu()).tolist()
         plan = self.policy_control.step_plan(bs, time.time())
         cohort, budget = plan.cohort, plan.budget
@@ -275,6 +280,8 @@ class JetSpecWorker(BaseSpecWorker):
                                              kv_len, torch.empty(0))
                 state.req = req
             state.root_token = int(req.output_ids[-1])  # sync scheduler: the last committed token
+            if not plan.keep_draft_context:
+                state.stop_drafting()  # gated off by default: no draft work, no tap rows kept
             lanes.append(state)
 
         set_time_batch(batch.reqs, "set_spec_draft_start_time", trace_only=True)
@@ -284,12 +291,22 @@ class JetSpecWorker(BaseSpecWorker):
         if sizer is not None:
             num_nodes = max(tree.size for tree in trees)  # the verify pads every request to the longest tree
         timed = observed or sizer is not None  # adaptive sizing learns the verify cost from these timings
-        t_verify = self._sync(timed)
-
-        bind_verify_batch(batch, build_verify_tensors(trees, seq_lens, num_nodes), seq_lens, num_nodes,
-                          self.mask_layout, self.device)
+        t_bind = time.perf_counter()
         device = self.device
-        result = self._target_worker.forward_batch_generation(batch, is_verify=True)
+        # Root-only trees verify nothing: an ordinary decode forward (logits only; the acceptance below
+        # samples as on every step), cheaper than a one-node TARGET_VERIFY. Logprob requests keep the
+        # verify path, whose rows compute_spec_logprobs reads.
+        decode = num_nodes == 1 and not batch.return_logprob
+        if decode:
+            bind_decode_batch(batch, torch.tensor([lane.root_token for lane in lanes]), device)
+        else:
+            bind_verify_batch(batch, build_verify_tensors(trees, seq_lens, num_nodes), seq_lens, num_nodes,
+                              self.mask_layout, device)
+        t_verify = self._sync(timed)
+        tree_s += t_verify - t_bind  # the verify tensors are part of building the trees
+        capture = CaptureHiddenMode.FULL if any(not lane.blind for lane in lanes) else CaptureHiddenMode.NULL
+        result = self._target_worker.forward_batch_generation(
+            batch, is_verify=True, capture_hidden_mode=capture if decode else None)
         logits_output = result.logits_output
         taps = logits_output.hidden_states  # [bs*N, taps*H]: every node's tap rows
         logits = logits_output.next_token_logits
@@ -303,20 +320,25 @@ class JetSpecWorker(BaseSpecWorker):
         if sized:
             self.sizer.observe([result.path for result in acceptance.results])
         out = step_outputs(acceptance, num_nodes)
+        t_commit = time.perf_counter()
         accept_lens = out.accept_lens.to(device)
         accept_index = out.accept_index.to(device)
-        new_seq_lens = batch.seq_lens + accept_lens
-        # Target KV of the kept nodes moves to the front of each request's verify window.
-        move_accept_tokens_to_target_kvcache(batch, accept_index, accept_lens - 1, self.token_to_kv_pool_allocator)
+        new_seq_lens = committed_lens + accept_lens
+        # Target KV of the kept nodes moves to the front of each request's verify window (a root-only
+        # step has nothing to move: the root's KV is already in place).
+        if num_nodes > 1:
+            move_accept_tokens_to_target_kvcache(batch, accept_index, accept_lens - 1, self.token_to_kv_pool_allocator)
         if batch.return_logprob:
             compute_spec_logprobs(batch, logits_output, out.predict.to(device), accept_index=accept_index)
         if on_publish is not None:
             on_publish(new_seq_lens)  # once per forward, right after acceptance (overlap_utils contract)
 
-        # Draft context for the committed tokens: the verify pass's tap rows at [root, accepted nodes].
-        kept_rows = taps[out.row_index.to(device)].split(out.row_counts)
+        # Draft context for the committed tokens: the verify pass's tap rows at [root, accepted nodes]
+        # (none captured when every request is blind).
+        kept_rows = taps[out.row_index.to(device)].split(out.row_counts) if taps is not None else [None] * bs
         for lane, rows, kv_len, length in zip(lanes, kept_rows, seq_lens, out.row_counts):
-            self.states.committed(lane, rows, kv_len)
+            if rows is not None:
+                self.states.committed(lane, rows, kv_len)
             lane.budgets.append(budget)
             lane.accept_lengths.append(length)
         logits_output.hidden_states = None
@@ -327,7 +349,7 @@ class JetSpecWorker(BaseSpecWorker):
             record = StepRecord(
                 batch_size=bs, budget=budget, committed_tokens=sum(out.row_counts), accept_lengths=out.row_counts,
                 draft_s=draft_s, tree_s=tree_s, verify_s=t_accept - t_verify, accept_s=t_end - t_accept,
-                wall_s=t_end - t_start, verified_nodes=sum(tree.size for tree in trees))
+                commit_s=t_end - t_commit, wall_s=t_end - t_start, verified_nodes=sum(tree.size for tree in trees))
             if self.metrics is not None:
                 self.metrics.record_step(cohort, record)
             if tracer is not None:

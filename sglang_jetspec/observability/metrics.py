@@ -48,6 +48,8 @@ STEP_COUNTERS: dict[str, tuple[str, Callable[[StepRecord], float]]] = {
     "jetspec_tree_seconds_total": ("Seconds building draft trees", lambda r: r.tree_s),
     "jetspec_verify_seconds_total": ("Seconds in the target verify pass", lambda r: r.verify_s),
     "jetspec_accept_seconds_total": ("Seconds in acceptance and KV commit", lambda r: r.accept_s),
+    "jetspec_commit_seconds_total": ("Of jetspec_accept_seconds_total, seconds committing (KV move, logprobs, "
+                                     "draft-context rows)", lambda r: r.commit_s),
 }
 
 

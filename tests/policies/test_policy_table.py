@@ -101,8 +101,8 @@ def test_probe_share_is_exact_and_evenly_spread():
 
 def test_batches_beyond_the_last_cohort_use_it():
     active = ActivePolicy(POLICY)
-    assert active.step_plan(8, now=0.0) == ("bs2-8", 4, 0, 0, "head", None, "top_k")
-    assert active.step_plan(500, now=0.0) == ("bs2-8", 4, 0, 0, "head", None, "top_k")
+    assert active.step_plan(8, now=0.0) == ("bs2-8", 4, 0, 0, "head", None, "top_k", True)
+    assert active.step_plan(500, now=0.0) == ("bs2-8", 4, 0, 0, "head", None, "top_k", True)
 
 
 def _push(active, payload, authorization=f"Bearer {KEY}", admin_key=KEY):
@@ -240,15 +240,15 @@ head: {max_draft_rounds: 2}
 
 def test_draft_rounds_come_from_the_yaml_until_a_push_changes_them():
     active = ActivePolicy(ROUNDS_POLICY)
-    assert active.step_plan(1, now=0.0) == ("bs1", 16, 1, 0, "head", None, "top_k")
-    assert active.step_plan(3, now=0.0) == ("bs2-8", 4, 0, 0, "head", None, "top_k")
+    assert active.step_plan(1, now=0.0) == ("bs1", 16, 1, 0, "head", None, "top_k", True)
+    assert active.step_plan(3, now=0.0) == ("bs2-8", 4, 0, 0, "head", None, "top_k", True)
     flat_args = table_to_flat_args(default_table(ROUNDS_POLICY))
     flat_args["jetspec_policy.bs2-8.draft_rounds"] = 2
     del flat_args["jetspec_policy.bs1.draft_rounds"]  # missing: the cohort's YAML value
     active.apply(table_from_flat_args(flat_args, ROUNDS_POLICY), now=0.0)
-    assert active.step_plan(1, now=1.0) == ("bs1", 16, 1, 0, "head", None, "top_k")
-    assert active.step_plan(3, now=1.0) == ("bs2-8", 4, 2, 0, "head", None, "top_k")
-    assert active.step_plan(3, now=90.0) == ("bs2-8", 4, 0, 0, "head", None, "top_k")  # expired: back to the YAML default
+    assert active.step_plan(1, now=1.0) == ("bs1", 16, 1, 0, "head", None, "top_k", True)
+    assert active.step_plan(3, now=1.0) == ("bs2-8", 4, 2, 0, "head", None, "top_k", True)
+    assert active.step_plan(3, now=90.0) == ("bs2-8", 4, 0, 0, "head", None, "top_k", True)  # expired: back to the YAML default
 
 
 def test_draft_rounds_above_the_policy_limit_are_refused_and_nothing_changes():
@@ -258,6 +258,6 @@ def test_draft_rounds_above_the_policy_limit_are_refused_and_nothing_changes():
     status, answer = _push(active, {"server_args": flat_args})
     assert status == 400 and answer["problems"] == [
         "cohorts[0].draft_rounds 3 is above the server policy's head.max_draft_rounds 2 -- use 0..2"]
-    assert active.step_plan(1, now=11.0) == ("bs1", 16, 1, 0, "head", None, "top_k") and active.state(11.0).source == "yaml"
+    assert active.step_plan(1, now=11.0) == ("bs1", 16, 1, 0, "head", None, "top_k", True) and active.state(11.0).source == "yaml"
     with pytest.raises(PolicyError, match=r"cohorts\[0\].draft_rounds 1 is above the server policy's head.max_draft_rounds 0"):
         validate_table(table(draft_rounds=1), POLICY)  # POLICY leaves max_draft_rounds at its default, 0

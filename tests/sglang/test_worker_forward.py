@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import sys
+import time
 import weakref
 from types import SimpleNamespace
 
@@ -66,6 +67,9 @@ class FakeTarget:
         if batch.forward_mode == ForwardMode.TARGET_VERIFY:
             assert is_verify and batch.spec_info.capture_hidden_mode == CaptureHiddenMode.FULL
             return self._verify(batch)
+        if batch.forward_mode == ForwardMode.DECODE:  # a root-only step: logits only, the worker samples
+            assert is_verify and batch.spec_info is None
+            return self._decode(batch, capture_hidden_mode)
         assert capture_hidden_mode == CaptureHiddenMode.FULL
         lanes = [(r.origin_input_ids, torch.arange(len(r.origin_input_ids)),
                   torch.ones(len(r.origin_input_ids), len(r.origin_input_ids), dtype=torch.bool).tril()) for r in batch.reqs]
@@ -74,6 +78,20 @@ class FakeTarget:
         rows = torch.cat([taps[b, : len(r.origin_input_ids)] for b, r in enumerate(batch.reqs)])
         return SimpleNamespace(logits_output=SimpleNamespace(hidden_states=rows, next_token_logits=last),
                                next_token_ids=last.argmax(-1), can_run_cuda_graph=False)
+
+    def _decode(self, batch, capture_hidden_mode):
+        self.decodes = getattr(self, "decodes", 0) + 1
+        lanes = []
+        for b, req in enumerate(batch.reqs):
+            tokens = req.origin_input_ids + req.output_ids  # ends with the root, the last committed token
+            assert int(batch.seq_lens[b]) == len(tokens) and int(batch.input_ids[b]) == tokens[-1]
+            lanes.append((tokens, torch.arange(len(tokens)), torch.ones(len(tokens), len(tokens), dtype=torch.bool).tril()))
+        logits, taps = self._run(lanes)
+        last = [len(lane[0]) - 1 for lane in lanes]
+        rows = torch.stack([taps[b, i] for b, i in enumerate(last)])
+        return SimpleNamespace(logits_output=SimpleNamespace(
+            next_token_logits=torch.stack([logits[b, i] for b, i in enumerate(last)]),
+            hidden_states=rows if capture_hidden_mode == CaptureHiddenMode.FULL else None), can_run_cuda_graph=False)
 
     def _verify(self, batch):
         spec, n = batch.spec_info, batch.spec_info.draft_token_num
@@ -220,11 +238,40 @@ def test_budget_zero_is_plain_decoding_with_no_draft_work(fresh, smollm2, single
     monkeypatch.setattr(fresh, "shadow", WorkerShadow(tee, model="m", head="h"))
     req = FakeReq("z", smollm2.tokenizer(PROMPTS[0])["input_ids"], 6, temperature=0.0)
     sched = Scheduler(fresh)
-    sched.run([req])
+    decodes = getattr(fresh._target_worker, "decodes", 0)
+    sched.admit([req])
+    sched.step()
+    # the YAML default gates this cohort off: the request keeps no tap rows and no head context
+    state = fresh.states.get("z")
+    assert state.blind and state.nbytes() == 0 and fresh.states.nbytes() == 0
+    while sched.running:
+        sched.step()
     assert sched.accept_lens == [1] * 5
+    assert fresh._target_worker.decodes - decodes == 5  # every step an ordinary decode forward, no TARGET_VERIFY
     assert req.output_ids == _plain_greedy(smollm2, req.origin_input_ids, 6)
     (record,) = tee.records
     assert record.spec.budgets == [0] * 5
+
+
+def test_a_pushed_budget_zero_keeps_the_draft_context_so_speculation_can_resume(fresh, smollm2, single_thread):
+    """Off under a pushed table (a controller that may probe or re-enable the cohort): decode forwards
+    still keep each committed token's tap rows, so the next speculative step drafts from a whole context."""
+    flat = {"jetspec_policy.ttl_s": 600, **{f"jetspec_policy.{c.name}.budget": 0 for c in fresh.policy_control.policy.cohorts}}
+    fresh.policy_control = PolicyControl(fresh.policy_control.policy, admin_key_configured=True)
+    assert fresh.policy_control.push(flat, time.time()) == []
+    prompt = smollm2.tokenizer(PROMPTS[0])["input_ids"]
+    req = FakeReq("p", prompt, 20, temperature=0.0)
+    sched = Scheduler(fresh)
+    sched.admit([req])
+    for _ in range(3):
+        sched.step()
+    state = fresh.states.get("p")
+    assert not state.blind and state.num_rows == len(prompt) + 3  # one row per KV position
+    fresh.policy_control = PolicyControl(fresh.policy_control.policy, admin_key_configured=False)  # YAML: speculate
+    while sched.running:
+        sched.step()
+    assert max(sched.accept_lens) > 1  # drafting resumed from the kept context
+    assert req.output_ids == _plain_greedy(smollm2, prompt, 20)
 
 
 def _one_budget(tmp_path, budget, draft_rounds=0, tree_width=0, drafter="head", tree_sizing="fixed", sampled_children="top_k"):
@@ -288,14 +335,20 @@ def test_a_hybrid_cohort_merges_each_requests_prompt_lookup_and_stays_lossless(f
 
 
 def _verified_node_counts(worker, monkeypatch) -> list[int]:
-    """Each verify step's node count per request, as the worker hands it to SGLang's verify inputs."""
-    counts, real = [], worker_module.build_verify_tensors
+    """Each verify step's node count per request, as the worker hands it to SGLang's verify inputs
+    (1 for a root-only step, which runs as an ordinary decode forward)."""
+    counts, real, real_decode = [], worker_module.build_verify_tensors, worker_module.bind_decode_batch
 
     def spy(trees, seq_lens, num_nodes):
         counts.append(num_nodes)
         return real(trees, seq_lens, num_nodes)
 
+    def spy_decode(batch, roots, device):
+        counts.append(1)
+        return real_decode(batch, roots, device)
+
     monkeypatch.setattr(worker_module, "build_verify_tensors", spy)
+    monkeypatch.setattr(worker_module, "bind_decode_batch", spy_decode)
     return counts
 
 

@@ -297,6 +297,20 @@ def test_copy_all_layer_kv_cache_moves_rows_in_every_buffer(sk):
             want[t] = old[s]
         assert torch.equal(buf, want)
 
+    # a second move through the kept views reaches rows past the first call's (the view grows), and
+    # rows already in place are left as they are
+    before = [b.clone() for b in buffers]
+    src = torch.tensor([7, 30, 12], dtype=torch.int64)
+    tgt = torch.tensor([7, 31, 1], dtype=torch.int64)
+    sk.copy_all_layer_kv_cache_cpu(data_ptrs, strides, tgt, src)
+    for buf, old in zip(buffers, before):
+        want = old.clone()
+        want[31], want[1] = old[30], old[12]
+        assert torch.equal(buf, want)
+    before = [b.clone() for b in buffers]
+    sk.copy_all_layer_kv_cache_cpu(data_ptrs, strides, torch.tensor([3]), torch.tensor([3]))  # nothing to move
+    assert all(torch.equal(buf, old) for buf, old in zip(buffers, before))
+
 
 # ---------------------------------------------------------------------------------------- tree ops
 

@@ -13,6 +13,9 @@ right after ``sglang.srt.runtime_context`` is first imported (this process impor
 itself). Only that platform fact changes: ``cpu_has_amx_support()``, which decides whether layers use
 AMX kernels, stays False because the stand-in defines no ``convert_weight_packed``.
 
+With ``JETSPEC_TEST_STEP_PROFILE`` also set, the same hook installs the benchmark's scheduler-side
+step timer (``step_profile.py``) when ``sglang.srt.managers.scheduler`` is imported.
+
 Any other ``sitecustomize`` further down ``sys.path`` still runs afterwards.
 """
 
@@ -25,7 +28,6 @@ import os
 import sys
 
 ENABLE_ENV = "JETSPEC_SGLANG_CPU_STANDIN"
-HOOKED_MODULE = "sglang.srt.runtime_context"
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -33,11 +35,26 @@ def _report_amx(module) -> None:
     module.override_platform(has_amx=True).install()
 
 
+def _install_step_profile(module) -> None:
+    sys.path.insert(0, _HERE)
+    try:
+        import step_profile
+    finally:
+        sys.path.remove(_HERE)
+    step_profile.install(module)
+
+
+# module -> what runs right after it is first imported
+_HOOKS = {"sglang.srt.runtime_context": _report_amx}
+if os.environ.get("JETSPEC_TEST_STEP_PROFILE", "").strip():
+    _HOOKS["sglang.srt.managers.scheduler"] = _install_step_profile
+
+
 class _PostImportHook(importlib.abc.MetaPathFinder):
-    """Finds HOOKED_MODULE through the other finders and runs `_report_amx` after it executes."""
+    """Finds each module of _HOOKS through the other finders and runs its hook after it executes."""
 
     def find_spec(self, fullname, path=None, target=None):
-        if fullname != HOOKED_MODULE:
+        if fullname not in _HOOKS:
             return None
         for finder in sys.meta_path:
             if finder is self or not hasattr(finder, "find_spec"):
@@ -58,17 +75,18 @@ class _Loader(importlib.abc.Loader):
 
     def exec_module(self, module) -> None:
         self._inner.exec_module(module)
-        _report_amx(module)
-        sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _PostImportHook)]
+        _HOOKS.pop(module.__name__)(module)
+        if not _HOOKS:
+            sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _PostImportHook)]
 
     def __getattr__(self, name):  # get_source, get_filename, is_package, ... of the real loader
         return getattr(self._inner, name)
 
 
 def _install() -> None:
-    if HOOKED_MODULE in sys.modules:
-        _report_amx(sys.modules[HOOKED_MODULE])
-    else:
+    for name in [n for n in _HOOKS if n in sys.modules]:
+        _HOOKS.pop(name)(sys.modules[name])
+    if _HOOKS:
         sys.meta_path.insert(0, _PostImportHook())
 
 

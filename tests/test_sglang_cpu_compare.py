@@ -1,0 +1,83 @@
+"""The CPU-harness comparison's own logic: fresh prompts per concurrency pass, argument errors, and the
+per-iteration phase split (bench/sglang_cpu_compare.py); the servers themselves run only in the bench."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+
+@pytest.fixture(scope="module")
+def compare():
+    spec = importlib.util.spec_from_file_location("sglang_cpu_compare", BENCH / "sglang_cpu_compare.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_each_pass_gets_prompts_no_earlier_pass_sent(compare):
+    slices = compare.pass_slices(64, 8, [1, 2, 4, 8, 16])
+    assert [(s.start, s.stop) for s in slices] == [(0, 8), (8, 16), (16, 24), (24, 32), (32, 48)]
+    seen = [i for s in slices for i in range(s.start, s.stop)]
+    assert len(seen) == len(set(seen))  # disjoint: a server never sees a prompt twice
+
+
+def test_too_few_prompts_is_a_clear_error(compare):
+    with pytest.raises(compare.BenchArgsError, match=r"--prompts: 24 prompts.*need 48"):
+        compare.pass_slices(24, 8, [1, 2, 4, 8, 16])
+
+
+@pytest.mark.parametrize("text", ["", "0,4", "a,b", "4,-1"])
+def test_bad_concurrency_names_the_flag(compare, text):
+    with pytest.raises(compare.BenchArgsError, match="--concurrency"):
+        compare.parse_concurrency(text)
+
+
+def test_single_concurrency_value_still_works(compare):
+    assert compare.parse_concurrency("4") == [4]
+    assert compare.parse_concurrency("1,2,4,8,16") == [1, 2, 4, 8, 16]
+
+
+def test_phase_split_of_a_jetspec_iteration(compare):
+    sched = {"iterations": 10, "requests": 20, "pre_s": 0.010, "run_s": 0.500, "worker_s": 0.480, "post_s": 0.005}
+    worker = {"draft": 0.05, "tree": 0.02, "verify": 0.30, "accept": 0.06, "commit": 0.04, "steps": 10}
+    row = compare.phase_ms(sched, worker)
+    assert row["sched_pre"] == pytest.approx(1.0) and row["sched_run"] == pytest.approx(2.0)
+    assert row["output"] == pytest.approx(0.5) and row["iteration"] == pytest.approx(51.5)
+    assert row["accept"] == pytest.approx(2.0)  # the accept counter includes commit: split out
+    assert row["commit"] == pytest.approx(4.0) and row["verify"] == pytest.approx(30.0)
+    # what the worker spent outside its named phases
+    assert row["worker_other"] == pytest.approx(48.0 - 5 - 2 - 30 - 2 - 4)
+
+
+def test_phase_split_of_a_plain_iteration_puts_the_worker_in_one_column(compare):
+    sched = {"iterations": 4, "requests": 4, "pre_s": 0.004, "run_s": 0.2, "worker_s": 0.18, "post_s": 0.002}
+    row = compare.phase_ms(sched, {})
+    assert row["verify"] == pytest.approx(45.0) and row["draft"] == 0.0 and row["worker_other"] == 0.0
+    assert compare.phase_ms({"iterations": 0}, {}) == {}
+
+
+def test_profile_differences_between_passes(compare, tmp_path):
+    path = tmp_path / "profile.json"
+    assert compare.read_profile(path) == {}  # before the scheduler's first flush
+    path.write_text(json.dumps({"decode": {"iterations": 5, "pre_s": 1.0}, "extend": {"iterations": 2}}))
+    before = compare.read_profile(path)
+    path.write_text(json.dumps({"decode": {"iterations": 12, "pre_s": 1.5}}))
+    assert compare.diff(compare.read_profile(path), before) == {"iterations": 7, "pre_s": 0.5}
+
+
+def test_speedups_are_per_concurrency_against_plain(compare):
+    def result(config, rates):
+        passes = [compare.PassResult(c, 8, int(r * 10), 10.0, None, None, {}, None, {}, 0, 0.0) for c, r in rates]
+        return compare.ConfigResult(config, passes, 30.0)
+
+    plain, spec = result("plain", [(1, 10.0), (4, 30.0)]), result("jetspec", [(1, 15.0), (4, 27.0)])
+    compare.summarise([plain, spec])
+    assert spec.tokens_per_s_by_concurrency == {"1": 15.0, "4": 27.0}
+    assert spec.speedup_vs_plain_by_concurrency == pytest.approx({"1": 1.5, "4": 0.9})
+    assert spec.tokens_per_s == 15.0 and spec.tokens_per_s_concurrent == 27.0
