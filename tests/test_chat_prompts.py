@@ -32,7 +32,7 @@ def test_tuning_prompts_never_train_and_the_report_set_is_never_generated():
     assert len(tuning) == HELDOUT_TUNE == len(set(tuning))
     assert not set(tuning) & set(_texts(chat_prompt_records(seed=0, total=2000)))
     report = {json.loads(line)["messages"][0]["content"] for line in REPORT_SET.read_text().splitlines() if line.strip()}
-    assert len(report) == 24 and not report & set(tuning + _texts(chat_prompt_records(seed=0, total=2000)))
+    assert len(report) == 64 and not report & set(tuning + _texts(chat_prompt_records(seed=0, total=2000)))
 
 
 def test_chat_is_a_training_prompt_set():

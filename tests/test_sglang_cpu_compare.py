@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,8 +17,10 @@ BENCH = Path(__file__).resolve().parents[1] / "bench"
 def compare():
     spec = importlib.util.spec_from_file_location("sglang_cpu_compare", BENCH / "sglang_cpu_compare.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
     spec.loader.exec_module(module)
-    return module
+    yield module
+    sys.modules.pop(spec.name, None)
 
 
 def test_each_pass_gets_prompts_no_earlier_pass_sent(compare):

@@ -44,8 +44,8 @@ def test_flat_round_trip_with_probe(policy):
 
 def test_budget_by_cohort_zero_means_off(policy):
     control = PolicyControl(policy, admin_key_configured=True)
-    assert control.step_plan(1, now=0.0) == ("bs1", 32, 0, 0, "head", None, "top_k", True)
-    assert control.step_plan(4, now=0.0) == ("bs2-6", 16, 0, 0, "head", None, "top_k", True)
+    assert control.step_plan(1, now=0.0) == ("bs1", 32, 0, 0, "hybrid", "adaptive", "top_k", True)
+    assert control.step_plan(4, now=0.0) == ("bs2-6", 16, 0, 0, "hybrid", "adaptive", "top_k", True)
     assert control.step_plan(300, now=0.0) == ("bs25-256", 0, 0, 0, "head", None, "top_k", False)
 
 
@@ -57,7 +57,7 @@ def test_bad_push_is_rejected_and_previous_table_stays(policy):
     assert problems and "cohorts[0].budget 48 is not a candidate of 'bs1'" in problems[0]
     problems = control.push({"jetspec_policy.nosuch.budget": 8, **_push(policy)}, now=1.0)
     assert any("unknown key jetspec_policy.nosuch.budget" in p for p in problems)
-    assert control.step_plan(1, now=2.0) == ("bs1", 64, 0, 0, "head", None, "top_k", True)
+    assert control.step_plan(1, now=2.0) == ("bs1", 64, 0, 0, "hybrid", "adaptive", "top_k", True)
     assert control.readback(2.0)["generation"] == 1 and control.readback(2.0)["source"] == "pushed"
     assert [s.generation for s in shown] == [1]
 
@@ -67,15 +67,15 @@ def test_ttl_revert_to_yaml_default(policy):
     flat = _push(policy, bs1=64)
     flat["jetspec_policy.ttl_s"] = 10.0
     assert control.push(flat, now=100.0) == []
-    assert control.step_plan(1, now=109.0) == ("bs1", 64, 0, 0, "head", None, "top_k", True)
-    assert control.step_plan(1, now=110.0) == ("bs1", 32, 0, 0, "head", None, "top_k", True)
+    assert control.step_plan(1, now=109.0) == ("bs1", 64, 0, 0, "hybrid", "adaptive", "top_k", True)
+    assert control.step_plan(1, now=110.0) == ("bs1", 32, 0, 0, "hybrid", "adaptive", "top_k", True)
     assert control.readback(110.0)["source"] == "yaml"
 
 
 def test_pushes_need_an_admin_key(policy):
     control = PolicyControl(policy, admin_key_configured=False)
     assert "--admin-api-key" in control.push(_push(policy, bs1=64), now=0.0)[0]
-    assert control.step_plan(1, now=0.0) == ("bs1", 32, 0, 0, "head", None, "top_k", True)
+    assert control.step_plan(1, now=0.0) == ("bs1", 32, 0, 0, "hybrid", "adaptive", "top_k", True)
 
 
 class _FakeWorker:

@@ -1,0 +1,81 @@
+"""JETSPEC as shipped, inside the real SGLang server on this CPU (fp32): the packaged policy with nothing
+pushed gives plain SGLang's greedy tokens one request at a time and four at a time; and a cohort that
+a YAML default gates off does no draft work and keeps no draft context, while a speculating cohort
+holds one (the control that shows the measurement can fail)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from e2e_client import MAX_NEW, generate, generate_all, jetspec_args, jetspec_state, until_eos
+from test_real_sglang_control import samples
+
+# bs1 gated off by its YAML default; larger batches would speculate (not reached here)
+GATED_BS1_YAML = """\
+cohorts:
+  - {name: bs1, min_batch: 1, max_batch: 1, budgets: [0, 16], default: 0}
+  - {name: bs2-4, min_batch: 2, max_batch: 4, budgets: [0, 16], default: 16}
+head: {max_budget: 16, max_draft_rounds: 0}
+"""
+
+
+@pytest.fixture(scope="module")
+def shipped_server(servers, smollm2_dir):
+    """JETSPEC with no JETSPEC_POLICY: the packaged policies/default.yaml, nothing pushed."""
+    server = servers.start("jetspec-shipped", jetspec_args(smollm2_dir))
+    yield server
+    servers.stop(server)
+
+
+def _ids(replies, eos):
+    return [until_eos(r["output_ids"], eos) for r in replies]
+
+
+def test_shipped_defaults_give_plain_sglangs_greedy_tokens_alone_and_four_at_a_time(shipped_server, plain_server,
+                                                                                    humaneval_ids, hf_greedy, tokenizer):
+    eos = tokenizer.eos_token_id
+    alone = generate_all(shipped_server.url, humaneval_ids)
+    assert _ids(alone, eos) == hf_greedy
+    four = generate_all(shipped_server.url, humaneval_ids, concurrency=4)
+    plain_four = generate_all(plain_server.url, humaneval_ids, concurrency=4)
+    assert _ids(four, eos) == _ids(plain_four, eos) == hf_greedy
+    # the defaults speculate at both concurrencies: some step committed more than one token
+    for replies in (alone, four):
+        assert sum(r["meta_info"]["completion_tokens"] for r in replies) > sum(r["meta_info"]["spec_verify_ct"] for r in replies)
+
+
+def _state_during(url: str, ids: list[int], max_new: int) -> tuple[dict, dict]:
+    """/server_info's JETSPEC state read while one request is decoding, and the request's reply."""
+    reply: dict = {}
+    worker = threading.Thread(target=lambda: reply.update(generate(url, ids, max_new)))
+    worker.start()
+    deadline = time.monotonic() + 120
+    state = jetspec_state(url)
+    while state["jetspec_live_draft_states"] == 0 and worker.is_alive():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+        state = jetspec_state(url)
+    worker.join()
+    return state, reply
+
+
+def test_a_cohort_the_yaml_default_gates_off_does_no_draft_work_and_keeps_no_context(servers, smollm2_dir, tmp_path,
+                                                                                    humaneval_ids, hf_greedy, tokenizer,
+                                                                                    jetspec_server):
+    policy = tmp_path / "gated.yaml"
+    policy.write_text(GATED_BS1_YAML)
+    server = servers.start("jetspec-gated", jetspec_args(smollm2_dir, "--enable-metrics"), {"JETSPEC_POLICY": str(policy)})
+    try:
+        state, reply = _state_during(server.url, humaneval_ids[2], MAX_NEW)
+        draft_s = sum(samples(server.url, "jetspec_draft_seconds_total").values())
+        off_steps = sum(v for labels, v in samples(server.url, "jetspec_steps_total").items() if dict(labels)["budget"] == "0")
+    finally:
+        servers.stop(server)
+    assert state["jetspec_live_draft_states"] == 1 and state["jetspec_draft_state_bytes"] == 0
+    assert draft_s == 0 and off_steps == reply["meta_info"]["spec_verify_ct"] > 0
+    assert until_eos(reply["output_ids"], tokenizer.eos_token_id) == hf_greedy[2]
+    # a speculating server holds draft context for a running request: this measurement can fail
+    state, _ = _state_during(jetspec_server.url, humaneval_ids[2], MAX_NEW)
+    assert state["jetspec_draft_state_bytes"] > 0
