@@ -88,6 +88,18 @@ def server_info(url: str) -> dict:
     return json.loads(get(f"{url}/server_info"))
 
 
+def samples(url: str, name: str) -> dict[tuple, float]:
+    """{label items: value} of one metric family's samples named `name` on the server's /metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out = {}
+    for family in text_string_to_metric_families(get(f"{url}/metrics")):
+        for s in family.samples:
+            if s.name == name:
+                out[tuple(sorted(s.labels.items()))] = s.value
+    return out
+
+
 def jetspec_state(url: str) -> dict:
     """The JETSPEC scheduler's internal state as /server_info serves it."""
     (state,) = [s for s in server_info(url)["internal_states"] if "jetspec_policy" in s]

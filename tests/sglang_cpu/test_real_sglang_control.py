@@ -10,7 +10,7 @@ import sys
 import time
 
 import pytest
-from e2e_client import ADMIN_KEY, REPO, generate, get, jetspec_state, post, until_eos
+from e2e_client import ADMIN_KEY, REPO, generate, get, jetspec_state, post, samples, until_eos
 from prometheus_client.parser import text_string_to_metric_families
 
 from policies.schema import DRAFTERS, TREE_SIZINGS
@@ -34,16 +34,6 @@ def wait_for_yaml(url: str, timeout_s: float = 60) -> None:
     while budgets_in_force(url)[0] != "yaml":
         assert time.monotonic() < deadline, "the pushed table did not expire"
         time.sleep(0.5)
-
-
-def samples(url: str, name: str) -> dict[tuple, float]:
-    """{label items: value} of one metric family's samples named `name` on the server's /metrics."""
-    out = {}
-    for family in text_string_to_metric_families(get(f"{url}/metrics")):
-        for s in family.samples:
-            if s.name == name:
-                out[tuple(sorted(s.labels.items()))] = s.value
-    return out
 
 
 def steps_at(url: str, cohort: str, budget: int) -> float:

@@ -9,8 +9,7 @@ import threading
 import time
 
 import pytest
-from e2e_client import MAX_NEW, generate, generate_all, jetspec_args, jetspec_state, until_eos
-from test_real_sglang_control import samples
+from e2e_client import MAX_NEW, generate, generate_all, jetspec_args, jetspec_state, samples, until_eos
 
 # bs1 gated off by its YAML default; larger batches would speculate (not reached here)
 GATED_BS1_YAML = """\
