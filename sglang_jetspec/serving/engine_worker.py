@@ -136,13 +136,17 @@ class EngineWorker:
                 future.set_result(finished)
 
     def _step(self, batch: RunningBatch, running: dict[str, Future[RequestOutput]]) -> None:
-        cohort, budget, draft_rounds, tree_width, drafter, tree_sizing, sampled_children = self._active.step_plan(len(batch), self._clock())
+        # the reference engine keeps every request's draft context whatever the plan (keep_draft_context
+        # is for engines whose context memory matters: the SGLang worker)
+        plan = self._active.step_plan(len(batch), self._clock())
+        cohort, budget = plan.cohort, plan.budget
         links = step_links([self._span_contexts[lane.request.request_id] for lane in batch.lanes])
         if self._shadow:
             self._shadow.stepped([lane.request for lane in batch.lanes], budget)
         with self._tracer.start_as_current_span(STEP_SPAN, links=links) as span:
-            record, finished = batch.step(budget, draft_rounds, tree_width or None, self._hybrid if drafter == "hybrid" else None,
-                                          tree_sizing, "draw" if sampled_children == "drawn" else None)
+            record, finished = batch.step(budget, plan.draft_rounds, plan.tree_width or None,
+                                          self._hybrid if plan.drafter == "hybrid" else None, plan.tree_sizing,
+                                          "draw" if plan.sampled_children == "drawn" else None)
             record_step_phases(self._tracer, span, cohort, record)
         self._metrics.record_step(cohort, record)
         for request, output in finished:
