@@ -14,8 +14,8 @@ from e2e_client import MAX_NEW, generate, generate_all, jetspec_args, jetspec_st
 # bs1 gated off by its YAML default; larger batches would speculate (not reached here)
 GATED_BS1_YAML = """\
 cohorts:
-  - {name: bs1, min_batch: 1, max_batch: 1, budgets: [0, 16], default: 0}
-  - {name: bs2-4, min_batch: 2, max_batch: 4, budgets: [0, 16], default: 16}
+  - {name: bs1, min_batch: 1, max_batch: 1, budgets: [0, 4, 16], default: 0}
+  - {name: bs2-4, min_batch: 2, max_batch: 4, budgets: [0, 4, 16], default: 16}
 head: {max_budget: 16, max_draft_rounds: 0}
 """
 
@@ -45,17 +45,23 @@ def test_shipped_defaults_give_plain_sglangs_greedy_tokens_alone_and_four_at_a_t
         assert sum(r["meta_info"]["completion_tokens"] for r in replies) > sum(r["meta_info"]["spec_verify_ct"] for r in replies)
 
 
+def _steps(url: str) -> float:
+    return sum(samples(url, "jetspec_steps_total").values())
+
+
 def _state_during(url: str, ids: list[int], max_new: int) -> tuple[dict, dict]:
-    """/server_info's JETSPEC state read while one request is decoding, and the request's reply."""
+    """/server_info's JETSPEC state read while one request is decoding (after its first decode step:
+    the prefill stores the prompt's rows before any step plan is known), and the request's reply."""
     reply: dict = {}
+    steps = _steps(url)
     worker = threading.Thread(target=lambda: reply.update(generate(url, ids, max_new)))
     worker.start()
     deadline = time.monotonic() + 120
-    state = jetspec_state(url)
-    while state["jetspec_live_draft_states"] == 0 and worker.is_alive():
+    while _steps(url) < steps + 2 and worker.is_alive():
         assert time.monotonic() < deadline
         time.sleep(0.05)
-        state = jetspec_state(url)
+    state = jetspec_state(url)
+    assert worker.is_alive(), "the request finished before its state could be read mid-decode"
     worker.join()
     return state, reply
 
