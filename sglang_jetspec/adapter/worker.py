@@ -249,10 +249,8 @@ class JetSpecWorker(BaseSpecWorker):
         for b, tree in zip(drafting, drafted):
             trees[b] = tree
         if sizing:
-            # every lane counts, blind ones too: a batched verify pads each to the longest tree. What
-            # drafting cost is the head pass and building the trees (Python per lane, which at 16 lanes
-            # on a CPU costs most of a head pass): a step without drafting saves both
-            trees = sizer.size(trees, draft_s + tree_s, drafted=head_runs, cost=self.verify_costs.curve(len(lanes)))
+            # every lane counts, blind ones too: a batched verify pads each to the longest tree
+            trees = sizer.size(trees, draft_s, drafted=head_runs, cost=self.verify_costs.curve(len(lanes)))
             tree_s = time.perf_counter() - start - draft_s
         return trees, draft_s, tree_s, sizing
 
