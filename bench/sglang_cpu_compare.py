@@ -36,8 +36,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "sglang_cpu"))  # the launcher is test-only code; so is this comparison
 sys.path.insert(0, str(REPO / "bench"))
 
+from e2e_client import metrics  # noqa: E402
 from launch import launch  # noqa: E402
 from sglang_gpu_compare import _post, first_divergence, mean_accept_length  # noqa: E402
+
+from sglang_jetspec.cli.bench import prompt_range  # noqa: E402
 
 HEAD = REPO / "sglang_jetspec" / "heads" / "smollm2-135m-instruct"
 # JETSPEC under the shipped policy, then with every cohort's drafter and tree sizing changed
@@ -81,14 +84,6 @@ def pass_slices(available: int, num_prompts: int, levels: list[int]) -> list[sli
             f"new prompts need {start}; use a longer prompt file or range, fewer --concurrency levels or a smaller "
             "--num-prompts")
     return slices
-
-
-def prompt_range(text: str) -> slice:
-    start, _, stop = text.partition(":")
-    try:
-        return slice(int(start) if start else None, int(stop) if stop else None)
-    except ValueError:
-        raise BenchArgsError(f"--prompt-range {text!r}: expected start:stop, e.g. 100:164")
 
 
 @dataclass
@@ -181,22 +176,12 @@ def read_profile(path: Path) -> dict[str, float]:
 
 def read_worker_seconds(url: str) -> dict[str, float]:
     """The JETSPEC worker's phase counters summed over cohorts and budgets ({} for other servers)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    import urllib.request
     try:
-        with urllib.request.urlopen(url + "/metrics", timeout=30) as response:
-            text = response.read().decode()
-    except OSError:
+        found = metrics(url)
+    except OSError:  # plain and NGRAM servers run without --enable-metrics
         return {}
     wanted = {f"jetspec_{p}_seconds_total": p for p in WORKER_PHASES} | {"jetspec_steps_total": "steps"}
-    out: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name in wanted:
-                key = wanted[sample.name]
-                out[key] = out.get(key, 0.0) + sample.value
-    return out
+    return {key: sum(found.get(name, {}).values()) for name, key in wanted.items()}
 
 
 def diff(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
@@ -342,7 +327,8 @@ def markdown(results: list[ConfigResult], meta: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--prompts", default="humaneval", help="humaneval, or a JSONL file of `prompt` / `messages` lines")
-    p.add_argument("--prompt-range", default=":", help="start:stop of the prompts to draw passes from (default: all)")
+    p.add_argument("--prompt-range", type=prompt_range, default=slice(None),
+                   help="start:stop of the prompts to draw passes from (default: all)")
     p.add_argument("--num-prompts", type=int, default=8, help="new prompts per pass (at least the pass's concurrency)")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--concurrency", default="1,4", help="comma-separated levels, one pass each, e.g. 1,2,4,8,16")
@@ -363,7 +349,6 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--configs: unknown {unknown}; choose from {','.join(CONFIGS)}")
     try:
         levels = parse_concurrency(args.concurrency)
-        chosen = prompt_range(args.prompt_range)
     except BenchArgsError as exc:
         p.error(str(exc))
 
@@ -377,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
 
     model = args.model or str(fetch("smollm2"))
     tokenizer = AutoTokenizer.from_pretrained(model)
-    prompts = load_prompt_ids(args.prompts, tokenizer)[chosen]
+    prompts = load_prompt_ids(args.prompts, tokenizer)[args.prompt_range]
     try:
         slices = pass_slices(len(prompts), args.num_prompts, levels)
     except BenchArgsError as exc:
@@ -400,7 +385,8 @@ def main(argv: list[str] | None = None) -> int:
             compare_outputs(r, outputs[r.config], hf, "exact_match_vs_hf", divergences=False)
     summarise(results)
     meta = {"command": "python bench/sglang_cpu_compare.py " + " ".join(sys.argv[1:] if argv is None else argv),
-            "cpu": cpu_model(), "dtype": args.dtype, "source": args.prompts, "prompt_range": args.prompt_range,
+            "cpu": cpu_model(), "dtype": args.dtype, "source": args.prompts,
+            "prompt_range": f"{args.prompt_range.start or 0}:{'' if args.prompt_range.stop is None else args.prompt_range.stop}",
             "prompts_per_pass": [s.stop - s.start for s in slices], "concurrency": levels,
             "max_new_tokens": args.max_new_tokens, "threads": args.threads, "sglang": sglang.__version__,
             "torch": torch.__version__, "date": time.strftime("%Y-%m-%d %H:%M")}

@@ -15,16 +15,15 @@ ratio column is harness r(N) over reference r(N).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "sglang_cpu"))
 sys.path.insert(0, str(REPO / "bench"))
 
+from e2e_client import metrics, post  # noqa: E402
 from launch import launch  # noqa: E402
 from sglang_cpu_compare import generate, server_args  # noqa: E402
 
@@ -37,29 +36,25 @@ head: {max_budget: 64, max_draft_rounds: 0}
 """
 
 
+COUNTERS = ("jetspec_verify_seconds_total", "jetspec_steps_total", "jetspec_verified_nodes_total")
+
+
 def counters(url: str) -> dict[tuple[str, str], float]:
     """(metric, budget) -> value for the worker's verify seconds, steps and verified nodes."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    with urllib.request.urlopen(url + "/metrics", timeout=30) as response:
-        text = response.read().decode()
-    wanted = ("jetspec_verify_seconds_total", "jetspec_steps_total", "jetspec_verified_nodes_total")
+    found = metrics(url)
     out: dict[tuple[str, str], float] = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            if s.name in wanted:
-                key = (s.name, s.labels["budget"])
-                out[key] = out.get(key, 0.0) + s.value
+    for name in COUNTERS:
+        for labels, value in found.get(name, {}).items():
+            key = (name, dict(labels)["budget"])
+            out[key] = out.get(key, 0.0) + value
     return out
 
 
 def push_budget(url: str, budget: int) -> None:
-    body = json.dumps({"server_args": {"jetspec_policy.ttl_s": 3600, "jetspec_policy.all.budget": budget}}).encode()
-    request = urllib.request.Request(f"{url}/set_internal_state", body, {"Content-Type": "application/json",
-                                                                          "Authorization": f"Bearer {ADMIN_KEY}"})
-    with urllib.request.urlopen(request, timeout=60) as response:
-        if json.loads(response.read()) != [True]:
-            raise RuntimeError(f"push of budget {budget} refused")
+    status, reply = post(f"{url}/set_internal_state", {"server_args": {
+        "jetspec_policy.ttl_s": 3600, "jetspec_policy.all.budget": budget}}, {"Authorization": f"Bearer {ADMIN_KEY}"})
+    if status != 200 or reply != [True]:
+        raise RuntimeError(f"push of budget {budget} refused: {status} {reply}")
 
 
 def harness_curve(model: str, dtype: str, prompts: list[list[int]], max_new: int, log_dir: Path) -> dict[int, tuple[float, float]]:
@@ -78,8 +73,7 @@ def harness_curve(model: str, dtype: str, prompts: list[list[int]], max_new: int
             for ids in prompts:
                 generate(server.url, ids, max_new)
             after = counters(server.url)
-            d = {name: after.get((name, str(budget)), 0.0) - before.get((name, str(budget)), 0.0)
-                 for name in ("jetspec_verify_seconds_total", "jetspec_steps_total", "jetspec_verified_nodes_total")}
+            d = {name: after.get((name, str(budget)), 0.0) - before.get((name, str(budget)), 0.0) for name in COUNTERS}
             steps = d["jetspec_steps_total"]
             out[budget] = (1000 * d["jetspec_verify_seconds_total"] / steps, d["jetspec_verified_nodes_total"] / steps)
             print(f"harness budget {budget}: {out[budget][0]:.1f} ms per verify, {out[budget][1]:.1f} nodes", flush=True)

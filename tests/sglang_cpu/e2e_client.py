@@ -88,16 +88,20 @@ def server_info(url: str) -> dict:
     return json.loads(get(f"{url}/server_info"))
 
 
-def samples(url: str, name: str) -> dict[tuple, float]:
-    """{label items: value} of one metric family's samples named `name` on the server's /metrics."""
+def metrics(url: str) -> dict[str, dict[tuple, float]]:
+    """Every sample on the server's /metrics: {sample name: {label items: value}}."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    out = {}
+    out: dict[str, dict[tuple, float]] = {}
     for family in text_string_to_metric_families(get(f"{url}/metrics")):
         for s in family.samples:
-            if s.name == name:
-                out[tuple(sorted(s.labels.items()))] = s.value
+            out.setdefault(s.name, {})[tuple(sorted(s.labels.items()))] = s.value
     return out
+
+
+def samples(url: str, name: str) -> dict[tuple, float]:
+    """{label items: value} of one metric family's samples named `name` on the server's /metrics."""
+    return metrics(url).get(name, {})
 
 
 def jetspec_state(url: str) -> dict:
