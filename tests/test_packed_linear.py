@@ -12,6 +12,9 @@ from torch import nn
 from sglang_jetspec.core.packed_linear import MIN_ROWS, PackedLinear, PackedWeight, available, linear, pack_linears
 
 needs_onednn = pytest.mark.skipif(not available(torch.zeros(1)), reason="this torch build has no oneDNN packed linear")
+# oneDNN packs bf16 only on AVX-512 / AVX-NE-CONVERT CPUs; elsewhere bf16 takes the plain path (tested below)
+packs_bf16 = available(torch.zeros(1, dtype=torch.bfloat16))
+needs_bf16_packing = pytest.mark.skipif(not packs_bf16, reason="this CPU has no oneDNN bf16 packing (needs AVX-512 or AVX-NE-CONVERT)")
 
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
 
@@ -22,7 +25,7 @@ def _layer(dtype: torch.dtype, bias: bool = True) -> PackedLinear:
 
 
 @needs_onednn
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.bfloat16, marks=needs_bf16_packing)])
 @pytest.mark.parametrize("rows", [1, 2, MIN_ROWS, 7, 16])
 @pytest.mark.parametrize("bias", [True, False])
 def test_packed_equals_plain_linear(dtype, rows, bias):
@@ -74,6 +77,34 @@ def test_a_weight_made_in_inference_mode_is_packed():
 
 
 @needs_onednn
+@pytest.mark.parametrize("cpu_packs_it", [True, False])
+def test_a_dtype_the_cpu_cannot_pack_takes_the_plain_path(monkeypatch, cpu_packs_it):
+    """An AVX2-only CPU refuses bf16 packing: such a weight must run on the plain op, not raise."""
+    from sglang_jetspec.core import packed_linear
+
+    monkeypatch.setattr(packed_linear, "_packs", lambda dtype: cpu_packs_it)
+    layer = _layer(torch.float32)
+    x = torch.randn(3, 64)
+    with torch.no_grad():
+        out = layer(x)
+    assert (layer._packed._packed is not None) == cpu_packs_it
+    torch.testing.assert_close(out, nn.functional.linear(x, layer.weight, layer.bias), atol=1e-5, rtol=1e-5)
+
+
+def test_the_bf16_probe_agrees_with_onednn():
+    weight = torch.randn(48, 64, dtype=torch.bfloat16)
+    try:
+        torch.ops.mkldnn._reorder_linear_weight(weight, 8)
+        packs = True
+    except (RuntimeError, AttributeError):
+        packs = False
+    assert available(weight) == (packs and torch.backends.mkldnn.is_available())
+    with torch.no_grad():  # either way a bf16 layer runs
+        out = PackedLinear(64, 48).to(torch.bfloat16)(torch.randn(2, 64, dtype=torch.bfloat16))
+    assert out.shape == (2, 48)
+
+
+@needs_bf16_packing
 def test_copies_and_pickles_pack_their_own_weight():
     layer = _layer(torch.bfloat16)
     x = torch.randn(5, 64, dtype=torch.bfloat16)
@@ -100,7 +131,7 @@ def bf16_targets(smollm2_dir):
     return TargetModel(smollm2_dir, torch.bfloat16), TargetModel(smollm2_dir, torch.bfloat16, packed_linears=False)
 
 
-@needs_onednn
+@needs_bf16_packing
 @pytest.mark.parametrize("new_tokens", [1, 3, 8])
 def test_a_packed_bf16_target_scores_like_the_plain_one(bf16_targets, new_tokens):
     from sglang_jetspec.reference.target import Segment

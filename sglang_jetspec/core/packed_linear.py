@@ -31,9 +31,22 @@ def _onednn() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
+@functools.cache
+def _packs(dtype: torch.dtype) -> bool:
+    """Whether this CPU packs weights of `dtype`: oneDNN's bf16 path needs AVX-512 (BW/VL/DQ) or
+    AVX-NE-CONVERT and refuses elsewhere (an AVX2-only AMD EPYC Zen 3, for one), so one tiny pack is
+    tried rather than reading CPU flags that torch's own check may outgrow."""
+    try:
+        torch.ops.mkldnn._reorder_linear_weight(torch.zeros(_PACK_HINT, _PACK_HINT, dtype=dtype), _PACK_HINT)
+    except RuntimeError:
+        return False
+    return True
+
+
 def available(weight: torch.Tensor) -> bool:
-    """Whether a packed copy of `weight` can serve this process's calls (a CPU build with oneDNN)."""
-    return weight.is_cpu and weight.dtype in (torch.float32, torch.bfloat16) and _onednn()
+    """Whether a packed copy of `weight` can serve this process's calls: a CPU build with oneDNN, on a
+    CPU that packs the weight's dtype (elsewhere the plain linear serves, as for any other dtype)."""
+    return weight.is_cpu and weight.dtype in (torch.float32, torch.bfloat16) and _onednn() and _packs(weight.dtype)
 
 
 class PackedWeight:
