@@ -35,8 +35,10 @@ from __future__ import annotations
 
 import hmac
 import json
+import math
 from typing import Any
 
+from policies.head import HeadCapacity
 from policies.problems import PolicyError, Problem
 from policies.runtime import ActivePolicy
 from policies.schema import DRAFTERS, SAMPLED_CHILDREN, TREE_SIZINGS, Policy
@@ -50,6 +52,8 @@ _FLAT_FIELDS = ("budget", "draft_rounds", "tree_width", "drafter", "tree_sizing"
                 "probe_share")
 # fields pushed as an index into their names (SGLang admits numbers only)
 _CODED_FIELDS = {"drafter": DRAFTERS, "tree_sizing": TREE_SIZINGS, "sampled_children": SAMPLED_CHILDREN}
+# fields that are real numbers; every other field is an integer
+_REAL_FIELDS = ("ttl_s", "probe_share")
 
 
 def _bad_request(message: str, problems: list[str] | None = None) -> tuple[int, dict[str, Any]]:
@@ -64,21 +68,17 @@ def _authorized(authorization: str | None, admin_key: str) -> bool:
     return scheme.lower() == "bearer" and hmac.compare_digest(token.encode(), admin_key.encode())
 
 
-def _numeric_server_args(body: bytes) -> dict[str, int | float]:
-    """The `server_args` of a request body; ValueError naming the field and the fix."""
+def _server_args(body: bytes) -> dict[str, Any]:
+    """The `server_args` object of a request body (its values are checked by table_from_flat_args);
+    ValueError naming the field and the fix."""
     shape = f'send {{"{SERVER_ARGS_KEY}": {{"{FLAT_PREFIX}ttl_s": 90.0, "{FLAT_PREFIX}<cohort>.budget": 32, ...}}}}'
     try:
         payload = json.loads(body or b"null")
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"body: not JSON ({exc}) -- {shape}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+        raise ValueError(f"body: not JSON ({type(exc).__name__}) -- {shape}") from None
     server_args = payload.get(SERVER_ARGS_KEY) if isinstance(payload, dict) else None
     if not isinstance(server_args, dict):
         raise ValueError(f"{SERVER_ARGS_KEY}: missing or not an object -- {shape}")
-    for key, value in server_args.items():
-        if not isinstance(value, (int, float)):
-            raise ValueError(f"{SERVER_ARGS_KEY}.{key}: {type(value).__name__} is not a number -- SGLang's "
-                             f"/set_internal_state takes numbers only: send the table as flat keys "
-                             f"(policies.control_api.table_to_flat_args)")
     return server_args
 
 
@@ -90,11 +90,11 @@ def handle_set_internal_state(active: ActivePolicy, body: bytes, authorization: 
     if not _authorized(authorization, admin_key):
         return 401, {"error": "Unauthorized -- send 'Authorization: Bearer <admin key>'"}
     try:
-        server_args = _numeric_server_args(body)
+        server_args = _server_args(body)
     except ValueError as exc:
         return _bad_request(str(exc))
     try:
-        table = table_from_flat_args(server_args, active.policy)
+        table = table_from_flat_args(server_args, active.policy, active.head)
     except PolicyError as exc:
         return _bad_request(f"invalid {POLICY_KEY} push, nothing changed", [str(p) for p in exc.problems])
     active.apply(table, now)
@@ -128,32 +128,81 @@ def table_to_flat_args(table: PolicyTable) -> dict[str, int | float]:
     return flat
 
 
-def table_from_flat_args(flat: dict[str, Any], policy: Policy) -> PolicyTable:
-    """Rebuild and validate a pushed table from flat keys; PolicyError names every bad key."""
+def _json_type(value: Any) -> str:
+    names = {bool: "a boolean", int: "an integer", float: "a number with a fraction", str: "a string",
+             type(None): "null", list: "an array", dict: "an object"}
+    return names.get(type(value), type(value).__name__)
+
+
+def _type_problem(key: str, field: str, value: Any) -> Problem | None:
+    """The JSON type a flat key needs, checked before any value is looked at: integers are integers (not
+    4.0, true or "4"), codes are integers of their enumeration, ttl_s and probe_share finite numbers."""
+    if field in _REAL_FIELDS:
+        if type(value) not in (int, float) or not math.isfinite(value):
+            return Problem((key,), f"{key} is {_json_type(value)} ({_shown(value)})", "send a finite number")
+        return None
+    if type(value) is not int:
+        return Problem((key,), f"{key} is {_json_type(value)} ({_shown(value)})", "send an integer")
+    names_of = _CODED_FIELDS.get(field)
+    if names_of is not None and value not in range(len(names_of)):
+        return Problem((key,), f"{key} {value} is not a {field} code", f"send one of {dict(enumerate(names_of))}")
+    return None
+
+
+def _clipped(text: str, limit: int = 60) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _shown(value: Any) -> str:
+    """A pushed value as the log line shows it: JSON, strings quoted, long ones clipped."""
+    return _clipped(repr(value) if isinstance(value, str) else json.dumps(value, allow_nan=True, default=str), 40)
+
+
+def max_flat_keys(policy: Policy) -> int:
+    """The most keys a push of this policy's table can have: ttl_s and every field of every cohort."""
+    return 1 + len(policy.cohorts) * len(_FLAT_FIELDS)
+
+
+def table_from_flat_args(flat: dict[str, Any], policy: Policy, head: HeadCapacity | None = None) -> PolicyTable:
+    """Rebuild and validate a pushed table from flat keys; PolicyError names every bad key. Types first
+    (a value of the wrong JSON type is never compared or used as an index), then the values against the
+    server's policy and `head` (its draft head: the table's tree widths stay within the head's)."""
     names = [c.name for c in policy.cohorts]
+    limit = max_flat_keys(policy)
+    if len(flat) > limit:  # one problem, not one per key: a push of 10,000 keys is one mistake
+        raise PolicyError([Problem((SERVER_ARGS_KEY,), f"{len(flat)} {FLAT_PREFIX}* keys, more than a table of "
+                                   f"cohorts {names} has ({limit})", f"send {FLAT_PREFIX}ttl_s and "
+                                   f"{FLAT_PREFIX}<cohort>.{{{','.join(_FLAT_FIELDS)}}} only")])
     values: dict[str, dict[str, Any]] = {name: {} for name in names}
     ttl_s = None
     problems: list[Problem] = []
     for key, value in flat.items():
         cohort, _, field = key.removeprefix(FLAT_PREFIX).rpartition(".")
         if key == f"{FLAT_PREFIX}ttl_s":
-            ttl_s = value
-        elif key.startswith(FLAT_PREFIX) and cohort in values and field in _FLAT_FIELDS:
-            values[cohort][field] = value
+            cohort, field = None, "ttl_s"
+        known = cohort is None or (key.startswith(FLAT_PREFIX) and cohort in values and field in _FLAT_FIELDS)
+        if isinstance(value, (dict, list)):  # a nested table: SGLang's own request type refuses it
+            problem = Problem((key,), f"{SERVER_ARGS_KEY}.{_clipped(key)} is {_json_type(value)}",
+                              "SGLang's /set_internal_state takes numbers only: send the table as flat keys "
+                              "(policies.control_api.table_to_flat_args)")
+        elif not known:
+            problem = Problem((key,), f"unknown key {_clipped(key)}",
+                              f"send {FLAT_PREFIX}ttl_s and {FLAT_PREFIX}<cohort>.{{{','.join(_FLAT_FIELDS)}}} "
+                              f"for cohorts {names}")
         else:
-            problems.append(Problem((key,), f"unknown key {key}",
-                                    f"send {FLAT_PREFIX}ttl_s and {FLAT_PREFIX}<cohort>.{{{','.join(_FLAT_FIELDS)}}} "
-                                    f"for cohorts {names}"))
-    if ttl_s is None:
+            problem = _type_problem(key, field, value)
+        if problem is not None:
+            problems.append(problem)
+        elif field == "ttl_s":
+            ttl_s = value
+        else:
+            values[cohort][field] = value
+    if ttl_s is None and not any(p.loc == (f"{FLAT_PREFIX}ttl_s",) for p in problems):
         problems.append(Problem((f"{FLAT_PREFIX}ttl_s",), f"{FLAT_PREFIX}ttl_s is missing", "send the table's ttl_s"))
     for name, got in values.items():
-        if "budget" not in got:
+        if "budget" not in got and not any(p.loc == (f"{FLAT_PREFIX}{name}.budget",) for p in problems):
             problems.append(Problem((f"{FLAT_PREFIX}{name}.budget",), f"{FLAT_PREFIX}{name}.budget is missing",
                                     "send a budget for every cohort of the server's policy"))
-        for field, names_of in _CODED_FIELDS.items():
-            if field in got and got[field] not in range(len(names_of)):
-                problems.append(Problem((f"{FLAT_PREFIX}{name}.{field}",), f"{FLAT_PREFIX}{name}.{field} {got[field]!r} "
-                                        f"is not a {field} code", f"send one of {dict(enumerate(names_of))}"))
         if ("probe_budget" in got) != ("probe_share" in got):
             problems.append(Problem((f"{FLAT_PREFIX}{name}.probe_budget",),
                                     f"cohort {name}: probe_budget and probe_share come together",
@@ -163,7 +212,7 @@ def table_from_flat_args(flat: dict[str, Any], policy: Policy) -> PolicyTable:
     cohorts = []
     for own in policy.cohorts:
         got = values[own.name]
-        probe = {"budget": got["probe_budget"], "share": got["probe_share"]} if "probe_budget" in got else None
+        probe = {"budget": got["probe_budget"], "share": float(got["probe_share"])} if "probe_budget" in got else None
         cohorts.append({"name": own.name, "min_batch": own.min_batch, "max_batch": own.max_batch,
                         "budget": got["budget"], "draft_rounds": got.get("draft_rounds", own.draft_rounds),
                         "tree_width": got.get("tree_width", own.tree_width),
@@ -172,4 +221,4 @@ def table_from_flat_args(flat: dict[str, Any], policy: Policy) -> PolicyTable:
                         "sampled_children": (SAMPLED_CHILDREN[got["sampled_children"]] if "sampled_children" in got
                                              else own.sampled_children),
                         "probe": probe})
-    return validate_table({"cohorts": cohorts, "ttl_s": ttl_s}, policy)
+    return validate_table({"cohorts": cohorts, "ttl_s": float(ttl_s)}, policy, head)

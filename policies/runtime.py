@@ -11,13 +11,15 @@ import threading
 from typing import Any
 
 from policies.cohorts import cohort_index_for_batch
+from policies.head import HeadCapacity
 from policies.schema import Policy
 from policies.table import PolicyState, PolicyTable, StepPlan, default_table, validate_table
 
 
 class ActivePolicy:
-    def __init__(self, policy: Policy):
+    def __init__(self, policy: Policy, head: HeadCapacity | None = None):
         self.policy = policy
+        self.head = head  # the server's draft head: pushed tables stay within its tree width
         self._default = default_table(policy)
         self._lock = threading.Lock()
         self._state = PolicyState(table=self._default, source="yaml", expires_at=None, generation=0)
@@ -27,7 +29,7 @@ class ActivePolicy:
 
     def apply(self, data: Any, now: float) -> PolicyState:
         """Validate and install a pushed table; raises PolicyError (and keeps the old one) if invalid."""
-        table = validate_table(data, self.policy)
+        table = validate_table(data, self.policy, self.head)
         with self._lock:
             self._state = PolicyState(table=table, source="pushed", expires_at=now + table.ttl_s,
                                       generation=self._state.generation + 1)

@@ -25,6 +25,12 @@ DEFAULT_LOOKUP_ACCEPT = 0.9
 LABEL_PATTERN = r"^[A-Za-z0-9_.-]+$"
 
 Budget = Annotated[int, Field(ge=0)]
+# Children per tree node a cohort or a pushed table may ask for when the head is not known (a server
+# that knows its head holds tables to the head's own tree_width)
+MAX_TREE_WIDTH = 64
+# Longest a pushed table stays in force without a renewal (a controller renews every interval_s)
+MAX_TTL_S = 3600.0
+TreeWidth = Annotated[int, Field(ge=0, le=MAX_TREE_WIDTH)]
 # head: the draft head's tree; hybrid: the same tree with the request's prompt-lookup guess merged in
 DrafterName = Literal["head", "hybrid"]
 DRAFTERS: tuple[str, ...] = ("head", "hybrid")  # a push sends the index (SGLang admits numbers only)
@@ -48,7 +54,7 @@ class CohortPolicy(StrictModel):
     budgets: list[Budget] = Field(min_length=1, description="candidate budgets, 0 = off, increasing")
     default: Budget = Field(description="budget used until a controller pushes a table")
     draft_rounds: int = Field(default=0, ge=0, description="tree-causal draft rounds after the marginal tree")
-    tree_width: int = Field(default=0, ge=0, description="children per tree node (top-K); 0 = the head's own width")
+    tree_width: TreeWidth = Field(default=0, description="children per tree node (top-K); 0 = the head's own width")
     drafter: DrafterName = Field(default="head", description="head, or hybrid (prompt-lookup guesses merged into the tree)")
     tree_sizing: TreeSizingName | None = Field(
         default=None, description="fixed or adaptive (the budget is then a cap); unset: the server's own "
@@ -70,7 +76,7 @@ class GatePolicy(StrictModel):
 
 class ControllerPolicy(StrictModel):
     interval_s: float = Field(default=10.0, gt=0)
-    ttl_s: float = Field(default=90.0, gt=0)
+    ttl_s: float = Field(default=90.0, gt=0, le=MAX_TTL_S, allow_inf_nan=False)
     window_s: float = Field(default=300.0, gt=0)
     min_samples: int = Field(default=3, ge=2)
 
@@ -127,6 +133,10 @@ def _budget_problems(policy: Policy, head: HeadCapacity | None) -> list[Problem]
                     loc, f"{where} budget {budget} is more nodes than head {head.source} can use "
                     f"(block_size {head.block_size}, tree width {width}: at most {head.nodes_at(width)})",
                     f"lower it to at most {head.nodes_at(width)}"))
+        if head is not None and cohort.tree_width > head.tree_width:
+            problems.append(Problem(("cohorts", i, "tree_width"), f"{where} tree_width {cohort.tree_width} is wider than "
+                                    f"head {head.source}'s tree_width {head.tree_width}",
+                                    f"use 0 (the head's own) up to {head.tree_width}"))
         if len(set(cohort.budgets)) != len(cohort.budgets) or cohort.budgets != sorted(cohort.budgets):
             problems.append(Problem(("cohorts", i, "budgets"),
                                     f"{where} budgets {cohort.budgets} are not strictly increasing",

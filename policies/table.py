@@ -22,13 +22,14 @@ from pydantic import Field, ValidationError
 
 from policies.problems import PolicyError, Problem
 from policies.pydantic_errors import problems_from_validation_error
-from policies.schema import (LABEL_PATTERN, Budget, CohortPolicy, DrafterName, Policy, SampledChildrenName, StrictModel,
-                             TreeSizingName)
+from policies.head import HeadCapacity
+from policies.schema import (LABEL_PATTERN, MAX_TTL_S, Budget, CohortPolicy, DrafterName, Policy, SampledChildrenName,
+                             StrictModel, TreeSizingName, TreeWidth)
 
 
 class Probe(StrictModel):
     budget: Budget
-    share: float = Field(gt=0, le=0.5)
+    share: float = Field(gt=0, le=0.5, allow_inf_nan=False)
 
 
 class CohortBudget(StrictModel):
@@ -37,7 +38,7 @@ class CohortBudget(StrictModel):
     max_batch: int = Field(ge=1)
     budget: Budget
     draft_rounds: int = Field(default=0, ge=0)  # tree-causal rounds; probe steps draft with them too
-    tree_width: int = Field(default=0, ge=0)  # children per node; 0 = the head's own width
+    tree_width: TreeWidth = 0  # children per node; 0 = the head's own width
     drafter: DrafterName = "head"  # probe steps draft with it too
     tree_sizing: TreeSizingName | None = None  # None: the server's own; probe steps are sized too
     sampled_children: SampledChildrenName = "top_k"  # probe steps draw with it too
@@ -71,7 +72,7 @@ class StepPlan(NamedTuple):
 
 class PolicyTable(StrictModel):
     cohorts: list[CohortBudget] = Field(min_length=1)
-    ttl_s: float = Field(gt=0)
+    ttl_s: float = Field(gt=0, le=MAX_TTL_S, allow_inf_nan=False)
 
     def budgets(self) -> dict[str, int]:
         return {c.name: c.budget for c in self.cohorts}
@@ -92,7 +93,7 @@ def default_table(policy: Policy) -> PolicyTable:
     return PolicyTable(cohorts=[CohortBudget.of(c, c.default) for c in policy.cohorts], ttl_s=policy.controller.ttl_s)
 
 
-def _cohort_problems(i: int, pushed: CohortBudget, policy: Policy) -> list[Problem]:
+def _cohort_problems(i: int, pushed: CohortBudget, policy: Policy, head: HeadCapacity | None) -> list[Problem]:
     own = policy.cohorts[i]
     if (pushed.name, pushed.min_batch, pushed.max_batch) != (own.name, own.min_batch, own.max_batch):
         return [Problem(("cohorts", i, "name"),
@@ -109,6 +110,10 @@ def _cohort_problems(i: int, pushed: CohortBudget, policy: Policy) -> list[Probl
                                 f"cohorts[{i}].draft_rounds {pushed.draft_rounds} is above the server policy's "
                                 f"head.max_draft_rounds {policy.head.max_draft_rounds}",
                                 f"use 0..{policy.head.max_draft_rounds}"))
+    if head is not None and pushed.tree_width > head.tree_width:
+        problems.append(Problem(("cohorts", i, "tree_width"),
+                                f"cohorts[{i}].tree_width {pushed.tree_width} is wider than head {head.source}'s "
+                                f"tree_width {head.tree_width}", f"use 0 (the head's own) up to {head.tree_width}"))
     probe = pushed.probe
     if probe is not None:
         if probe.budget not in own.budgets or probe.budget == pushed.budget:
@@ -122,23 +127,24 @@ def _cohort_problems(i: int, pushed: CohortBudget, policy: Policy) -> list[Probl
     return problems
 
 
-def table_problems(table: PolicyTable, policy: Policy) -> list[Problem]:
+def table_problems(table: PolicyTable, policy: Policy, head: HeadCapacity | None = None) -> list[Problem]:
     if len(table.cohorts) != len(policy.cohorts):
         return [Problem(("cohorts",), f"cohorts has {len(table.cohorts)} entries, the server policy "
                         f"has {len(policy.cohorts)}", "push one entry per cohort of the server's policy")]
     problems: list[Problem] = []
     for i, cohort in enumerate(table.cohorts):
-        problems.extend(_cohort_problems(i, cohort, policy))
+        problems.extend(_cohort_problems(i, cohort, policy, head))
     return problems
 
 
-def validate_table(data: Any, policy: Policy) -> PolicyTable:
-    """Parse and check a pushed table; raises PolicyError naming each bad field and its fix."""
+def validate_table(data: Any, policy: Policy, head: HeadCapacity | None = None) -> PolicyTable:
+    """Parse and check a pushed table; raises PolicyError naming each bad field and its fix. `head`:
+    the server's draft head, whose tree width bounds the table's."""
     try:
         table = data if isinstance(data, PolicyTable) else PolicyTable.model_validate(data)
     except ValidationError as exc:
         raise PolicyError(problems_from_validation_error(PolicyTable, exc)) from None
-    problems = table_problems(table, policy)
+    problems = table_problems(table, policy, head)
     if problems:
         raise PolicyError(problems)
     return table

@@ -51,9 +51,8 @@ def around_set_internal_state(original, controller, recv_req):
         if rest and not original(controller, SetInternalStateReq(server_args=rest)).updated:
             return SetInternalStateReqOutput(updated=False)
         problems = control.push(ours, time.time())
-    if problems:
-        for problem in problems:
-            log.warning("rejected %s push: %s", POLICY_KEY, problem)
+    if problems:  # one line per refused push, whatever it held
+        log.warning("rejected %s push, nothing changed (%d problems): %s", POLICY_KEY, len(problems), "; ".join(problems))
         return SetInternalStateReqOutput(updated=False)
     log.info("applied pushed %s table: %s", POLICY_KEY, control.readback(time.time())["table"])
     return SetInternalStateReqOutput(updated=True)

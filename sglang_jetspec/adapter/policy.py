@@ -17,7 +17,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from policies import ActivePolicy, Policy, PolicyError, PolicyState, PolicyTable, StepPlan, load_policy, read_head_capacity
+from policies import (ActivePolicy, HeadCapacity, Policy, PolicyError, PolicyState, PolicyTable, StepPlan, load_policy,
+                      read_head_capacity)
 from policies.control_api import FLAT_PREFIX, policy_readback, table_from_flat_args
 
 log = logging.getLogger(__name__)
@@ -49,9 +50,9 @@ def is_policy_key(key: str) -> bool:
 class PolicyControl:
     """What the worker asks each step, and what /set_internal_state and its readback reach."""
 
-    def __init__(self, policy: Policy, admin_key_configured: bool, on_change=None):
+    def __init__(self, policy: Policy, admin_key_configured: bool, on_change=None, head: HeadCapacity | None = None):
         self.policy = policy
-        self.active = ActivePolicy(policy)
+        self.active = ActivePolicy(policy, head)  # `head`: the server's draft head, bounding pushed tree widths
         self.admin_key_configured = admin_key_configured
         self._on_change = on_change  # called with the new PolicyState (metrics gauges)
         self._shown_generation = -1
@@ -66,7 +67,7 @@ class PolicyControl:
         if not self.admin_key_configured:
             return None, ["policy pushes are disabled -- start the server with --admin-api-key"]
         try:
-            return table_from_flat_args(flat, self.policy), []
+            return table_from_flat_args(flat, self.policy, self.active.head), []
         except PolicyError as exc:
             return None, [str(p) for p in exc.problems]
 

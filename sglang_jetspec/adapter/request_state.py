@@ -18,6 +18,7 @@ import time
 
 import torch
 
+from sglang_jetspec.adapter.tree_penalties import RequestPenalties
 from sglang_jetspec.core.drafter import ContextCache
 from sglang_jetspec.core.sampling import SamplingParams, make_generator
 
@@ -48,6 +49,7 @@ class RequestDraftState:
         self.draft_cache = ContextCache()
         self.blind = False
         self.req = None  # the engine's own request object (SGLang's Req), for its finish state and token ids
+        self.penalties = RequestPenalties()  # its frequency / presence / repetition / min_new_tokens
         self.root_token = -1  # set before each draft: the request's last committed token
         self.started_at = time.time()  # for the shadow record
         self.budgets: list[int] = []  # tree budget of each verify step (0 = off)

@@ -41,7 +41,6 @@ from policies import StepPlan, read_head_capacity
 from sglang_jetspec.adapter.accept import accept_step
 from sglang_jetspec.adapter.attention_backends import tree_mask_layout, verify_attention_backend
 from sglang_jetspec.adapter.draft_model import register_draft_models
-from sglang_jetspec.adapter.logit_adjustments import apply_sglang_logit_adjustments
 from sglang_jetspec.adapter.policy import PolicyControl, load_runtime_policy
 from sglang_jetspec.adapter.request_sampling import core_sampling_params
 from sglang_jetspec.adapter.request_state import DraftStateStore, RequestDraftState
@@ -49,6 +48,7 @@ from sglang_jetspec.adapter.server_args import JetSpecArgsError, target_info
 from sglang_jetspec.adapter.spec_inputs import JetSpecDraftState, bind_decode_batch, bind_verify_batch
 from sglang_jetspec.adapter.step_outputs import step_outputs
 from sglang_jetspec.adapter.target_views import TargetEmbedding, TargetLMHead
+from sglang_jetspec.adapter.tree_penalties import apply_logit_bias, apply_tree_penalties, request_penalties
 from sglang_jetspec.adapter.verify_inputs import build_verify_tensors
 from sglang_jetspec.adapter.worker_observability import WorkerShadow, step_tracer, trace_step, worker_metrics
 from sglang_jetspec.core.draft_vocab import load_draft_vocab
@@ -88,7 +88,8 @@ class JetSpecWorker(BaseSpecWorker):
         draft_path = cfg.speculative_draft_model_path
         target = target_info(cfg.model_path, cfg.trust_remote_code)
         self.head = load_head(draft_path, target, dtype=self.model_runner.dtype, device=self.device)
-        self.tree_width = read_head_capacity(draft_path).tree_width
+        capacity = read_head_capacity(draft_path)
+        self.tree_width = capacity.tree_width
         model = self.model_runner.model
         if not hasattr(model, "set_dflash_layers_to_capture"):
             raise JetSpecArgsError([f"--model-path {cfg.model_path}: SGLang's {type(model).__name__} cannot "
@@ -107,7 +108,7 @@ class JetSpecWorker(BaseSpecWorker):
         policy = load_runtime_policy(draft_path)
         self.policy_control = PolicyControl(  # read by adapter.internal_state's /set_internal_state hooks
             policy, admin_key_configured=cfg.admin_api_key is not None,
-            on_change=self.metrics.show_policy if self.metrics is not None else None)
+            on_change=self.metrics.show_policy if self.metrics is not None else None, head=capacity)
         # for cohorts whose drafter is hybrid: prompt lookup, the head's draft corpus, and what this
         # worker's finished requests wrote
         self.hybrid = LookupMerge.from_policy(policy.lookup, load_draft_corpus(draft_path, vocab) or SuffixStore(),
@@ -218,8 +219,13 @@ class JetSpecWorker(BaseSpecWorker):
         for req, prefix_len, extend_len in zip(batch.reqs, batch.prefix_lens, batch.extend_lens):
             params = core_sampling_params(req.sampling_params, self.vocab_size)
             state = self.states.extended(req.rid, params, prefix_len, taps[offset : offset + extend_len])
-            state.req = req  # the live Req: its finish reason and token ids for the sweep and the shadow
+            self._attach(state, req)
             offset += extend_len
+
+    @staticmethod
+    def _attach(state: RequestDraftState, req) -> None:
+        state.req = req  # the live Req: its finish reason and token ids for the sweep and the shadow
+        state.penalties = request_penalties(req)
 
     def _trees(self, lanes: list[RequestDraftState], plan: StepPlan, budget: int,
                sizer: TreeSizer | None) -> tuple[list[DraftTree], float, float, bool]:
@@ -278,7 +284,7 @@ class JetSpecWorker(BaseSpecWorker):
             if state is None:  # not prefilled through this worker (e.g. after clear_cache_pool): no rows
                 state = self.states.extended(req.rid, core_sampling_params(req.sampling_params, self.vocab_size),
                                              kv_len, torch.empty(0))
-                state.req = req
+                self._attach(state, req)
             state.root_token = int(req.output_ids[-1])  # sync scheduler: the last committed token
             if not plan.keep_draft_context:
                 state.stop_drafting()  # gated off by default: no draft work, no tap rows kept
@@ -310,7 +316,11 @@ class JetSpecWorker(BaseSpecWorker):
         logits_output = result.logits_output
         taps = logits_output.hidden_states  # [bs*N, taps*H]: every node's tap rows
         logits = logits_output.next_token_logits
-        apply_sglang_logit_adjustments(logits, batch.sampling_info, num_nodes)
+        # each node's row penalised as a plain decode at its output position (not SGLang's relaxed
+        # per-step penalties), then the request's logit bias
+        apply_tree_penalties(logits, [lane.penalties for lane in lanes], [lane.req.output_ids for lane in lanes],
+                             trees, num_nodes)
+        apply_logit_bias(logits, batch.sampling_info.logit_bias, num_nodes)
         t_accept = self._sync(timed)
         if timed:
             self.verify_costs.observe(bs * num_nodes, t_accept - t_verify)

@@ -18,7 +18,8 @@ SERVICE_NAME = "jetspec-worker"  # OTel service.name unless OTEL_SERVICE_NAME sa
 
 
 def _load_policy(args: argparse.Namespace, target_dir: Path):
-    """The policy file, its budgets checked against what the chosen drafter can use."""
+    """The policy file, its budgets checked against what the chosen drafter can use, and that capacity
+    (None when unknown), which bounds pushed tables too."""
     from policies import load_policy, read_head_capacity
     from policies.head import HeadCapacity
 
@@ -32,7 +33,7 @@ def _load_policy(args: argparse.Namespace, target_dir: Path):
     else:
         head_dir = resolve_head_dir(target_dir, args.head)
         capacity = read_head_capacity(head_dir) if head_dir else None
-    return load_policy(args.policy, capacity)
+    return load_policy(args.policy, capacity), capacity
 
 
 def _install_tracing(args: argparse.Namespace):
@@ -65,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     target_dir = resolve_target_dir(args.target)
     try:  # before the model loads: a policy or flag mistake should fail in a second, not after the load
         check_drafter_options(args)
-        policy = _load_policy(args, target_dir)
+        policy, capacity = _load_policy(args, target_dir)
     except PolicyError as exc:
         exc.report()
         return 2
@@ -87,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"jetspec serve: ${args.admin_api_key_env} is not set: policy pushes will be refused (403)", file=sys.stderr)
     try:
         server = JetspecServer(engine, policy, admin_key, args.host, args.port,
-                               shadow_spool=args.shadow_spool, head=chosen.label)
+                               shadow_spool=args.shadow_spool, head=chosen.label, head_capacity=capacity)
     except OSError as exc:
         print(f"jetspec serve: cannot listen on {args.host}:{args.port} ({exc.strerror}) -- pick another --port", file=sys.stderr)
         return 1

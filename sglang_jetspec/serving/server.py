@@ -31,6 +31,7 @@ from opentelemetry.trace import SpanKind, Tracer
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from policies.control_api import handle_server_info, handle_set_internal_state
+from policies.head import HeadCapacity
 from policies.runtime import ActivePolicy
 from policies.schema import Policy
 
@@ -85,11 +86,12 @@ def _shadow_tee(spool: str | Path | None, policy: Policy, registry: CollectorReg
 class JetspecServer:
     def __init__(self, engine: ReferenceEngine, policy: Policy, admin_key: str | None = None,
                  host: str = "127.0.0.1", port: int = 0, clock: Callable[[], float] = time.time,
-                 tracer: Tracer | None = None, shadow_spool: str | Path | None = None, head: str = ""):
+                 tracer: Tracer | None = None, shadow_spool: str | Path | None = None, head: str = "",
+                 head_capacity: HeadCapacity | None = None):
         check_budgets_runnable(policy, engine.drafter is not None)
         self.registry = CollectorRegistry()
         self.metrics = JetspecMetrics(self.registry)
-        self.active = ActivePolicy(policy)
+        self.active = ActivePolicy(policy, head_capacity)  # pushed tables stay within the head's tree width
         self._engine = engine
         self._admin_key = admin_key
         self._clock = clock

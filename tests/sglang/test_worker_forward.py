@@ -151,7 +151,7 @@ class Scheduler:
         self.forwards = 0
 
     def _batch(self, mode, reqs, **extra):
-        info = SimpleNamespace(acc_additive_penalties=None, acc_scaling_penalties=None, logit_bias=None)
+        info = SimpleNamespace(logit_bias=None)
         return SimpleNamespace(forward_mode=mode, reqs=reqs, sampling_info=info, return_logprob=False,
                                req_pool_indices=None, req_to_token_pool=SimpleNamespace(req_to_token=None),
                                spec_info=None, **extra)
@@ -229,6 +229,57 @@ def test_greedy_output_equals_plain_decoding_with_requests_joining_and_finishing
         assert req.rid not in fresh.states
     assert len(sched.publishes) == sched.forwards == steps + 3  # on_publish once per forward (3 prefills)
     assert max(sched.accept_lens) > 1, "the shipped head never got a draft accepted: drafting is not wired"
+
+
+def _plain_penalized_greedy(target, prompt, n, **sampling):
+    """Plain greedy decoding with SGLang's own penalizers fed one output token per step."""
+    from sglang.srt.sampling import penaltylib
+
+    req = SimpleNamespace(sampling_params=SGLangParams(max_new_tokens=n, **sampling), eos_token_ids=None, tokenizer=None)
+    holder = type("Batch", (), {"reqs": [req], "device": "cpu"})()  # held by weak reference
+    orchestrator = penaltylib.BatchedPenalizerOrchestrator(target.info.vocab_size, holder, {
+        penaltylib.BatchedFrequencyPenalizer, penaltylib.BatchedPresencePenalizer, penaltylib.BatchedRepetitionPenalizer})
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(n):
+            logits = target.model(torch.tensor([ids])).logits[0, -1:].clone()
+            additive = torch.zeros_like(logits)
+            orchestrator.accumulate_additive_penalties(additive)
+            logits.add_(additive)
+            scaling = orchestrator.accumulate_scaling_penalties()
+            if scaling is not None:
+                logits = torch.where(logits < 0, logits * scaling, logits / scaling)
+            ids.append(int(logits.argmax()))
+            orchestrator.cumulate_output_tokens(torch.tensor([ids[-1]]))
+    return ids[len(prompt):]
+
+
+def _relaxed_penalties(logits, penalties, outputs, trees, num_nodes):
+    """SGLang's speculative penalties (eagle_prepare_for_decode): the root's state on every node."""
+    from sglang_jetspec.adapter.tree_penalties import apply_tree_penalties
+    from sglang_jetspec.core.tree import root_only_tree
+
+    roots = [root_only_tree(int(tree.tokens[0])) for tree in trees]
+    by_node = logits.view(len(trees), num_nodes, -1)
+    for node in range(num_nodes):
+        apply_tree_penalties(by_node[:, node], penalties, outputs, roots, 1)
+
+
+@pytest.mark.parametrize("relaxed", [False, True], ids=["exact", "negative-control-relaxed"])
+def test_penalised_greedy_output_equals_plain_decoding_with_sglangs_penalizers(fresh, smollm2, single_thread,
+                                                                               monkeypatch, relaxed):
+    """Frequency, presence and repetition penalties through the worker's 16-node trees give plain
+    decoding's tokens; applying them once per step (SGLang's relaxed way) must not."""
+    if relaxed:
+        monkeypatch.setattr(worker_module, "apply_tree_penalties", _relaxed_penalties)
+    sampling = dict(frequency_penalty=0.6, presence_penalty=0.4, repetition_penalty=1.3)
+    prompts = [smollm2.tokenizer(p)["input_ids"] for p in PROMPTS[::2]]
+    reqs = [FakeReq(f"p{i}", ids, 28, temperature=0.0, **sampling) for i, ids in enumerate(prompts)]
+    sched = Scheduler(fresh)
+    sched.run(reqs)
+    same = [req.output_ids[:28] == _plain_penalized_greedy(smollm2, req.origin_input_ids, 28, **sampling) for req in reqs]
+    assert max(sched.accept_lens) > 1, "no draft accepted: the trees never tested a node below the root"
+    assert same == [True, True] if not relaxed else not all(same)
 
 
 def test_budget_zero_is_plain_decoding_with_no_draft_work(fresh, smollm2, single_thread, monkeypatch, tmp_path):
