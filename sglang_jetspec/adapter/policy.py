@@ -58,9 +58,12 @@ class PolicyControl:
         self._shown_generation = -1
 
     def step_plan(self, batch_size: int, now: float) -> StepPlan:
-        state = self.active.state(now)  # also reverts an expired push
-        self._notify(state)
+        self.refresh(now)
         return self.active.step_plan(batch_size, now)
+
+    def refresh(self, now: float) -> None:
+        """Revert an expired push and show the table in force (each step, and while the server idles)."""
+        self._notify(self.active.state(now))
 
     def check(self, flat: dict[str, Any]) -> tuple[PolicyTable | None, list[str]]:
         """Validate a flat pushed table without applying it: (table, []) or (None, problems)."""

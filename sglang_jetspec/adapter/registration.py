@@ -13,6 +13,7 @@ HOOKS = (
     (scheduler_hooks.ADMISSION_TARGET, scheduler_hooks.before_process_req_with_grammar, "BEFORE"),
     (scheduler_hooks.ABORT_RELEASE_TARGET, scheduler_hooks.after_release_aborted_request, "AFTER"),
     (scheduler_hooks.PREFILL_RESULT_TARGET, scheduler_hooks.after_process_batch_result_prefill, "AFTER"),
+    (scheduler_hooks.IDLE_TARGET, scheduler_hooks.after_on_idle, "AFTER"),
     (dummy_verify.TARGET, dummy_verify.after_create_dummy_verify_input, "AFTER"),
     (kv_reserve.TARGET, kv_reserve.after_req_to_token_extra_context_len, "AFTER"),
     (attention_backends.AMX_METADATA_TARGET, attention_backends.after_intel_amx_init_forward_metadata, "AFTER"),

@@ -8,7 +8,8 @@ on SGLang's side, and a top_k covering the vocabulary means "no top-k".
 
 Request features the tree acceptance cannot honour are named by `unsupported_feature`, so such a
 request is refused at admission (adapter.scheduler_hooks) with a message naming the field instead of
-being decoded wrongly.
+being decoded wrongly. Inputs that take SGLang 0.5.23's own scheduler down (and with it every request
+of the server) are named by `crashing_input` and refused the same way.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from sglang_jetspec.core.sampling import SamplingParams
 
 # SGLang has no limit when max_new_tokens is None; the core needs a positive number.
 UNLIMITED_NEW_TOKENS = 1 << 31
+# SGLang's "no top-k" after normalisation (sampling_params.TOP_K_ALL); any other top_k is a count
+TOP_K_ALL = 1 << 30
 
 
 def core_sampling_params(sp, vocab_size: int) -> SamplingParams:
@@ -49,4 +52,28 @@ def unsupported_feature(req) -> str | None:
     if getattr(req, "return_sampling_mask", False):
         return ("return_sampling_mask is not supported by --speculative-algorithm JETSPEC (its acceptance does not "
                 "record the sampler's support); remove it")
+    return None
+
+
+def crashing_input(req, vocab_size: int) -> str | None:
+    """Why this sglang Req would crash SGLang 0.5.23's scheduler (the whole server, not just the request),
+    naming the field and the fix; None if it is safe. Its own checks let these through: an empty
+    prompt, token ids outside the embedding table, and a top_k or top_logprobs_num no tensor of the
+    vocabulary can hold."""
+    ids = req.origin_input_ids
+    if len(ids) == 0:
+        return "text / input_ids: the prompt is empty -- send at least one token"
+    low, high = min(ids), max(ids)
+    if low < 0 or high >= vocab_size:
+        bad = low if low < 0 else high
+        return (f"input_ids: token id {bad} is outside the model's vocabulary [0, {vocab_size}) -- send token ids "
+                "the model's tokenizer produced")
+    top_k = req.sampling_params.top_k
+    if top_k != TOP_K_ALL and (top_k != int(top_k) or top_k > vocab_size):
+        return (f"sampling_params.top_k {top_k} is not a whole number of tokens up to the vocabulary size {vocab_size} "
+                "-- send -1 for no top-k, or 1..vocabulary size")
+    top_logprobs = getattr(req, "top_logprobs_num", 0) or 0
+    if top_logprobs > vocab_size:
+        return (f"top_logprobs_num {top_logprobs} is above the vocabulary size {vocab_size} -- ask for at most "
+                f"{vocab_size}")
     return None

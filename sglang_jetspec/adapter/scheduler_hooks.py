@@ -2,15 +2,20 @@
 
 - Admission (BEFORE `GrammarManager.process_req_with_grammar`, the last call every new request passes
   before it is queued): a request JETSPEC cannot decode losslessly (constrained decoding, watermark,
-  custom logit processor, ...) is refused there, the way SGLang refuses bad input: `set_finish_with_abort`
-  with a message naming the field, so the client gets a 400 and the server keeps serving. Refusing it
+  custom logit processor, ...), or one that would crash SGLang's own scheduler (an empty prompt,
+  out-of-vocabulary token ids, an impossible top_k or top_logprobs_num), is refused there, the way
+  SGLang refuses bad input: `set_finish_with_abort` with a message naming the field, so the client
+  gets a 400 and the server keeps serving. Refusing it
   inside the forward instead (after the batch's grammar flags were computed) crashed the scheduler.
 - Prefill results (AFTER `SchedulerBatchResultProcessor.process_batch_result_prefill`): requests that
   finished at prefill release their state as soon as their finish reason is set.
 - Abort of a waiting request (AFTER `Scheduler._release_aborted_request`: client aborts, queue-limit
   evictions, waiting timeouts): such a request is popped from the waiting queue without a finish reason
   the worker's sweep could see; a retracted request there still has draft state, which goes now.
-Both run in the scheduler process only; registering them (every process) imports nothing heavy.
+- Idle (AFTER `Scheduler.on_idle`, which the loop calls whenever no batch runs): finished requests
+  leave, an expired push reverts, and the gauges (live draft states, the table in force) say so
+  while no step runs to refresh them.
+All run in the scheduler process only; registering them (every process) imports nothing heavy.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 SCHEDULER = "sglang.srt.managers.scheduler.Scheduler"
 ADMISSION_TARGET = "sglang.srt.constrained.grammar_manager.GrammarManager.process_req_with_grammar"
 ABORT_RELEASE_TARGET = f"{SCHEDULER}._release_aborted_request"
+IDLE_TARGET = f"{SCHEDULER}.on_idle"
 PREFILL_RESULT_TARGET = ("sglang.srt.managers.scheduler_components.batch_result_processor."
                          "SchedulerBatchResultProcessor.process_batch_result_prefill")
 
@@ -31,11 +37,12 @@ def jetspec_worker(owner):
 
 
 def before_process_req_with_grammar(manager, req, *args, **kwargs):
-    from sglang_jetspec.adapter.request_sampling import GRAMMAR_FIELDS, unsupported_feature
+    from sglang_jetspec.adapter.request_sampling import GRAMMAR_FIELDS, crashing_input, unsupported_feature
 
     if req.to_finish is not None or jetspec_worker(manager.scheduler) is None:
         return None
-    reason = unsupported_feature(req)
+    # the abort also replaces the prompt by one safe token, so nothing of it reaches a forward
+    reason = crashing_input(req, manager.scheduler.model_config.vocab_size) or unsupported_feature(req)
     if reason is not None:
         for name in GRAMMAR_FIELDS:  # queued as an ordinary (aborted) request, not compiled as a grammar
             setattr(req.sampling_params, name, None)
@@ -56,4 +63,11 @@ def after_release_aborted_request(result, scheduler, req, *args, **kwargs):
     worker = jetspec_worker(scheduler)
     if worker is not None:
         worker.release_request(req.rid)
+    return result
+
+
+def after_on_idle(result, scheduler, *args, **kwargs):
+    worker = jetspec_worker(scheduler)
+    if worker is not None:
+        worker.refresh_idle()
     return result

@@ -166,9 +166,19 @@ class JetSpecWorker(BaseSpecWorker):
             result = self._verify(batch, on_publish)
         else:
             result = self._prefill(batch, on_publish, pp_proxy_tensors)
+        self._show_live_states()
+        return result
+
+    def refresh_idle(self) -> None:
+        """What a step would refresh, between steps (the scheduler's idle loop, adapter.scheduler_hooks):
+        requests that finished leave, an expired push reverts, and the gauges say so while no step runs."""
+        self.retire_finished()
+        self.policy_control.refresh(time.time())
+        self._show_live_states()
+
+    def _show_live_states(self) -> None:
         if self.metrics is not None:
             self.metrics.live_draft_states.set(len(self.states.rids()))
-        return result
 
     def retire_finished(self) -> None:
         """Drop the states of requests that finished since the last forward (and tee a sampled share).
@@ -182,6 +192,8 @@ class JetSpecWorker(BaseSpecWorker):
         """Drop a finished request's state, offering it to the shadow tee first (it samples and
         keeps only natural finishes)."""
         state = self.states.drop(rid)
+        if state is not None:
+            self._show_live_states()
         if state is None or state.req is None or not state.req.finished():
             return
         if self.hybrid.recent is not None:

@@ -55,8 +55,8 @@ def test_load_plugin_is_idempotent_touches_no_device_and_loads_no_model_code():
         "  'registered': sorted(_REGISTRY), 'again_s': again, 'first_s': first}))\n")
     assert got["cuda_initialized"] is False
     assert got["model_code"] == []
-    assert got["hooks_per_target"] == [1] * 8  # loaded three times, registered once
-    assert len(got["patched"]) == 8
+    assert got["hooks_per_target"] == [1] * 9  # loaded three times, registered once (9 = len(HOOKS))
+    assert len(got["patched"]) == 9
     assert got["registered"] == ["JETSPEC"]
     assert got["again_s"] < 0.05, "a repeated load must be a no-op"
 
@@ -128,7 +128,7 @@ def test_registering_twice_in_process_keeps_one_spec_and_one_hook_each(jetspec_r
 
     register()
     assert SpeculativeAlgorithm.from_string("jetspec") is jetspec_registered
-    assert [len(HookRegistry._hooks[t]) for t, _, _ in HOOKS] == [1] * 8
+    assert [len(HookRegistry._hooks[t]) for t, _, _ in HOOKS] == [1] * len(HOOKS)
 
 
 @pytest.mark.parametrize("arch, expected", [("DFlashDraftModel", "JetSpecDraftModel"),

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from sglang_jetspec.adapter.accept import accept_step
-from sglang_jetspec.adapter.request_sampling import UNLIMITED_NEW_TOKENS, core_sampling_params, unsupported_feature
+from sglang_jetspec.adapter.request_sampling import UNLIMITED_NEW_TOKENS, core_sampling_params, crashing_input, unsupported_feature
 from sglang_jetspec.adapter.request_state import DraftStateStore
 from sglang_jetspec.adapter.step_outputs import step_outputs
 from sglang_jetspec.core.sampling import SamplingParams, make_generator
@@ -64,6 +64,31 @@ def test_unsupported_request_features_are_named(change, field):
 
 def test_plain_request_is_supported():
     assert unsupported_feature(_req()) is None
+
+
+@pytest.mark.parametrize("change, field", [
+    (dict(origin_input_ids=[]), "the prompt is empty"),
+    (dict(origin_input_ids=[5, 49152]), "input_ids: token id 49152 is outside the model's vocabulary [0, 49152)"),
+    (dict(origin_input_ids=[-1, 5]), "input_ids: token id -1 is outside"),
+    (dict(origin_input_ids=[2**40]), f"input_ids: token id {2**40} is outside"),
+    (dict(sampling_params={"top_k": 10**12}), "sampling_params.top_k 1000000000000"),
+    (dict(sampling_params={"top_k": 49153}), "sampling_params.top_k 49153"),
+    (dict(sampling_params={"top_k": 2.5}), "sampling_params.top_k 2.5"),
+    (dict(top_logprobs_num=100_000), "top_logprobs_num 100000 is above the vocabulary size 49152"),
+])
+def test_inputs_that_crash_sglangs_scheduler_are_named(change, field):
+    if "sampling_params" in change:
+        change = dict(sampling_params=_sglang_params(**change["sampling_params"]))
+    assert field in crashing_input(_req(**{"origin_input_ids": [1, 2], **change}), 49152)
+
+
+@pytest.mark.parametrize("change", [dict(), dict(origin_input_ids=[0, 49151]), dict(sampling_params={"top_k": 49152}),
+                                    dict(sampling_params={"top_k": -1}), dict(sampling_params={"temperature": 0}),
+                                    dict(top_logprobs_num=49152)])
+def test_inputs_at_the_limits_are_admitted(change):
+    if "sampling_params" in change:
+        change = dict(sampling_params=_sglang_params(**change["sampling_params"]))
+    assert crashing_input(_req(**{"origin_input_ids": [1, 2], **change}), 49152) is None
 
 
 # ---- per-request draft state ----
