@@ -18,6 +18,7 @@ from policies.problems import PolicyError
 from policies.runtime import ActivePolicy
 from policies.schema import MAX_TREE_WIDTH, MAX_TTL_S
 from policies.table import default_table
+from tests.policies.push_strategies import broken_tables, valid_tables
 
 POLICY = parse_policy_text("""\
 cohorts:
@@ -97,41 +98,6 @@ KEYS = st.one_of(st.sampled_from(["jetspec_policy.ttl_s"] + [f"jetspec_policy.{c
                  st.text(max_size=30))
 
 
-@st.composite
-def valid_tables(draw) -> dict:
-    """A table the policy allows: each cohort a candidate budget, a probe of another candidate or none,
-    codes in range, widths within the head's, a finite ttl in (0, MAX_TTL_S]."""
-    flat: dict = {"jetspec_policy.ttl_s": draw(st.floats(min_value=0.001, max_value=MAX_TTL_S))}
-    for cohort in POLICY.cohorts:
-        prefix = f"jetspec_policy.{cohort.name}."
-        budget = draw(st.sampled_from(cohort.budgets))
-        flat[prefix + "budget"] = budget
-        for field, top in (("drafter", 1), ("tree_sizing", 1), ("sampled_children", 1), ("tree_width", HEAD.tree_width)):
-            if draw(st.booleans()):
-                flat[prefix + field] = draw(st.integers(0, top))
-        others = [b for b in cohort.budgets if b != budget]
-        if draw(st.booleans()):
-            flat[prefix + "probe_budget"] = draw(st.sampled_from(others))
-            flat[prefix + "probe_share"] = draw(st.floats(min_value=0.001, max_value=POLICY.gate.probe_share))
-    return flat
-
-
-@st.composite
-def broken_tables(draw) -> dict:
-    """A valid table with one key given a value of a type its field never takes, or an unknown key added."""
-    flat = draw(valid_tables())
-    key = draw(st.sampled_from(sorted(flat)))
-    real = key.endswith(("ttl_s", "probe_share"))
-    wrong = st.one_of(st.none(), st.booleans(), st.text(max_size=4), st.lists(st.integers(), max_size=2),
-                      st.just(float("nan")), st.just(float("inf")),
-                      st.just(0.5) if not real else st.just(-1.0))  # a fraction where an integer belongs; a negative time
-    if draw(st.booleans()):
-        flat[key] = draw(wrong)
-    else:
-        flat[draw(st.text(min_size=1, max_size=12).filter(lambda k: k not in flat))] = 4
-    return flat
-
-
 @settings(max_examples=300, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(st.dictionaries(KEYS, JSON_VALUES, max_size=24))
 def test_no_payload_raises_anything_but_a_policy_error(flat):
@@ -145,7 +111,7 @@ def test_no_payload_raises_anything_but_a_policy_error(flat):
 
 
 @settings(max_examples=150, derandomize=True)
-@given(valid_tables())
+@given(valid_tables(POLICY, HEAD))
 def test_a_valid_table_is_applied_and_read_back_as_pushed(flat):
     active = ActivePolicy(POLICY, HEAD)
     status, answer = handle_set_internal_state(active, json.dumps({"server_args": flat}).encode(), f"Bearer {KEY}", KEY, now=0.0)
@@ -156,7 +122,7 @@ def test_a_valid_table_is_applied_and_read_back_as_pushed(flat):
 
 
 @settings(max_examples=150, derandomize=True)
-@given(broken_tables())
+@given(broken_tables(POLICY, HEAD))
 def test_a_broken_table_changes_nothing(flat):
     active = ActivePolicy(POLICY, HEAD)
     before = active.state(0.0)

@@ -10,10 +10,17 @@ import sys
 import time
 
 import pytest
-from e2e_client import ADMIN_KEY, REPO, generate, get, jetspec_state, post, samples, until_eos
+from e2e_client import ADMIN_KEY, HEAD, POLICY_YAML, REPO, generate, get, jetspec_state, post, samples, until_eos
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
+from policies.control_api import table_from_flat_args
+from policies.head import read_head_capacity
+from policies.loader import parse_policy_text
+from policies.problems import PolicyError
 from policies.schema import DRAFTERS, TREE_SIZINGS
+from tests.policies.push_strategies import broken_tables, valid_tables
 
 AUTH = {"Authorization": f"Bearer {ADMIN_KEY}"}
 
@@ -139,6 +146,89 @@ def test_a_pushed_adaptive_cohort_verifies_fewer_nodes_than_its_budget_and_stays
     assert steps == spec["meta_info"]["spec_verify_ct"] and steps >= 3
     # the two probes verify 1 and 16 nodes; sized steps on a CPU, where each node costs, stay below 16
     assert nodes < 16 * steps - 8, (nodes, steps)
+
+
+SERVER_HEAD = read_head_capacity(HEAD)
+SERVER_POLICY = parse_policy_text(POLICY_YAML, head=SERVER_HEAD)
+SHORT_TTL = st.floats(min_value=0.5, max_value=2.0)  # every accepted push expires within the test
+
+
+def _expected_table(flat: dict) -> dict | None:
+    try:
+        return table_from_flat_args(flat, SERVER_POLICY, SERVER_HEAD).model_dump(mode="json")
+    except PolicyError:
+        return None
+
+
+@settings(max_examples=40, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck))
+@given(flat=st.one_of(valid_tables(SERVER_POLICY, SERVER_HEAD, SHORT_TTL),
+                      broken_tables(SERVER_POLICY, SERVER_HEAD, json_types=False, ttl_s=SHORT_TTL)))
+def test_generated_pushes_never_take_the_server_down(yaml_policy_after, flat):
+    """Fuzz of SGLang's /set_internal_state (a fixed seed): the server answers every push, applies exactly
+    the valid tables and reads back what it applied; a refused push leaves the table in force as it was.
+    (The fixture runs once around all examples: the last push expires before the next test.)"""
+    url = yaml_policy_after
+    before = jetspec_state(url)["jetspec_policy"]
+    status, reply = post(f"{url}/set_internal_state", {"server_args": flat}, AUTH)
+    after = jetspec_state(url)["jetspec_policy"]  # the server is alive
+    expected = _expected_table(flat)
+    if expected is None:
+        assert (status, reply) == (200, [False]), (flat, reply)
+        if before["source"] == "pushed" and after["generation"] == before["generation"]:
+            assert after["table"] == before["table"]
+        assert after["generation"] - before["generation"] <= 1  # at most an expiry, never this push
+    else:
+        assert (status, reply) == (200, [True]), (flat, reply)
+        assert after["source"] == "pushed" and after["table"] == expected
+
+
+@pytest.mark.parametrize("key, value, applied", [
+    ("jetspec_policy.bs1.drafter", 1.0, False),  # once DRAFTERS[1.0]: a TypeError that killed the scheduler
+    ("jetspec_policy.bs1.tree_sizing", 1.0, False),
+    ("jetspec_policy.bs1.tree_width", 1_000_000, False),
+    ("jetspec_policy.ttl_s", 1e308, False),
+    # SGLang's own request type (Dict[str, int | float], lax) turns these into integers before any
+    # plugin code runs, so the scheduler sees budget 4 and drafter 1 and applies them
+    ("jetspec_policy.bs1.budget", "4", True),
+    ("jetspec_policy.bs1.drafter", True, True),
+])
+def test_hostile_values_from_a_probe(yaml_policy_after, key, value, applied):
+    url = yaml_policy_after
+    flat = {"jetspec_policy.ttl_s": 2.0, "jetspec_policy.bs1.budget": 16, "jetspec_policy.bs2-4.budget": 16, key: value}
+    status, reply = post(f"{url}/set_internal_state", {"server_args": flat}, AUTH)
+    assert (status, reply) == (200, [applied]), reply
+    assert budgets_in_force(url)[0] == ("pushed" if applied else "yaml")
+
+
+def test_a_push_of_ten_thousand_keys_is_one_refusal_and_one_log_line(yaml_policy_after, jetspec_server):
+    url = yaml_policy_after
+    flat = {"jetspec_policy.ttl_s": 2.0, **{f"jetspec_policy.c{i}.budget": 4 for i in range(10_000)}}
+    log_before = jetspec_server.log.read_text().count("rejected jetspec_policy push")
+    assert post(f"{url}/set_internal_state", {"server_args": flat}, AUTH) == (200, [False])
+    assert budgets_in_force(url)[0] == "yaml"
+    assert jetspec_server.log.read_text().count("rejected jetspec_policy push") == log_before + 1
+
+
+def _gauge(url: str, name: str) -> float:
+    return sum(samples(url, name).values())
+
+
+def _eventually(check, timeout_s: float = 10) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+
+
+def test_gauges_tell_the_truth_while_the_server_idles(yaml_policy_after, humaneval_ids):
+    """No step runs on an idle server: a finished request and an expired push must still show."""
+    url = yaml_policy_after
+    generate(url, humaneval_ids[2], 8)
+    _eventually(lambda: _gauge(url, "jetspec_live_draft_states") == 0)  # once stuck at the last step's count
+    assert push(url, {"bs1": 4, "bs2-4": 0}, 3.0)[1] == [True]
+    _eventually(lambda: _gauge(url, "jetspec_policy_expiry_timestamp_seconds") > 0)
+    _eventually(lambda: _gauge(url, "jetspec_policy_expiry_timestamp_seconds") == 0)  # expired with no step run
+    assert _gauge(url, "jetspec_policy_generation") == jetspec_state(url)["jetspec_policy"]["generation"]
 
 
 def test_metrics_from_the_scheduler_process(jetspec_server, humaneval_ids):
