@@ -13,20 +13,13 @@ from hypothesis import strategies as st
 
 from policies.control_api import handle_set_internal_state, max_flat_keys, table_from_flat_args, table_to_flat_args
 from policies.head import HeadCapacity
-from policies.loader import parse_policy_text
 from policies.problems import PolicyError
 from policies.runtime import ActivePolicy
 from policies.schema import MAX_TREE_WIDTH, MAX_TTL_S
 from policies.table import default_table
 from tests.policies.push_strategies import broken_tables, valid_tables
+from tests.policies.test_policy_table import POLICY  # two cohorts: bs1 budgets 0-64, bs2-8 budgets 0-8
 
-POLICY = parse_policy_text("""\
-cohorts:
-  - {name: bs1, min_batch: 1, max_batch: 1, budgets: [0, 4, 16, 64], default: 16}
-  - {name: bs2-8, min_batch: 2, max_batch: 8, budgets: [0, 4, 8], default: 4}
-gate: {probe_share: 0.05}
-controller: {interval_s: 10, ttl_s: 90}
-""")
 HEAD = HeadCapacity("test-head", block_size=4, tree_width=8)
 KEY = "secret"
 
