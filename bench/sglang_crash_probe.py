@@ -27,7 +27,8 @@ PROBES = {
     "input_ids [5, -1]": {"input_ids": [5, -1]},
     "input_ids [2^40]": {"input_ids": [2**40]},
     'text ""': {"text": ""},
-    "top_k 1e12": {"input_ids": [1, 2, 3], "sampling_params": {"top_k": 1e12}},
+    "top_k 1e12 (a JSON float)": {"input_ids": [1, 2, 3], "sampling_params": {"top_k": 1e12}},
+    "top_k 10^12 (a JSON integer)": {"input_ids": [1, 2, 3], "sampling_params": {"top_k": 10**12}},
     "top_logprobs_num 100000": {"input_ids": [1, 2, 3], "return_logprob": True, "top_logprobs_num": 100000},
 }
 

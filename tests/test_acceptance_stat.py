@@ -149,6 +149,15 @@ def test_emitted_tokens_follow_processed_target(params, method):
     assert lossless_pvalue(params, method) > 1e-3
 
 
+# Tree shapes other than the marginal one: both acceptance rules on the richer setting, match on T = 1.
+# The residual rule at T = 1 on every shape runs in the slow sweep: test_emitted_tokens_follow_processed_target
+# covers it on marginal trees, and the shapes differ only in the trees the rule walks.
+TREE_VARIANT_CASES = [pytest.param(SETTINGS[0], "match", id="T1-match"),
+                      pytest.param(SETTINGS[0], "residual", id="T1-residual", marks=pytest.mark.slow),
+                      pytest.param(SETTINGS[4], "match", id="T0.9-k4-p0.9-m0.05-match"),
+                      pytest.param(SETTINGS[4], "residual", id="T0.9-k4-p0.9-m0.05-residual")]
+
+
 def test_conditioned_trees_differ_from_marginal_ones_and_exercise_accepts():
     assert any(conditioned_draft_tree((ROOT, a)).token_paths() != draft_tree((ROOT, a)).token_paths() for a in range(VOCAB))
     tree = conditioned_draft_tree((ROOT,))
@@ -157,8 +166,7 @@ def test_conditioned_trees_differ_from_marginal_ones_and_exercise_accepts():
     assert {1, 2, 3} <= set(lengths)
 
 
-@pytest.mark.parametrize("method", ["match", "residual"])
-@pytest.mark.parametrize("params", [SETTINGS[0], SETTINGS[4]], ids=["T1", "T0.9-k4-p0.9-m0.05"])
+@pytest.mark.parametrize("params, method", TREE_VARIANT_CASES)
 def test_conditioned_trees_stay_lossless(params, method):
     # acceptance only sees the tree; a tree-causal round changes which tree, never how it is verified
     assert lossless_pvalue(params, method, conditioned_draft_tree) > 1e-3
@@ -168,8 +176,7 @@ def test_hybrid_trees_differ_from_marginal_ones():
     assert any(hybrid_draft_tree((ROOT, a)).token_paths() != draft_tree((ROOT, a)).token_paths() for a in range(VOCAB))
 
 
-@pytest.mark.parametrize("method", ["match", "residual"])
-@pytest.mark.parametrize("params", [SETTINGS[0], SETTINGS[4]], ids=["T1", "T0.9-k4-p0.9-m0.05"])
+@pytest.mark.parametrize("params, method", TREE_VARIANT_CASES)
 def test_hybrid_trees_stay_lossless(params, method):
     # a merged guess changes which tree is verified, never how: the guessed tokens are only proposals
     assert lossless_pvalue(params, method, hybrid_draft_tree) > 1e-3
@@ -181,8 +188,7 @@ def test_reduced_vocabulary_trees_never_draft_the_left_out_token():
     assert any(t.tokens[1:].tolist() != draft_tree((ROOT, a)).tokens[1:].tolist() for a, t in enumerate(trees[:-1]))
 
 
-@pytest.mark.parametrize("method", ["match", "residual"])
-@pytest.mark.parametrize("params", [SETTINGS[0], SETTINGS[4]], ids=["T1", "T0.9-k4-p0.9-m0.05"])
+@pytest.mark.parametrize("params, method", TREE_VARIANT_CASES)
 def test_reduced_vocabulary_trees_stay_lossless(params, method):
     # the left-out token is still emitted at its target probability: by corrections and bonus draws
     assert lossless_pvalue(params, method, reduced_vocab_draft_tree) > 1e-3

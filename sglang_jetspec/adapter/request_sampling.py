@@ -72,7 +72,7 @@ def crashing_input(req, vocab_size: int) -> str | None:
     if top_k != TOP_K_ALL and (top_k != int(top_k) or top_k > vocab_size):
         return (f"sampling_params.top_k {top_k} is not a whole number of tokens up to the vocabulary size {vocab_size} "
                 "-- send -1 for no top-k, or 1..vocabulary size")
-    top_logprobs = getattr(req, "top_logprobs_num", 0) or 0
+    top_logprobs = getattr(getattr(req, "logprob", None), "top_logprobs_num", 0) or 0  # Req.logprob: a ReqLogprob
     if top_logprobs > vocab_size:
         return (f"top_logprobs_num {top_logprobs} is above the vocabulary size {vocab_size} -- ask for at most "
                 f"{vocab_size}")

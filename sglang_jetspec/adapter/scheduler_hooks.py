@@ -47,6 +47,8 @@ def before_process_req_with_grammar(manager, req, *args, **kwargs):
         for name in GRAMMAR_FIELDS:  # queued as an ordinary (aborted) request, not compiled as a grammar
             setattr(req.sampling_params, name, None)
         req.set_finish_with_abort(reason)
+        # the abort turns its logprobs off, but a batch-mate's logprobs would still read its top count
+        req.logprob.top_logprobs_num = 0
     return None
 
 

@@ -74,7 +74,7 @@ def test_plain_request_is_supported():
     (dict(sampling_params={"top_k": 10**12}), "sampling_params.top_k 1000000000000"),
     (dict(sampling_params={"top_k": 49153}), "sampling_params.top_k 49153"),
     (dict(sampling_params={"top_k": 2.5}), "sampling_params.top_k 2.5"),
-    (dict(top_logprobs_num=100_000), "top_logprobs_num 100000 is above the vocabulary size 49152"),
+    (dict(logprob=SimpleNamespace(top_logprobs_num=100_000)), "top_logprobs_num 100000 is above the vocabulary size 49152"),
 ])
 def test_inputs_that_crash_sglangs_scheduler_are_named(change, field):
     if "sampling_params" in change:
@@ -84,7 +84,7 @@ def test_inputs_that_crash_sglangs_scheduler_are_named(change, field):
 
 @pytest.mark.parametrize("change", [dict(), dict(origin_input_ids=[0, 49151]), dict(sampling_params={"top_k": 49152}),
                                     dict(sampling_params={"top_k": -1}), dict(sampling_params={"temperature": 0}),
-                                    dict(top_logprobs_num=49152)])
+                                    dict(logprob=SimpleNamespace(top_logprobs_num=49152))])
 def test_inputs_at_the_limits_are_admitted(change):
     if "sampling_params" in change:
         change = dict(sampling_params=_sglang_params(**change["sampling_params"]))

@@ -110,7 +110,10 @@ def policy_file(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def plain_server(servers, smollm2_dir) -> LaunchedServer:
-    return servers.start("plain", server_args(smollm2_dir))
+    """Plain SGLang in the scheduler mode JETSPEC runs in (synchronous). The overlap scheduler applies
+    penalties one token late (its first decode counts the prompt's last token): the same requests then
+    give other tokens, with or without speculation."""
+    return servers.start("plain", server_args(smollm2_dir, "--disable-overlap-schedule"))
 
 
 class TraceReceiver:
