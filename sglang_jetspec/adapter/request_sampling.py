@@ -58,7 +58,7 @@ def unsupported_feature(req) -> str | None:
 def crashing_input(req, vocab_size: int) -> str | None:
     """Why this sglang Req would crash SGLang 0.5.23's scheduler (the whole server, not just the request),
     naming the field and the fix; None if it is safe. Its own checks let these through: an empty
-    prompt, token ids outside the embedding table, and a top_k or top_logprobs_num no tensor of the
+    prompt, token or stop ids outside the vocabulary, and a top_k or top_logprobs_num no tensor of the
     vocabulary can hold."""
     ids = req.origin_input_ids
     if len(ids) == 0:
@@ -68,6 +68,10 @@ def crashing_input(req, vocab_size: int) -> str | None:
         bad = low if low < 0 else high
         return (f"input_ids: token id {bad} is outside the model's vocabulary [0, {vocab_size}) -- send token ids "
                 "the model's tokenizer produced")
+    stops = [t for t in (req.sampling_params.stop_token_ids or ()) if not 0 <= t < vocab_size]
+    if stops:  # min_new_tokens scatters every stop id into a vocabulary-sized row
+        return (f"sampling_params.stop_token_ids: {stops[0]} is outside the model's vocabulary [0, {vocab_size}) -- "
+                "send token ids the model's tokenizer produced")
     top_k = req.sampling_params.top_k
     if top_k != TOP_K_ALL and (top_k != int(top_k) or top_k > vocab_size):
         return (f"sampling_params.top_k {top_k} is not a whole number of tokens up to the vocabulary size {vocab_size} "

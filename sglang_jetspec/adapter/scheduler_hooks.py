@@ -47,7 +47,10 @@ def before_process_req_with_grammar(manager, req, *args, **kwargs):
         for name in GRAMMAR_FIELDS:  # queued as an ordinary (aborted) request, not compiled as a grammar
             setattr(req.sampling_params, name, None)
         req.set_finish_with_abort(reason)
-        # the abort turns its logprobs off, but a batch-mate's logprobs would still read its top count
+        # The aborted request still passes through one prefill batch (its prompt now one safe token):
+        # nothing of what was refused may reach that batch's sampling tensors, nor a batch-mate's
+        # logprobs (which read every request's top count).
+        req.sampling_params.top_k, req.sampling_params.min_new_tokens = 1, 0
         req.logprob.top_logprobs_num = 0
     return None
 

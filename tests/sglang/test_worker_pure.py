@@ -75,6 +75,7 @@ def test_plain_request_is_supported():
     (dict(sampling_params={"top_k": 49153}), "sampling_params.top_k 49153"),
     (dict(sampling_params={"top_k": 2.5}), "sampling_params.top_k 2.5"),
     (dict(logprob=SimpleNamespace(top_logprobs_num=100_000)), "top_logprobs_num 100000 is above the vocabulary size 49152"),
+    (dict(sampling_params={"stop_token_ids": [2, 10**6], "min_new_tokens": 2}), "sampling_params.stop_token_ids: 1000000 is outside"),
 ])
 def test_inputs_that_crash_sglangs_scheduler_are_named(change, field):
     if "sampling_params" in change:
