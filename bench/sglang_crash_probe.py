@@ -67,19 +67,22 @@ def run(config: str, model: Path, logs: Path) -> dict[str, tuple[str, bool]]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--markdown", type=Path)
+    parser.add_argument("--configs", default="plain,jetspec", help="comma-separated: plain, jetspec")
     args = parser.parse_args()
+    configs = args.configs.split(",")
     from sglang_jetspec.models.fetch import fetch
 
     model = fetch("smollm2")
     logs = Path(tempfile.mkdtemp(prefix="crash-probe-"))
-    results = {config: run(config, model, logs) for config in ("plain", "jetspec")}
+    results = {config: run(config, model, logs) for config in configs}
     lines = ["# One request against a real SGLang 0.5.23 server (CPU harness, fp32)", "",
-             "`python bench/sglang_crash_probe.py --markdown bench/results/sglang_cpu/crash-probe.md`", "",
-             "| probe | plain SGLang | plain serves after | JETSPEC | JETSPEC serves after |", "|---|---|---|---|---|"]
+             f"`python bench/sglang_crash_probe.py --configs {args.configs} --markdown OUT`", "",
+             "| probe | " + " | ".join(f"{c}: answer | {c}: serves after" for c in configs) + " |",
+             "|---|" + "---|---|" * len(configs)]
     for name in PROBES:
-        (pg, pa), (jg, ja) = results["plain"][name], results["jetspec"][name]
-        lines.append(f"| {name} | {pg.replace('|', '/')} | {'yes' if pa else '**no: server down**'} | "
-                     f"{jg.replace('|', '/')} | {'yes' if ja else '**no: server down**'} |")
+        cells = [f"{results[c][name][0].replace('|', '/')} | {'yes' if results[c][name][1] else '**no: server down**'}"
+                 for c in configs]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
     text = "\n".join(lines) + "\n"
     print(text)
     if args.markdown:

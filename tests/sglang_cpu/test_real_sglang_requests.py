@@ -133,8 +133,8 @@ def test_client_disconnect_mid_generation_leaves_no_state_and_serving_goes_on(je
 
 
 TIGHT_CONTEXT = 600
-TIGHT_POOL = 700  # KV tokens: one request at the context limit fits, four HumanEval prompts growing do not
-RETRACTING_LENGTH = 80  # new tokens per request: four HumanEval prompts (440 tokens) then outgrow the pool
+TIGHT_POOL = 1100  # KV tokens: one request at the context limit fits, four HumanEval prompts growing do not
+RETRACTING_LENGTH = 160  # new tokens per request: four HumanEval prompts then outgrow the tight server's pool
 
 
 @pytest.fixture(scope="module")
