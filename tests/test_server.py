@@ -177,7 +177,8 @@ def test_a_bad_push_is_400_and_the_running_table_stays(server):
     assert out["problems"] == ["cohorts[0].budget 16 is not a candidate of 'bs1' -- use one of [0, 4, 8]"]
     nested = {"cohorts": [{"name": "bs1", "min_batch": 1, "max_batch": 1, "budget": 4, "probe": None}], "ttl_s": 60}
     status, out = push(server.url, {"jetspec_policy": nested})  # the form SGLang's request type refuses
-    assert status == 400 and out["message"].startswith("server_args.jetspec_policy: dict is not a number")
+    assert status == 400 and out["problems"][0].startswith("server_args.jetspec_policy is an object -- SGLang's "
+                                                          "/set_internal_state takes numbers only")
     assert readback(server.url) == good
     gauges = metric_samples(server.url)
     assert gauges[("jetspec_policy_budget", (("cohort", "bs1"),))] == 8
