@@ -118,6 +118,15 @@ class Policy(StrictModel):
         raise KeyError(f"no cohort named {name!r} in the policy")
 
 
+def width_problems(loc, prefix: str, width: int, head: HeadCapacity | None) -> list[Problem]:
+    """A tree width (of a YAML cohort or a pushed table's) wider than the head's own; none without a head.
+    `prefix` names the cohort in the message ("cohorts[0] 'bs1' ", "cohorts[0].")."""
+    if head is None or width <= head.tree_width:
+        return []
+    return [Problem(loc, f"{prefix}tree_width {width} is wider than head {head.source}'s tree_width {head.tree_width}",
+                    f"use 0 (the head's own) up to {head.tree_width}")]
+
+
 def _budget_problems(policy: Policy, head: HeadCapacity | None) -> list[Problem]:
     problems = []
     limit = policy.head.max_budget
@@ -133,10 +142,7 @@ def _budget_problems(policy: Policy, head: HeadCapacity | None) -> list[Problem]
                     loc, f"{where} budget {budget} is more nodes than head {head.source} can use "
                     f"(block_size {head.block_size}, tree width {width}: at most {head.nodes_at(width)})",
                     f"lower it to at most {head.nodes_at(width)}"))
-        if head is not None and cohort.tree_width > head.tree_width:
-            problems.append(Problem(("cohorts", i, "tree_width"), f"{where} tree_width {cohort.tree_width} is wider than "
-                                    f"head {head.source}'s tree_width {head.tree_width}",
-                                    f"use 0 (the head's own) up to {head.tree_width}"))
+        problems.extend(width_problems(("cohorts", i, "tree_width"), f"{where} ", cohort.tree_width, head))
         if len(set(cohort.budgets)) != len(cohort.budgets) or cohort.budgets != sorted(cohort.budgets):
             problems.append(Problem(("cohorts", i, "budgets"),
                                     f"{where} budgets {cohort.budgets} are not strictly increasing",

@@ -24,7 +24,7 @@ from policies.problems import PolicyError, Problem
 from policies.pydantic_errors import problems_from_validation_error
 from policies.head import HeadCapacity
 from policies.schema import (LABEL_PATTERN, MAX_TTL_S, Budget, CohortPolicy, DrafterName, Policy, SampledChildrenName,
-                             StrictModel, TreeSizingName, TreeWidth)
+                             StrictModel, TreeSizingName, TreeWidth, width_problems)
 
 
 class Probe(StrictModel):
@@ -110,10 +110,7 @@ def _cohort_problems(i: int, pushed: CohortBudget, policy: Policy, head: HeadCap
                                 f"cohorts[{i}].draft_rounds {pushed.draft_rounds} is above the server policy's "
                                 f"head.max_draft_rounds {policy.head.max_draft_rounds}",
                                 f"use 0..{policy.head.max_draft_rounds}"))
-    if head is not None and pushed.tree_width > head.tree_width:
-        problems.append(Problem(("cohorts", i, "tree_width"),
-                                f"cohorts[{i}].tree_width {pushed.tree_width} is wider than head {head.source}'s "
-                                f"tree_width {head.tree_width}", f"use 0 (the head's own) up to {head.tree_width}"))
+    problems.extend(width_problems(("cohorts", i, "tree_width"), f"cohorts[{i}].", pushed.tree_width, head))
     probe = pushed.probe
     if probe is not None:
         if probe.budget not in own.budgets or probe.budget == pushed.budget:
