@@ -98,7 +98,8 @@ def apply_tree_penalties(logits: torch.Tensor, penalties: list[RequestPenalties]
         n = tree.size
         rows = logits[b * num_nodes : b * num_nodes + n]
         output = torch.tensor(output_ids, dtype=torch.long, device=device)
-        levels = _path_levels(tree)
+        counts_tokens = pen.frequency != 0.0 or pen.presence != 0.0 or pen.repetition != 1.0
+        levels = _path_levels(tree) if counts_tokens else []  # min_new_tokens alone reads depths only
         additive = torch.zeros(n, vocab, dtype=torch.float32, device=device)
         if pen.frequency != 0.0:
             additive.sub_(_occurrence_rows(vocab, output, levels, n, pen.frequency, True, 0.0, device))
