@@ -10,7 +10,9 @@ cohort's drafter / tree sizing changed) through the test launcher (tests/sglang_
 CPU engine, intel_amx attention, the PyTorch stand-in for sgl-kernel's CPU ops). Each server runs one
 pass per concurrency level; pass k sends the k-th consecutive slice of the prompts (max(--num-prompts,
 concurrency) prompts), so no server ever sees a prompt twice and the hybrid drafter's store of
-finished outputs cannot copy an answer. Every config gets the same slices, greedy.
+finished outputs cannot copy an answer. Every config gets the same slices, greedy. A prompt line
+carrying `json_schema` / `regex` / `ebnf` (bench/prompts/json-tools.jsonl: tool-call arguments under a
+JSON schema) is sent with it as SGLang's sampling parameter of that name: structured output.
 
 Reported per config and concurrency: tokens/s (and x plain), mean accept length, exact matches against
 plain SGLang (and against HF transformers greedy with --hf), and where the time of a decode iteration
@@ -211,9 +213,13 @@ def phase_ms(sched: dict[str, float], worker: dict[str, float]) -> dict[str, flo
 
 # ---- running one server ----
 
-def generate(url: str, ids: list[int], max_new_tokens: int) -> dict:
-    return _post(f"{url}/generate", {"input_ids": ids, "sampling_params": {"temperature": 0,
-                                                                          "max_new_tokens": max_new_tokens}})
+Prompt = tuple[list[int], dict]  # token ids and the constraint's sampling parameters ({} for free text)
+
+
+def generate(url: str, prompt: Prompt, max_new_tokens: int) -> dict:
+    ids, constraint = prompt
+    return _post(f"{url}/generate", {"input_ids": ids, "sampling_params": {
+        "temperature": 0, "max_new_tokens": max_new_tokens, **constraint}})
 
 
 def quiet(profile: Path, timeout_s: float = 10.0) -> dict[str, float]:
@@ -228,16 +234,16 @@ def quiet(profile: Path, timeout_s: float = 10.0) -> dict[str, float]:
     return last
 
 
-def run_passes(url: str, prompts: list[list[int]], slices: list[slice], levels: list[int], max_new_tokens: int,
+def run_passes(url: str, prompts: list[Prompt], slices: list[slice], levels: list[int], max_new_tokens: int,
                profile: Path, warmup_ids: list[int]) -> list[tuple[list[dict], float, dict, dict]]:
     """(replies, seconds, scheduler sums, worker seconds) per pass."""
-    generate(url, warmup_ids, 8)  # first-call allocations stay out of the timings
+    generate(url, (warmup_ids, {}), 8)  # first-call allocations stay out of the timings
     out = []
     for level, part in zip(levels, slices):
         sched0, worker0 = quiet(profile), read_worker_seconds(url)
         start = time.perf_counter()
         with ThreadPoolExecutor(level) as pool:
-            replies = list(pool.map(lambda ids: generate(url, ids, max_new_tokens), prompts[part]))
+            replies = list(pool.map(lambda prompt: generate(url, prompt, max_new_tokens), prompts[part]))
         seconds = time.perf_counter() - start
         out.append((replies, seconds, diff(quiet(profile), sched0), diff(read_worker_seconds(url), worker0)))
     return out
@@ -290,7 +296,8 @@ def markdown(results: list[ConfigResult], meta: dict) -> str:
     levels = [p.concurrency for p in results[0].passes]
     lines = [f"# Real SGLang on CPU: plain vs NGRAM vs JETSPEC ({meta['cpu']}, {meta['dtype']})", "",
              f"`{meta['command']}`", "",
-             f"{meta['source']} {meta['prompt_range']}: {meta['prompts_per_pass']} new prompts per pass, greedy, "
+             f"{meta['source']} {meta['prompt_range']}: {meta['prompts_per_pass']} new prompts per pass "
+             f"({meta.get('constrained_prompts', 0)} of them under a json_schema / regex / ebnf constraint), greedy, "
              f"max_new_tokens {meta['max_new_tokens']}, SGLang {meta['sglang']}, torch {meta['torch']}, "
              f"{meta['threads']} threads, {meta['date']}. Attention and KV kernels are the test stand-in's PyTorch "
              "code (tests/sglang_cpu/stub), not sgl-kernel's.", "",
@@ -358,11 +365,16 @@ def main(argv: list[str] | None = None) -> int:
 
     from sglang_jetspec.models.fetch import fetch
     from sglang_jetspec.reference.precision import cpu_model
-    from sglang_jetspec.reference.prompts import load_prompt_ids
+    from sglang_jetspec.reference.prompts import constraint_params, encode, load_prompt_records
 
     model = args.model or str(fetch("smollm2"))
     tokenizer = AutoTokenizer.from_pretrained(model)
-    prompts = load_prompt_ids(args.prompts, tokenizer)[args.prompt_range]
+    records = load_prompt_records(args.prompts)[args.prompt_range]
+    prompts = [(encode(r, tokenizer), constraint_params(r)) for r in records]
+    constrained = sum(1 for _, constraint in prompts if constraint)
+    if args.hf and constrained:
+        p.error(f"--hf: {constrained} prompts carry a constraint, which HF greedy decoding would ignore; compare "
+                "them with plain SGLang (the default) instead")
     try:
         slices = pass_slices(len(prompts), args.num_prompts, levels)
     except BenchArgsError as exc:
@@ -380,14 +392,14 @@ def main(argv: list[str] | None = None) -> int:
         for r in results:
             compare_outputs(r, outputs[r.config], outputs["plain"], "exact_match_vs_plain", divergences=True)
     if args.hf:
-        hf = [hf_greedy(model, prompts[part], args.max_new_tokens, args.dtype) for part in slices]
+        hf = [hf_greedy(model, [ids for ids, _ in prompts[part]], args.max_new_tokens, args.dtype) for part in slices]
         for r in results:
             compare_outputs(r, outputs[r.config], hf, "exact_match_vs_hf", divergences=False)
     summarise(results)
     meta = {"command": "python bench/sglang_cpu_compare.py " + " ".join(sys.argv[1:] if argv is None else argv),
             "cpu": cpu_model(), "dtype": args.dtype, "source": args.prompts,
             "prompt_range": f"{args.prompt_range.start or 0}:{'' if args.prompt_range.stop is None else args.prompt_range.stop}",
-            "prompts_per_pass": [s.stop - s.start for s in slices], "concurrency": levels,
+            "prompts_per_pass": [s.stop - s.start for s in slices], "constrained_prompts": constrained, "concurrency": levels,
             "max_new_tokens": args.max_new_tokens, "threads": args.threads, "sglang": sglang.__version__,
             "torch": torch.__version__, "date": time.strftime("%Y-%m-%d %H:%M")}
     args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 
@@ -124,6 +125,23 @@ def test_malformed_prompt_line_names_the_flag_and_line(tmp_path, smollm2_dir, he
     bad.write_text('{"prompt": "ok"}\n{"prompt": "unterminated\n')
     code, err = run_failing(bench_args(smollm2_dir, heads, bad, tmp_path / "o.json"), capsys)
     assert code == 2 and "--prompts" in err and f"{bad}:2:" in err
+
+
+def test_constrained_prompts_are_refused_by_the_reference_engine_naming_the_sglang_bench(tmp_path, smollm2_dir, heads, capsys):
+    shipped = Path(__file__).resolve().parents[1] / "bench" / "prompts" / "json-tools.jsonl"
+    code, err = run_failing(bench_args(smollm2_dir, heads, shipped, tmp_path / "o.json"), capsys)
+    assert code == 2 and "--prompts" in err and "48 prompts carry a constraint" in err and "sglang_cpu_compare.py" in err
+
+
+def test_prompt_lines_carry_one_constraint_as_sglang_sampling_params(tmp_path):
+    from sglang_jetspec.reference.prompts import PromptError, constraint_params, read_prompt_file
+
+    path = tmp_path / "c.jsonl"
+    path.write_text('{"prompt": "a", "json_schema": {"type": "integer"}}\n{"prompt": "b", "regex": "[0-9]+"}\n{"prompt": "c"}\n')
+    assert [constraint_params(r) for r in read_prompt_file(path)] == [{"json_schema": '{"type": "integer"}'}, {"regex": "[0-9]+"}, {}]
+    path.write_text('{"prompt": "a", "regex": "x", "ebnf": "root ::= \\"x\\""}\n')
+    with pytest.raises(PromptError, match=r":1: carries \['ebnf', 'regex'\] -- give at most one"):
+        read_prompt_file(path)
 
 
 @pytest.mark.parametrize("flag, value", [("--budgets", "4,0"), ("--budgets", "4,4"), ("--batch-sizes", "one"), ("--temperatures", "-1"), ("--prompt-range", "7"), ("--lookup-depth", "0")])

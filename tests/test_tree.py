@@ -3,11 +3,12 @@
 import itertools
 import math
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sglang_jetspec.core.tree import TreeSpec, build_tree, fanout_caps, root_only_tree, top_k_per_depth
+from sglang_jetspec.core.tree import DraftTree, TreeSpec, build_tree, fanout_caps, kept_nodes, root_only_tree, top_k_per_depth
 
 
 def brute_force_paths(top_logprobs: torch.Tensor, spec: TreeSpec) -> list[tuple[int, ...]]:
@@ -116,3 +117,24 @@ def test_impossible_candidates_never_become_nodes():
     tokens, logprobs = top_k_per_depth(logits, 4)
     tree = build_tree(1, tokens, logprobs, TreeSpec(budget=16, max_depth=3, width=4))
     assert tree.tokens.tolist() == [1, 4]
+
+
+def test_kept_nodes_drop_a_node_with_its_subtree_and_renumber_parents():
+    #        0
+    #      1   2
+    #     3 4   5
+    #     6
+    tree = DraftTree(torch.tensor([10, 11, 12, 13, 14, 15, 16]), torch.tensor([-1, 0, 0, 1, 1, 2, 3]),
+                     torch.tensor([0, 1, 1, 2, 2, 2, 3]), torch.tensor([0, 0, 1, 0, 1, 0, 0]),
+                     torch.tensor([0.0, -0.1, -0.2, -0.3, -0.4, -0.5, -0.6]))
+    kept, index = kept_nodes(tree, [False, True, True, False, True, True, True])  # drop 3 (and so 6); the root stays
+    assert index.tolist() == [0, 1, 2, 4, 5]
+    assert kept.tokens.tolist() == [10, 11, 12, 14, 15]
+    assert kept.parents.tolist() == [-1, 0, 0, 1, 2]
+    assert kept.depths.tolist() == [0, 1, 1, 2, 2] and kept.ranks.tolist() == [0, 0, 1, 1, 0]
+    assert kept.cum_logprobs.tolist() == pytest.approx([0.0, -0.1, -0.2, -0.4, -0.5])
+    assert kept.token_paths() == [(), (11,), (12,), (11, 14), (12, 15)]
+    same, index = kept_nodes(tree, [True] * 7)
+    assert same is tree and index.tolist() == list(range(7))
+    with pytest.raises(ValueError, match="drawn children"):
+        kept_nodes(DraftTree(tree.tokens, tree.parents, tree.depths, tree.ranks, tree.cum_logprobs, drawn=object()), [True] * 7)

@@ -33,15 +33,13 @@ def core_sampling_params(sp, vocab_size: int) -> SamplingParams:
                           min_p=float(sp.min_p), **common)
 
 
+# constrained decoding is served (adapter.tree_grammar); a refused request drops these before SGLang compiles them
 GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf", "structural_tag")
 
 
 def unsupported_feature(req) -> str | None:
     """Why JETSPEC cannot decode this sglang Req losslessly, naming the request field; None if it can."""
     sp = req.sampling_params
-    if getattr(req, "grammar", None) is not None or any(getattr(sp, f, None) for f in GRAMMAR_FIELDS):
-        return ("constrained decoding (json_schema / regex / ebnf / structural_tag) is not supported by "
-                "--speculative-algorithm JETSPEC yet; send the request without it or use a non-speculative server")
     if getattr(sp, "watermark", None):
         return "sampling_params.watermark is not supported by --speculative-algorithm JETSPEC; remove it"
     if getattr(req, "custom_logit_processor", None):

@@ -91,6 +91,10 @@ def _runtime_problems(cfg) -> list[str]:
     if cfg.disaggregation_mode != "null":
         problems.append(f"--disaggregation-mode {cfg.disaggregation_mode}: a decode server would receive requests "
                         "without the tap rows the head drafts from; run JETSPEC without PD disaggregation")
+    if cfg.grammar_backend == "outlines":
+        problems.append("--grammar-backend outlines: JETSPEC masks each draft tree node by walking the request's grammar "
+                        "forward and back, and outlines' grammar objects cannot roll back; use --grammar-backend "
+                        "xgrammar (the default) or llguidance")
     if cfg.speculative_eagle_topk not in (None, 1):
         problems.append(f"--speculative-eagle-topk {cfg.speculative_eagle_topk}: JETSPEC's tree width comes from the "
                         "head (tree_width in its config.json, default 8); remove the flag")

@@ -48,6 +48,7 @@ from sglang_jetspec.adapter.server_args import JetSpecArgsError, target_info
 from sglang_jetspec.adapter.spec_inputs import JetSpecDraftState, bind_decode_batch, bind_verify_batch
 from sglang_jetspec.adapter.step_outputs import step_outputs
 from sglang_jetspec.adapter.target_views import TargetEmbedding, TargetLMHead
+from sglang_jetspec.adapter.tree_grammar import TreeGrammar
 from sglang_jetspec.adapter.tree_penalties import apply_logit_bias, apply_tree_penalties, request_penalties
 from sglang_jetspec.adapter.verify_inputs import build_verify_tensors
 from sglang_jetspec.adapter.worker_observability import WorkerShadow, step_tracer, trace_step, worker_metrics
@@ -239,11 +240,12 @@ class JetSpecWorker(BaseSpecWorker):
         state.req = req  # the live Req: its finish reason and token ids for the sweep and the shadow
         state.penalties = request_penalties(req)
 
-    def _trees(self, lanes: list[RequestDraftState], plan: StepPlan, budget: int,
-               sizer: TreeSizer | None) -> tuple[list[DraftTree], float, float, bool]:
+    def _trees(self, lanes: list[RequestDraftState], plan: StepPlan, budget: int, sizer: TreeSizer | None,
+               grammar: TreeGrammar | None) -> tuple[list[DraftTree], float, float, bool]:
         """Each request's tree (root-only for budget <= 1 and for blind requests), head and tree seconds,
         and whether `sizer` cut the trees (adaptive sizing; not on a step that times a missing end of
-        the verify cost curve). The plan gives the tree-causal rounds after the marginal tree (the
+        the verify cost curve). A constrained request's tree loses the nodes its grammar forbids before
+        sizing. The plan gives the tree-causal rounds after the marginal tree (the
         policy allows them only for a head trained with revealed tokens), the tree width (0 = the
         head's) and the drafter (head or hybrid)."""
         trees = [root_only_tree(lane.root_token) for lane in lanes]
@@ -265,7 +267,7 @@ class JetSpecWorker(BaseSpecWorker):
         else:  # the head has not been paying: the looked-up trees alone (or the roots)
             drafted, draft_s, tree_s = headless_trees(drafting_lanes, spec, lookup), 0.0, 0.0
         for b, tree in zip(drafting, drafted):
-            trees[b] = tree
+            trees[b] = grammar.prune(b, tree) if grammar is not None else tree
         if sizing:
             # every lane counts, blind ones too: a batched verify pads each to the longest tree
             trees = sizer.size(trees, draft_s, drafted=head_runs, cost=self.verify_costs.curve(len(lanes)))
@@ -304,9 +306,10 @@ class JetSpecWorker(BaseSpecWorker):
 
         set_time_batch(batch.reqs, "set_spec_draft_start_time", trace_only=True)
         sizer = self.sizer if plan.tree_sizing == "adaptive" and num_nodes > 1 else None
-        trees, draft_s, tree_s, sized = self._trees(lanes, plan, num_nodes, sizer)
+        grammar = TreeGrammar.of_batch(batch)
+        trees, draft_s, tree_s, sized = self._trees(lanes, plan, num_nodes, sizer, grammar)
         set_time_batch(batch.reqs, "set_spec_draft_end_time", trace_only=True)
-        if sizer is not None:
+        if sizer is not None or grammar is not None:  # trees cut by sizing or by grammars
             num_nodes = max(tree.size for tree in trees)  # the verify pads every request to the longest tree
         timed = observed or sizer is not None  # adaptive sizing learns the verify cost from these timings
         t_bind = time.perf_counter()
@@ -320,8 +323,9 @@ class JetSpecWorker(BaseSpecWorker):
         else:
             bind_verify_batch(batch, build_verify_tensors(trees, seq_lens, num_nodes), seq_lens, num_nodes,
                               self.mask_layout, device)
+        grammar_mask = grammar.mask(trees, num_nodes, device) if grammar is not None else None
         t_verify = self._sync(timed)
-        tree_s += t_verify - t_bind  # the verify tensors are part of building the trees
+        tree_s += t_verify - t_bind  # the verify tensors and grammar masks are part of building the trees
         capture = CaptureHiddenMode.FULL if any(not lane.blind for lane in lanes) else CaptureHiddenMode.NULL
         result = self._target_worker.forward_batch_generation(
             batch, is_verify=True, capture_hidden_mode=capture if decode else None)
@@ -329,9 +333,12 @@ class JetSpecWorker(BaseSpecWorker):
         taps = logits_output.hidden_states  # [bs*N, taps*H]: every node's tap rows
         logits = logits_output.next_token_logits
         # each node's row penalised as a plain decode at its output position (not SGLang's relaxed
-        # per-step penalties), then the request's logit bias
+        # per-step penalties), masked to what the request's grammar allows after the node's path, then
+        # the request's logit bias: the order of SGLang's own sampler
         apply_tree_penalties(logits, [lane.penalties for lane in lanes], [lane.req.output_ids for lane in lanes],
                              trees, num_nodes)
+        if grammar_mask is not None:
+            grammar_mask.apply(logits)
         apply_logit_bias(logits, batch.sampling_info.logit_bias, num_nodes)
         t_accept = self._sync(timed)
         if timed:

@@ -18,7 +18,7 @@ from ..core.prompt_lookup import LookupMerge
 from ..reference.loading import (DrafterOptionError, check_lookup_options, load_corpus, load_drafter, load_target, lookup_drafter,
                                  lookup_merge)
 from ..models.fetch import sha256_file
-from ..reference.prompts import HUMANEVAL, PromptError, encode, humaneval_prompts, read_prompt_file
+from ..reference.prompts import HUMANEVAL, PromptError, encode, humaneval_prompts, read_prompt_file, refuse_constraints
 from ..reference.precision import cpu_model
 from ..reference.engine import Drafter, Request
 from ..reference.target import TargetModel
@@ -103,6 +103,7 @@ def select_prompts(source: str, selection: slice | None) -> tuple[list, range]:
     else:
         try:
             records = read_prompt_file(source)
+            refuse_constraints(source, records)
         except PromptError as exc:
             raise BenchError(f"--prompts {exc}") from exc
     indices = range(len(records))[selection or slice(None)]

@@ -145,6 +145,25 @@ def root_only_tree(root_token: int) -> DraftTree:
     return DraftTree(torch.tensor([root_token]), torch.tensor([-1]), zero, zero.clone(), torch.zeros(1))
 
 
+def kept_nodes(tree: DraftTree, keep: list[bool]) -> tuple[DraftTree, torch.Tensor]:
+    """The tree of the nodes where `keep` is True, in their order, and their indices in `tree`; the root
+    always stays, and a node whose parent goes goes too (every kept node keeps its whole path)."""
+    if tree.drawn is not None:  # its acceptance reads each drawn child's siblings by node index
+        raise ValueError("a tree with drawn children keeps every node")
+    parents = tree.parents.tolist()
+    kept = [True] + [False] * (tree.size - 1)
+    for i in range(1, tree.size):  # parents precede their children
+        kept[i] = bool(keep[i]) and kept[parents[i]]
+    index = torch.tensor([i for i, k in enumerate(kept) if k], dtype=torch.long)
+    if len(index) == tree.size:
+        return tree, index
+    renumber = torch.full((tree.size,), -1, dtype=torch.long)
+    renumber[index] = torch.arange(len(index))
+    new_parents = tree.parents[index].clone()
+    new_parents[1:] = renumber[new_parents[1:]]
+    return DraftTree(tree.tokens[index], new_parents, tree.depths[index], tree.ranks[index], tree.cum_logprobs[index]), index
+
+
 def top_k_per_depth(depth_logits: torch.Tensor, width: int, vocab: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-`width` tokens and their log-probs (over the logits' own vocabulary) for each depth row:
     [D, K] each. `vocab` maps logit columns to token ids (a reduced draft vocabulary, core/draft_vocab.py)."""

@@ -25,3 +25,13 @@ def jetspec_registered():
 @pytest.fixture(scope="session")
 def head_dir() -> Path:
     return HEAD_DIR
+
+
+@pytest.fixture(scope="session")
+def xgrammar_backend(smollm2):
+    """SGLang's default grammar backend for SmolLM2, built as its scheduler builds it."""
+    pytest.importorskip("sglang")
+    from sglang.srt.constrained.xgrammar_backend import XGrammarGrammarBackend
+
+    tok = smollm2.tokenizer
+    return XGrammarGrammarBackend(tok, vocab_size=smollm2.info.vocab_size, model_eos_token_ids=[tok.eos_token_id])

@@ -123,9 +123,15 @@ def test_prefill_backend_decides_in_prefill_mode(resolve):
     (["--page-size", "16"], "--page-size 16: JETSPEC compacts accepted tree nodes slot by slot"),
     (["--speculative-eagle-topk", "4"], "--speculative-eagle-topk 4: JETSPEC's tree width comes from the head"),
     (["--speculative-num-draft-tokens", "32"], "--speculative-num-draft-tokens 32 is below the policy's largest budget 64"),
+    (["--grammar-backend", "outlines"], "--grammar-backend outlines: JETSPEC masks each draft tree node"),
 ])
 def test_unsupported_flags(resolve, flag, expected):
     assert expected in _problems(resolve, *flag)
+
+
+@pytest.mark.parametrize("backend", ["xgrammar", "llguidance"])
+def test_grammar_backends_that_roll_back_are_accepted(resolve, backend):
+    assert resolve("--grammar-backend", backend).grammar_backend == backend
 
 
 def test_block_verification_is_refused(resolve):

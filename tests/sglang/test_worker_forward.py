@@ -6,6 +6,7 @@ else is the worker's real code. Greedy output must equal plain greedy decoding t
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 import time
@@ -21,7 +22,7 @@ pytest.importorskip("sglang")
 from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
-from sglang.srt.managers.schedule_batch import FINISH_LENGTH  # noqa: E402
+from sglang.srt.managers.schedule_batch import FINISH_LENGTH, FINISH_MATCHED_TOKEN  # noqa: E402
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode  # noqa: E402
 from sglang.srt.sampling.sampling_params import SamplingParams as SGLangParams  # noqa: E402
 
@@ -75,6 +76,9 @@ class FakeTarget:
                   torch.ones(len(r.origin_input_ids), len(r.origin_input_ids), dtype=torch.bool).tril()) for r in batch.reqs]
         logits, taps = self._run(lanes)
         last = torch.stack([logits[b, len(r.origin_input_ids) - 1] for b, r in enumerate(batch.reqs)])
+        for b, req in enumerate(batch.reqs):  # SGLang's sampler masks a constrained request's first token
+            if req.grammar is not None:
+                _mask_to_grammar(last[b : b + 1], req.grammar)
         rows = torch.cat([taps[b, : len(r.origin_input_ids)] for b, r in enumerate(batch.reqs)])
         return SimpleNamespace(logits_output=SimpleNamespace(hidden_states=rows, next_token_logits=last),
                                next_token_ids=last.argmax(-1), can_run_cuda_graph=False)
@@ -151,8 +155,9 @@ class Scheduler:
         self.forwards = 0
 
     def _batch(self, mode, reqs, **extra):
-        info = SimpleNamespace(logit_bias=None)
+        info = SimpleNamespace(logit_bias=None, vocab_size=self.worker.vocab_size)
         return SimpleNamespace(forward_mode=mode, reqs=reqs, sampling_info=info, return_logprob=False,
+                               has_grammar=any(r.grammar is not None for r in reqs),
                                req_pool_indices=None, req_to_token_pool=SimpleNamespace(req_to_token=None),
                                spec_info=None, **extra)
 
@@ -192,8 +197,15 @@ class Scheduler:
 
     @staticmethod
     def _commit(req, tokens):
+        """As SGLang's result processor: the grammar advances over each committed token (raising on one
+        it forbids) and its end finishes the request, cutting what follows."""
         for token in tokens:
             req.output_ids.append(token)
+            if req.grammar is not None:
+                req.grammar.accept_token(token)
+                if req.grammar.is_terminated():
+                    req.finished_reason = FINISH_MATCHED_TOKEN(matched=token)
+                    return
             if len(req.output_ids) >= req.sampling_params.max_new_tokens:
                 req.finished_reason = FINISH_LENGTH(length=req.sampling_params.max_new_tokens)
                 return
@@ -280,6 +292,80 @@ def test_penalised_greedy_output_equals_plain_decoding_with_sglangs_penalizers(f
     same = [req.output_ids[:28] == _plain_penalized_greedy(smollm2, req.origin_input_ids, 28, **sampling) for req in reqs]
     assert max(sched.accept_lens) > 1, "no draft accepted: the trees never tested a node below the root"
     assert same == [True, True] if not relaxed else not all(same)
+
+
+def _mask_to_grammar(logits, grammar):
+    row = grammar.allocate_vocab_mask(vocab_size=logits.shape[-1], batch_size=1, device="cpu")
+    grammar.fill_vocab_mask(row, 0)
+    grammar.apply_vocab_mask(logits, row)
+
+
+def _plain_constrained_greedy(target, prompt, n, grammar):
+    """Plain greedy decoding under the grammar's mask, ending where the grammar ends."""
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(n):
+            logits = target.model(torch.tensor([ids])).logits[0, -1:].clone()
+            _mask_to_grammar(logits, grammar)
+            ids.append(int(logits.argmax()))
+            grammar.accept_token(ids[-1])
+            if grammar.is_terminated():
+                break
+    return ids[len(prompt):]
+
+
+PERSON = '{"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}}, "required": ["name", "age"]}'
+CONSTRAINED = [("json", PERSON, "Describe a person as JSON with a name and an age."),
+               ("regex", r"(yes|no), because [a-z ]{5,40}\.", "Is the sky blue? Answer yes or no and say why."),
+               ("ebnf", 'root ::= "def " [a-z_]+ "(" [a-z, ]* "):"', "Write a Python function header.")]
+
+
+@pytest.mark.parametrize("masked", [True, False], ids=["masked", "negative-control-unmasked"])
+def test_constrained_greedy_output_equals_plain_masked_decoding_beside_free_text(fresh, smollm2, single_thread,
+                                                                                xgrammar_backend, monkeypatch, masked):
+    """JSON-schema, regex and EBNF requests in one batch with a free-text request: each gives plain
+    decoding's tokens under its grammar's mask, and forbidden draft nodes are pruned before the verify.
+    Without the masks the output leaves the grammar (SGLang's matcher refuses the token) or differs."""
+    from sglang_jetspec.adapter.tree_grammar import TreeGrammar
+
+    pruned, prune = [], TreeGrammar.prune
+
+    def recording_prune(self, lane, tree):
+        kept = prune(self, lane, tree)
+        pruned.append((tree.size, kept.size))
+        return kept
+    monkeypatch.setattr(TreeGrammar, "prune", recording_prune)
+    if not masked:
+        monkeypatch.setattr(TreeGrammar, "mask", lambda *a: None)
+    dispatch = {"json": xgrammar_backend.dispatch_json, "regex": xgrammar_backend.dispatch_regex,
+                "ebnf": xgrammar_backend.dispatch_ebnf}
+    def chat(text):
+        prompt = smollm2.tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False)
+        return smollm2.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    reqs = []
+    for kind, spec, question in CONSTRAINED:
+        req = FakeReq(kind, chat(question), 40, temperature=0.0)
+        req.grammar = dispatch[kind](spec)
+        reqs.append(req)
+    reqs.append(FakeReq("free", smollm2.tokenizer(PROMPTS[0])["input_ids"], 24, temperature=0.0))
+    sched = Scheduler(fresh)
+    try:
+        sched.run(reqs)
+    except ValueError as exc:
+        assert not masked and str(exc).startswith("Tokens not accepted"), exc  # SGLang's matcher refused a token
+        return
+    same = []
+    for (kind, spec, _), req in zip(CONSTRAINED, reqs):
+        same.append(req.output_ids == _plain_constrained_greedy(smollm2, req.origin_input_ids, 40, dispatch[kind](spec)))
+    same.append(reqs[-1].output_ids == _plain_greedy(smollm2, reqs[-1].origin_input_ids, 24))
+    if not masked:
+        assert not all(same[:-1])
+        return
+    assert same == [True] * 4, same
+    assert all(req.finished_reason is not None for req in reqs)
+    json.loads(smollm2.tokenizer.decode(reqs[0].output_ids, skip_special_tokens=True))  # valid JSON when finished
+    assert max(sched.accept_lens) > 1, "no draft accepted under a grammar"
+    assert any(after < before for before, after in pruned), "no forbidden draft node was ever pruned"
 
 
 def test_budget_zero_is_plain_decoding_with_no_draft_work(fresh, smollm2, single_thread, monkeypatch, tmp_path):

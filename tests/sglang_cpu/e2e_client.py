@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -108,3 +109,14 @@ def jetspec_state(url: str) -> dict:
     """The JETSPEC scheduler's internal state as /server_info serves it."""
     (state,) = [s for s in server_info(url)["internal_states"] if "jetspec_policy" in s]
     return state
+
+
+def live_draft_states(url: str) -> int:
+    return jetspec_state(url)["jetspec_live_draft_states"]
+
+
+def wait_for_no_draft_state(url: str, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while (n := live_draft_states(url)) != 0:
+        assert time.monotonic() < deadline, f"{n} per-request draft states left behind"
+        time.sleep(0.5)

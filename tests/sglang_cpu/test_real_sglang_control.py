@@ -97,6 +97,10 @@ def test_budget_zero_is_ordinary_decoding(yaml_policy_after, plain_server, human
     # one token per step (after the prefill's first), and no draft work at all
     assert spec["meta_info"]["spec_verify_ct"] == spec["meta_info"]["completion_tokens"] - 1
     assert steps_at(url, "bs1", 0) - off_before == spec["meta_info"]["spec_verify_ct"]
+    # a grammar request at budget 0: each ordinary decode step masked as plain SGLang masks it
+    regex = r"def [a-z_]+\(([a-z_]+(, )?)*\):\n    [ -~\n]*"
+    spec = generate(url, humaneval_ids[2], 16, regex=regex)
+    assert spec["output_ids"] == generate(plain_server.url, humaneval_ids[2], 16, regex=regex)["output_ids"]
     assert sum(samples(url, "jetspec_draft_seconds_total").values()) == draft_before
 
 

@@ -1,0 +1,109 @@
+"""Constrained decoding (json_schema / regex / ebnf / structural_tag) on draft trees, with the grammar
+objects SGLang built for each request.
+
+A node's verify row must be masked to the tokens the request's grammar allows after the node's own
+path, as a plain decode at that position would mask it. SGLang's `traverse_tree` (the walk its EAGLE
+and NGRAM verifies use) visits a tree on the request's matcher: accept the node's token, fill the
+node's bitmask row, descend, roll back; the matcher ends where it started. One walk per request
+serves twice:
+- before the verify, a node whose token its parent's row forbids can never be accepted: it is pruned
+  with its subtree, so the verify never pays for it (a tree with drawn children keeps every node: its
+  acceptance reads the draw order, and a forbidden node is rejected there with probability 1);
+- after the verify, the kept nodes' rows mask the logits before acceptance, greedy and sampled alike.
+After acceptance SGLang's result processor advances the matcher over the committed tokens and cuts
+them at the grammar's end, exactly as for its own speculative workers.
+A batch without a constrained request builds nothing here.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from sglang.srt.constrained.base_grammar_backend import GrammarMask
+from sglang.srt.speculative.spec_utils import traverse_tree
+
+from sglang_jetspec.core.tree import DraftTree, kept_nodes
+
+
+def tree_links(tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each node's first child and next sibling ([N] long, -1 for none), the links `traverse_tree` walks;
+    siblings in node order."""
+    first_child = torch.full((tree.size,), -1, dtype=torch.long)
+    next_sibling = torch.full((tree.size,), -1, dtype=torch.long)
+    last_child: dict[int, int] = {}
+    for node, parent in enumerate(tree.parents.tolist()):
+        if parent < 0:
+            continue
+        if parent in last_child:
+            next_sibling[last_child[parent]] = node
+        else:
+            first_child[parent] = node
+        last_child[parent] = node
+    return first_child, next_sibling
+
+
+def allowed_by_parent(rows: torch.Tensor, tree: DraftTree) -> list[bool]:
+    """Whether each node's token is set in its parent's bitmask row (rows: [N, ceil(V/32)] int32); the
+    root is always allowed. A node below a forbidden or finished one reads an unwritten row (all set):
+    kept_nodes drops it with its ancestor."""
+    tokens, parents = tree.tokens[1:], tree.parents[1:]
+    words = rows[parents, tokens // 32]
+    bits = (words >> (tokens % 32).to(words.dtype)) & 1
+    return [True] + bits.bool().tolist()
+
+
+class TreeGrammar:
+    """One verify step's grammar work for a batch holding constrained requests (lanes in batch order)."""
+
+    def __init__(self, grammars: list, vocab_size: int) -> None:
+        self.grammars = grammars  # each request's grammar object, None for free text
+        self.vocab_size = vocab_size
+        self._walked: dict[int, tuple[DraftTree, torch.Tensor]] = {}  # lane -> (tree, its rows)
+
+    @classmethod
+    def of_batch(cls, batch) -> TreeGrammar | None:
+        if not batch.has_grammar:
+            return None
+        return cls([req.grammar for req in batch.reqs], batch.sampling_info.vocab_size)
+
+    def _walk(self, lane: int, tree: DraftTree) -> torch.Tensor:
+        grammar = self.grammars[lane]
+        rows = grammar.allocate_vocab_mask(vocab_size=self.vocab_size, batch_size=tree.size, device="cpu")
+        traverse_tree(*tree_links(tree), tree.tokens, grammar, rows, vocab_size=self.vocab_size)
+        self._walked[lane] = (tree, rows)
+        return rows
+
+    def prune(self, lane: int, tree: DraftTree) -> DraftTree:
+        """Lane's tree without the nodes its grammar forbids."""
+        if self.grammars[lane] is None or tree.size == 1:
+            return tree
+        rows = self._walk(lane, tree)
+        if tree.drawn is not None:
+            return tree
+        pruned, index = kept_nodes(tree, allowed_by_parent(rows, tree))
+        self._walked[lane] = (pruned, rows[index])
+        return pruned
+
+    def _rows(self, lane: int, tree: DraftTree) -> torch.Tensor:
+        """Lane's rows for `tree`: from its walk when `tree` is a prefix of the walked tree (tree sizing
+        keeps prefixes), else from a walk now."""
+        walked = self._walked.get(lane)
+        if walked is not None:
+            seen, rows = walked
+            n = tree.size
+            if n <= seen.size and seen.tokens[:n].equal(tree.tokens) and seen.parents[:n].equal(tree.parents):
+                return rows[:n]
+        return self._walk(lane, tree)
+
+    def mask(self, trees: list[DraftTree], num_nodes: int, device) -> GrammarMask | None:
+        """The bitmask of the verify rows ([bs * num_nodes, ceil(V/32)], lane-major; free-text lanes and
+        padding rows all set), ready to apply to the logits."""
+        lanes = [b for b, grammar in enumerate(self.grammars) if grammar is not None]
+        if not lanes:
+            return None
+        some = self.grammars[lanes[0]]
+        bitmask = some.allocate_vocab_mask(vocab_size=self.vocab_size, batch_size=len(trees) * num_nodes, device="cpu")
+        for b in lanes:
+            rows = self._rows(b, trees[b])
+            bitmask[b * num_nodes : b * num_nodes + trees[b].size] = rows
+        return GrammarMask(some, bitmask.to(device, non_blocking=True))
