@@ -95,6 +95,18 @@ def test_draft_trees_merges_each_lanes_own_lookup_guess():
     assert (7, 8, 5, 6) in paths(refined)
 
 
+def test_a_lanes_root_children_are_only_the_tokens_it_allows():
+    drafter = FixedDrafter(marginal([{1: 0.4, 2: 0.3, 3: 0.2, 4: 0.1}] * 4))
+    lanes = [SimpleNamespace(root_token=0), SimpleNamespace(root_token=0)]
+    allowed = torch.zeros(VOCAB, dtype=torch.bool)
+    allowed[[3, 4]] = True
+    spec = TreeSpec(budget=8, max_depth=3, width=3)
+    (masked, free), _ = draft_trees(drafter, lanes, spec, root_allowed=[allowed, None])
+    assert {p[0] for p in paths(masked) if p} == {3, 4}  # depth 1 within the allowed set; deeper depths untouched
+    assert any(len(p) > 1 and p[1] in (1, 2) for p in paths(masked))
+    assert {p[0] for p in paths(free) if p} == {1, 2, 3}
+
+
 def test_bad_merge_settings_are_refused():
     with pytest.raises(ValueError, match="logprob"):
         LookupMerge(0.0)

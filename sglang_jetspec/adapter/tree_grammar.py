@@ -5,7 +5,8 @@ A node's verify row must be masked to the tokens the request's grammar allows af
 path, as a plain decode at that position would mask it. SGLang's `traverse_tree` (the walk its EAGLE
 and NGRAM verifies use) visits a tree on the request's matcher: accept the node's token, fill the
 node's bitmask row, descend, roll back; the matcher ends where it started. One walk per request
-serves twice:
+serves twice (and the head's first depth is masked to what the grammar allows next, so no root child
+is wasted):
 - before the verify, a node whose token its parent's row forbids can never be accepted: it is pruned
   with its subtree, so the verify never pays for it (a tree with drawn children keeps every node: its
   acceptance reads the draw order, and a forbidden node is rejected there with probability 1);
@@ -52,6 +53,12 @@ def allowed_by_parent(rows: torch.Tensor, tree: DraftTree) -> list[bool]:
     return [True] + bits.bool().tolist()
 
 
+def unpacked(row: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """[V] bool from one packed bitmask row (bit t % 32 of word t // 32)."""
+    bits = (row.unsqueeze(-1) >> torch.arange(32, dtype=row.dtype)) & 1
+    return bits.flatten()[:vocab_size].bool()
+
+
 class TreeGrammar:
     """One verify step's grammar work for a batch holding constrained requests (lanes in batch order)."""
 
@@ -65,6 +72,16 @@ class TreeGrammar:
         if not batch.has_grammar:
             return None
         return cls([req.grammar for req in batch.reqs], batch.sampling_info.vocab_size)
+
+    def root_allowed(self, lane: int) -> torch.Tensor | None:
+        """[V] bool: the tokens lane's grammar allows next, for masking the head's first depth (None
+        for free text and for a grammar that has ended)."""
+        grammar = self.grammars[lane]
+        if grammar is None or grammar.is_terminated():
+            return None
+        row = grammar.allocate_vocab_mask(vocab_size=self.vocab_size, batch_size=1, device="cpu")
+        grammar.fill_vocab_mask(row, 0)
+        return unpacked(row[0], self.vocab_size)
 
     def _walk(self, lane: int, tree: DraftTree) -> torch.Tensor:
         grammar = self.grammars[lane]

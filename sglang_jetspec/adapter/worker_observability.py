@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import time
 
+from sglang_jetspec.adapter.request_sampling import shadow_blind_spot
 from sglang_jetspec.adapter.request_state import RequestDraftState
 from sglang_jetspec.core.step_record import StepRecord
 
@@ -82,9 +83,17 @@ class WorkerShadow:
         return cls(ShadowTee(SpoolWriter(spool), sample_rate, CollectorRegistry()).start(), model, head)
 
     def finished(self, req, state: RequestDraftState) -> bool:
-        """Offer the record of a finished SGLang Req if it is sampled; True if one was queued."""
+        """Offer the record of a finished SGLang Req if it is sampled; True if one was queued. A request
+        whose distribution the checker cannot rebuild (a grammar, penalties, ...) is counted instead:
+        checked without its mask or penalties, its exact output would raise false alarms."""
         reason = FINISH_REASONS.get(type(req.finished_reason).__name__)
-        if reason is None or not self.tee.sampled():
+        if reason is None:
+            return False
+        blind_spot = shadow_blind_spot(req)
+        if blind_spot is not None:
+            self.tee.metrics.unchecked.labels(blind_spot).inc()
+            return False
+        if not self.tee.sampled():
             return False
         return self.tee.offer(shadow_record(req, state, reason, self.model, self.head))
 

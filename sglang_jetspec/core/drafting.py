@@ -12,6 +12,7 @@ and the SGLang worker all draft through this module.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -113,17 +114,26 @@ Draw = tuple[float, torch.Generator]  # a sampled request's temperature and rand
 
 
 def draft_trees(drafter: TreeDrafter, lanes: list, spec: TreeSpec, rounds: int = 0,
-                lookup: LookupMerge | None = None, draws: list[Draw | None] | None = None) -> tuple[list[DraftTree], DraftTiming]:
+                lookup: LookupMerge | None = None, draws: list[Draw | None] | None = None,
+                root_allowed: list[torch.Tensor | None] | None = None) -> tuple[list[DraftTree], DraftTiming]:
     """Every lane's tree after the marginal pass and `rounds` tree-causal rounds (0 = marginal only),
     with each lane's prompt-lookup guess merged in when `lookup` is given (the hybrid drafter). With
     `draws`, the marginal children of each lane that has one are drawn from the head's distribution at
-    its temperature (core/drawn_children.py; marginal trees only: rounds must be 0)."""
+    its temperature (core/drawn_children.py; marginal trees only: rounds must be 0). `root_allowed`
+    ([V] bool over target ids per lane, None = all): the only tokens a lane's root may have as children
+    (a constrained request's grammar), so its first-depth candidates are all possible."""
     if draws is not None and rounds:
         raise ValueError(f"draws with draft rounds {rounds}: drawn children need the marginal tree (rounds 0)")
     t0 = time.perf_counter()
     depth_logits = drafter.propose(lanes, spec.max_depth)
     t1 = settled_clock(depth_logits)
     vocab = getattr(drafter, "draft_vocab", None)
+    if root_allowed is not None and any(allowed is not None for allowed in root_allowed):
+        depth_logits = depth_logits.clone()  # a drafter's rows may be shared views
+    for b, allowed in enumerate(root_allowed or ()):
+        if allowed is not None:
+            columns = (allowed if vocab is None else allowed[vocab.cpu()]).to(depth_logits.device)
+            depth_logits[b, 0].masked_fill_(~columns, -math.inf)
     # one top-k over the batch and one copy of its result to the host: trees are built there, and a
     # copy per request would stall a GPU once per request
     tokens, logprobs = (t.cpu() for t in top_k_per_depth(depth_logits, spec.width, vocab))

@@ -36,6 +36,9 @@ class SpoolMetrics:
         self.spooled = Counter("jetspec_shadow_spooled", "Shadow records written to the spool", registry=registry)
         self.dropped = Counter("jetspec_shadow_spool_dropped",
                                "Shadow records dropped (queue full or spool write failed)", registry=registry)
+        self.unchecked = Counter("jetspec_shadow_unchecked",
+                                 "Finished requests never teed: the checker cannot rebuild their distribution",
+                                 ["reason"], registry=registry)
 
 
 class ShadowTee:

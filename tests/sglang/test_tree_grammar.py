@@ -93,6 +93,7 @@ def test_kept_rows_equal_a_fresh_matchers_after_each_path_and_forbidden_nodes_go
         assert any(path[i] not in _allowed(_reference_row(backend, committed, list(path[:i])), backend.vocab_size)
                    for i in range(len(path)))
 
+    assert tg.root_allowed(0).nonzero().flatten().tolist() == _allowed(_reference_row(backend, committed, []), backend.vocab_size)
     mask = tg.mask([pruned], pruned.size + 2, "cpu")  # two padding rows
     rows = mask.vocab_mask
     for node, path in enumerate(paths):

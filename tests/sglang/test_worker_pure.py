@@ -273,6 +273,7 @@ def test_verify_step_feeds_the_jetspec_step_metrics():
 
 def test_finished_requests_are_spooled_with_their_speculation_log(tmp_path):
     pytest.importorskip("sglang")
+    from prometheus_client import CollectorRegistry
     from sglang.srt.managers.schedule_batch import FINISH_ABORT, FINISH_LENGTH
 
     from sglang_jetspec.spool.writer import SpoolWriter
@@ -282,11 +283,20 @@ def test_finished_requests_are_spooled_with_their_speculation_log(tmp_path):
     store = DraftStateStore(4, "cpu", torch.float32)
     state = store.extended("q", SamplingParams(temperature=0.5, seed=2, max_new_tokens=3), 0, _rows([0, 1]))
     state.budgets, state.accept_lengths = [16, 0], [2, 1]
-    req = SimpleNamespace(rid="q", origin_input_ids=[5, 6], output_ids=[7, 8, 9], finished_reason=FINISH_LENGTH(3))
-    shadow = WorkerShadow(ShadowTee(SpoolWriter(tmp_path), sample_rate=1.0).start(), model="m", head="h")
+    req = SimpleNamespace(rid="q", origin_input_ids=[5, 6], output_ids=[7, 8, 9], finished_reason=FINISH_LENGTH(3),
+                          sampling_params=_sglang_params(temperature=0.5), grammar=None)
+    registry = CollectorRegistry()
+    shadow = WorkerShadow(ShadowTee(SpoolWriter(tmp_path), sample_rate=1.0, registry=registry).start(), model="m", head="h")
     assert shadow.finished(req, state)
     req.finished_reason = FINISH_ABORT("bad")
     assert not shadow.finished(req, state)  # an abort says nothing about the target distribution
+    # the checker rescores without masks or penalties: such requests are counted, never teed
+    req.finished_reason = FINISH_LENGTH(3)
+    for change, reason in ((dict(grammar=object()), "grammar"), (dict(sampling_params=_sglang_params(frequency_penalty=0.5)), "penalty"),
+                           (dict(sampling_params=_sglang_params(logit_bias={"5": 1.0})), "logit_bias"),
+                           (dict(sampling_params=_sglang_params(min_new_tokens=2)), "min_new_tokens")):
+        assert not shadow.finished(SimpleNamespace(**{**vars(req), **change}), state)
+        assert registry.get_sample_value("jetspec_shadow_unchecked_total", {"reason": reason}) == 1
     shadow.close()
     (line,) = [line for f in tmp_path.glob("*.jsonl") for line in f.read_text().splitlines()]
     record = json.loads(line)

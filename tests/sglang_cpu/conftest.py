@@ -2,7 +2,7 @@
 
 One plain server and one JETSPEC server (metrics, traces to a gRPC receiver in this process, the admin
 key, a shadow spool) serve every end-to-end test; servers for a single purpose (the negative control,
-retraction) are module-scoped so they stop when their module ends. Every server sleeps when idle, so
+retraction) are module-scoped so they stop when their module ends; the two negative controls share one. Every server sleeps when idle, so
 the ones waiting for later tests leave the two cores to the ones working.
 """
 
@@ -106,6 +106,27 @@ def policy_file(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("policy") / "policy.yaml"
     path.write_text(POLICY_YAML)
     return path
+
+
+# bs1 gated off by its YAML default; 2-4 concurrent requests speculate
+GATED_BS1_YAML = """\
+cohorts:
+  - {name: bs1, min_batch: 1, max_batch: 1, budgets: [0, 4, 16], default: 0}
+  - {name: bs2-4, min_batch: 2, max_batch: 4, budgets: [0, 4, 16], default: 16}
+head: {max_budget: 16, max_draft_rounds: 0}
+"""
+
+
+@pytest.fixture(scope="session")
+def controls_server(servers, smollm2_dir, tmp_path_factory) -> LaunchedServer:
+    """JETSPEC for two controls that show measurements can fail, one launch: bs1 is gated off by its YAML
+    default (one request at a time does no draft work and keeps no draft context), and the stand-in's
+    attention ignores the tree mask (JETSPEC_TEST_IGNORE_TREE_MASK), which bites only where trees are
+    verified: at 2-4 concurrent requests."""
+    policy = tmp_path_factory.mktemp("gated") / "gated.yaml"
+    policy.write_text(GATED_BS1_YAML)
+    return servers.start("jetspec-controls", jetspec_args(smollm2_dir, "--enable-metrics"),
+                         {"JETSPEC_POLICY": str(policy), "JETSPEC_TEST_IGNORE_TREE_MASK": "1"})
 
 
 @pytest.fixture(scope="session")

@@ -51,11 +51,11 @@ def spool_records(spool: Path) -> int:
     return sum(len(p.read_text().splitlines()) for p in spool.glob("*.jsonl"))
 
 
-def copy_spool(spool: Path, out: Path, leave_out: set[str]) -> Path:
-    """The spool's records but those of the request ids in `leave_out`, in a new spool directory."""
+def copy_spool(spool: Path, out: Path, keep) -> Path:
+    """The spool's records for which `keep(record)` holds, in a new spool directory."""
     out.mkdir()
     for path in spool.glob("*.jsonl"):
-        kept = [line for line in path.read_text().splitlines() if json.loads(line)["request_id"] not in leave_out]
+        kept = [line for line in path.read_text().splitlines() if keep(json.loads(line))]
         (out / path.name).write_text("".join(line + "\n" for line in kept))
     return out
 
@@ -94,14 +94,20 @@ def test_seeded_sampling_reproduces_and_shadow_checks_clean(jetspec_server, plai
         time.sleep(0.5)
     # the repeated runs are copies of the first ones: the uniformity tests assume independent draws.
     # alpha 0.001: a false alarm in one CI run in a thousand (the checker's power is tested in tests/shadow/)
-    spool = copy_spool(shadow_spool, tmp_path / "spool", {r["meta_info"]["id"] for r in again})
-    # against the plain server (the reference engine as the checker's reference: tests/shadow/)
-    for name, reference in (("plain-sglang", plain_server.url),):
-        status, reports, output = shadow_run(spool, reference, tmp_path / name, smollm2_dir)
+    repeats = {r["meta_info"]["id"] for r in again}
+    spool = copy_spool(shadow_spool, tmp_path / "spool", lambda record: record["request_id"] not in repeats)
+    # every record against the reference engine; the greedy ones (earlier tests' requests) also against
+    # the plain server through SGLang's logprob API (a sampled record would ask it for the whole
+    # vocabulary at every position: minutes on this CPU)
+    greedy = copy_spool(spool, tmp_path / "greedy-spool", lambda record: record["sampling"]["temperature"] == 0)
+    for name, checked, reference, sampled in (("engine", spool, "local", 2 * len(prompts)),
+                                              ("plain-sglang", greedy, plain_server.url, 0)):
+        status, reports, output = shadow_run(checked, reference, tmp_path / name, smollm2_dir)
         assert status == 0, output[-3000:]  # 0 = no alarm in the last window (3 = alarm)
         assert reports and not any(r["alarm"] for r in reports), output[-3000:]
         assert not any(r["failed"] for r in reports), output[-3000:]
-        assert sum(r["requests"]["sampled"] for r in reports) >= 2 * len(prompts)
+        assert sum(r["requests"]["sampled"] for r in reports) >= sampled
+        assert sum(r["requests"]["greedy"] for r in reports) >= 1
         assert sum(r["mismatches"].get("error", 0) + r["mismatches"].get("impossible", 0) for r in reports) == 0
 
 
