@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 import torch
 
+REAL_SGLANG = Path(__file__).parent / "sglang_cpu"
 
 
 def pytest_configure(config):
@@ -12,9 +16,20 @@ def pytest_configure(config):
     # `python -m pytest` leaves them out unless a -m expression asks (`python -m pytest -m slow`).
     if not config.option.markexpr:
         config.option.markexpr = "not slow"
+    # Two test workers (pytest-xdist, pyproject's addopts) share two cores: one torch thread each, or
+    # their thread pools stall each other several-fold.
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        torch.set_num_threads(1)
 
 
 def pytest_collection_modifyitems(config, items):
+    # The real-SGLang tests share session servers: one worker runs them all, in order, from the start
+    # (they are the longest stretch), while the other worker takes everything else.
+    real = [item for item in items if REAL_SGLANG in Path(item.path).parents]
+    for item in real:
+        item.add_marker(pytest.mark.xdist_group("real-sglang-servers"))
+    chosen = set(real)
+    items[:] = real + [item for item in items if item not in chosen]
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")

@@ -23,7 +23,7 @@ from sglang_jetspec.core.tree import TreeSpec, top_k_per_depth
 from sglang_jetspec.core.tree_sizing import truncate
 from test_acceptance_stat import ROOT, VOCAB, accept_padded, expected_joint, target_logits, tree_logits
 
-DRAWS = 30_000
+DRAWS = 10_000
 SPEC = TreeSpec(budget=6, max_depth=2, width=3)
 DRAFT_VOCAB = torch.tensor([3, 0, 5, 2, 4])  # token 1 is never drafted
 

