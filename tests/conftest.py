@@ -22,12 +22,13 @@ def pytest_configure(config):
         torch.set_num_threads(1)
 
 
+def _real_sglang(item) -> bool:
+    return REAL_SGLANG in Path(item.path).parents
+
+
 def pytest_collection_modifyitems(config, items):
-    # The real-SGLang tests share session servers: one worker runs them all, in order, from the start
-    # (they are the longest stretch), while the other worker takes everything else.
-    real = [item for item in items if REAL_SGLANG in Path(item.path).parents]
-    for item in real:
-        item.add_marker(pytest.mark.xdist_group("real-sglang-servers"))
+    # The real-SGLang tests first: they are the longest stretch (see pytest_xdist_make_scheduler).
+    real = [item for item in items if _real_sglang(item)]
     chosen = set(real)
     items[:] = real + [item for item in items if item not in chosen]
     if torch.cuda.is_available():
@@ -36,6 +37,22 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """One worker runs every real-SGLang test, in order, on the session's shared servers; the other
+    worker takes everything else. (xdist's own xdist_group marks rename node ids, which pytest 9 no
+    longer lets a plugin do: they group nothing.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    prefix = f"{REAL_SGLANG.relative_to(config.rootpath).as_posix()}/"
+
+    class RealServersTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "real-sglang-servers" if nodeid.startswith(prefix) else nodeid
+
+    return RealServersTogether(config, log)
 
 
 @pytest.fixture(scope="session")
