@@ -263,7 +263,8 @@ class JetSpecWorker(BaseSpecWorker):
         if head_runs:
             draws = sampled_draws(drafting_lanes, plan.sampled_children == "drawn", plan.draft_rounds)
             roots = [grammar.root_allowed(b) for b in drafting] if grammar is not None else None
-            drafted, timing = draft_trees(self.drafter, drafting_lanes, spec, plan.draft_rounds, lookup, draws, roots)
+            drafted, timing = draft_trees(self.drafter, drafting_lanes, spec, plan.draft_rounds, lookup, draws,
+                                          root_allowed=roots)
             draft_s, tree_s = timing.draft_s, timing.tree_s
         else:  # the head has not been paying: the looked-up trees alone (or the roots)
             drafted, draft_s, tree_s = headless_trees(drafting_lanes, spec, lookup), 0.0, 0.0

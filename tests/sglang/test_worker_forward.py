@@ -451,11 +451,11 @@ def test_a_hybrid_cohort_merges_each_requests_prompt_lookup_and_stays_lossless(f
     merges = []
     real = worker_module.draft_trees
 
-    def spy(drafter, lanes, spec, rounds=0, lookup=None, draws=None):
+    def spy(drafter, lanes, spec, rounds=0, lookup=None, draws=None, **kwargs):
         merges.append(lookup)
         # the guess comes from the live request's own tokens (SGLang's origin_input_ids + output_ids)
         assert all(lane.committed_ids[-1] == lane.root_token for lane in lanes)
-        return real(drafter, lanes, spec, rounds, lookup, draws)
+        return real(drafter, lanes, spec, rounds, lookup, draws, **kwargs)
 
     monkeypatch.setattr(worker_module, "draft_trees", spy)
     encode = lambda text: smollm2.tokenizer(text)["input_ids"]  # noqa: E731

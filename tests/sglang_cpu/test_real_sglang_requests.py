@@ -100,13 +100,13 @@ def test_seeded_sampling_reproduces_and_shadow_checks_clean(jetspec_server, plai
     # the plain server through SGLang's logprob API (a sampled record would ask it for the whole
     # vocabulary at every position: minutes on this CPU)
     greedy = copy_spool(spool, tmp_path / "greedy-spool", lambda record: record["sampling"]["temperature"] == 0)
-    for name, checked, reference, sampled in (("engine", spool, "local", 2 * len(prompts)),
-                                              ("plain-sglang", greedy, plain_server.url, 0)):
+    for name, checked, reference, least_sampled in (("engine", spool, "local", 2 * len(prompts)),
+                                                    ("plain-sglang", greedy, plain_server.url, 0)):
         status, reports, output = shadow_run(checked, reference, tmp_path / name, smollm2_dir)
         assert status == 0, output[-3000:]  # 0 = no alarm in the last window (3 = alarm)
         assert reports and not any(r["alarm"] for r in reports), output[-3000:]
         assert not any(r["failed"] for r in reports), output[-3000:]
-        assert sum(r["requests"]["sampled"] for r in reports) >= sampled
+        assert sum(r["requests"]["sampled"] for r in reports) >= least_sampled
         assert sum(r["requests"]["greedy"] for r in reports) >= 1
         assert sum(r["mismatches"].get("error", 0) + r["mismatches"].get("impossible", 0) for r in reports) == 0
 
