@@ -1,8 +1,8 @@
 """What a constrained request adds to a JETSPEC step: the grammar walk over its draft tree (prune before
 the verify, one bitmask row per kept node) and the mask applied to the verify logits, in ms per request
-per step, by tree size. SGLang's xgrammar backend and SmolLM2's tokenizer; trees are best-first trees
-of the shipped head's shape whose tokens come from what the grammar allows after a realistic JSON prefix
-(the first half of each node's siblings allowed, the rest random), so the walk visits about half the tree.
+per step, by tree size. SGLang's xgrammar backend and SmolLM2's tokenizer; breadth-first trees of
+width 8 after a prefix that ends inside a JSON string, where nearly every token is allowed: the walk
+visits and keeps every node, the most it can cost.
 
     python bench/grammar_mask_cost.py --markdown bench/results/structured/grammar-mask-cost.md
 """
@@ -31,7 +31,8 @@ def _allowed(grammar, vocab: int) -> list[int]:
 
 
 def tree_of(size: int, width: int, allowed: list[int], vocab: int, rng: random.Random):
-    """A breadth-first tree of `size` nodes, `width` children per node, half of them allowed tokens."""
+    """A breadth-first tree of `size` nodes, `width` children per node: half of them tokens allowed at the
+    root, half random ones."""
     from sglang_jetspec.core.tree import DraftTree
 
     tokens, parents, depths = [0], [-1], [0]

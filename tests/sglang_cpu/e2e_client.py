@@ -81,6 +81,14 @@ def generate_all(url: str, prompts: list[list[int]], concurrency: int = 1, max_n
         return list(pool.map(lambda a: generate(url, a[0], a[1], **sampling), zip(prompts, lengths)))
 
 
+def generate_batch(url: str, items: list[tuple[str, list[int], dict]]) -> list[dict]:
+    """One /generate call for (name, prompt ids, sampling params) items: a batch with per-item params."""
+    status, replies = post(f"{url}/generate", {"input_ids": [ids for _, ids, _ in items],
+                                               "sampling_params": [params for _, _, params in items]})
+    assert status == 200, replies
+    return replies
+
+
 def until_eos(ids: list[int], eos: int) -> list[int]:
     return ids[: ids.index(eos)] if eos in ids else ids
 

@@ -10,7 +10,7 @@ tests/sglang/test_tree_penalties.py, where it runs without a second server."""
 from __future__ import annotations
 
 import pytest
-from e2e_client import generate, jetspec_state, post
+from e2e_client import generate, generate_batch, jetspec_state, post
 
 PENALTIES = {
     "frequency": dict(frequency_penalty=1.0),
@@ -40,17 +40,10 @@ def _matrix(humaneval_ids, short_chat_ids) -> list[tuple[str, list[int], dict]]:
     return items
 
 
-def _batch(url: str, items) -> list[dict]:
-    status, replies = post(f"{url}/generate", {"input_ids": [ids for _, ids, _ in items],
-                                               "sampling_params": [params for _, _, params in items]})
-    assert status == 200, replies
-    return replies
-
-
 @pytest.fixture(scope="module")
 def matrix_replies(jetspec_server, plain_server, humaneval_ids, short_chat_ids):
     items = _matrix(humaneval_ids, short_chat_ids)
-    return items, _batch(plain_server.url, items), _batch(jetspec_server.url, items)
+    return items, generate_batch(plain_server.url, items), generate_batch(jetspec_server.url, items)
 
 
 def test_penalties_and_min_new_tokens_give_plain_sglangs_tokens(matrix_replies, tokenizer):

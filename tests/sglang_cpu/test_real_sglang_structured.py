@@ -15,7 +15,7 @@ import urllib.parse
 
 import jsonschema
 import pytest
-from e2e_client import REPO, live_draft_states, post, wait_for_no_draft_state
+from e2e_client import REPO, generate_batch, live_draft_states, post, wait_for_no_draft_state
 
 from sglang_jetspec.reference.prompts import constraint_params, encode, read_prompt_file
 
@@ -60,16 +60,9 @@ def items(tokenizer, humaneval_ids) -> list[tuple[str, list[int], dict]]:
     return out
 
 
-def _batch(url: str, items) -> list[dict]:
-    status, replies = post(f"{url}/generate", {"input_ids": [ids for _, ids, _ in items],
-                                               "sampling_params": [params for _, _, params in items]})
-    assert status == 200, replies
-    return replies
-
-
 @pytest.fixture(scope="module")
 def replies(jetspec_server, plain_server, items):
-    return _batch(plain_server.url, items), _batch(jetspec_server.url, items)
+    return generate_batch(plain_server.url, items), generate_batch(jetspec_server.url, items)
 
 
 def _finished(reply: dict) -> bool:
@@ -104,7 +97,7 @@ def test_sampled_json_answers_stay_valid(jetspec_server, items, replies, tokeniz
     json_items = [(ids, params) for kind, ids, params in items if kind == "json"][:4]
     sampled = [{**params, "temperature": 0.8, "top_p": 0.95, "sampling_seed": 7 + i, "max_new_tokens": 96}
                for i, (_, params) in enumerate(json_items)]
-    out = _batch(jetspec_server.url, [("json", ids, params) for (ids, _), params in zip(json_items, sampled)])
+    out = generate_batch(jetspec_server.url, [("json", ids, params) for (ids, _), params in zip(json_items, sampled)])
     greedy = [reply["output_ids"] for (kind, _, _), reply in zip(items, replies[1]) if kind == "json"][:4]
     assert [r["output_ids"] for r in out] != greedy
     finished = [(params, r) for params, r in zip(sampled, out) if _finished(r)]
