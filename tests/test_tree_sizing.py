@@ -243,8 +243,9 @@ def test_a_policy_step_can_size_adaptively_on_an_engine_started_fixed(smollm2, u
         records.append(record)
         outputs.update({request.request_id: output.output_ids for request, output in finished})
     assert engine.sizer is not None and [outputs["0"], outputs["1"]] == autoregressive[:2]
-    # a random head: next to nothing pays for its share of the verify
-    assert sum(r.verified_nodes for r in records) / sum(r.batch_size for r in records) < 3
+    # a random head: next to nothing pays for its share of the verify (fixed sizing verifies 16; the sizer
+    # reads measured draft times, and under two test workers it kept exactly 3 nodes a request once)
+    assert sum(r.verified_nodes for r in records) / sum(r.batch_size for r in records) < 4
 
 
 def test_the_engine_sizes_with_the_verify_cost_its_own_steps_teach(smollm2, untrained_drafter, workload, monkeypatch):
