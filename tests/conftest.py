@@ -46,7 +46,7 @@ def pytest_xdist_make_scheduler(config, log):
     longer lets a plugin do: they group nothing.)"""
     from xdist.scheduler import LoadScopeScheduling
 
-    prefix = f"{REAL_SGLANG.relative_to(config.rootpath).as_posix()}/"
+    prefix = f"{Path(os.path.relpath(REAL_SGLANG, config.rootpath)).as_posix()}/"  # node ids are rootdir-relative
 
     class RealServersTogether(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
