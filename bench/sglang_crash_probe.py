@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
+import time
 import urllib.error
 from pathlib import Path
 
@@ -71,11 +72,13 @@ def main() -> int:
     args = parser.parse_args()
     configs = args.configs.split(",")
     from sglang_jetspec.models.fetch import fetch
+    from sglang_jetspec.reference.precision import cpu_model
 
     model = fetch("smollm2")
     logs = Path(tempfile.mkdtemp(prefix="crash-probe-"))
     results = {config: run(config, model, logs) for config in configs}
-    lines = ["# One request against a real SGLang 0.5.23 server (CPU harness, fp32)", "",
+    lines = [f"# One request against a real SGLang 0.5.23 server (CPU harness, fp32; {cpu_model()}, "
+             f"{time.strftime('%Y-%m-%d')})", "",
              f"`python bench/sglang_crash_probe.py --configs {args.configs} --markdown OUT`", "",
              "| probe | " + " | ".join(f"{c}: answer | {c}: serves after" for c in configs) + " |",
              "|---|" + "---|---|" * len(configs)]
