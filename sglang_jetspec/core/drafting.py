@@ -130,10 +130,11 @@ def draft_trees(drafter: TreeDrafter, lanes: list, spec: TreeSpec, rounds: int =
     vocab = getattr(drafter, "draft_vocab", None)
     if root_allowed is not None and any(allowed is not None for allowed in root_allowed):
         depth_logits = depth_logits.clone()  # a drafter's rows may be shared views
-    for b, allowed in enumerate(root_allowed or ()):
-        if allowed is not None:
-            columns = (allowed if vocab is None else allowed[vocab.cpu()]).to(depth_logits.device)
-            depth_logits[b, 0].masked_fill_(~columns, -math.inf)
+        host_vocab = None if vocab is None else vocab.cpu()
+        for b, allowed in enumerate(root_allowed):
+            if allowed is not None:
+                columns = (allowed if host_vocab is None else allowed[host_vocab]).to(depth_logits.device)
+                depth_logits[b, 0].masked_fill_(~columns, -math.inf)
     # one top-k over the batch and one copy of its result to the host: trees are built there, and a
     # copy per request would stall a GPU once per request
     tokens, logprobs = (t.cpu() for t in top_k_per_depth(depth_logits, spec.width, vocab))
