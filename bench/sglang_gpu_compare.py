@@ -4,13 +4,17 @@
     python bench/sglang_gpu_compare.py --model ~/.cache/sglang-jetspec/models/smollm2-135m-instruct \
         --head sglang_jetspec/heads/smollm2-135m-instruct --out bench/results
 
-Starts each server in turn (`python -m sglang.launch_server`, FlashInfer attention), sends the
-first 50 HumanEval prompts greedily, and writes `sglang_gpu_compare.{json,md}`:
+Starts each server in turn (`python -m sglang.launch_server`, FlashInfer or Triton attention, the
+pytorch sampler), sends the first 50 HumanEval prompts greedily, and writes `sglang_gpu_compare.{json,md}`
+(rewritten after each server, so a run cut short keeps what it measured):
 - identity: per prompt, JETSPEC's tokens vs the plain server's; exact-match rate, and at the first
   divergence the target's logprob margin there (plain token's logprob minus JETSPEC token's, from
   the plain server's top logprobs at that position, whose prefix both share);
 - throughput: generated tokens per second over all prompts at concurrency 1, 4 and 16, for plain,
-  JETSPEC and NGRAM.
+  JETSPEC and NGRAM, with the accept length, and for JETSPEC the ms per verify step of each of the
+  worker's phases (its `jetspec_<phase>_seconds_total` counters; host time, so on a GPU a phase's
+  queued kernels may be billed to the next phase that waits for them).
+`--deadline-s` skips servers that would start after it (each is expected to take `--server-budget-s`).
 Every server runs with the radix cache off (JETSPEC needs it off; the others match it so the
 comparison is fair) and without the overlap scheduler or decode CUDA graphs (JETSPEC refuses both;
 plain and NGRAM are also measured with their defaults, labelled "+defaults").
@@ -27,11 +31,11 @@ import sys
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 TOP_LOGPROBS = 5
-COMMON = ["--disable-radix-cache", "--mem-fraction-static", "0.6"]
+COMMON = ["--disable-radix-cache", "--mem-fraction-static", "0.6", "--sampling-backend", "pytorch"]
 SYNC = ["--disable-overlap-schedule", "--disable-decode-cuda-graph"]
 
 
@@ -78,11 +82,22 @@ def identity_rows(plain: list[list[int]], jetspec: list[list[int]], plain_top: l
     return rows
 
 
-def results_markdown(identity: list[IdentityRow], throughput: dict[str, dict[int, float]], meta: dict) -> str:
+WORKER_PHASES = ("draft", "tree", "verify", "accept", "commit")
+
+
+@dataclass
+class Speed:
+    tok_s: float
+    accept_length: float | None = None  # committed tokens per verify step (None: the server does not speculate)
+    phases_ms: dict[str, float] = field(default_factory=dict)  # JETSPEC worker phase -> ms per verify step
+
+
+def results_markdown(identity: list[IdentityRow], throughput: dict[str, dict[int, Speed]], meta: dict) -> str:
     exact = sum(r.exact for r in identity)
     lines = [f"# SGLang GPU comparison ({meta.get('device', '?')}, SGLang {meta.get('sglang', '?')})", "",
              f"Model {meta.get('model', '?')}, head {meta.get('head', '?')}; {len(identity)} HumanEval prompts, greedy, "
-             f"max_new_tokens {meta.get('max_new_tokens', '?')}.", "",
+             f"max_new_tokens {meta.get('max_new_tokens', '?')}, dtype {meta.get('dtype', '?')}, attention "
+             f"{meta.get('attention_backend', '?')}, torch {meta.get('torch', '?')}.", "",
              f"Greedy identity JETSPEC vs plain: {exact}/{len(identity)} exact ({exact / max(1, len(identity)):.0%}).", ""]
     diverged = [r for r in identity if not r.exact]
     if diverged:
@@ -91,23 +106,33 @@ def results_markdown(identity: list[IdentityRow], throughput: dict[str, dict[int
         lines.append("")
     batch_sizes = sorted({bs for by_bs in throughput.values() for bs in by_bs})
     plain = throughput.get("plain", {})
-    lines += ["| server | " + " | ".join(f"bs {bs} tok/s (x plain)" for bs in batch_sizes) + " |",
+    lines += ["| server | " + " | ".join(f"bs {bs} tok/s (x plain), accept" for bs in batch_sizes) + " |",
               "|---|" + "---|" * len(batch_sizes)]
     for name, by_bs in throughput.items():
         cells = []
         for bs in batch_sizes:
-            value = by_bs.get(bs)
-            ratio = f" ({value / plain[bs]:.2f}x)" if value and plain.get(bs) else ""
-            cells.append("n/a" if value is None else f"{value:.1f}{ratio}")
+            speed = by_bs.get(bs)
+            if speed is None:
+                cells.append("n/a")
+                continue
+            ratio = f" ({speed.tok_s / plain[bs].tok_s:.2f}x)" if plain.get(bs) else ""
+            accept = "" if speed.accept_length is None else f", {speed.accept_length:.2f}"
+            cells.append(f"{speed.tok_s:.1f}{ratio}{accept}")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    phased = [(name, bs, speed) for name, by_bs in throughput.items() for bs, speed in sorted(by_bs.items()) if speed.phases_ms]
+    if phased:
+        lines += ["", "ms per verify step, by worker phase (host time):", "",
+                  "| server | bs | " + " | ".join(WORKER_PHASES) + " |", "|---|---|" + "---|" * len(WORKER_PHASES)]
+        lines += [f"| {name} | {bs} | " + " | ".join(f"{speed.phases_ms.get(p, 0.0):.2f}" for p in WORKER_PHASES) + " |"
+                  for name, bs, speed in phased]
     return "\n".join(lines) + "\n"
 
 
-def write_results(out_dir: Path, identity: list[IdentityRow], throughput: dict[str, dict[int, float]], meta: dict) -> Path:
+def write_results(out_dir: Path, identity: list[IdentityRow], throughput: dict[str, dict[int, Speed]], meta: dict) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "sglang_gpu_compare.json").write_text(json.dumps(
         {"meta": meta, "identity": [asdict(r) for r in identity],
-         "throughput": {k: {str(bs): v for bs, v in by.items()} for k, by in throughput.items()}}, indent=2) + "\n")
+         "throughput": {k: {str(bs): asdict(v) for bs, v in by.items()} for k, by in throughput.items()}}, indent=2) + "\n")
     path = out_dir / "sglang_gpu_compare.md"
     path.write_text(results_markdown(identity, throughput, meta))
     return path
@@ -178,13 +203,40 @@ def mean_accept_length(responses: list[dict]) -> float | None:
     return sum(r["meta_info"]["completion_tokens"] for r in responses) / steps if steps else None
 
 
-def throughput(server: Server, prompts: list[str], concurrency: int, max_new_tokens: int) -> float:
+def worker_seconds(server: Server) -> dict[str, float]:
+    """The JETSPEC worker's phase counters and step count, summed over labels ({} without --enable-metrics)."""
+    try:
+        with urllib.request.urlopen(server.url + "/metrics", timeout=30) as response:
+            text = response.read().decode()
+    except OSError:
+        return {}
+    from prometheus_client.parser import text_string_to_metric_families
+
+    wanted = {f"jetspec_{p}_seconds_total": p for p in WORKER_PHASES} | {"jetspec_steps_total": "steps"}
+    found: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in wanted:
+                found[wanted[sample.name]] = found.get(wanted[sample.name], 0.0) + sample.value
+    return found
+
+
+def phases_per_step(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    steps = after.get("steps", 0.0) - before.get("steps", 0.0)
+    if steps <= 0:
+        return {}
+    return {p: 1000.0 * (after.get(p, 0.0) - before.get(p, 0.0)) / steps for p in WORKER_PHASES}
+
+
+def throughput(server: Server, prompts: list[str], concurrency: int, max_new_tokens: int) -> Speed:
     server.generate(prompts[0], 8)  # warm-up
+    before = worker_seconds(server)
     start = time.perf_counter()
     with ThreadPoolExecutor(concurrency) as pool:
         responses = list(pool.map(lambda p: server.generate(p, max_new_tokens), prompts))
     wall = time.perf_counter() - start
-    return sum(r["meta_info"]["completion_tokens"] for r in responses) / wall
+    return Speed(sum(r["meta_info"]["completion_tokens"] for r in responses) / wall, mean_accept_length(responses),
+                 phases_per_step(before, worker_seconds(server)))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -202,6 +254,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--servers", default="jetspec,plain,plain+defaults,ngram",
                    help="which servers to run, in order (greedy identity needs jetspec and plain)")
     p.add_argument("--port", type=int, default=31000)
+    p.add_argument("--deadline-s", type=float, default=None, help="start no server after this many seconds")
+    p.add_argument("--server-budget-s", type=float, default=90.0, help="expected seconds per server (for --deadline-s)")
     p.add_argument("--out", type=Path, default=Path("bench/results"))
     args = p.parse_args(argv)
 
@@ -210,7 +264,8 @@ def main(argv: list[str] | None = None) -> int:
     prompts = humaneval_prompts(range(args.prompts))
     base = ["--model-path", args.model, "--attention-backend", args.attention_backend, "--dtype", args.dtype, *COMMON]
     known = {
-        "jetspec": base + SYNC + ["--speculative-algorithm", "JETSPEC", "--speculative-draft-model-path", args.head],
+        "jetspec": base + SYNC + ["--speculative-algorithm", "JETSPEC", "--speculative-draft-model-path", args.head,
+                                  "--enable-metrics"],
         "plain": base + SYNC,
         "plain+defaults": base,
         "ngram": base + SYNC + ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", str(args.ngram_draft_tokens)],
@@ -218,8 +273,13 @@ def main(argv: list[str] | None = None) -> int:
     configs = {name: known[name] for name in args.servers.split(",")}
     args.out.mkdir(parents=True, exist_ok=True)
     greedy: dict[str, list[dict]] = {}
-    speeds: dict[str, dict[int, float]] = {}
+    speeds: dict[str, dict[int, Speed]] = {}
+    run_start = time.perf_counter()
+    path = write_results(args.out, [], speeds, run_meta(args, prompts, configs, greedy))
     for name, server_args in configs.items():
+        if args.deadline_s is not None and time.perf_counter() - run_start + args.server_budget_s > args.deadline_s:
+            print(f"[{name}] skipped: would run past --deadline-s {args.deadline_s:.0f}", flush=True)
+            continue
         server = Server(name, server_args, args.port, args.out)
         started = time.perf_counter()
         try:
@@ -232,22 +292,32 @@ def main(argv: list[str] | None = None) -> int:
             speeds[name] = {}
             for bs in args.batch_sizes:
                 speeds[name][bs] = throughput(server, prompts[:args.throughput_prompts], bs, args.max_new_tokens)
-                print(f"[{name}] batch {bs}: {speeds[name][bs]:.1f} tok/s", flush=True)
+                print(f"[{name}] batch {bs}: {speeds[name][bs]}", flush=True)
+        except (RuntimeError, TimeoutError, OSError) as exc:  # one server failing still leaves the others' results
+            print(f"[{name}] failed: {exc}", flush=True)
         finally:
             server.stop()
-    identity = []
-    if {"plain", "jetspec"} <= greedy.keys():
-        identity = identity_rows([output_ids(r) for r in greedy["plain"]], [output_ids(r) for r in greedy["jetspec"]],
-                                 [top_logprob_maps(r) for r in greedy["plain"]])
+        path = write_results(args.out, identity_of(greedy), speeds, run_meta(args, prompts, configs, greedy))
+    print(path.read_text())
+    return 0
+
+
+def identity_of(greedy: dict[str, list[dict]]) -> list[IdentityRow]:
+    if not {"plain", "jetspec"} <= greedy.keys():
+        return []
+    return identity_rows([output_ids(r) for r in greedy["plain"]], [output_ids(r) for r in greedy["jetspec"]],
+                         [top_logprob_maps(r) for r in greedy["plain"]])
+
+
+def run_meta(args, prompts: list[str], configs: dict, greedy: dict[str, list[dict]]) -> dict:
     import sglang
     import torch
 
-    meta = {"device": torch.cuda.get_device_name(0), "sglang": sglang.__version__, "model": args.model, "head": args.head,
-            "max_new_tokens": args.max_new_tokens,
-            "throughput_prompts": min(args.throughput_prompts, len(prompts)), "jetspec_mean_accept_length": mean_accept_length(greedy.get("jetspec", [])), "attention_backend": args.attention_backend, "dtype": args.dtype,
-            "servers": configs}
-    print(write_results(args.out, identity, speeds, meta).read_text())
-    return 0
+    return {"device": torch.cuda.get_device_name(0), "sglang": sglang.__version__, "torch": torch.__version__,
+            "model": args.model, "head": args.head, "max_new_tokens": args.max_new_tokens,
+            "throughput_prompts": min(args.throughput_prompts, len(prompts)),
+            "jetspec_mean_accept_length": mean_accept_length(greedy.get("jetspec", [])),
+            "attention_backend": args.attention_backend, "dtype": args.dtype, "servers": configs}
 
 
 if __name__ == "__main__":

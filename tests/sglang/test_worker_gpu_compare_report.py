@@ -41,10 +41,23 @@ def test_identity_rows_and_table(bench, tmp_path):
     rows = bench.identity_rows(plain, jet, tops)
     assert [(r.exact, r.first_divergence) for r in rows] == [(True, None), (False, 1), (False, 1)]
     assert rows[1].margin == pytest.approx(0.05) and rows[2].margin is None
-    speeds = {"plain": {1: 100.0, 4: 300.0}, "jetspec": {1: 250.0, 4: 450.0}, "ngram": {1: 120.0}}
+    Speed = bench.Speed
+    speeds = {"plain": {1: Speed(100.0), 4: Speed(300.0)},
+              "jetspec": {1: Speed(250.0, 2.5, {"draft": 1.25, "verify": 3.0}), 4: Speed(450.0, 2.25)},
+              "ngram": {1: Speed(120.0, 1.5)}}
     path = bench.write_results(tmp_path, rows, speeds, {"device": "H100", "sglang": "0.5.23", "max_new_tokens": 3})
     text = path.read_text()
     assert "1/3 exact (33%)" in text and "| 1 | 1 | 0.0500 |" in text
-    assert "| jetspec | 250.0 (2.50x) | 450.0 (1.50x) |" in text and "| ngram | 120.0 (1.20x) | n/a |" in text
+    assert "| jetspec | 250.0 (2.50x), 2.50 | 450.0 (1.50x), 2.25 |" in text and "| ngram | 120.0 (1.20x), 1.50 | n/a |" in text
+    assert "| jetspec | 1 | 1.25 | 0.00 | 3.00 | 0.00 | 0.00 |" in text  # only the step with phase counters
     saved = json.loads((tmp_path / "sglang_gpu_compare.json").read_text())
-    assert saved["throughput"]["jetspec"] == {"1": 250.0, "4": 450.0} and saved["identity"][1]["margin"] == pytest.approx(0.05)
+    assert saved["throughput"]["jetspec"]["1"] == {"tok_s": 250.0, "accept_length": 2.5, "phases_ms": {"draft": 1.25, "verify": 3.0}}
+    assert saved["identity"][1]["margin"] == pytest.approx(0.05)
+
+
+def test_phase_ms_per_verify_step_from_counter_deltas(bench):
+    before = {"draft": 1.0, "verify": 2.0, "steps": 100.0}
+    after = {"draft": 1.5, "verify": 3.0, "tree": 0.2, "steps": 200.0}
+    assert bench.phases_per_step(before, after) == pytest.approx(
+        {"draft": 5.0, "tree": 2.0, "verify": 10.0, "accept": 0.0, "commit": 0.0})
+    assert bench.phases_per_step(after, after) == {}  # no steps in between: nothing to divide

@@ -1,0 +1,44 @@
+"""Per-process set-up for SGLang on the device machine with the test-only GPU stand-in.
+
+Python imports ``sitecustomize`` at start-up from ``sys.path``; with ``tests/sglang_gpu/stub`` first on
+``PYTHONPATH`` this runs in the server and in every process it spawns. It does nothing unless
+``JETSPEC_SGLANG_GPU_STANDIN=1``. When on, it registers ``jetspec_gpu_standin_dual_gemm`` as
+``sglang.kernels.ops.gemm.cutedsl_dual_gemm`` (see that file: the real one imports CUTLASS's DSL,
+which does not travel). The stand-in ``sgl_kernel`` package beside this file needs no set-up.
+Any other ``sitecustomize`` further down ``sys.path`` still runs afterwards.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import os
+import sys
+
+ENABLE_ENV = "JETSPEC_SGLANG_GPU_STANDIN"
+DUAL_GEMM = "sglang.kernels.ops.gemm.cutedsl_dual_gemm"
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _install() -> None:
+    sys.path.insert(0, _HERE)
+    try:
+        import jetspec_gpu_standin_dual_gemm as standin
+    finally:
+        sys.path.remove(_HERE)
+    sys.modules.setdefault(DUAL_GEMM, standin)
+
+
+def _chain_next_sitecustomize() -> None:
+    others = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", others)
+    if spec is None or spec.loader is None or spec.origin == __file__:
+        return
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+
+if os.environ.get(ENABLE_ENV) == "1":
+    _install()
+
+_chain_next_sitecustomize()
