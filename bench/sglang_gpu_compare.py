@@ -36,7 +36,9 @@ from pathlib import Path
 
 TOP_LOGPROBS = 5
 COMMON = ["--disable-radix-cache", "--mem-fraction-static", "0.6", "--sampling-backend", "pytorch"]
-SYNC = ["--disable-overlap-schedule", "--disable-decode-cuda-graph"]
+# JETSPEC switches SGLang's prefill CUDA graphs off itself (its prefill keeps every hidden state); the
+# plain and NGRAM servers it is compared with run the same way
+SYNC = ["--disable-overlap-schedule", "--disable-decode-cuda-graph", "--disable-prefill-cuda-graph"]
 
 
 # ---- pure parts (unit-tested on CPU) ----

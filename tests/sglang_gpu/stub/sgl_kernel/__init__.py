@@ -11,8 +11,10 @@ called on the path the GPU run takes (Llama, Triton attention, greedy and sample
 verify); each one raises ``NotImplementedError`` naming itself if something does call it, so a
 missed path fails loudly instead of computing something else.
 
-``utils.is_arch_support_pdl`` is the exception: SGLang's Triton backend asks it at run time, and
-False (no programmatic dependent launch) is always a correct answer.
+Two names do run: ``utils.is_arch_support_pdl`` (SGLang's Triton backend asks it at start-up; False,
+no programmatic dependent launch, is always a correct answer) and ``weak_ref_tensor`` (SGLang's CUDA
+graph capture keeps captured arguments through it; the stand-in returns the tensor itself, a strong
+reference, so captured buffers live until the graph goes instead of until their owner frees them).
 
 Active only when ``tests/sglang_gpu/stub`` comes first on ``PYTHONPATH`` (bench/gpu/run.sh); never
 installed.
@@ -39,4 +41,9 @@ _TOP_LEVEL = [
     "top_p_renorm_prob",
 ]
 globals().update({name: missing(f"sgl_kernel.{name}") for name in _TOP_LEVEL})
-__all__ = list(_TOP_LEVEL)
+__all__ = [*_TOP_LEVEL, "weak_ref_tensor"]
+
+
+def weak_ref_tensor(tensor):
+    """sglang/srt/model_executor/runner_backend_utils/weak_ref_tensor.py: see the module docstring."""
+    return tensor
