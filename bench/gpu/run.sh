@@ -3,7 +3,7 @@
 # bench/gpu/stage.sh arrived (bench/gpu/receive.sh; the last part may come with this call):
 #   1. install the bundle (bench/gpu/env.sh) and import SGLang's server modules on CUDA
 #      (tests/sglang_gpu/cuda_import_probe.py: proves the bundle and the stand-in complete);
-#   2. bench/sglang_gpu_compare.py in fp32 (plain, JETSPEC) and bf16 (plain, JETSPEC, plain with
+#   2. bench/gpu/sglang_compare.py in fp32 (plain, JETSPEC) and bf16 (plain, JETSPEC, plain with
 #      SGLang's defaults incl. decode CUDA graphs, NGRAM), Triton attention, pytorch sampler:
 #      greedy identity with margins, tokens/s at batch 1, 4 and 16, accept length, worker phases.
 # Results: $RESULTS (default /tmp/gpu-sglang) and, under the device tool, $OUT: the markdown tables,
@@ -30,6 +30,13 @@ finish() {
 trap finish EXIT
 exec > >(tee -a "$RESULTS/run.log") 2>&1
 
+# The test-only GPU stand-in (tests/sglang_gpu/stub: sgl_kernel, sitecustomize) comes first on the path.
+export PYTHONPATH=$PWD/tests/sglang_gpu/stub JETSPEC_SGLANG_GPU_STANDIN=1
+# SGLang's own switch: every fused op (norms, activations, rotary) runs its forward_native PyTorch code,
+# so nothing of sgl-kernel is called (tests/sglang_gpu/stub/sgl_kernel/__init__.py)
+export SGLANG_FORCE_FUSED_OP_BACKEND=torch
+# the stand-in has no sglang-kernel distribution whose version SGLang could check
+export SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1
 # shellcheck source=bench/gpu/env.sh
 source bench/gpu/env.sh || exit 2
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$RESULTS/device.txt"
@@ -50,7 +57,7 @@ compare() {  # dtype servers
   [ "$budget" -gt 60 ] || { echo "no time left for $1"; return; }
   stop_servers
   # shellcheck disable=SC2086
-  timeout "$budget" python3 bench/sglang_gpu_compare.py --model "$SMOLLM2_DIR" --head sglang_jetspec/heads/smollm2-135m-instruct \
+  timeout "$budget" python3 bench/gpu/sglang_compare.py --model "$SMOLLM2_DIR" --head sglang_jetspec/heads/smollm2-135m-instruct \
     --attention-backend triton --dtype "$1" --servers "$2" --prompts "$PROMPTS" --max-new-tokens "$TOKENS" \
     --throughput-prompts "$THROUGHPUT_PROMPTS" --batch-sizes $BATCHES --deadline-s "$(( budget - 10 ))" \
     --out "$RESULTS/$1" || status=1

@@ -1,6 +1,6 @@
 """On a GPU: a real `--speculative-algorithm JETSPEC` server against a plain one (skipped without CUDA).
 
-Uses bench/sglang_gpu_compare.py's Server helper on SmolLM2 with the shipped head: greedy outputs of
+Uses bench/gpu/sglang_compare.py's Server helper on SmolLM2 with the shipped head: greedy outputs of
 a few HumanEval prompts must match the plain server's, with drafts actually accepted."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("sglang_gpu_compare", ROOT / "bench" / "sglang_gpu_compare.py")
+    spec = importlib.util.spec_from_file_location("sglang_compare", ROOT / "bench" / "gpu" / "sglang_compare.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)

@@ -1,4 +1,4 @@
-"""bench/sglang_gpu_compare.py's pure parts: first divergence, target logprob margin, results table."""
+"""bench/gpu/sglang_compare.py's pure parts: first divergence, target logprob margin, results table."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "sglang_gpu_compare.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "gpu" / "sglang_compare.py"
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("sglang_gpu_compare", SCRIPT)
+    spec = importlib.util.spec_from_file_location("sglang_compare", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses resolve their module by name
     spec.loader.exec_module(module)

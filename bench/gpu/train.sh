@@ -3,13 +3,13 @@
 # (transformers generate in padded batches), then train two heads side by side on it within a deadline:
 #   A  1 layer, fine-tuned from the shipped head (same draft cost on CPU, more data and steps)
 #   B  2 layers from scratch (more capacity, a dearer draft)
-# Stage first (here): JETSPEC_STAGE_REQUIREMENTS=bench/gpu_train_requirements.txt bench/gpu_stage.sh,
-# send .stage/p00 with bench/gpu_receive.sh, then run this with .stage/p01 carried (bench/GPU.md).
+# Stage first (here): JETSPEC_STAGE_REQUIREMENTS="bench/gpu/engine_requirements.txt bench/gpu/bench_requirements.txt" bench/gpu/stage.sh,
+# send .stage/p00 with bench/gpu/receive.sh, then run this with .stage/p01 carried (bench/GPU.md).
 # Both heads, their training records and the log come back under $OUT; pick one by replay on CPU.
 # A step trains its sequences in one padded head pass (Trainer._batch_rows), so the GPU is not left
 # waiting on one small pass per sequence.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 START=$(date +%s)
 DEVICE=${JETSPEC_GPU_DEVICE:-cuda}                        # cpu: a smoke run of this script
 DEADLINE_S=${JETSPEC_GPU_DEADLINE_S:-450}                 # the whole script, from its start
@@ -22,8 +22,8 @@ export JETSPEC_CACHE_DIR=${JETSPEC_CACHE_DIR:-/tmp/jetspec-cache} TQDM_MININTERV
 mkdir -p "$RESULTS"
 
 if [ "$DEVICE" = cuda ]; then
-  # shellcheck source=bench/gpu_env.sh
-  source bench/gpu_env.sh || exit 2
+  # shellcheck source=bench/gpu/env.sh
+  source bench/gpu/env.sh || exit 2
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   TARGET=$SMOLLM2_DIR
   # the trainer's fp32 matrix products (the lm_head over 49,152 tokens dominates) on TF32 tensor cores

@@ -1,7 +1,7 @@
 """JETSPEC vs plain SGLang vs SGLang's NGRAM on one GPU: greedy identity and tokens/s (issue 4, "On a GPU").
 
     jetspec model fetch smollm2
-    python bench/sglang_gpu_compare.py --model ~/.cache/sglang-jetspec/models/smollm2-135m-instruct \
+    python bench/gpu/sglang_compare.py --model ~/.cache/sglang-jetspec/models/smollm2-135m-instruct \
         --head sglang_jetspec/heads/smollm2-135m-instruct --out bench/results
 
 Starts each server in turn (`python -m sglang.launch_server`, FlashInfer or Triton attention, the

@@ -1,11 +1,11 @@
-"""Correctness half of bench/gpu.sh: greedy JETSPEC output against autoregressive output of the same engine.
+"""Correctness half of bench/gpu/reference.sh: greedy JETSPEC output against autoregressive output of the same engine.
 
 At fp32 every budget must be token-identical to autoregressive decoding. At bf16 a tree-verify pass
 and a decode step may round differently, so the check reports the mismatch rate and, at each first
 divergence, the target's top-1 minus top-2 log-prob margin there (small margins = rounding ties,
 large ones = a bug). Runs anywhere the reference engine runs (CPU: a smoke test of the script):
 
-    python bench/gpu_check.py --device cuda --dtype bf16 --attention triton --prompt-range 0:50 \
+    python bench/gpu/check.py --device cuda --dtype bf16 --attention triton --prompt-range 0:50 \
         --budgets 16,64,256 --json out.json --markdown out.md
 """
 
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from sglang_jetspec.bench.setup import select_prompts  # noqa: E402
 from sglang_jetspec.cli.bench import budget_list, prompt_range  # noqa: E402
