@@ -79,7 +79,9 @@ def main() -> None:
             imported.append(name)
         except Exception as exc:  # report every module's failure, not only the first
             failed[name] = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-    loaded = {name.split(".")[0] for name, module in list(sys.modules.items()) if module is not None}
+    # top-level packages that came from an installed distribution (not the stand-in, not absent)
+    loaded = {name.split(".")[0] for name, module in list(sys.modules.items())
+              if module is not None and not (getattr(module, "__file__", None) or "").startswith(STUB)}
     owners = md.packages_distributions()
     distributions = sorted({d for top in loaded for d in owners.get(top, [])})
     json.dump({"imported": imported, "failed": failed, "distributions": distributions,
