@@ -19,7 +19,7 @@ def _gpu_check():
     return module
 
 
-@pytest.mark.parametrize("script", ["gpu/reference.sh", "gpu/stage.sh", "gpu/env.sh", "gpu/run.sh", "gpu/receive.sh", "gpu/train.sh"])
+@pytest.mark.parametrize("script", ["gpu/reference.sh", "gpu/stage.sh", "gpu/env.sh", "gpu/run.sh", "gpu/receive.sh", "gpu/train.sh", "gpu/rehearse.sh"])
 def test_shell_scripts_parse(script):
     assert subprocess.run(["bash", "-n", str(BENCH / script)], capture_output=True).returncode == 0
 

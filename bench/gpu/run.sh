@@ -4,21 +4,25 @@
 #   1. install the bundle (bench/gpu/env.sh) and import SGLang's server modules on CUDA
 #      (tests/sglang_gpu/cuda_import_probe.py: proves the bundle and the stand-in complete);
 #   2. bench/gpu/sglang_compare.py in fp32 (plain, JETSPEC) and bf16 (plain, JETSPEC, plain with
-#      SGLang's defaults incl. decode CUDA graphs, NGRAM), Triton attention, pytorch sampler:
-#      greedy identity with margins, tokens/s at batch 1, 4 and 16, accept length, worker phases.
+#      SGLang's defaults incl. decode CUDA graphs, NGRAM), Triton attention, pytorch sampler, every
+#      server started at once and measured alone: greedy identity with margins, tokens/s at batch 1,
+#      4 and 16, accept length, worker phases.
 # Results: $RESULTS (default /tmp/gpu-sglang) and, under the device tool, $OUT: the markdown tables,
 # the probe's JSON, the log and a tarball of everything (server logs included).
 #   JETSPEC_GPU_DEADLINE_S  seconds this script may take in all (default 540)
 #   JETSPEC_GPU_PROMPTS / _TOKENS / _BATCHES / _THROUGHPUT_PROMPTS   sizes of the comparison
+#   JETSPEC_GPU_SERVERS     name@dtype list, measured in this order (later ones are skipped at the deadline)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 START=$(date +%s)
 DEADLINE=${JETSPEC_GPU_DEADLINE_S:-540}
 RESULTS=${JETSPEC_GPU_RESULTS:-/tmp/gpu-sglang}
-PROMPTS=${JETSPEC_GPU_PROMPTS:-24}
-TOKENS=${JETSPEC_GPU_TOKENS:-96}
+PROMPTS=${JETSPEC_GPU_PROMPTS:-16}
+TOKENS=${JETSPEC_GPU_TOKENS:-64}
 BATCHES=${JETSPEC_GPU_BATCHES:-1 4 16}
 THROUGHPUT_PROMPTS=${JETSPEC_GPU_THROUGHPUT_PROMPTS:-16}
+# in order of what matters most: fp32 identity and ratio, then bf16, SGLang's defaults, NGRAM
+SERVERS=${JETSPEC_GPU_SERVERS:-jetspec@float32,plain@float32,jetspec@bfloat16,plain@bfloat16,plain+defaults@bfloat16,ngram@bfloat16}
 mkdir -p "$RESULTS"
 left() { echo $(( DEADLINE - ($(date +%s) - START) )); }
 finish() {
@@ -51,20 +55,15 @@ print("plugin:", SpeculativeAlgorithm.from_string("JETSPEC"))
 PY
 
 stop_servers() { pkill -f sglang.launch_server; sleep 2; pkill -9 -f sglang.launch_server; true; }
-status=0
-compare() {  # dtype servers
-  local budget; budget=$(( $(left) - 15 ))
-  [ "$budget" -gt 60 ] || { echo "no time left for $1"; return; }
-  stop_servers
-  # shellcheck disable=SC2086
-  timeout "$budget" python3 bench/gpu/sglang_compare.py --model "$SMOLLM2_DIR" --head sglang_jetspec/heads/smollm2-135m-instruct \
-    --attention-backend triton --dtype "$1" --servers "$2" --prompts "$PROMPTS" --max-new-tokens "$TOKENS" \
-    --throughput-prompts "$THROUGHPUT_PROMPTS" --batch-sizes $BATCHES --deadline-s "$(( budget - 10 ))" \
-    --out "$RESULTS/$1" || status=1
-  cp "$RESULTS/$1/sglang_gpu_compare.md" "$RESULTS/$1.md" 2>/dev/null
-}
-compare float32 plain,jetspec
-compare bfloat16 plain,jetspec,plain+defaults,ngram
+stop_servers
+# every server starts at once (their ~70 s start-ups overlap), then each is measured alone and stopped
+# shellcheck disable=SC2086
+timeout "$(( $(left) - 15 ))" python3 bench/gpu/sglang_compare.py --model "$SMOLLM2_DIR" \
+  --head sglang_jetspec/heads/smollm2-135m-instruct --attention-backend triton --servers "$SERVERS" --together \
+  --prompts "$PROMPTS" --max-new-tokens "$TOKENS" --throughput-prompts "$THROUGHPUT_PROMPTS" --batch-sizes $BATCHES \
+  --deadline-s "$(( $(left) - 25 ))" --server-budget-s 60 --out "$RESULTS/compare"
+status=$?
+cp "$RESULTS/compare/sglang_gpu_compare.md" "$RESULTS/compare.md" 2>/dev/null
 stop_servers
 echo "run.sh done after $(( $(date +%s) - START ))s"
 exit $status

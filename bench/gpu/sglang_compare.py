@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 TOP_LOGPROBS = 5
-COMMON = ["--disable-radix-cache", "--mem-fraction-static", "0.6", "--sampling-backend", "pytorch"]
+COMMON = ["--disable-radix-cache", "--sampling-backend", "pytorch"]
 # JETSPEC switches SGLang's prefill CUDA graphs off itself (its prefill keeps every hidden state); the
 # plain and NGRAM servers it is compared with run the same way
 SYNC = ["--disable-overlap-schedule", "--disable-decode-cuda-graph", "--disable-prefill-cuda-graph"]
@@ -94,23 +94,38 @@ class Speed:
     phases_ms: dict[str, float] = field(default_factory=dict)  # JETSPEC worker phase -> ms per verify step
 
 
-def results_markdown(identity: list[IdentityRow], throughput: dict[str, dict[int, Speed]], meta: dict) -> str:
-    exact = sum(r.exact for r in identity)
+def server_label(name: str, dtype: str) -> str:
+    return f"{name}@{dtype}"
+
+
+def parse_servers(text: str, default_dtype: str) -> list[tuple[str, str]]:
+    """`plain,jetspec@float32,...` -> [(name, dtype)]: a server without @dtype runs --dtype."""
+    out = []
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        name, _, dtype = item.partition("@")
+        out.append((name, dtype or default_dtype))
+    return out
+
+
+def results_markdown(identity: dict[str, list[IdentityRow]], throughput: dict[str, dict[int, Speed]], meta: dict) -> str:
+    """`identity`: per dtype, JETSPEC vs plain rows; `throughput`: per server label (name@dtype)."""
     lines = [f"# SGLang GPU comparison ({meta.get('device', '?')}, SGLang {meta.get('sglang', '?')})", "",
-             f"Model {meta.get('model', '?')}, head {meta.get('head', '?')}; {len(identity)} HumanEval prompts, greedy, "
-             f"max_new_tokens {meta.get('max_new_tokens', '?')}, dtype {meta.get('dtype', '?')}, attention "
-             f"{meta.get('attention_backend', '?')}, torch {meta.get('torch', '?')}.", "",
-             f"Greedy identity JETSPEC vs plain: {exact}/{len(identity)} exact ({exact / max(1, len(identity)):.0%}).", ""]
-    diverged = [r for r in identity if not r.exact]
-    if diverged:
-        lines += ["| prompt | first divergence | target logprob margin |", "|---|---|---|"]
-        lines += [f"| {r.prompt} | {r.first_divergence} | {'n/a' if r.margin is None else f'{r.margin:.4f}'} |" for r in diverged]
-        lines.append("")
+             f"Model {meta.get('model', '?')}, head {meta.get('head', '?')}; {meta.get('prompts', '?')} HumanEval prompts "
+             f"greedy for identity, the first {meta.get('throughput_prompts', '?')} for throughput; max_new_tokens "
+             f"{meta.get('max_new_tokens', '?')}, attention {meta.get('attention_backend', '?')}, torch {meta.get('torch', '?')}.", ""]
+    for dtype, rows in identity.items():
+        exact = sum(r.exact for r in rows)
+        lines += [f"Greedy identity JETSPEC vs plain, {dtype}: {exact}/{len(rows)} exact ({exact / max(1, len(rows)):.0%}).", ""]
+        diverged = [r for r in rows if not r.exact]
+        if diverged:
+            lines += ["| prompt | first divergence | target logprob margin |", "|---|---|---|"]
+            lines += [f"| {r.prompt} | {r.first_divergence} | {'n/a' if r.margin is None else f'{r.margin:.4f}'} |" for r in diverged]
+            lines.append("")
     batch_sizes = sorted({bs for by_bs in throughput.values() for bs in by_bs})
-    plain = throughput.get("plain", {})
     lines += ["| server | " + " | ".join(f"bs {bs} tok/s (x plain), accept" for bs in batch_sizes) + " |",
               "|---|" + "---|" * len(batch_sizes)]
-    for name, by_bs in throughput.items():
+    for label, by_bs in throughput.items():
+        plain = throughput.get(server_label("plain", label.partition("@")[2]), {})
         cells = []
         for bs in batch_sizes:
             speed = by_bs.get(bs)
@@ -120,20 +135,21 @@ def results_markdown(identity: list[IdentityRow], throughput: dict[str, dict[int
             ratio = f" ({speed.tok_s / plain[bs].tok_s:.2f}x)" if plain.get(bs) else ""
             accept = "" if speed.accept_length is None else f", {speed.accept_length:.2f}"
             cells.append(f"{speed.tok_s:.1f}{ratio}{accept}")
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    phased = [(name, bs, speed) for name, by_bs in throughput.items() for bs, speed in sorted(by_bs.items()) if speed.phases_ms]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    phased = [(label, bs, speed) for label, by_bs in throughput.items() for bs, speed in sorted(by_bs.items()) if speed.phases_ms]
     if phased:
-        lines += ["", "ms per verify step, by worker phase (host time):", "",
+        lines += ["", "ms per verify step, by worker phase (the worker waits for the device at each boundary):", "",
                   "| server | bs | " + " | ".join(WORKER_PHASES) + " |", "|---|---|" + "---|" * len(WORKER_PHASES)]
-        lines += [f"| {name} | {bs} | " + " | ".join(f"{speed.phases_ms.get(p, 0.0):.2f}" for p in WORKER_PHASES) + " |"
-                  for name, bs, speed in phased]
+        lines += [f"| {label} | {bs} | " + " | ".join(f"{speed.phases_ms.get(p, 0.0):.2f}" for p in WORKER_PHASES) + " |"
+                  for label, bs, speed in phased]
     return "\n".join(lines) + "\n"
 
 
-def write_results(out_dir: Path, identity: list[IdentityRow], throughput: dict[str, dict[int, Speed]], meta: dict) -> Path:
+def write_results(out_dir: Path, identity: dict[str, list[IdentityRow]], throughput: dict[str, dict[int, Speed]],
+                  meta: dict) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "sglang_gpu_compare.json").write_text(json.dumps(
-        {"meta": meta, "identity": [asdict(r) for r in identity],
+        {"meta": meta, "identity": {dtype: [asdict(r) for r in rows] for dtype, rows in identity.items()},
          "throughput": {k: {str(bs): asdict(v) for bs, v in by.items()} for k, by in throughput.items()}}, indent=2) + "\n")
     path = out_dir / "sglang_gpu_compare.md"
     path.write_text(results_markdown(identity, throughput, meta))
@@ -241,6 +257,35 @@ def throughput(server: Server, prompts: list[str], concurrency: int, max_new_tok
                  phases_per_step(before, worker_seconds(server)))
 
 
+def server_configs(servers: list[tuple[str, str]], args) -> dict[str, list[str]]:
+    """Launch arguments per server label. Launched together, the servers share the GPU's memory."""
+    mem = 0.6 / len(servers) if args.together else 0.6
+    configs = {}
+    for name, dtype in servers:
+        base = ["--model-path", args.model, "--attention-backend", args.attention_backend, "--dtype", dtype, *COMMON,
+                "--mem-fraction-static", f"{mem:.3f}", "--sleep-on-idle"]
+        extra = {"jetspec": SYNC + ["--speculative-algorithm", "JETSPEC", "--speculative-draft-model-path", args.head,
+                                    "--enable-metrics"],
+                 "plain": SYNC,
+                 "plain+defaults": [],
+                 "ngram": SYNC + ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens",
+                                  str(args.ngram_draft_tokens)]}
+        if name not in extra:
+            raise SystemExit(f"--servers: unknown server {name!r} (one of {', '.join(extra)})")
+        configs[server_label(name, dtype)] = base + extra[name]
+    return configs
+
+
+def measure(server: Server, label: str, args, prompts: list[str], greedy: dict, speeds: dict) -> None:
+    if label.partition("@")[0] in ("plain", "jetspec"):
+        greedy[label] = [server.generate(q, args.max_new_tokens, logprobs=label.startswith("plain@")) for q in prompts]
+        print(f"[{label}] greedy done; mean accept length {mean_accept_length(greedy[label])}", flush=True)
+    speeds[label] = {}
+    for bs in args.batch_sizes:
+        speeds[label][bs] = throughput(server, prompts[:args.throughput_prompts], bs, args.max_new_tokens)
+        print(f"[{label}] batch {bs}: {speeds[label][bs]}", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="SmolLM2 checkpoint directory (jetspec model fetch smollm2)")
@@ -252,11 +297,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ngram-draft-tokens", type=int, default=8)
     p.add_argument("--attention-backend", default="flashinfer", choices=["flashinfer", "triton"],
                    help="attention backend of every server (JETSPEC's tree verify runs through it)")
-    p.add_argument("--dtype", default="bfloat16", help="SGLang --dtype of every server")
+    p.add_argument("--dtype", default="bfloat16", help="SGLang --dtype of a server named without @dtype")
     p.add_argument("--servers", default="jetspec,plain,plain+defaults,ngram",
-                   help="which servers to run, in order (greedy identity needs jetspec and plain)")
+                   help="servers to run, in order, each name[@dtype] (identity needs jetspec and plain of one dtype)")
+    p.add_argument("--together", action="store_true",
+                   help="start every server at once (their start-ups overlap; each gets 0.6/n of the GPU memory), "
+                        "then measure them one at a time, stopping each when done")
     p.add_argument("--port", type=int, default=31000)
-    p.add_argument("--deadline-s", type=float, default=None, help="start no server after this many seconds")
+    p.add_argument("--deadline-s", type=float, default=None, help="measure no server after this many seconds")
     p.add_argument("--server-budget-s", type=float, default=90.0, help="expected seconds per server (for --deadline-s)")
     p.add_argument("--out", type=Path, default=Path("bench/results"))
     args = p.parse_args(argv)
@@ -264,62 +312,63 @@ def main(argv: list[str] | None = None) -> int:
     from sglang_jetspec.reference.prompts import humaneval_prompts
 
     prompts = humaneval_prompts(range(args.prompts))
-    base = ["--model-path", args.model, "--attention-backend", args.attention_backend, "--dtype", args.dtype, *COMMON]
-    known = {
-        "jetspec": base + SYNC + ["--speculative-algorithm", "JETSPEC", "--speculative-draft-model-path", args.head,
-                                  "--enable-metrics"],
-        "plain": base + SYNC,
-        "plain+defaults": base,
-        "ngram": base + SYNC + ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", str(args.ngram_draft_tokens)],
-    }
-    configs = {name: known[name] for name in args.servers.split(",")}
+    configs = server_configs(parse_servers(args.servers, args.dtype), args)
     args.out.mkdir(parents=True, exist_ok=True)
     greedy: dict[str, list[dict]] = {}
     speeds: dict[str, dict[int, Speed]] = {}
     run_start = time.perf_counter()
-    path = write_results(args.out, [], speeds, run_meta(args, prompts, configs, greedy))
-    for name, server_args in configs.items():
-        if args.deadline_s is not None and time.perf_counter() - run_start + args.server_budget_s > args.deadline_s:
-            print(f"[{name}] skipped: would run past --deadline-s {args.deadline_s:.0f}", flush=True)
-            continue
-        server = Server(name, server_args, args.port, args.out)
-        started = time.perf_counter()
-        try:
-            server.wait_ready()
-            print(f"[{name}] ready after {time.perf_counter() - started:.0f}s", flush=True)
-            if name in ("plain", "jetspec"):
-                greedy[name] = [server.generate(q, args.max_new_tokens, logprobs=name == "plain") for q in prompts]
-                print(f"[{name}] greedy done; mean spec_accept_length "
-                      f"{mean_accept_length(greedy[name])}", flush=True)
-            speeds[name] = {}
-            for bs in args.batch_sizes:
-                speeds[name][bs] = throughput(server, prompts[:args.throughput_prompts], bs, args.max_new_tokens)
-                print(f"[{name}] batch {bs}: {speeds[name][bs]}", flush=True)
-        except (RuntimeError, TimeoutError, OSError) as exc:  # one server failing still leaves the others' results
-            print(f"[{name}] failed: {exc}", flush=True)
-        finally:
+
+    def save() -> Path:
+        return write_results(args.out, identity_of(greedy), speeds, run_meta(args, prompts, configs, greedy))
+
+    path = save()
+    ports = {label: args.port + i for i, label in enumerate(configs)}
+    launched = {label: Server(label, cmd, ports[label], args.out) for label, cmd in configs.items()} if args.together else {}
+    try:
+        for label, cmd in configs.items():
+            if args.deadline_s is not None and time.perf_counter() - run_start + args.server_budget_s > args.deadline_s:
+                print(f"[{label}] skipped: would run past --deadline-s {args.deadline_s:.0f}", flush=True)
+                continue
+            server = launched.pop(label, None) or Server(label, cmd, ports[label], args.out)
+            try:
+                server.wait_ready()
+                print(f"[{label}] ready {time.perf_counter() - run_start:.0f}s into the run", flush=True)
+                measure(server, label, args, prompts, greedy, speeds)
+            except (RuntimeError, TimeoutError, OSError) as exc:  # one server failing leaves the others' results
+                print(f"[{label}] failed: {exc}", flush=True)
+            finally:
+                server.stop()
+            path = save()
+    finally:
+        for server in launched.values():
             server.stop()
-        path = write_results(args.out, identity_of(greedy), speeds, run_meta(args, prompts, configs, greedy))
     print(path.read_text())
     return 0
 
 
-def identity_of(greedy: dict[str, list[dict]]) -> list[IdentityRow]:
-    if not {"plain", "jetspec"} <= greedy.keys():
-        return []
-    return identity_rows([output_ids(r) for r in greedy["plain"]], [output_ids(r) for r in greedy["jetspec"]],
-                         [top_logprob_maps(r) for r in greedy["plain"]])
+def identity_of(greedy: dict[str, list[dict]]) -> dict[str, list[IdentityRow]]:
+    """Per dtype that has both a plain and a JETSPEC server: JETSPEC's greedy outputs against plain's."""
+    out = {}
+    for label, plain in greedy.items():
+        name, _, dtype = label.partition("@")
+        jetspec = greedy.get(server_label("jetspec", dtype))
+        if name == "plain" and jetspec is not None:
+            out[dtype] = identity_rows([output_ids(r) for r in plain], [output_ids(r) for r in jetspec],
+                                       [top_logprob_maps(r) for r in plain])
+    return out
 
 
 def run_meta(args, prompts: list[str], configs: dict, greedy: dict[str, list[dict]]) -> dict:
     import sglang
     import torch
 
-    return {"device": torch.cuda.get_device_name(0), "sglang": sglang.__version__, "torch": torch.__version__,
-            "model": args.model, "head": args.head, "max_new_tokens": args.max_new_tokens,
+    return {"device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+            "sglang": sglang.__version__, "torch": torch.__version__, "model": args.model, "head": args.head,
+            "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
             "throughput_prompts": min(args.throughput_prompts, len(prompts)),
-            "jetspec_mean_accept_length": mean_accept_length(greedy.get("jetspec", [])),
-            "attention_backend": args.attention_backend, "dtype": args.dtype, "servers": configs}
+            "jetspec_mean_accept_length": {label: mean_accept_length(rs) for label, rs in greedy.items()
+                                           if label.startswith("jetspec@")},
+            "attention_backend": args.attention_backend, "servers": configs}
 
 
 if __name__ == "__main__":
