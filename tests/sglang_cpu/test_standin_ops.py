@@ -623,12 +623,20 @@ def test_sitecustomize_reports_amx_only_when_switched_on(tmp_path):
     assert Path(origin).resolve() == STUB / "sitecustomize.py"
 
 
-def test_sitecustomize_is_a_no_op_when_not_switched_on(monkeypatch):
+def test_sitecustomize_is_a_no_op_when_not_switched_on(tmp_path):
+    code = "from sglang.srt.runtime_context import get_platform; import sys; print(get_platform().has_amx, sys.modules['sitecustomize'].__file__)"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(STUB), *filter(None, [os.environ.get("PYTHONPATH")])]),
+           "OMP_NUM_THREADS": "1"}
+    env.pop("JETSPEC_SGLANG_CPU_STANDIN", None)
+    env.pop("SGLANG_USE_CPU_ENGINE", None)
+    run = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    has_amx, origin = run.stdout.split()
+    assert Path(origin).resolve() == STUB / "sitecustomize.py"  # it ran, and changed nothing
+    assert has_amx == str(_host_has_amx())
+
+
+def _host_has_amx() -> bool:
     from sglang.srt.runtime_context import get_platform
 
-    monkeypatch.delenv("JETSPEC_SGLANG_CPU_STANDIN", raising=False)
-    before_path, before_amx = list(sys.meta_path), get_platform().has_amx
-    spec = importlib.util.spec_from_file_location("_jetspec_sitecustomize_off", STUB / "sitecustomize.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    assert sys.meta_path == before_path and get_platform().has_amx == before_amx
+    return get_platform().has_amx

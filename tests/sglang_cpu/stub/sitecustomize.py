@@ -90,17 +90,18 @@ def _install() -> None:
         sys.meta_path.insert(0, _PostImportHook())
 
 
-def _chain_next_sitecustomize() -> None:
-    """Run the sitecustomize this file shadows, if any (one later on sys.path)."""
-    others = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
+def chain_next_sitecustomize(stub_dir: str, this_file: str) -> None:
+    """Run the sitecustomize that the one in `stub_dir` shadows, if any (one later on sys.path).
+    The GPU stand-in's sitecustomize (tests/sglang_gpu/stub) calls this too."""
+    others = [p for p in sys.path if os.path.abspath(p or os.curdir) != stub_dir]
     spec = importlib.machinery.PathFinder.find_spec("sitecustomize", others)
-    if spec is None or spec.loader is None or spec.origin == __file__:
+    if spec is None or spec.loader is None or spec.origin == this_file:
         return
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
 
 
-if os.environ.get(ENABLE_ENV) == "1":
-    _install()
-
-_chain_next_sitecustomize()
+if __name__ == "sitecustomize":  # at interpreter start-up; loaded under another name, it only defines
+    if os.environ.get(ENABLE_ENV) == "1":
+        _install()
+    chain_next_sitecustomize(_HERE, __file__)

@@ -10,7 +10,6 @@ Any other ``sitecustomize`` further down ``sys.path`` still runs afterwards.
 
 from __future__ import annotations
 
-import importlib.machinery
 import importlib.util
 import os
 import sys
@@ -30,12 +29,12 @@ def _install() -> None:
 
 
 def _chain_next_sitecustomize() -> None:
-    others = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
-    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", others)
-    if spec is None or spec.loader is None or spec.origin == __file__:
-        return
+    """The CPU stand-in's chaining (its sitecustomize, loaded under another name, only defines)."""
+    path = os.path.join(_HERE, os.pardir, os.pardir, "sglang_cpu", "stub", "sitecustomize.py")
+    spec = importlib.util.spec_from_file_location("_jetspec_cpu_stub_site", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    module.chain_next_sitecustomize(_HERE, __file__)
 
 
 if os.environ.get(ENABLE_ENV) == "1":
