@@ -10,7 +10,8 @@ pytorch sampler), sends the first 50 HumanEval prompts greedily, and writes `sgl
 - identity: per prompt, JETSPEC's tokens vs the plain server's; exact-match rate, and at the first
   divergence the target's logprob margin there (plain token's logprob minus JETSPEC token's, from
   the plain server's top logprobs at that position, whose prefix both share);
-- throughput: generated tokens per second over all prompts at concurrency 1, 4 and 16, for plain,
+- throughput: generated tokens per second at concurrency 1, 4 and 16, each pass on prompts no earlier
+  request of that server saw (the hybrid drafter and NGRAM look up finished outputs), for plain,
   JETSPEC and NGRAM, with the accept length, and for JETSPEC the ms per verify step of each of the
   worker's phases (its `jetspec_<phase>_seconds_total` counters; host time, so on a GPU a phase's
   queued kernels may be billed to the next phase that waits for them).
@@ -110,8 +111,8 @@ def parse_servers(text: str, default_dtype: str) -> list[tuple[str, str]]:
 def results_markdown(identity: dict[str, list[IdentityRow]], throughput: dict[str, dict[int, Speed]], meta: dict) -> str:
     """`identity`: per dtype, JETSPEC vs plain rows; `throughput`: per server label (name@dtype)."""
     lines = [f"# SGLang GPU comparison ({meta.get('device', '?')}, SGLang {meta.get('sglang', '?')})", "",
-             f"Model {meta.get('model', '?')}, head {meta.get('head', '?')}; {meta.get('prompts', '?')} HumanEval prompts "
-             f"greedy for identity, the first {meta.get('throughput_prompts', '?')} for throughput; max_new_tokens "
+             f"Model {meta.get('model', '?')}, head {meta.get('head', '?')}; the first {meta.get('prompts', '?')} HumanEval "
+             f"prompts greedy for identity, then {meta.get('throughput_prompts', '?')} new ones per timed pass; max_new_tokens "
              f"{meta.get('max_new_tokens', '?')}, attention {meta.get('attention_backend', '?')}, torch {meta.get('torch', '?')}.", ""]
     for dtype, rows in identity.items():
         exact = sum(r.exact for r in rows)
@@ -246,11 +247,28 @@ def phases_per_step(before: dict[str, float], after: dict[str, float]) -> dict[s
     return {p: 1000.0 * (after.get(p, 0.0) - before.get(p, 0.0)) / steps for p in WORKER_PHASES}
 
 
+WARMUP_TEXT = "Warm-up request: count from one to five."
+
+
+def pass_slices(available: int, identity: int, per_pass: int, batch_sizes: list[int]) -> tuple[slice, dict[int, slice]]:
+    """Disjoint prompt slices: the identity pass first, then one per batch size. JETSPEC's hybrid
+    drafter (and SGLang's NGRAM) look up outputs of requests they already finished, so a prompt sent
+    twice would be answered by copying the first answer."""
+    need = identity + per_pass * len(batch_sizes)
+    if need > available:
+        raise SystemExit(f"--prompts {identity} + --throughput-prompts {per_pass} x {len(batch_sizes)} batch sizes "
+                         f"= {need} prompts; HumanEval has {available}")
+    return slice(0, identity), {bs: slice(identity + i * per_pass, identity + (i + 1) * per_pass)
+                                for i, bs in enumerate(batch_sizes)}
+
+
 def throughput(server: Server, prompts: list[str], concurrency: int, max_new_tokens: int) -> Speed:
-    server.generate(prompts[0], 8)  # warm-up
-    before = worker_seconds(server)
-    start = time.perf_counter()
     with ThreadPoolExecutor(concurrency) as pool:
+        # warm-up at this batch size (Triton compiles a kernel variant the first time a shape class
+        # appears; that second must not land in the timed pass), on a text no timed request repeats
+        list(pool.map(lambda _: server.generate(WARMUP_TEXT, 8), range(concurrency)))
+        before = worker_seconds(server)
+        start = time.perf_counter()
         responses = list(pool.map(lambda p: server.generate(p, max_new_tokens), prompts))
     wall = time.perf_counter() - start
     return Speed(sum(r["meta_info"]["completion_tokens"] for r in responses) / wall, mean_accept_length(responses),
@@ -277,12 +295,14 @@ def server_configs(servers: list[tuple[str, str]], args) -> dict[str, list[str]]
 
 
 def measure(server: Server, label: str, args, prompts: list[str], greedy: dict, speeds: dict) -> None:
+    identity, passes = pass_slices(len(prompts), args.prompts, args.throughput_prompts, args.batch_sizes)
     if label.partition("@")[0] in ("plain", "jetspec"):
-        greedy[label] = [server.generate(q, args.max_new_tokens, logprobs=label.startswith("plain@")) for q in prompts]
+        greedy[label] = [server.generate(q, args.max_new_tokens, logprobs=label.startswith("plain@"))
+                         for q in prompts[identity]]
         print(f"[{label}] greedy done; mean accept length {mean_accept_length(greedy[label])}", flush=True)
     speeds[label] = {}
     for bs in args.batch_sizes:
-        speeds[label][bs] = throughput(server, prompts[:args.throughput_prompts], bs, args.max_new_tokens)
+        speeds[label][bs] = throughput(server, prompts[passes[bs]], bs, args.max_new_tokens)
         print(f"[{label}] batch {bs}: {speeds[label][bs]}", flush=True)
 
 
@@ -290,10 +310,11 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="SmolLM2 checkpoint directory (jetspec model fetch smollm2)")
     p.add_argument("--head", required=True, help="JetSpec head directory")
-    p.add_argument("--prompts", type=int, default=50)
+    p.add_argument("--prompts", type=int, default=50, help="HumanEval prompts of the greedy identity pass")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 16])
-    p.add_argument("--throughput-prompts", type=int, default=32, help="the first N prompts time each concurrency")
+    p.add_argument("--throughput-prompts", type=int, default=32,
+                   help="prompts per timed pass; each batch size gets its own, after the identity pass's")
     p.add_argument("--ngram-draft-tokens", type=int, default=8)
     p.add_argument("--attention-backend", default="flashinfer", choices=["flashinfer", "triton"],
                    help="attention backend of every server (JETSPEC's tree verify runs through it)")
@@ -311,7 +332,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from sglang_jetspec.reference.prompts import humaneval_prompts
 
-    prompts = humaneval_prompts(range(args.prompts))
+    prompts = humaneval_prompts(range(164))  # sliced per pass: pass_slices
+    pass_slices(len(prompts), args.prompts, args.throughput_prompts, args.batch_sizes)  # refuse bad sizes before any server
     configs = server_configs(parse_servers(args.servers, args.dtype), args)
     args.out.mkdir(parents=True, exist_ok=True)
     greedy: dict[str, list[dict]] = {}
@@ -364,8 +386,8 @@ def run_meta(args, prompts: list[str], configs: dict, greedy: dict[str, list[dic
 
     return {"device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
             "sglang": sglang.__version__, "torch": torch.__version__, "model": args.model, "head": args.head,
-            "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
-            "throughput_prompts": min(args.throughput_prompts, len(prompts)),
+            "prompts": args.prompts, "max_new_tokens": args.max_new_tokens,
+            "throughput_prompts": args.throughput_prompts,
             "jetspec_mean_accept_length": {label: mean_accept_length(rs) for label, rs in greedy.items()
                                            if label.startswith("jetspec@")},
             "attention_backend": args.attention_backend, "servers": configs}

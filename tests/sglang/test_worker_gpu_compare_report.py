@@ -72,6 +72,16 @@ def test_servers_parse_with_a_dtype_each_and_identity_pairs_plain_with_jetspec_o
     assert list(identity) == ["float32"] and identity["float32"][0].exact  # bf16 has no JETSPEC server here
 
 
+def test_every_pass_gets_prompts_no_earlier_pass_sent(bench):
+    identity, passes = bench.pass_slices(164, 16, 16, [1, 4, 16])
+    ranges = [range(164)[identity]] + [range(164)[passes[bs]] for bs in (1, 4, 16)]
+    assert [len(r) for r in ranges] == [16, 16, 16, 16]
+    seen = [i for r in ranges for i in r]
+    assert len(seen) == len(set(seen)) == 64
+    with pytest.raises(SystemExit, match="HumanEval has 164"):
+        bench.pass_slices(164, 50, 50, [1, 4, 16])
+
+
 def test_servers_launched_together_share_the_gpu_memory(bench):
     class Args:
         model, head, attention_backend, ngram_draft_tokens, together = "m", "h", "triton", 8, True
