@@ -280,7 +280,8 @@ def server_configs(servers: list[tuple[str, str]], args) -> dict[str, list[str]]
     mem = 0.6 / len(servers) if args.together else 0.6
     configs = {}
     for name, dtype in servers:
-        base = ["--model-path", args.model, "--attention-backend", args.attention_backend, "--dtype", dtype, *COMMON,
+        base = ["--model-path", args.model, "--device", args.device, "--attention-backend", args.attention_backend,
+                "--dtype", dtype, *COMMON,
                 "--mem-fraction-static", f"{mem:.3f}", "--sleep-on-idle"]
         extra = {"jetspec": SYNC + ["--speculative-algorithm", "JETSPEC", "--speculative-draft-model-path", args.head,
                                     "--enable-metrics"],
@@ -290,7 +291,7 @@ def server_configs(servers: list[tuple[str, str]], args) -> dict[str, list[str]]
                                   str(args.ngram_draft_tokens)]}
         if name not in extra:
             raise SystemExit(f"--servers: unknown server {name!r} (one of {', '.join(extra)})")
-        configs[server_label(name, dtype)] = base + extra[name]
+        configs[server_label(name, dtype)] = base + extra[name] + list(args.server_arg)
     return configs
 
 
@@ -316,14 +317,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--throughput-prompts", type=int, default=32,
                    help="prompts per timed pass; each batch size gets its own, after the identity pass's")
     p.add_argument("--ngram-draft-tokens", type=int, default=8)
-    p.add_argument("--attention-backend", default="flashinfer", choices=["flashinfer", "triton"],
+    p.add_argument("--attention-backend", default="flashinfer", choices=["flashinfer", "triton", "intel_amx"],
                    help="attention backend of every server (JETSPEC's tree verify runs through it)")
+    p.add_argument("--device", default="cuda",
+                   help="SGLang --device; `cpu` with intel_amx smoke-tests this script on the CPU harness "
+                        "(bench/GPU.md: the CPU smoke run)")
     p.add_argument("--dtype", default="bfloat16", help="SGLang --dtype of a server named without @dtype")
     p.add_argument("--servers", default="jetspec,plain,plain+defaults,ngram",
                    help="servers to run, in order, each name[@dtype] (identity needs jetspec and plain of one dtype)")
     p.add_argument("--together", action="store_true",
                    help="start every server at once (their start-ups overlap; each gets 0.6/n of the GPU memory), "
                         "then measure them one at a time, stopping each when done")
+    p.add_argument("--server-arg", action="append", default=[], metavar="ARG",
+                   help="one more argument for every server (repeat it; e.g. --server-arg=--disable-cuda-graph)")
     p.add_argument("--port", type=int, default=31000)
     p.add_argument("--deadline-s", type=float, default=None, help="measure no server after this many seconds")
     p.add_argument("--server-budget-s", type=float, default=90.0, help="expected seconds per server (for --deadline-s)")

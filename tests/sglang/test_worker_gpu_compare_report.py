@@ -84,7 +84,8 @@ def test_every_pass_gets_prompts_no_earlier_pass_sent(bench):
 
 def test_servers_launched_together_share_the_gpu_memory(bench):
     class Args:
-        model, head, attention_backend, ngram_draft_tokens, together = "m", "h", "triton", 8, True
+        model, head, device, attention_backend, ngram_draft_tokens, together = "m", "h", "cuda", "triton", 8, True
+        server_arg = ["--log-level=warning"]
 
     configs = bench.server_configs([("plain", "float32"), ("jetspec", "float32"), ("plain+defaults", "bfloat16")], Args)
     assert list(configs) == ["plain@float32", "jetspec@float32", "plain+defaults@bfloat16"]
@@ -92,6 +93,7 @@ def test_servers_launched_together_share_the_gpu_memory(bench):
         assert cmd[cmd.index("--mem-fraction-static") + 1] == "0.200"
     assert "--disable-decode-cuda-graph" in configs["plain@float32"] and "--disable-decode-cuda-graph" not in configs["plain+defaults@bfloat16"]
     assert configs["jetspec@float32"][configs["jetspec@float32"].index("--dtype") + 1] == "float32"
+    assert all(cmd[-1] == "--log-level=warning" for cmd in configs.values())
 
 
 def test_phase_ms_per_verify_step_from_counter_deltas(bench):
