@@ -241,10 +241,14 @@ def worker_seconds(server: Server) -> dict[str, float]:
 
 
 def phases_per_step(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """ms per verify step by phase. The worker's accept counter runs to the step's end, commit included:
+    the commit share is taken out so the phases add up (as bench/sglang_cpu_compare.py does)."""
     steps = after.get("steps", 0.0) - before.get("steps", 0.0)
     if steps <= 0:
         return {}
-    return {p: 1000.0 * (after.get(p, 0.0) - before.get(p, 0.0)) / steps for p in WORKER_PHASES}
+    out = {p: 1000.0 * (after.get(p, 0.0) - before.get(p, 0.0)) / steps for p in WORKER_PHASES}
+    out["accept"] -= out["commit"]
+    return out
 
 
 WARMUP_TEXT = "Warm-up request: count from one to five."

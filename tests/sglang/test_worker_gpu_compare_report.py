@@ -97,8 +97,9 @@ def test_servers_launched_together_share_the_gpu_memory(bench):
 
 
 def test_phase_ms_per_verify_step_from_counter_deltas(bench):
-    before = {"draft": 1.0, "verify": 2.0, "steps": 100.0}
-    after = {"draft": 1.5, "verify": 3.0, "tree": 0.2, "steps": 200.0}
+    before = {"draft": 1.0, "verify": 2.0, "accept": 1.0, "commit": 0.5, "steps": 100.0}
+    after = {"draft": 1.5, "verify": 3.0, "tree": 0.2, "accept": 1.3, "commit": 0.6, "steps": 200.0}
+    # accept's counter runs to the step's end: 3 ms a step of which 1 ms is commit
     assert bench.phases_per_step(before, after) == pytest.approx(
-        {"draft": 5.0, "tree": 2.0, "verify": 10.0, "accept": 0.0, "commit": 0.0})
+        {"draft": 5.0, "tree": 2.0, "verify": 10.0, "accept": 2.0, "commit": 1.0})
     assert bench.phases_per_step(after, after) == {}  # no steps in between: nothing to divide
