@@ -21,8 +21,8 @@ PROMPTS=${JETSPEC_GPU_PROMPTS:-16}
 TOKENS=${JETSPEC_GPU_TOKENS:-64}
 BATCHES=${JETSPEC_GPU_BATCHES:-1 4 16}
 THROUGHPUT_PROMPTS=${JETSPEC_GPU_THROUGHPUT_PROMPTS:-16}
-# in order of what matters most: fp32 identity and ratio, then bf16, SGLang's defaults, NGRAM
-SERVERS=${JETSPEC_GPU_SERVERS:-jetspec@float32,plain@float32,jetspec@bfloat16,plain@bfloat16,plain+defaults@bfloat16,ngram@bfloat16}
+# in order of what matters most: fp32 identity and ratio, then bf16, SGLang's defaults, the phase split, NGRAM
+SERVERS=${JETSPEC_GPU_SERVERS:-jetspec@float32,plain@float32,jetspec@bfloat16,plain@bfloat16,plain+defaults@bfloat16,jetspec+phases@bfloat16,ngram@bfloat16}
 mkdir -p "$RESULTS"
 left() { echo $(( DEADLINE - ($(date +%s) - START) )); }
 finish() {

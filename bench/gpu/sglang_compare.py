@@ -12,9 +12,9 @@ pytorch sampler), sends the first 50 HumanEval prompts greedily, and writes `sgl
   the plain server's top logprobs at that position, whose prefix both share);
 - throughput: generated tokens per second at concurrency 1, 4 and 16, each pass on prompts no earlier
   request of that server saw (the hybrid drafter and NGRAM look up finished outputs), for plain,
-  JETSPEC and NGRAM, with the accept length, and for JETSPEC the ms per verify step of each of the
-  worker's phases (its `jetspec_<phase>_seconds_total` counters; host time, so on a GPU a phase's
-  queued kernels may be billed to the next phase that waits for them).
+  JETSPEC and NGRAM, with the accept length; a `jetspec+phases` server (metrics on: the worker then
+  waits for the device at each phase boundary, which costs speed on a GPU) adds the ms per verify step
+  of each worker phase (its `jetspec_<phase>_seconds_total` counters).
 `--deadline-s` skips servers that would start after it (each is expected to take `--server-budget-s`).
 Every server runs with the radix cache off (JETSPEC needs it off; the others match it so the
 comparison is fair) and without the overlap scheduler or decode CUDA graphs (JETSPEC refuses both;
@@ -287,8 +287,11 @@ def server_configs(servers: list[tuple[str, str]], args) -> dict[str, list[str]]
         base = ["--model-path", args.model, "--device", args.device, "--attention-backend", args.attention_backend,
                 "--dtype", dtype, *COMMON,
                 "--mem-fraction-static", f"{mem:.3f}", "--sleep-on-idle"]
-        extra = {"jetspec": SYNC + ["--speculative-algorithm", "JETSPEC", "--speculative-draft-model-path", args.head,
-                                    "--enable-metrics"],
+        jetspec = SYNC + ["--speculative-algorithm", "JETSPEC", "--speculative-draft-model-path", args.head]
+        # the phase split needs the worker's metrics, and with them it waits for the device at every
+        # phase boundary: on a GPU that costs the host/device overlap, so speed comes from `jetspec`
+        # and the split from a separate `jetspec+phases` server
+        extra = {"jetspec": jetspec, "jetspec+phases": jetspec + ["--enable-metrics"],
                  "plain": SYNC,
                  "plain+defaults": [],
                  "ngram": SYNC + ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens",

@@ -87,10 +87,13 @@ def test_servers_launched_together_share_the_gpu_memory(bench):
         model, head, device, attention_backend, ngram_draft_tokens, together = "m", "h", "cuda", "triton", 8, True
         server_arg = ["--log-level=warning"]
 
-    configs = bench.server_configs([("plain", "float32"), ("jetspec", "float32"), ("plain+defaults", "bfloat16")], Args)
-    assert list(configs) == ["plain@float32", "jetspec@float32", "plain+defaults@bfloat16"]
+    configs = bench.server_configs([("plain", "float32"), ("jetspec", "float32"), ("plain+defaults", "bfloat16"),
+                                    ("jetspec+phases", "bfloat16")], Args)
+    assert list(configs) == ["plain@float32", "jetspec@float32", "plain+defaults@bfloat16", "jetspec+phases@bfloat16"]
     for cmd in configs.values():
-        assert cmd[cmd.index("--mem-fraction-static") + 1] == "0.200"
+        assert cmd[cmd.index("--mem-fraction-static") + 1] == "0.150"
+    # speed from a server that never waits for the device at phase boundaries; the split from another
+    assert "--enable-metrics" not in configs["jetspec@float32"] and "--enable-metrics" in configs["jetspec+phases@bfloat16"]
     assert "--disable-decode-cuda-graph" in configs["plain@float32"] and "--disable-decode-cuda-graph" not in configs["plain+defaults@bfloat16"]
     assert configs["jetspec@float32"][configs["jetspec@float32"].index("--dtype") + 1] == "float32"
     assert all(cmd[-1] == "--log-level=warning" for cmd in configs.values())
