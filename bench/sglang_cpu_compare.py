@@ -38,9 +38,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "sglang_cpu"))  # the launcher is test-only code; so is this comparison
 sys.path.insert(0, str(REPO / "bench" / "gpu"))
 
-from e2e_client import metrics  # noqa: E402
 from launch import launch  # noqa: E402
-from sglang_compare import _post, first_divergence, mean_accept_length  # noqa: E402
+from sglang_compare import WARMUP_TEXT, WORKER_PHASES, _post, first_divergence, mean_accept_length, worker_seconds  # noqa: E402
 
 from sglang_jetspec.cli.bench import prompt_range  # noqa: E402
 
@@ -52,9 +51,7 @@ POLICY_VARIANTS = {"jetspec": {}, "jetspec-hybrid": {"drafter": "hybrid"},
                    "jetspec-off": {"default": 0}}
 CONFIGS = ("plain", "ngram", *POLICY_VARIANTS)
 PROFILE_ENV = "JETSPEC_TEST_STEP_PROFILE"
-WARMUP_TEXT = "Warm-up request: count from one to five."
-# worker phases of a JETSPEC decode iteration, from the worker's own counters
-WORKER_PHASES = ("draft", "tree", "verify", "accept", "commit")
+# worker phases of a JETSPEC decode iteration (WORKER_PHASES), from the worker's own counters
 PHASE_COLUMNS = ("sched_pre", "sched_run", *WORKER_PHASES, "worker_other", "output", "iteration")
 
 
@@ -176,16 +173,6 @@ def read_profile(path: Path) -> dict[str, float]:
         return {}
 
 
-def read_worker_seconds(url: str) -> dict[str, float]:
-    """The JETSPEC worker's phase counters summed over cohorts and budgets ({} for other servers)."""
-    try:
-        found = metrics(url)
-    except OSError:  # plain and NGRAM servers run without --enable-metrics
-        return {}
-    wanted = {f"jetspec_{p}_seconds_total": p for p in WORKER_PHASES} | {"jetspec_steps_total": "steps"}
-    return {key: sum(found.get(name, {}).values()) for name, key in wanted.items()}
-
-
 def diff(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
     return {k: v - before.get(k, 0.0) for k, v in after.items()}
 
@@ -240,12 +227,12 @@ def run_passes(url: str, prompts: list[Prompt], slices: list[slice], levels: lis
     generate(url, (warmup_ids, {}), 8)  # first-call allocations stay out of the timings
     out = []
     for level, part in zip(levels, slices):
-        sched0, worker0 = quiet(profile), read_worker_seconds(url)
+        sched0, worker0 = quiet(profile), worker_seconds(url)
         start = time.perf_counter()
         with ThreadPoolExecutor(level) as pool:
             replies = list(pool.map(lambda prompt: generate(url, prompt, max_new_tokens), prompts[part]))
         seconds = time.perf_counter() - start
-        out.append((replies, seconds, diff(quiet(profile), sched0), diff(read_worker_seconds(url), worker0)))
+        out.append((replies, seconds, diff(quiet(profile), sched0), diff(worker_seconds(url), worker0)))
     return out
 
 

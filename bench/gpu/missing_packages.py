@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import importlib.metadata as md
 import json
+import os
 import re
 import subprocess
 import sys
@@ -74,7 +75,7 @@ def sglang_pins() -> dict[str, str]:
 
 def probe() -> dict:
     result = subprocess.run([sys.executable, str(PROBE), "--block", *NOT_CARRIED], cwd=ROOT,
-                            capture_output=True, text=True, env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+                            capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     if result.returncode != 0:
         raise SystemExit(f"cuda_import_probe failed:\n{result.stderr[-3000:]}")
     return json.loads(result.stdout)

@@ -222,21 +222,22 @@ def mean_accept_length(responses: list[dict]) -> float | None:
     return sum(r["meta_info"]["completion_tokens"] for r in responses) / steps if steps else None
 
 
-def worker_seconds(server: Server) -> dict[str, float]:
-    """The JETSPEC worker's phase counters and step count, summed over labels ({} without --enable-metrics)."""
+def worker_seconds(url: str) -> dict[str, float]:
+    """The JETSPEC worker's phase counters and step count on the server at `url`, summed over cohorts and
+    budgets ({} for a server without --enable-metrics: plain, NGRAM)."""
     try:
-        with urllib.request.urlopen(server.url + "/metrics", timeout=30) as response:
+        with urllib.request.urlopen(url + "/metrics", timeout=30) as response:
             text = response.read().decode()
     except OSError:
         return {}
     from prometheus_client.parser import text_string_to_metric_families
 
     wanted = {f"jetspec_{p}_seconds_total": p for p in WORKER_PHASES} | {"jetspec_steps_total": "steps"}
-    found: dict[str, float] = {}
+    found = dict.fromkeys(wanted.values(), 0.0)
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name in wanted:
-                found[wanted[sample.name]] = found.get(wanted[sample.name], 0.0) + sample.value
+                found[wanted[sample.name]] += sample.value
     return found
 
 
@@ -271,12 +272,12 @@ def throughput(server: Server, prompts: list[str], concurrency: int, max_new_tok
         # warm-up at this batch size (Triton compiles a kernel variant the first time a shape class
         # appears; that second must not land in the timed pass), on a text no timed request repeats
         list(pool.map(lambda _: server.generate(WARMUP_TEXT, 8), range(concurrency)))
-        before = worker_seconds(server)
+        before = worker_seconds(server.url)
         start = time.perf_counter()
         responses = list(pool.map(lambda p: server.generate(p, max_new_tokens), prompts))
     wall = time.perf_counter() - start
     return Speed(sum(r["meta_info"]["completion_tokens"] for r in responses) / wall, mean_accept_length(responses),
-                 phases_per_step(before, worker_seconds(server)))
+                 phases_per_step(before, worker_seconds(server.url)))
 
 
 def server_configs(servers: list[tuple[str, str]], args) -> dict[str, list[str]]:
@@ -302,8 +303,9 @@ def server_configs(servers: list[tuple[str, str]], args) -> dict[str, list[str]]
     return configs
 
 
-def measure(server: Server, label: str, args, prompts: list[str], greedy: dict, speeds: dict) -> None:
-    identity, passes = pass_slices(len(prompts), args.prompts, args.throughput_prompts, args.batch_sizes)
+def measure(server: Server, label: str, args, prompts: list[str], slices: tuple[slice, dict[int, slice]],
+            greedy: dict, speeds: dict) -> None:
+    identity, passes = slices
     if label.partition("@")[0] in ("plain", "jetspec"):
         greedy[label] = [server.generate(q, args.max_new_tokens, logprobs=label.startswith("plain@"))
                          for q in prompts[identity]]
@@ -346,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     from sglang_jetspec.reference.prompts import humaneval_prompts
 
     prompts = humaneval_prompts(range(164))  # sliced per pass: pass_slices
-    pass_slices(len(prompts), args.prompts, args.throughput_prompts, args.batch_sizes)  # refuse bad sizes before any server
+    slices = pass_slices(len(prompts), args.prompts, args.throughput_prompts, args.batch_sizes)  # before any server starts
     configs = server_configs(parse_servers(args.servers, args.dtype), args)
     args.out.mkdir(parents=True, exist_ok=True)
     greedy: dict[str, list[dict]] = {}
@@ -368,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 server.wait_ready()
                 print(f"[{label}] ready {time.perf_counter() - run_start:.0f}s into the run", flush=True)
-                measure(server, label, args, prompts, greedy, speeds)
+                measure(server, label, args, prompts, slices, greedy, speeds)
             except (RuntimeError, TimeoutError, OSError) as exc:  # one server failing leaves the others' results
                 print(f"[{label}] failed: {exc}", flush=True)
             finally:
