@@ -90,8 +90,9 @@ def test_servers_launched_together_share_the_gpu_memory(bench):
     configs = bench.server_configs([("plain", "float32"), ("jetspec", "float32"), ("plain+defaults", "bfloat16"),
                                     ("jetspec+phases", "bfloat16")], Args)
     assert list(configs) == ["plain@float32", "jetspec@float32", "plain+defaults@bfloat16", "jetspec+phases@bfloat16"]
-    for cmd in configs.values():
-        assert cmd[cmd.index("--mem-fraction-static") + 1] == "0.150"
+    for cmd in configs.values():  # SGLang's own fraction (its viability check), each KV cache capped
+        assert cmd[cmd.index("--mem-fraction-static") + 1] == "0.6"
+        assert cmd[cmd.index("--max-total-tokens") + 1] == str(bench.TOGETHER_MAX_TOTAL_TOKENS)
     # speed from a server that never waits for the device at phase boundaries; the split from another
     assert "--enable-metrics" not in configs["jetspec@float32"] and "--enable-metrics" in configs["jetspec+phases@bfloat16"]
     assert "--disable-decode-cuda-graph" in configs["plain@float32"] and "--disable-decode-cuda-graph" not in configs["plain+defaults@bfloat16"]
