@@ -31,16 +31,12 @@ STUB = HERE / "stub"
 pytest.importorskip("sglang")
 
 
-def _missing_packages():
+@pytest.fixture(scope="module")
+def missing_packages():
     spec = importlib.util.spec_from_file_location("missing_packages", ROOT / "bench" / "gpu" / "missing_packages.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-@pytest.fixture(scope="module")
-def missing_packages():
-    return _missing_packages()
 
 
 @pytest.fixture(scope="module")
