@@ -19,6 +19,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from shadow.constraints import ConstraintMasks
 from shadow.checks import DEFAULT_TIE_MARGIN, RANK_EDGES, RequestCheck, greedy_mismatches, sampled_transform
 from shadow.metrics import ShadowMetrics
 from sglang_jetspec.spool.record import ShadowRecord
@@ -34,7 +35,7 @@ PIT_BINS = 20
 class ShadowChecker:
     def __init__(self, reference: Reference, alpha: float, metrics: ShadowMetrics, tracer,
                  monitor: BettingMonitor | None = None, tie_margin: float = DEFAULT_TIE_MARGIN, seed: int = 0,
-                 regenerator: Regenerator | None = None):
+                 regenerator: Regenerator | None = None, constraints: ConstraintMasks | None = None):
         self.reference = reference
         self.alpha = alpha
         self.metrics = metrics
@@ -43,6 +44,7 @@ class ShadowChecker:
         self.tie_margin = tie_margin
         self.seed = seed
         self.regenerator = regenerator
+        self.constraints = constraints  # rebuilds constrained records' grammar masks; None: such records fail
 
     def _rng(self, record: ShadowRecord) -> np.random.Generator:
         # The PIT's auxiliary uniforms are a function of the record: a re-run reproduces the report.
@@ -60,6 +62,12 @@ class ShadowChecker:
             span.set_attribute("gen_ai.request.top_k", record.sampling.top_k)
             span.set_attribute("gen_ai.usage.output_tokens", len(record.output_ids))
             scores = self.reference.score(record)
+            if record.constraint is not None:
+                span.set_attribute("jetspec.shadow.constraint", record.constraint.kind)
+                if self.constraints is None:
+                    raise ReferenceError(f"request {record.request_id}: decoded under a {record.constraint.kind} "
+                                         "grammar; give the checker the served model's tokenizer to rebuild it")
+                self.constraints.apply(record, scores.logits)
             check = RequestCheck(record.request_id, mode, len(record.output_ids))
             if record.sampling.greedy:
                 check.mismatches = greedy_mismatches(scores.logits, record.output_ids, self.tie_margin)

@@ -35,6 +35,8 @@ def register(sub) -> None:
                    help="'local' = the reference engine's target (see --target), or an SGLang server URL "
                         "running WITHOUT speculation")
     p.add_argument("--target", default="smollm2", help="with --reference local: 'smollm2' or a checkpoint directory")
+    p.add_argument("--tokenizer", metavar="DIR", help="the served model's tokenizer, to rebuild constrained records' "
+                   "grammars (default: the --target checkpoint; loaded only when such a record arrives)")
     p.add_argument("--vocab-size", type=int, help="with a URL: the model's vocabulary size (required)")
     p.add_argument("--top-logprobs", type=int, help="with a URL: logprobs per position for sampled requests "
                    "(default: the whole vocabulary; fewer is exact only for requests with top_k <= N)")
@@ -87,6 +89,8 @@ def _reference(args):
 def run(args: argparse.Namespace) -> int:
     from policies.problems import PolicyError
     from shadow.checker import ShadowChecker
+    from shadow.constraints import ConstraintMasks
+    from sglang_jetspec.reference.loading import resolve_target_dir
     from shadow.metrics import ShadowMetrics
     from sglang_jetspec.spool.record import ShadowRecord
     from shadow.regenerate import Regenerator
@@ -126,7 +130,8 @@ def run(args: argparse.Namespace) -> int:
         start_http_server(args.metrics_port, addr=args.metrics_addr, registry=metrics.registry)
     tokenizer = getattr(getattr(reference, "target", None), "tokenizer", None)
     checker = ShadowChecker(reference, alpha, metrics, make_tracer(args.otlp_endpoint, args.trace_console), monitor,
-                            args.tie_margin, args.seed, Regenerator(args.regenerate, tokenizer) if args.regenerate else None)
+                            args.tie_margin, args.seed, Regenerator(args.regenerate, tokenizer) if args.regenerate else None,
+                            ConstraintMasks(lambda: args.tokenizer or resolve_target_dir(args.target)))
     stop = threading.Event()
     if args.follow:
         for sig in (signal.SIGINT, signal.SIGTERM):

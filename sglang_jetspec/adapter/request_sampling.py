@@ -53,19 +53,21 @@ def unsupported_feature(req) -> str | None:
     return None
 
 
-def shadow_blind_spot(req) -> str | None:
+def shadow_blind_spot(req, grammar_checkable: bool = False) -> str | None:
     """What of this sglang Req the shadow checker cannot rebuild (it rescores each output token under
-    the target's distribution after temperature, top-k, top-p and min-p alone), as a metric label;
-    None when it can check the request. Such a request is served exactly but never teed."""
+    the target's distribution after temperature, top-k, top-p and min-p, masked by the request's grammar
+    when `grammar_checkable`: its record carries the grammar), as a metric label; None when it can
+    check the request. Such a request is served exactly but never teed."""
     sp = req.sampling_params
-    if getattr(req, "grammar", None) is not None or any(getattr(sp, f, None) for f in GRAMMAR_FIELDS):
-        return "grammar"
     if sp.frequency_penalty or sp.presence_penalty or sp.repetition_penalty != 1.0:
         return "penalty"
     if sp.logit_bias:
         return "logit_bias"
     if sp.min_new_tokens:
         return "min_new_tokens"
+    constrained = getattr(req, "grammar", None) is not None or any(getattr(sp, f, None) for f in GRAMMAR_FIELDS)
+    if constrained and not grammar_checkable:
+        return "grammar"
     return None
 
 

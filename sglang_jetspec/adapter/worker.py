@@ -51,7 +51,8 @@ from sglang_jetspec.adapter.target_views import TargetEmbedding, TargetLMHead
 from sglang_jetspec.adapter.tree_grammar import TreeGrammar
 from sglang_jetspec.adapter.tree_penalties import apply_logit_bias, apply_tree_penalties, request_penalties
 from sglang_jetspec.adapter.verify_inputs import build_verify_tensors
-from sglang_jetspec.adapter.worker_observability import WorkerShadow, step_tracer, trace_step, worker_metrics
+from sglang_jetspec.adapter.worker_observability import (WorkerShadow, step_tracer, trace_step, worker_metrics,
+                                                          xgrammar_options)
 from sglang_jetspec.core.draft_vocab import load_draft_vocab
 from sglang_jetspec.core.drafter import HeadDrafter
 from sglang_jetspec.core.drafting import draft_trees, headless_trees, sampled_draws
@@ -119,7 +120,7 @@ class JetSpecWorker(BaseSpecWorker):
         self.sizer = TreeSizer()
         self.verify_costs = LearnedVerifyCost()
         self.shadow = WorkerShadow.from_env(policy.shadow.sample_rate, model=cfg.served_model_name
-                                            or cfg.model_path, head=str(draft_path))
+                                            or cfg.model_path, head=str(draft_path), grammar=xgrammar_options(cfg))
 
     # ---- lifecycle (scheduler.py init_memory_pools / init_all_* / result processor) ----
 

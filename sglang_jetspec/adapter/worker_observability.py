@@ -65,13 +65,14 @@ def trace_step(tracer, cohort: str, record: StepRecord, start_ns: int, request_i
 
 
 class WorkerShadow:
-    """Offers finished requests to a ShadowTee; built only when JETSPEC_SHADOW_SPOOL is set."""
+    """Offers finished requests to a ShadowTee; built only when JETSPEC_SHADOW_SPOOL is set. `grammar`: the
+    server's xgrammar compile options (`xgrammar_options`), None when its grammar backend is another one."""
 
-    def __init__(self, tee, model: str, head: str) -> None:
-        self.tee, self.model, self.head = tee, model, head
+    def __init__(self, tee, model: str, head: str, grammar: dict | None = None) -> None:
+        self.tee, self.model, self.head, self.grammar = tee, model, head, grammar
 
     @classmethod
-    def from_env(cls, sample_rate: float, model: str, head: str) -> "WorkerShadow | None":
+    def from_env(cls, sample_rate: float, model: str, head: str, grammar: dict | None = None) -> "WorkerShadow | None":
         spool = os.environ.get(SHADOW_SPOOL_ENV, "").strip()
         if not spool:
             return None
@@ -80,28 +81,53 @@ class WorkerShadow:
         from sglang_jetspec.spool.writer import SpoolWriter
         from sglang_jetspec.spool.tee import ShadowTee
 
-        return cls(ShadowTee(SpoolWriter(spool), sample_rate, CollectorRegistry()).start(), model, head)
+        return cls(ShadowTee(SpoolWriter(spool), sample_rate, CollectorRegistry()).start(), model, head, grammar)
 
     def finished(self, req, state: RequestDraftState) -> bool:
         """Offer the record of a finished SGLang Req if it is sampled; True if one was queued. A request
-        whose distribution the checker cannot rebuild (a grammar, penalties, ...) is counted instead:
-        checked without its mask or penalties, its exact output would raise false alarms."""
+        whose distribution the checker cannot rebuild (penalties, a grammar it cannot recompile, ...) is
+        counted instead: checked without its penalties or mask, its exact output would raise false alarms."""
         reason = FINISH_REASONS.get(type(req.finished_reason).__name__)
         if reason is None:
             return False
-        blind_spot = shadow_blind_spot(req)
+        constraint = record_constraint(req, self.grammar)
+        blind_spot = shadow_blind_spot(req, grammar_checkable=constraint is not None)
         if blind_spot is not None:
             self.tee.metrics.unchecked.labels(blind_spot).inc()
             return False
         if not self.tee.sampled():
             return False
-        return self.tee.offer(shadow_record(req, state, reason, self.model, self.head))
+        return self.tee.offer(shadow_record(req, state, reason, self.model, self.head, constraint))
 
     def close(self) -> None:
         self.tee.close()
 
 
-def shadow_record(req, state: RequestDraftState, finish_reason: str, model: str, head: str):
+def xgrammar_options(server_args) -> dict | None:
+    """How this server's xgrammar backend compiles JSON schemas (sglang's create_grammar_backend reads
+    the same flags), or None when it runs another grammar backend: the checker rebuilds xgrammar's only."""
+    if server_args.grammar_backend != "xgrammar":
+        return None
+    return {"any_whitespace": not server_args.constrained_json_disable_any_whitespace,
+            "max_whitespace_cnt": server_args.constrained_json_max_whitespace_cnt}
+
+
+def record_constraint(req, options: dict | None):
+    """The RecordConstraint of a constrained Req's grammar as SGLang compiled it (its dispatch type, key
+    string and the compiled grammar's stop tokens), or None: free text, another backend, or a grammar
+    object of another kind (a reasoning wrapper, say) the checker could not rebuild."""
+    grammar = getattr(req, "grammar", None)
+    ctx = getattr(grammar, "ctx", None)
+    kind = getattr(getattr(grammar, "grammar_stats", None), "dispatch_type", None)
+    key = getattr(grammar, "key_string", None)
+    if options is None or ctx is None or key is None or kind not in ("json", "regex", "ebnf", "structural_tag"):
+        return None
+    from sglang_jetspec.spool.record import RecordConstraint
+
+    return RecordConstraint(kind=kind, value=key, stop_token_ids=list(ctx.tokenizer_info.stop_token_ids), **options)
+
+
+def shadow_record(req, state: RequestDraftState, finish_reason: str, model: str, head: str, constraint=None):
     from sglang_jetspec.spool.record import RecordSampling, ShadowRecord, SpecStats
 
     return ShadowRecord(
@@ -109,4 +135,4 @@ def shadow_record(req, state: RequestDraftState, finish_reason: str, model: str,
         prompt_ids=list(req.origin_input_ids), output_ids=list(req.output_ids),
         sampling=RecordSampling.of(state.params), finish_reason=finish_reason,
         spec=SpecStats(budgets=list(state.budgets), accept_lengths=list(state.accept_lengths)),
-        started_at=state.started_at, finished_at=time.time())
+        started_at=state.started_at, finished_at=time.time(), constraint=constraint)

@@ -53,6 +53,18 @@ class SpecStats(_Model):
     accept_lengths: list[int] = Field(default_factory=list, description="tokens committed per step, bonus included")
 
 
+class RecordConstraint(_Model):
+    """The grammar a constrained request was decoded under, as SGLang's xgrammar backend compiled it:
+    what the checker needs to rebuild the allowed tokens at every output position (shadow/constraints.py)."""
+
+    kind: Literal["json", "regex", "ebnf", "structural_tag"] = Field(description="SGLang's grammar dispatch type")
+    value: str = Field(description="the grammar's key string: a JSON schema ('$$ANY$$' = any JSON), regex, EBNF "
+                                   "or structural tag")
+    any_whitespace: bool = Field(True, description="JSON whitespace: not --constrained-json-disable-any-whitespace")
+    max_whitespace_cnt: int | None = Field(None, description="--constrained-json-max-whitespace-cnt")
+    stop_token_ids: list[int] = Field(description="the stop tokens the compiled grammar ends with")
+
+
 class ShadowRecord(_Model):
     schema_version: Literal[1] = SCHEMA_VERSION
     request_id: str
@@ -63,5 +75,6 @@ class ShadowRecord(_Model):
     sampling: RecordSampling
     finish_reason: str = Field(description="eos | length | stop (stop-string requests may hold extra tokens)")
     spec: SpecStats = SpecStats()
+    constraint: RecordConstraint | None = Field(None, description="the request's grammar (None = free text)")
     started_at: float = Field(description="Unix seconds the request was admitted")
     finished_at: float = Field(description="Unix seconds it finished")

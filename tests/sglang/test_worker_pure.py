@@ -304,6 +304,40 @@ def test_finished_requests_are_spooled_with_their_speculation_log(tmp_path):
     assert record["spec"] == {"budgets": [16, 0], "accept_lengths": [2, 1]} and record["sampling"]["seed"] == 2
 
 
+def test_a_grammar_request_is_spooled_with_the_grammar_sglang_compiled(tmp_path, smollm2, xgrammar_backend):
+    """With the server's xgrammar options the record carries the grammar as compiled (dispatch type, key,
+    whitespace options, stop tokens) for the checker to rebuild; another backend, or a grammar beside a
+    penalty, stays a counted blind spot."""
+    from prometheus_client import CollectorRegistry
+    from sglang.srt.managers.schedule_batch import FINISH_MATCHED_TOKEN
+
+    from sglang_jetspec.adapter.worker_observability import WorkerShadow, xgrammar_options
+    from sglang_jetspec.spool.tee import ShadowTee
+    from sglang_jetspec.spool.writer import SpoolWriter
+
+    store = DraftStateStore(4, "cpu", torch.float32)
+    state = store.extended("g", SamplingParams(temperature=0.8, seed=1, max_new_tokens=8), 0, _rows([0, 1]))
+    regex = r"[0-9]{3}"
+    req = SimpleNamespace(rid="g", origin_input_ids=[5, 6], output_ids=[7, 8], finished_reason=FINISH_MATCHED_TOKEN(8),
+                          sampling_params=_sglang_params(temperature=0.8, regex=regex), grammar=xgrammar_backend.dispatch_regex(regex))
+    args = SimpleNamespace(grammar_backend="xgrammar", constrained_json_disable_any_whitespace=True,
+                           constrained_json_max_whitespace_cnt=2)
+    registry = CollectorRegistry()
+    tee = ShadowTee(SpoolWriter(tmp_path), sample_rate=1.0, registry=registry).start()
+    shadow = WorkerShadow(tee, model="m", head="h", grammar=xgrammar_options(args))
+    assert shadow.finished(req, state)
+    penalised = SimpleNamespace(**{**vars(req), "sampling_params": _sglang_params(regex=regex, presence_penalty=0.5)})
+    assert not shadow.finished(penalised, state)
+    assert registry.get_sample_value("jetspec_shadow_unchecked_total", {"reason": "penalty"}) == 1
+    outlines = WorkerShadow(tee, model="m", head="h", grammar=xgrammar_options(SimpleNamespace(grammar_backend="outlines")))
+    assert not outlines.finished(req, state)
+    assert registry.get_sample_value("jetspec_shadow_unchecked_total", {"reason": "grammar"}) == 1
+    shadow.close()
+    (line,) = [line for f in tmp_path.glob("*.jsonl") for line in f.read_text().splitlines()]
+    assert json.loads(line)["constraint"] == {"kind": "regex", "value": regex, "any_whitespace": False,
+                                              "max_whitespace_cnt": 2, "stop_token_ids": [smollm2.tokenizer.eos_token_id]}
+
+
 def test_step_spans_follow_sglang_tracing(monkeypatch):
     """No tracer (and no span work) unless SGLang's --enable-trace initialised tracing in the process."""
     pytest.importorskip("sglang")

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -128,3 +130,42 @@ def wait_for_no_draft_state(url: str, timeout_s: float = 30) -> None:
     while (n := live_draft_states(url)) != 0:
         assert time.monotonic() < deadline, f"{n} per-request draft states left behind"
         time.sleep(0.5)
+
+
+# ---- the shadow spool the jetspec server writes, and the checker run over (a copy of) it ----
+
+def spool_records(spool: Path) -> int:
+    return sum(len(p.read_text().splitlines()) for p in spool.glob("*.jsonl"))
+
+
+def wait_for_spooled(spool: Path, request_ids: set[str], timeout_s: float = 30) -> None:
+    """Until the tee has written every one of `request_ids` (it writes from its own thread)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        written = {json.loads(line)["request_id"] for p in spool.glob("*.jsonl") for line in p.read_text().splitlines()}
+        if request_ids <= written:
+            return
+        assert time.monotonic() < deadline, f"the shadow tee did not spool {sorted(request_ids - written)}"
+        time.sleep(0.5)
+
+
+def copy_spool(spool: Path, out: Path, keep, change=lambda record: record) -> Path:
+    """The spool's records for which `keep(record)` holds, each passed through `change`, in a new spool directory."""
+    out.mkdir()
+    for path in spool.glob("*.jsonl"):
+        kept = [change(json.loads(line)) for line in path.read_text().splitlines() if keep(json.loads(line))]
+        (out / path.name).write_text("".join(json.dumps(record) + "\n" for record in kept))
+    return out
+
+
+def shadow_run(spool: Path, reference: str, out: Path, smollm2_dir: Path) -> tuple[int, list[dict], str]:
+    """`jetspec shadow run` over `spool` at alpha 0.001 (one window): exit status, window reports, output."""
+    # a URL reference is a plain server: the checker needs the vocabulary size it cannot ask it for
+    vocab = json.loads((smollm2_dir / "config.json").read_text())["vocab_size"]
+    url_args = ["--vocab-size", str(vocab)] if reference.startswith("http") else []
+    run = subprocess.run([sys.executable, "-m", "sglang_jetspec.cli", "shadow", "run", "--spool", str(spool),
+                          "--reference", reference, "--target", str(smollm2_dir), "--out", str(out), "--window", "500",
+                          "--alpha", "0.001", *url_args],
+                         cwd=REPO, capture_output=True, text=True, timeout=900)
+    reports = [json.loads(p.read_text()) for p in sorted(out.glob("window-*.json"))]
+    return run.returncode, reports, run.stdout + run.stderr

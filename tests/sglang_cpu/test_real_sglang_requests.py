@@ -7,15 +7,12 @@ from __future__ import annotations
 
 import http.client
 import json
-import subprocess
-import sys
 import time
 import urllib.parse
-from pathlib import Path
 
 import pytest
-from e2e_client import (REPO, generate, jetspec_args, live_draft_states, post, server_info, until_eos,
-                        wait_for_no_draft_state)
+from e2e_client import (copy_spool, generate, jetspec_args, live_draft_states, post, server_info, shadow_run,
+                        spool_records, until_eos, wait_for_no_draft_state)
 
 CHAT = [{"role": "user", "content": "Write a Python function that checks whether a string is a palindrome."}]
 
@@ -45,31 +42,6 @@ def test_openai_client_streams_the_same_chat_text_with_multi_token_chunks(jetspe
 
 def sampled(url: str, ids: list[int], seed: int) -> dict:
     return generate(url, ids, 24, temperature=1.0, top_p=0.9, sampling_seed=seed)
-
-
-def spool_records(spool: Path) -> int:
-    return sum(len(p.read_text().splitlines()) for p in spool.glob("*.jsonl"))
-
-
-def copy_spool(spool: Path, out: Path, keep) -> Path:
-    """The spool's records for which `keep(record)` holds, in a new spool directory."""
-    out.mkdir()
-    for path in spool.glob("*.jsonl"):
-        kept = [line for line in path.read_text().splitlines() if keep(json.loads(line))]
-        (out / path.name).write_text("".join(line + "\n" for line in kept))
-    return out
-
-
-def shadow_run(spool: Path, reference: str, out: Path, smollm2_dir: Path) -> tuple[int, list[dict], str]:
-    # a URL reference is a plain server: the checker needs the vocabulary size it cannot ask it for
-    vocab = json.loads((smollm2_dir / "config.json").read_text())["vocab_size"]
-    url_args = ["--vocab-size", str(vocab)] if reference.startswith("http") else []
-    run = subprocess.run([sys.executable, "-m", "sglang_jetspec.cli", "shadow", "run", "--spool", str(spool),
-                          "--reference", reference, "--target", str(smollm2_dir), "--out", str(out), "--window", "500",
-                          "--alpha", "0.001", *url_args],
-                         cwd=REPO, capture_output=True, text=True, timeout=900)
-    reports = [json.loads(p.read_text()) for p in sorted(out.glob("window-*.json"))]
-    return run.returncode, reports, run.stdout + run.stderr
 
 
 def test_seeded_sampling_reproduces_and_shadow_checks_clean(jetspec_server, plain_server, confident_prompts,

@@ -1,6 +1,7 @@
 """Structured output through JETSPEC in the real SGLang server (fp32, greedy unless said): JSON-schema,
 regex and EBNF requests, eight of each, in one batch with free-text requests, give plain SGLang's tokens;
-every finished JSON answer is valid against its schema; sampled JSON stays valid; an invalid schema gets
+every finished JSON answer is valid against its schema; sampled JSON stays valid, and the shadow checker
+rescores constrained answers under their grammars clean (and finds errors without them); an invalid schema gets
 plain SGLang's error; a grammar request aborted mid-stream leaves nothing behind. Grammar requests at
 budget 0 (tests/sglang_cpu/test_real_sglang_control.py) and under retraction
 (test_real_sglang_requests.py) run beside those servers' other tests; the negative control (no masks)
@@ -15,7 +16,8 @@ import urllib.parse
 
 import jsonschema
 import pytest
-from e2e_client import REPO, generate_batch, live_draft_states, post, wait_for_no_draft_state
+from e2e_client import (REPO, copy_spool, generate_batch, live_draft_states, post, shadow_run, wait_for_no_draft_state,
+                        wait_for_spooled)
 
 from sglang_jetspec.reference.prompts import constraint_params, encode, read_prompt_file
 
@@ -91,9 +93,12 @@ def test_every_finished_json_answer_is_valid_against_its_schema(items, replies, 
         jsonschema.validate(json.loads(tokenizer.decode(reply["output_ids"], skip_special_tokens=True)), schema)
 
 
-def test_sampled_json_answers_stay_valid(jetspec_server, items, replies, tokenizer):
+def test_sampled_json_answers_stay_valid_and_shadow_check_clean(jetspec_server, items, replies, tokenizer,
+                                                                 shadow_spool, smollm2_dir, tmp_path):
     """Temperature 0.8 with seeds: drawn from the masked distribution, so every finished answer is valid
-    JSON for its schema, and the draws are not the greedy answers."""
+    JSON for its schema, and the draws are not the greedy answers. The shadow checker rescores them, and
+    the greedy constrained answers, under their grammars rebuilt from the spool: clean. Negative control:
+    the greedy records checked without their grammar show errors (the masks forced tokens)."""
     json_items = [(ids, params) for kind, ids, params in items if kind == "json"][:4]
     sampled = [{**params, "temperature": 0.8, "top_p": 0.95, "sampling_seed": 7 + i, "max_new_tokens": 96}
                for i, (_, params) in enumerate(json_items)]
@@ -105,8 +110,21 @@ def test_sampled_json_answers_stay_valid(jetspec_server, items, replies, tokeniz
     for params, reply in finished:
         jsonschema.validate(json.loads(tokenizer.decode(reply["output_ids"], skip_special_tokens=True)),
                             json.loads(params["json_schema"]))
-    # TODO(issue 38): the shadow checker rescores without the grammar's mask, so sampled constrained
-    # requests are not shadow-checked yet.
+
+    sampled_ids = {r["meta_info"]["id"] for r in out}
+    greedy_ids = {r["meta_info"]["id"] for (kind, _, _), r in zip(items, replies[1]) if kind != "free"}
+    wait_for_spooled(shadow_spool, sampled_ids | greedy_ids)
+    spool = copy_spool(shadow_spool, tmp_path / "spool", lambda record: record["request_id"] in sampled_ids | greedy_ids)
+    status, reports, output = shadow_run(spool, "local", tmp_path / "checked", smollm2_dir)
+    assert status == 0 and reports and not any(r["alarm"] or r["failed"] for r in reports), output[-3000:]
+    assert sum(r["requests"]["sampled"] for r in reports) == len(sampled_ids)
+    assert sum(r["requests"]["greedy"] for r in reports) == len(greedy_ids)
+    assert sum(r["mismatches"].get("error", 0) + r["mismatches"].get("impossible", 0) for r in reports) == 0
+
+    free = copy_spool(shadow_spool, tmp_path / "unmasked", lambda record: record["request_id"] in greedy_ids,
+                      change=lambda record: {**record, "constraint": None})
+    _, reports, output = shadow_run(free, "local", tmp_path / "unmasked-checked", smollm2_dir)
+    assert sum(r["mismatches"].get("error", 0) for r in reports) > 0, output[-3000:]
 
 
 @pytest.mark.parametrize("field, value", [("json_schema", '{"type": "object", "properties": 5}'), ("json_schema", '{"type": '),
