@@ -48,9 +48,11 @@ class ConstraintMasks:
                 return  # refused: row i shows it; the grammar's later states cannot be rebuilt
 
     def _grammar(self, constraint: RecordConstraint, vocab_size: int, request_id: str):
+        from sglang.srt.constrained.base_grammar_backend import InvalidGrammarObject  # importable: _backend checked
+
         backend = self._backend(constraint, vocab_size)
         grammar = getattr(backend, f"dispatch_{constraint.kind}")(constraint.value)
-        if not hasattr(grammar, "fill_vocab_mask") or type(grammar).__name__ == "InvalidGrammarObject":
+        if isinstance(grammar, InvalidGrammarObject):
             raise ReferenceError(f"request {request_id}: its {constraint.kind} grammar does not compile here "
                                  f"({grammar!r}) -- was it served with another tokenizer?")
         return grammar

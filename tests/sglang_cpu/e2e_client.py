@@ -134,10 +134,6 @@ def wait_for_no_draft_state(url: str, timeout_s: float = 30) -> None:
 
 # ---- the shadow spool the jetspec server writes, and the checker run over (a copy of) it ----
 
-def spool_records(spool: Path) -> int:
-    return sum(len(p.read_text().splitlines()) for p in spool.glob("*.jsonl"))
-
-
 def wait_for_spooled(spool: Path, request_ids: set[str], timeout_s: float = 30) -> None:
     """Until the tee has written every one of `request_ids` (it writes from its own thread)."""
     deadline = time.monotonic() + timeout_s
@@ -153,7 +149,7 @@ def copy_spool(spool: Path, out: Path, keep, change=lambda record: record) -> Pa
     """The spool's records for which `keep(record)` holds, each passed through `change`, in a new spool directory."""
     out.mkdir()
     for path in spool.glob("*.jsonl"):
-        kept = [change(json.loads(line)) for line in path.read_text().splitlines() if keep(json.loads(line))]
+        kept = [change(record) for record in map(json.loads, path.read_text().splitlines()) if keep(record)]
         (out / path.name).write_text("".join(json.dumps(record) + "\n" for record in kept))
     return out
 

@@ -12,7 +12,7 @@ import urllib.parse
 
 import pytest
 from e2e_client import (copy_spool, generate, jetspec_args, live_draft_states, post, server_info, shadow_run,
-                        spool_records, until_eos, wait_for_no_draft_state)
+                        until_eos, wait_for_no_draft_state, wait_for_spooled)
 
 CHAT = [{"role": "user", "content": "Write a Python function that checks whether a string is a palindrome."}]
 
@@ -50,7 +50,6 @@ def test_seeded_sampling_reproduces_and_shadow_checks_clean(jetspec_server, plai
     reproduces a request. Its first token comes from SGLang's prefill sampler, which honours seeds only
     under --enable-deterministic-inference (GPU backends): the prompts end where that token is certain
     under top-p 0.9, so every difference would come from the speculative steps."""
-    before = spool_records(shadow_spool)
     prompts = confident_prompts[:4]
     assert len(prompts) >= 4
     first = [sampled(jetspec_server.url, ids, seed=100 + i) for i, ids in enumerate(prompts)]
@@ -60,10 +59,8 @@ def test_seeded_sampling_reproduces_and_shadow_checks_clean(jetspec_server, plai
     assert tokens[0] == tokens[1]
     assert tokens[0] != tokens[2]  # the seed matters: 4 x 24 sampled tokens do not all repeat under other seeds
     assert len({tuple(o) for o in tokens[0]}) == len(prompts)
-    deadline = time.monotonic() + 30
-    while spool_records(shadow_spool) < before + 3 * len(prompts):  # the tee writes each finished request (rate 1.0)
-        assert time.monotonic() < deadline, "the shadow tee did not spool the finished requests"
-        time.sleep(0.5)
+    # the tee writes each finished request (rate 1.0)
+    wait_for_spooled(shadow_spool, {r["meta_info"]["id"] for run in (first, again, other) for r in run})
     # the repeated runs are copies of the first ones: the uniformity tests assume independent draws.
     # alpha 0.001: a false alarm in one CI run in a thousand (the checker's power is tested in tests/shadow/)
     repeats = {r["meta_info"]["id"] for r in again}
