@@ -1,9 +1,9 @@
-"""Memory a request holds outside the target's KV pool stays proportional to what the head needs.
+"""Memory a reference-engine request holds for the head stays proportional to what the head needs.
 
 Per request: the projected context K/V, 2 x head layers x KV heads x head_dim x dtype bytes per
-context token (`context_bytes_per_token`), in buffers grown by doubling (<= 2 x the context), plus
-only the tap rows the head has not projected yet. A step appends in place: it never copies the
-whole context, and one lane drafts straight from its cache's buffers.
+context token (`context_bytes_per_token`), in buffers grown by doubling (<= 2 x the context). A step
+appends in place: it never copies the whole context, and one lane drafts straight from its cache's
+buffers. (The SGLang worker keeps the same K/V per KV slot: tests/test_context_pool.py.)
 """
 
 from __future__ import annotations
@@ -11,11 +11,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from sglang_jetspec.adapter.request_state import DraftStateStore
-from sglang_jetspec.core.drafter import ContextCache, HeadDrafter
+from sglang_jetspec.core.context_cache import ContextCache
+from sglang_jetspec.core.drafter import HeadDrafter
 from sglang_jetspec.core.head_config import HeadConfig
 from sglang_jetspec.core.head_io import init_head
-from sglang_jetspec.core.sampling import SamplingParams
 
 HIDDEN, TAPS, VOCAB = 64, 3, 50
 WIDTH = TAPS * HIDDEN  # a tap row: 192 floats; a context token: 2 x 1 x 2 x 16 = 64 floats
@@ -25,7 +24,7 @@ PER_TOKEN = 2 * CFG.num_hidden_layers * CFG.num_key_value_heads * CFG.head_dim *
 
 
 def test_the_per_token_formula():
-    from sglang_jetspec.core.drafter import context_bytes_per_token
+    from sglang_jetspec.core.context_cache import context_bytes_per_token
 
     assert context_bytes_per_token(CFG, torch.float32) == PER_TOKEN == 256
     assert context_bytes_per_token(CFG, torch.bfloat16) == PER_TOKEN // 2
@@ -44,43 +43,6 @@ def _storage(t: torch.Tensor) -> int:
     return t.untyped_storage().nbytes()
 
 
-def _state_bytes(state) -> tuple[int, int]:
-    """(tap-row buffer bytes, context K/V bytes), measured on the tensors' storages."""
-    context = sum(_storage(c.keys) + _storage(c.values) for c in state.draft_cache.layers)
-    return _storage(state.tap_rows()), context
-
-
-def test_a_request_holds_its_context_once_and_only_its_unprojected_rows():
-    drafter = _drafter()
-    per_token = PER_TOKEN
-    store = DraftStateStore(WIDTH, "cpu", torch.float32)
-    state = store.extended("r", SamplingParams(), 0, _rows(0, 500))  # a 500-token prompt
-    state.root_token = 7
-    for step in range(50):
-        drafter.propose([state], 3)  # projects the rows, then frees them
-        taps, context = _state_bytes(state)
-        assert taps == 0  # after projection the tap buffer holds nothing
-        assert context <= 2 * state.draft_cache.length * per_token
-        added = 1 + step % 4
-        store.committed(state, _rows(500 + step, added), kv_len=state.num_rows)
-        taps, context = _state_bytes(state)
-        assert taps <= added * WIDTH * 4  # just the last step's rows
-        assert taps + context <= 2 * state.draft_cache.length * per_token + added * WIDTH * 4
-    assert not state.blind and state.num_rows == 500 + sum(1 + s % 4 for s in range(50))
-
-
-def test_rows_that_pile_up_without_drafts_grow_by_doubling():
-    store = DraftStateStore(WIDTH, "cpu", torch.float32)
-    state = store.extended("r", SamplingParams(), 0, _rows(0, 10))
-    buffers = set()
-    for step in range(200):  # speculation off: nothing projects the rows
-        store.committed(state, _rows(10 + step, 1), kv_len=state.num_rows)
-        buffers.add(state.tap_rows().data_ptr())
-        assert _storage(state.tap_rows()) <= 2 * state.num_rows * WIDTH * 4
-    assert len(buffers) <= 6  # 20, 40, ... : O(log n) copies, not one per step
-    assert torch.equal(state.tap_rows(), torch.cat([_rows(0, 10)] + [_rows(10 + s, 1) for s in range(200)]))
-
-
 def test_a_step_appends_the_context_in_place():
     head = _drafter().head
     rows = _rows(0, 1200)
@@ -90,12 +52,12 @@ def test_a_step_appends_the_context_in_place():
     keys, values = cache.layers[0].keys.data_ptr(), cache.layers[0].values.data_ptr()
     prefix = cache.layers[0].keys[:, :, :503].clone()
     for end in range(506, 1001, 3):
-        cache.sync(head, rows[end - 3 : end], first_row=end - 3)  # a lane that freed what was projected
+        cache.sync(head, rows[:end])
         assert cache.layers[0].keys.data_ptr() == keys and cache.layers[0].values.data_ptr() == values
-    cache.sync(head, rows[998:1000], first_row=998)
+    cache.sync(head, rows[:1000])
     assert torch.equal(cache.layers[0].keys[:, :, :503], prefix)  # old positions untouched
     assert _storage(cache.layers[0].keys) == 1000 * PER_TOKEN // 2  # room for 1000 positions, not more
-    cache.sync(head, rows[1000:1200], first_row=1000)  # past capacity: one doubling
+    cache.sync(head, rows)  # past capacity: one doubling
     assert _storage(cache.layers[0].keys) == 2000 * PER_TOKEN // 2 and cache.layers[0].keys.data_ptr() != keys
     full = head.project_context(rows.unsqueeze(0), torch.arange(1200).unsqueeze(0))
     for mine, ref in zip(cache.layers, full):
@@ -105,20 +67,26 @@ def test_a_step_appends_the_context_in_place():
     assert torch.allclose(cache.layers[0].keys, full[0].keys[:, :, :100], atol=1e-5)
 
 
+class _Lane:
+    """A reference-engine-like lane: its own cache synced from its rows."""
+
+    def __init__(self, rows: torch.Tensor, root: int) -> None:
+        self.draft_cache, self._rows, self.root_token = ContextCache(), rows, root
+
+    def tap_rows(self) -> torch.Tensor:
+        return self._rows
+
+
 def test_drafting_does_not_copy_a_single_lanes_context_and_reuses_the_batch_padding():
     drafter = _drafter()
-    store = DraftStateStore(WIDTH, "cpu", torch.float32)
-    a = store.extended("a", SamplingParams(), 0, _rows(0, 40))
-    b = store.extended("b", SamplingParams(), 0, _rows(1, 25))
-    a.root_token, b.root_token = 3, 4
-    context, valid, lengths = drafter._padded_context([a])
+    a, b = _Lane(_rows(0, 40), 3), _Lane(_rows(1, 25), 4)
+    context, valid, lengths = drafter.context.padded(drafter.head, [a])
     assert context[0].keys.data_ptr() == a.draft_cache.layers[0].keys.data_ptr()  # its own buffer, no copy
     assert valid.all() and lengths.tolist() == [40]
 
-    first, _, _ = drafter._padded_context([a, b])
-    store.committed(a, _rows(2, 2), kv_len=40)
-    store.committed(b, _rows(3, 3), kv_len=25)
-    second, valid, lengths = drafter._padded_context([a, b])  # the first step's context still alive
+    first, _, _ = drafter.context.padded(drafter.head, [a, b])
+    a._rows, b._rows = torch.cat([a._rows, _rows(2, 2)]), torch.cat([b._rows, _rows(3, 3)])
+    second, valid, lengths = drafter.context.padded(drafter.head, [a, b])  # the first step's context still alive
     assert second[0].keys.untyped_storage().data_ptr() == first[0].keys.untyped_storage().data_ptr()
     assert lengths.tolist() == [42, 28] and valid.sum(1).tolist() == [42, 28]
     assert torch.equal(second[0].keys[1, :, :28], b.draft_cache.layers[0].keys[0])

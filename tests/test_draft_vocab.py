@@ -53,9 +53,9 @@ def drafters(smollm2, untrained_drafter):
 
 class _Lane:
     def __init__(self, rows: torch.Tensor, root: int) -> None:
-        from sglang_jetspec.core.drafter import ContextCache
+        from sglang_jetspec.core.context_cache import ContextCache
 
-        self.root_token, self.draft_cache, self.first_tap_row, self._rows = root, ContextCache(), 0, rows
+        self.root_token, self.draft_cache, self._rows = root, ContextCache(), rows
 
     def tap_rows(self) -> torch.Tensor:
         return self._rows

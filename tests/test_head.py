@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from sglang_jetspec.core.drafter import ContextCache
+from sglang_jetspec.core.context_cache import ContextCache
 from sglang_jetspec.core.head import block_mask
 from sglang_jetspec.core.head_config import HeadConfig, HeadConfigError, TargetInfo, default_tap_layers
 from sglang_jetspec.core.head_io import init_head, load_head, read_head_config, save_head

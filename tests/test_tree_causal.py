@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sglang_jetspec.core.branch_gap import rank1_branch_gap
-from sglang_jetspec.core.drafter import ContextCache, HeadDrafter
+from sglang_jetspec.core.context_cache import ContextCache
+from sglang_jetspec.core.drafter import HeadDrafter
 from sglang_jetspec.core.drafting import TreeDraft, draft_trees
 from sglang_jetspec.core.head import block_mask, tree_causal_mask
 from sglang_jetspec.core.head_config import HeadConfig, HeadConfigError
@@ -42,7 +43,6 @@ class FakeLane:
     root_token: int
     rows: torch.Tensor
     draft_cache: ContextCache = field(default_factory=ContextCache)
-    first_tap_row = 0
 
     def tap_rows(self) -> torch.Tensor:
         return self.rows
@@ -56,7 +56,7 @@ def lanes(*specs: tuple[int, int]) -> list[FakeLane]:
 
 def sequential_child_logits(drafter: HeadDrafter, lane: FakeLane, path: tuple[int, ...]) -> torch.Tensor:
     """The reference: one causal block [root, path..., MASK] alone, read at its last (masked) row."""
-    lane.draft_cache.sync(drafter.head, lane.tap_rows(), lane.first_tap_row)
+    lane.draft_cache.sync(drafter.head, lane.tap_rows())
     length = lane.draft_cache.length
     ids = torch.tensor([[lane.root_token, *path, drafter.head.config.mask_token_id]])
     positions = length + torch.arange(ids.shape[1]).unsqueeze(0)

@@ -5,9 +5,9 @@ Two hooks on `SchedulerInternalStateController` (the scheduler-side handler of b
   validated as a whole and applied only if every other key of the request was accepted too. The
   per-key `_update_handlers` cannot do that: each handler sees one key, so a table split over
   several keys could be applied half-way.
-- AFTER `get_internal_state`: adds the state in force under `jetspec_policy` and the number of
-  requests holding draft state under `jetspec_live_draft_states` (and the bytes they hold under
-  `jetspec_draft_state_bytes`); SGLang serves them on GET
+- AFTER `get_internal_state`: adds the state in force under `jetspec_policy`, the number of
+  requests holding draft state under `jetspec_live_draft_states` and the head's context pool
+  (slots, bytes, valid slots) under `jetspec_context_pool`; SGLang serves them on GET
   /server_info as `internal_states[i].jetspec_policy` (it has no /get_internal_state route).
 The scheduler runs these requests between forward steps, so a table never changes inside a step.
 """
@@ -34,7 +34,7 @@ def _policy_control(controller):
 
 
 LIVE_STATES_KEY = "jetspec_live_draft_states"
-STATE_BYTES_KEY = "jetspec_draft_state_bytes"
+CONTEXT_POOL_KEY = "jetspec_context_pool"
 
 
 def around_set_internal_state(original, controller, recv_req):
@@ -62,9 +62,9 @@ def after_get_internal_state(result, controller, recv_req):
     control = _policy_control(controller)
     if control is not None:
         result.internal_state[POLICY_KEY] = control.readback(time.time())
-        # requests holding draft state outside the KV pool; 0 whenever nothing runs (else a leak)
+        # requests holding draft state; 0 whenever nothing runs (else a leak)
         worker = controller.scheduler.draft_worker
         result.internal_state[LIVE_STATES_KEY] = worker.live_draft_states()
-        # bytes of tap rows and head context they hold (0 while every running request is gated off)
-        result.internal_state[STATE_BYTES_KEY] = worker.draft_state_bytes()
+        # valid slots: the context of running and cached tokens only (0 after a flush, else a leak)
+        result.internal_state[CONTEXT_POOL_KEY] = worker.context_pool_state()
     return result

@@ -82,12 +82,15 @@ def _runtime_problems(cfg) -> list[str]:
         problems.append("decode CUDA graphs are on: JETSPEC's verify width changes with the policy budget and SGLang "
                         "cannot capture a plugin's verify input; pass --disable-decode-cuda-graph")
     if cfg.page_size != 1:
-        problems.append(f"--page-size {cfg.page_size}: JETSPEC compacts accepted tree nodes slot by slot; use --page-size 1")
-    if not cfg.disable_radix_cache:
-        # The head's context is the tap rows of every prompt position; a radix-cache hit skips the
-        # target forward over the cached prefix, so those rows would never exist.
-        problems.append("the radix (prefix) cache is on: JETSPEC needs the target's tap rows of every prompt token, "
-                        "which a cache hit never computes; pass --disable-radix-cache")
+        problems.append(f"--page-size {cfg.page_size}: JETSPEC compacts accepted tree nodes slot by slot and keeps the "
+                        "head's context per slot; use --page-size 1")
+    # The radix cache works: the head's context lives per KV slot (adapter.context_pool). KV that
+    # reaches a slot without passing a forward of this worker would come without it:
+    if cfg.enable_hierarchical_cache:
+        problems.append("--enable-hierarchical-cache: KV loaded back from host memory or storage arrives without the "
+                        "head's context, which lives only beside the device KV pool; remove the flag")
+    if cfg.enable_lmcache:
+        problems.append("--enable-lmcache: KV loaded from LMCache arrives without the head's context; remove the flag")
     if cfg.disaggregation_mode != "null":
         problems.append(f"--disaggregation-mode {cfg.disaggregation_mode}: a decode server would receive requests "
                         "without the tap rows the head drafts from; run JETSPEC without PD disaggregation")

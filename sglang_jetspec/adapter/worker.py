@@ -6,8 +6,9 @@ with a FULL custom mask, `move_accept_tokens_to_target_kvcache`, the same Genera
 What differs:
 - drafting: the core's DraftHead in plain PyTorch beside the target (core.drafter.HeadDrafter,
   core.drafting.draft_trees), fed by tap-layer rows the target captures in every forward
-  (`set_dflash_layers_to_capture`, the hook SGLang's DFLASH uses) and kept per request
-  (request_state.DraftStateStore, keyed by rid);
+  (`set_dflash_layers_to_capture`, the hook SGLang's DFLASH uses), projected into the head's
+  context K/V at once and kept per KV slot (core.context_pool.SlotContextPool, addressed by the
+  target's own slots: a prefix the radix cache hands over brings the head's context along);
 - acceptance: the core's lossless rules (adapter.accept.accept_step) with each request's own
   sampling parameters and generator, instead of `eagle_sample`; a cohort whose policy says
   `sampled_children: drawn` draws its sampled requests' children from the head's distribution and
@@ -53,6 +54,8 @@ from sglang_jetspec.adapter.tree_penalties import apply_logit_bias, apply_tree_p
 from sglang_jetspec.adapter.verify_inputs import build_verify_tensors
 from sglang_jetspec.adapter.worker_observability import (WorkerShadow, step_tracer, trace_step, worker_metrics,
                                                           xgrammar_options)
+from sglang_jetspec.adapter.context_pool import allocate_context_pool
+from sglang_jetspec.core.context_pool import SlotContextPool
 from sglang_jetspec.core.draft_vocab import load_draft_vocab
 from sglang_jetspec.core.drafter import HeadDrafter
 from sglang_jetspec.core.drafting import draft_trees, headless_trees, sampled_draws
@@ -72,7 +75,7 @@ class JetSpecWorker(BaseSpecWorker):
         super().__init__()
         self.server_args = server_args
         # SGLang keeps the flags as typed and records its resolutions beside them: read resolved values.
-        # validate_server_args has already refused what JETSPEC cannot run with (the radix cache, ...).
+        # validate_server_args has already refused what JETSPEC cannot run with (paged KV, ...).
         cfg = resolving_view(server_args)
         self._target_worker = target_worker
         self._draft_worker = None  # no draft TpModelWorker: the head runs in PyTorch beside the target
@@ -103,8 +106,8 @@ class JetSpecWorker(BaseSpecWorker):
         vocab = self.head.config.vocab_size
         self.drafter = HeadDrafter(self.head, TargetEmbedding(model), TargetLMHead(model, vocab), load_draft_vocab(draft_path, vocab))
         self.vocab_size = vocab
-        self.states = DraftStateStore(self.head.config.num_taps * self.head.config.hidden_size, self.device,
-                                      self.model_runner.dtype)
+        self.states = DraftStateStore()
+        self.context_pool: SlotContextPool | None = None  # built with the target's pools (alloc_memory_pool)
 
         self.metrics = worker_metrics(cfg.enable_metrics)
         policy = load_runtime_policy(draft_path)
@@ -125,8 +128,12 @@ class JetSpecWorker(BaseSpecWorker):
     # ---- lifecycle (scheduler.py init_memory_pools / init_all_* / result processor) ----
 
     def alloc_memory_pool(self, **kwargs) -> None:
-        # As NGRAMWorker: the verify writes the target's own pools; nothing of ours lives in them.
+        # As NGRAMWorker: the verify writes the target's own pools. Beside them, the head's context
+        # per KV slot, addressed by the same slot indices.
         self.req_to_token_pool, self.token_to_kv_pool_allocator = self._target_worker.get_memory_pool()
+        self.context_pool = allocate_context_pool(self.head.config, self.token_to_kv_pool_allocator,
+                                                  self.model_runner.dtype, self.device)
+        self.drafter.context = self.context_pool
 
     def _draft_model_runners(self) -> tuple:
         return ()  # no SGLang draft runner: no draft KV pool for disaggregation, HiCache or resizing
@@ -138,6 +145,8 @@ class JetSpecWorker(BaseSpecWorker):
 
     def clear_cache_pool(self) -> None:
         self.states.drop_all()
+        if self.context_pool is not None:  # SGLang flushed its KV pool and radix tree: every slot is free
+            self.context_pool.clear()
 
     def note_request_finished(self, *, rid: str, natural_stop: bool) -> None:
         # Called by the decode result processor once the request's finish state and tokens are final;
@@ -154,9 +163,9 @@ class JetSpecWorker(BaseSpecWorker):
         self.retire_finished()
         return len(self.states.rids())
 
-    def draft_state_bytes(self) -> int:
-        """Bytes of tap rows and head context the running requests hold outside SGLang's KV pool."""
-        return self.states.nbytes()
+    def context_pool_state(self) -> dict:
+        """The head's context pool: its slots, bytes, and the slots holding a live or cached token's context."""
+        return self.context_pool.describe()
 
     # ---- forward ----
 
@@ -229,12 +238,23 @@ class JetSpecWorker(BaseSpecWorker):
         )
 
     def _store_prefill_rows(self, batch, taps: torch.Tensor) -> None:
-        offset = 0
+        """The head's context of every computed position, at its KV slot. A request whose cached
+        prefix (radix-cache hit, earlier chunk, earlier prefill before a retraction) has its context
+        in the pool drafts from it; one whose prefix does not is blind."""
+        req_to_token = batch.req_to_token_pool.req_to_token
+        keep, positions, offset = [], [], 0
         for req, prefix_len, extend_len in zip(batch.reqs, batch.prefix_lens, batch.extend_lens):
             params = core_sampling_params(req.sampling_params, self.vocab_size)
-            state = self.states.extended(req.rid, params, prefix_len, taps[offset : offset + extend_len])
+            held = prefix_len == 0 or self.context_pool.holds(req_to_token[req.kv.req_pool_idx, :prefix_len])
+            state = self.states.extended(req.rid, params, held)
             self._attach(state, req)
+            if not state.blind:
+                keep.append(torch.arange(offset, offset + extend_len))
+                positions.append(torch.arange(prefix_len, prefix_len + extend_len))
             offset += extend_len
+        if keep:
+            rows = torch.cat(keep).to(self.device)
+            self.context_pool.write(self.drafter.head, taps[rows], torch.cat(positions).to(self.device), batch.out_cache_loc[rows])
 
     @staticmethod
     def _attach(state: RequestDraftState, req) -> None:
@@ -277,6 +297,24 @@ class JetSpecWorker(BaseSpecWorker):
             tree_s = time.perf_counter() - start - draft_s
         return trees, draft_s, tree_s, sizing
 
+    def _keep_context(self, lanes: list[RequestDraftState], taps: torch.Tensor, out, seq_lens: list[int],
+                      out_cache_loc: torch.Tensor, num_nodes: int) -> None:
+        """The head's context of the committed tokens (root + accepted nodes) of each drafting request:
+        their verify rows' taps, at positions kv_len + i and the slots the KV mover put their target KV
+        in (the first ones of the request's verify window). Rejected nodes' slots are left invalid."""
+        if all(lane.blind for lane in lanes):
+            return
+        # per kept row (request-major, as out.row_index): its request and its place in that request's rows
+        counts = torch.tensor(out.row_counts)
+        lane_of_row = torch.repeat_interleave(torch.arange(len(lanes)), counts)
+        offset = torch.arange(len(lane_of_row)) - torch.repeat_interleave(counts.cumsum(0) - counts, counts)
+        drafting = torch.tensor([not lane.blind for lane in lanes])[lane_of_row]
+        positions = (torch.tensor(seq_lens)[lane_of_row] + offset)[drafting]
+        window = (lane_of_row * num_nodes + offset)[drafting]
+        device = self.device
+        self.context_pool.write(self.drafter.head, taps[out.row_index[drafting].to(device)], positions.to(device),
+                                out_cache_loc[window.to(device)])
+
     def _sync(self, observed: bool) -> float:
         """A phase boundary. When metrics or traces read the phase timings, wait for the device so they
         measure work rather than kernel launches; otherwise the step never stalls for them."""
@@ -298,13 +336,15 @@ class JetSpecWorker(BaseSpecWorker):
         lanes = []
         for req, kv_len in zip(batch.reqs, seq_lens):
             state = self.states.get(req.rid)
-            if state is None:  # not prefilled through this worker (e.g. after clear_cache_pool): no rows
+            if state is None:  # not prefilled through this worker (e.g. after clear_cache_pool): no context
                 state = self.states.extended(req.rid, core_sampling_params(req.sampling_params, self.vocab_size),
-                                             kv_len, torch.empty(0))
+                                             prefix_held=False)
                 self._attach(state, req)
             state.root_token = int(req.output_ids[-1])  # sync scheduler: the last committed token
             if not plan.keep_draft_context:
-                state.stop_drafting()  # gated off by default: no draft work, no tap rows kept
+                state.stop_drafting()  # gated off by default: no draft work, no context kept
+            if not state.blind:  # a view of its req_to_token row: the slots of positions 0..kv_len-1
+                state.context_slots = batch.req_to_token_pool.req_to_token[req.kv.req_pool_idx, :kv_len]
             lanes.append(state)
 
         set_time_batch(batch.reqs, "set_spec_draft_start_time", trace_only=True)
@@ -365,12 +405,9 @@ class JetSpecWorker(BaseSpecWorker):
         if on_publish is not None:
             on_publish(new_seq_lens)  # once per forward, right after acceptance (overlap_utils contract)
 
-        # Draft context for the committed tokens: the verify pass's tap rows at [root, accepted nodes]
-        # (none captured when every request is blind).
-        kept_rows = taps[out.row_index.to(device)].split(out.row_counts) if taps is not None else [None] * bs
-        for lane, rows, kv_len, length in zip(lanes, kept_rows, seq_lens, out.row_counts):
-            if rows is not None:
-                self.states.committed(lane, rows, kv_len)
+        if taps is not None:  # none captured when every request is blind
+            self._keep_context(lanes, taps, out, seq_lens, batch.out_cache_loc, num_nodes)
+        for lane, length in zip(lanes, out.row_counts):
             lane.budgets.append(budget)
             lane.accept_lengths.append(length)
         logits_output.hidden_states = None

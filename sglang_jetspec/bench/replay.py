@@ -24,7 +24,7 @@ import torch
 
 from .setup import load_run, make_requests, run_command, run_header
 from .report import markdown_table, run_summary_lines, speculative_by_method, style_budget_axes
-from ..core.drafter import ContextCache
+from ..core.context_cache import ContextCache
 from ..core.drafting import TreeDraft, refine
 from ..core.prompt_lookup import LookupMerge, lookup_guesses
 from ..core.suffix_store import RECENT_OUTPUT_TOKENS, SuffixStore
@@ -42,7 +42,6 @@ class ReplayLane:
     rows: torch.Tensor  # tapped rows of prompt + output, one per token
     committed: int = 0  # committed tokens, prompt included
     draft_cache: ContextCache = field(default_factory=ContextCache)
-    first_tap_row = 0  # every row is kept (class attribute, not a field)
 
     @property
     def committed_ids(self) -> list[int]:

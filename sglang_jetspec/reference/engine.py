@@ -17,7 +17,7 @@ import torch
 
 from ..core.acceptance import AcceptResult, accept_batch
 from ..core.branch_gap import rank1_branch_gap
-from ..core.drafter import ContextCache
+from ..core.context_cache import ContextCache
 from ..core.sampling import SamplingParams, make_generator
 from ..core.step_record import StepRecord
 from ..core.suffix_store import RECENT_OUTPUT_TOKENS, SuffixStore
@@ -81,8 +81,6 @@ class EngineConfig:
 class Lane:
     """A running request: its committed tokens, its random stream and its tapped hidden rows (all of
     them: the engine's invariant checks compare them with a fresh prefill)."""
-
-    first_tap_row = 0
 
     def __init__(self, request: Request, tokenizer, eos_ids: frozenset[int], tap_width: int, device: torch.device) -> None:
         self.request = request

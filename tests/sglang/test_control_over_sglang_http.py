@@ -55,7 +55,7 @@ def sglang_server(monkeypatch, admin_key: str | None, api_key: str | None = None
 
     HookRegistry.apply_hooks()
     control = PolicyControl(SERVER_POLICY, admin_key_configured=admin_key is not None)
-    scheduler = SchedulerInternalStateController(SimpleNamespace(draft_worker=SimpleNamespace(policy_control=control, live_draft_states=lambda: 0, draft_state_bytes=lambda: 0)),
+    scheduler = SchedulerInternalStateController(SimpleNamespace(draft_worker=SimpleNamespace(policy_control=control, live_draft_states=lambda: 0, context_pool_state=lambda: {})),
                                                  record_step_time=False)
 
     async def set_communicator(req):

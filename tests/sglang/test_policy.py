@@ -85,8 +85,8 @@ class _FakeWorker:
     def live_draft_states(self):
         return 0
 
-    def draft_state_bytes(self):
-        return 0
+    def context_pool_state(self):
+        return {"slots": 0, "bytes": 0, "valid_slots": 0}
 
 
 def _controller(control):

@@ -11,7 +11,7 @@ from sglang_jetspec.adapter.policy import POLICY_ENV
 # Everything JETSPEC needs; each test breaks one thing.
 # Argument resolution runs on any machine, so a GPU device is resolvable here.
 GOOD = ["--attention-backend", "flashinfer", "--disable-overlap-schedule", "--disable-decode-cuda-graph",
-        "--disable-radix-cache", "--device", "cuda"]
+        "--device", "cuda"]
 
 
 @pytest.fixture(scope="module")
@@ -145,11 +145,17 @@ def test_dp_attention_is_refused(resolve):
     assert "attention data parallelism (--attn-dp-size 2, or the deprecated --enable-dp-attention)" in text
 
 
-def test_overlap_scheduler_decode_graphs_and_radix_cache_must_be_off(resolve):
+def test_overlap_scheduler_and_decode_graphs_must_be_off(resolve):
     text = _problems(resolve, base=["--attention-backend", "flashinfer", "--device", "cuda"])
     assert "the overlap scheduler is on: JETSPEC runs synchronously" in text and "pass --disable-overlap-schedule" in text
     assert "decode CUDA graphs are on" in text and "pass --disable-decode-cuda-graph" in text
-    assert "the radix (prefix) cache is on" in text and "pass --disable-radix-cache" in text
+
+
+def test_the_radix_cache_is_served_and_kv_from_outside_the_pool_is_refused(resolve):
+    assert resolve().disable_radix_cache is False  # GOOD leaves SGLang's default: the radix cache on
+    assert resolve("--disable-radix-cache").disable_radix_cache is True
+    text = _problems(resolve, "--enable-hierarchical-cache")
+    assert "--enable-hierarchical-cache: KV loaded back from host memory or storage arrives without the head's context" in text
 
 
 def test_pd_disaggregation_is_refused(resolve):
@@ -170,7 +176,7 @@ def test_every_problem_is_reported_at_once(resolve):
     # the CPU default backend, pp, mixed chunk, graphs (pp > 1 already switches overlap off in SGLang)
     assert [line.split(":")[0].split(" is ")[0] for line in lines] == [
         "  - --attention-backend torch_native", "  - --pp-size 2", "  - --enable-mixed-chunk",
-        "  - decode CUDA graphs are on", "  - the radix (prefix) cache"]
+        "  - decode CUDA graphs are on"]
 
 
 def test_bad_policy_file_names_the_env_var_and_the_line(resolve, tmp_path, monkeypatch):

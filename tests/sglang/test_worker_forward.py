@@ -32,6 +32,7 @@ from sglang_jetspec.adapter import spec_inputs as spec_inputs_module  # noqa: E4
 from sglang_jetspec.adapter.attention_backends import MaskLayout  # noqa: E402
 from sglang_jetspec.adapter.policy import PolicyControl, policy_path  # noqa: E402
 from sglang_jetspec.adapter.request_state import DraftStateStore  # noqa: E402
+from sglang_jetspec.core.context_pool import SlotContextPool  # noqa: E402
 from sglang_jetspec.adapter.worker_observability import WorkerShadow  # noqa: E402
 from sglang_jetspec.core.drafter import HeadDrafter  # noqa: E402
 from sglang_jetspec.core.head_io import load_head  # noqa: E402
@@ -128,7 +129,8 @@ def worker(smollm2, head_dir):
     w.device = torch.device("cpu")
     w.speculative_num_draft_tokens = 256
     w.mask_layout = MaskLayout.FULL  # the fake target applies the tree part of either layout
-    w.drafter = HeadDrafter(head, smollm2.embed_tokens, smollm2.lm_head)
+    w.context_pool = SlotContextPool(head.config, 1 + MAX_REQS * MAX_LEN, torch.float32, "cpu")
+    w.drafter = HeadDrafter(head, smollm2.embed_tokens, smollm2.lm_head, context=w.context_pool)
     w.tree_width, w.vocab_size = 8, head.config.vocab_size
     w.metrics = w.shadow = w.token_to_kv_pool_allocator = None
     w.hybrid = LookupMerge(math.log(0.9), 2, 4, SuffixStore(), SuffixStore())  # as __init__ makes it, with empty stores
@@ -138,32 +140,49 @@ def worker(smollm2, head_dir):
 @pytest.fixture()
 def fresh(worker, monkeypatch):
     """The worker with empty state and the default policy; GPU-pool kernels stubbed."""
-    worker.states = DraftStateStore(worker.drafter.head.config.num_taps * 576, "cpu", torch.float32)
+    worker.states = DraftStateStore()
+    worker.context_pool.clear()
     worker.policy_control = PolicyControl(load_policy(policy_path()), admin_key_configured=False)
     worker.sizer, worker.verify_costs = TreeSizer(), LearnedVerifyCost()  # as __init__ makes them
     monkeypatch.setattr(worker_module, "record_stream_for_v2_verify", lambda *a: None)
     monkeypatch.setattr(worker_module, "move_accept_tokens_to_target_kvcache", lambda *a: None)
-    monkeypatch.setattr(spec_inputs_module, "assign_extend_cache_locs_func", lambda **kw: None)
+    monkeypatch.setattr(spec_inputs_module, "assign_extend_cache_locs_func", _extend_cache_locs)
     return worker
 
+
+# A request's KV slots: row `req_pool_idx` of a req_to_token table whose rows own disjoint slot ranges
+# (slot 0 is SGLang's padding slot). The fake target keeps no KV; the worker's context pool reads these.
+MAX_REQS, MAX_LEN = 16, 256
+REQ_TO_TOKEN = 1 + torch.arange(MAX_REQS * MAX_LEN).view(MAX_REQS, MAX_LEN)
+
+
+def _extend_cache_locs(req_pool_indices, req_to_token, start_offset, end_offset, **kw):
+    """SGLang's assign_extend_cache_locs: the slots of positions start..end-1 of each request."""
+    return torch.cat([req_to_token[i, s:e] for i, s, e in zip(req_pool_indices.tolist(), start_offset.tolist(),
+                                                              end_offset.tolist())])
 
 class Scheduler:
     """The synchronous spec-V2 loop of Scheduler.run_batch + _resolve_spec_v2_tokens, reduced."""
 
     def __init__(self, worker):
         self.worker, self.running, self.publishes, self.accept_lens = worker, [], [], []
-        self.forwards = 0
+        self.forwards = self.next_pool_idx = 0
 
     def _batch(self, mode, reqs, **extra):
         info = SimpleNamespace(logit_bias=None, vocab_size=self.worker.vocab_size)
         return SimpleNamespace(forward_mode=mode, reqs=reqs, sampling_info=info, return_logprob=False,
                                has_grammar=any(r.grammar is not None for r in reqs),
-                               req_pool_indices=None, req_to_token_pool=SimpleNamespace(req_to_token=None),
+                               req_pool_indices=torch.tensor([r.kv.req_pool_idx for r in reqs]),
+                               req_to_token_pool=SimpleNamespace(req_to_token=REQ_TO_TOKEN),
                                spec_info=None, **extra)
 
     def admit(self, reqs):
+        for req in reqs:
+            req.kv = SimpleNamespace(req_pool_idx=self.next_pool_idx)  # SGLang's Req keeps its row in req.kv
+            self.next_pool_idx += 1
         batch = self._batch(ForwardMode.EXTEND, reqs, seq_lens=torch.tensor([len(r.origin_input_ids) for r in reqs]),
-                            prefix_lens=[0] * len(reqs), extend_lens=[len(r.origin_input_ids) for r in reqs])
+                            prefix_lens=[0] * len(reqs), extend_lens=[len(r.origin_input_ids) for r in reqs],
+                            out_cache_loc=torch.cat([REQ_TO_TOKEN[r.kv.req_pool_idx, : len(r.origin_input_ids)] for r in reqs]))
         result = self.worker.forward_batch_generation(batch, on_publish=self.publishes.append)
         self.forwards += 1
         for req, token in zip(reqs, result.next_token_ids.tolist()):
@@ -378,9 +397,9 @@ def test_budget_zero_is_plain_decoding_with_no_draft_work(fresh, smollm2, single
     decodes = getattr(fresh._target_worker, "decodes", 0)
     sched.admit([req])
     sched.step()
-    # the YAML default gates this cohort off: the request keeps no tap rows and no head context
+    # the YAML default gates this cohort off: the request's decoded tokens keep no head context
     state = fresh.states.get("z")
-    assert state.blind and state.nbytes() == 0 and fresh.states.nbytes() == 0
+    assert state.blind and fresh.context_pool.valid_slots() == len(req.origin_input_ids)
     while sched.running:
         sched.step()
     assert sched.accept_lens == [1] * 5
@@ -392,7 +411,7 @@ def test_budget_zero_is_plain_decoding_with_no_draft_work(fresh, smollm2, single
 
 def test_a_pushed_budget_zero_keeps_the_draft_context_so_speculation_can_resume(fresh, smollm2, single_thread):
     """Off under a pushed table (a controller that may probe or re-enable the cohort): decode forwards
-    still keep each committed token's tap rows, so the next speculative step drafts from a whole context."""
+    still keep each committed token's head context, so the next speculative step drafts from a whole one."""
     flat = {"jetspec_policy.ttl_s": 600, **{f"jetspec_policy.{c.name}.budget": 0 for c in fresh.policy_control.policy.cohorts}}
     fresh.policy_control = PolicyControl(fresh.policy_control.policy, admin_key_configured=True)
     assert fresh.policy_control.push(flat, time.time()) == []
@@ -403,7 +422,7 @@ def test_a_pushed_budget_zero_keeps_the_draft_context_so_speculation_can_resume(
     for _ in range(3):
         sched.step()
     state = fresh.states.get("p")
-    assert not state.blind and state.num_rows == len(prompt) + 3  # one row per KV position
+    assert not state.blind and fresh.context_pool.valid_slots() == len(prompt) + 3  # one per KV position
     fresh.policy_control = PolicyControl(fresh.policy_control.policy, admin_key_configured=False)  # YAML: speculate
     while sched.running:
         sched.step()
@@ -424,6 +443,7 @@ def test_policy_draft_rounds_and_width_shape_the_trees_and_stay_lossless(fresh, 
                                                                          monkeypatch, tmp_path):
     fresh.policy_control = _one_budget(tmp_path, 16, draft_rounds=1, tree_width=3)
     monkeypatch.setattr(fresh, "drafter", reveal_drafter)
+    monkeypatch.setattr(reveal_drafter, "context", fresh.context_pool)
     passes, widest = [], []
     real = reveal_drafter.propose_children
 

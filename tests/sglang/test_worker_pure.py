@@ -1,5 +1,5 @@
 """The worker's pure pieces: SGLang sampling params -> core params, per-request draft state across
-join / re-prefill / finish, result assembly (accept lengths incl. bonus, output layout, tap rows) and
+join / re-prefill / finish, result assembly (accept lengths incl. bonus, output layout, kept rows) and
 the argmax-on-device acceptance the worker relies on."""
 
 from __future__ import annotations
@@ -93,98 +93,30 @@ def test_inputs_at_the_limits_are_admitted(change):
 
 # ---- per-request draft state ----
 
-def _rows(positions, width=4):
-    """Fake tap rows whose value is their position: misplacement shows in the values."""
-    return torch.tensor(positions, dtype=torch.float32).unsqueeze(1).expand(-1, width).clone()
-
-
-def test_join_chunked_prefill_verify_and_finish():
-    store = DraftStateStore(4, "cpu", torch.float32)
-    a = store.extended("a", SamplingParams(), 0, _rows(range(0, 5)))  # first chunk
-    a = store.extended("a", SamplingParams(), 5, _rows(range(5, 9)))  # second chunk
-    b = store.extended("b", SamplingParams(temperature=1.0, seed=5), 0, _rows(range(0, 3)))  # joins mid-batch
-    store.committed(a, _rows([9, 10, 11]), kv_len=9)  # root + 2 accepted nodes
-    assert a.tap_rows()[:, 0].tolist() == list(range(12)) and b.num_rows == 3
-    assert not a.blind and len(store) == 2
+def test_join_chunked_prefill_and_finish():
+    store = DraftStateStore()
+    a = store.extended("a", SamplingParams(), prefix_held=True)  # first chunk
+    assert store.extended("a", SamplingParams(), prefix_held=True) is a  # second chunk: the same state
+    b = store.extended("b", SamplingParams(temperature=1.0, seed=5), prefix_held=True)  # joins mid-batch
+    assert not a.blind and not b.blind and len(store) == 2
     assert store.drop("a") is a and "a" not in store and store.drop("a") is None
     assert store.rids() == ["b"]
 
 
-def _tiny_head():
-    from sglang_jetspec.core.head_config import HeadConfig
-    from sglang_jetspec.core.head_io import init_head
-
-    cfg = HeadConfig(hidden_size=8, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=4,
-                     intermediate_size=16, vocab_size=20, block_size=4, target_layer_ids=(0, 1), mask_token_id=19)
-    return init_head(cfg, seed=0, std=0.3)  # tap width 2 x 8 = 16
-
-
-def _random_rows(first, count, width=16):
-    return torch.randn(count, width, generator=torch.Generator().manual_seed(first))
-
-
-def _same_context(state, head, rows):
-    """The state's cache equals a cache projected from all `rows` at once."""
-    from sglang_jetspec.core.drafter import ContextCache
-
-    fresh = ContextCache()
-    fresh.sync(head, rows)
-    assert state.draft_cache.length == fresh.length == rows.shape[0]
-    for got, want in zip(state.draft_cache.layers, fresh.layers):
-        assert torch.allclose(got.keys, want.keys, atol=1e-6) and torch.allclose(got.values, want.values, atol=1e-6)
-
-
-def test_rows_the_head_projected_are_freed_and_the_context_stays_exact():
-    head = _tiny_head()
-    store = DraftStateStore(16, "cpu", torch.float32)
-    rows = torch.cat([_random_rows(0, 10), _random_rows(10, 3), _random_rows(13, 2)])
-    state = store.extended("f", SamplingParams(), 0, rows[:10])
-    for end, added in ((10, 3), (13, 2)):  # two verify steps, each drafting first
-        state.draft_cache.sync(head, state.tap_rows(), state.first_tap_row)  # what HeadDrafter does
-        store.committed(state, rows[end : end + added], kv_len=end)
-        assert state.first_tap_row == end and state.num_rows == end + added
-        assert torch.equal(state.tap_rows(), rows[end : end + added])  # only the unprojected rows stay
-    state.draft_cache.sync(head, state.tap_rows(), state.first_tap_row)
-    _same_context(state, head, rows)
-
-
-def test_re_prefill_after_retraction_truncates_rows_and_head_cache():
-    head = _tiny_head()
-    store = DraftStateStore(16, "cpu", torch.float32)
-    state = store.extended("r", SamplingParams(), 0, _random_rows(0, 10))
-    state.draft_cache.sync(head, state.tap_rows(), state.first_tap_row)
-    store.committed(state, _random_rows(10, 2), kv_len=10)  # rows 0..9 freed, 10..11 kept
-    again = torch.cat([_random_rows(0, 10)[:6], _random_rows(99, 7)])
-    store.extended("r", SamplingParams(), 6, again[6:])  # retracted, prefilled again from position 6
-    assert state.num_rows == 13 and state.first_tap_row == 6 and not state.blind
-    state.draft_cache.sync(head, state.tap_rows(), state.first_tap_row)
-    _same_context(state, head, again)
-    store.extended("r", SamplingParams(), 0, _random_rows(5, 4))  # from scratch
-    assert state.num_rows == 4 and state.first_tap_row == 0 and state.draft_cache.length == 0
-
-
-def test_a_cache_never_syncs_over_freed_rows():
-    from sglang_jetspec.core.drafter import ContextCache
-
-    with pytest.raises(ValueError, match="rows 0..2 were freed before the head projected them"):
-        ContextCache().sync(_tiny_head(), _random_rows(3, 2), first_row=3)
-
-
-def test_a_gap_in_rows_makes_the_request_blind_not_wrong():
-    store = DraftStateStore(4, "cpu", torch.float32)
-    hit = store.extended("h", SamplingParams(), 6, _rows(range(6, 9)))  # prefix came from a cache
-    assert hit.blind and hit.num_rows == 0
-    ok = store.extended("o", SamplingParams(), 0, _rows(range(4)))
-    store.committed(ok, _rows([7]), kv_len=5)  # the worker thinks KV has 5 positions, rows say 4
-    assert ok.blind and ok.num_rows == 4
-    store.committed(ok, _rows([8]), kv_len=4)  # blind stays blind: rows are never appended again
-    assert ok.num_rows == 4
+def test_a_prefix_whose_context_is_not_in_the_pool_makes_the_request_blind_not_wrong():
+    store = DraftStateStore()
+    hit = store.extended("h", SamplingParams(), prefix_held=False)  # written while speculation was off
+    assert hit.blind
+    ok = store.extended("o", SamplingParams(), prefix_held=True)
+    ok.stop_drafting()  # its cohort gated off by default
+    assert ok.blind
+    assert store.extended("o", SamplingParams(), prefix_held=True).blind  # blind stays blind (e.g. after a retraction)
 
 
 def test_each_request_has_its_own_seeded_generator():
-    store = DraftStateStore(4, "cpu", torch.float32)
-    x = store.extended("x", SamplingParams(temperature=1.0, seed=11), 0, _rows([0]))
-    y = store.extended("y", SamplingParams(temperature=1.0, seed=11), 0, _rows([0]))
+    store = DraftStateStore()
+    x = store.extended("x", SamplingParams(temperature=1.0, seed=11), prefix_held=True)
+    y = store.extended("y", SamplingParams(temperature=1.0, seed=11), prefix_held=True)
     assert x.generator is not y.generator
     assert torch.equal(torch.rand(3, generator=x.generator), torch.rand(3, generator=y.generator))
 
@@ -280,8 +212,8 @@ def test_finished_requests_are_spooled_with_their_speculation_log(tmp_path):
     from sglang_jetspec.spool.tee import ShadowTee
     from sglang_jetspec.adapter.worker_observability import WorkerShadow
 
-    store = DraftStateStore(4, "cpu", torch.float32)
-    state = store.extended("q", SamplingParams(temperature=0.5, seed=2, max_new_tokens=3), 0, _rows([0, 1]))
+    store = DraftStateStore()
+    state = store.extended("q", SamplingParams(temperature=0.5, seed=2, max_new_tokens=3), prefix_held=True)
     state.budgets, state.accept_lengths = [16, 0], [2, 1]
     req = SimpleNamespace(rid="q", origin_input_ids=[5, 6], output_ids=[7, 8, 9], finished_reason=FINISH_LENGTH(3),
                           sampling_params=_sglang_params(temperature=0.5), grammar=None)
@@ -315,8 +247,8 @@ def test_a_grammar_request_is_spooled_with_the_grammar_sglang_compiled(tmp_path,
     from sglang_jetspec.spool.tee import ShadowTee
     from sglang_jetspec.spool.writer import SpoolWriter
 
-    store = DraftStateStore(4, "cpu", torch.float32)
-    state = store.extended("g", SamplingParams(temperature=0.8, seed=1, max_new_tokens=8), 0, _rows([0, 1]))
+    store = DraftStateStore()
+    state = store.extended("g", SamplingParams(temperature=0.8, seed=1, max_new_tokens=8), prefix_held=True)
     regex = r"[0-9]{3}"
     req = SimpleNamespace(rid="g", origin_input_ids=[5, 6], output_ids=[7, 8], finished_reason=FINISH_MATCHED_TOKEN(8),
                           sampling_params=_sglang_params(temperature=0.8, regex=regex), grammar=xgrammar_backend.dispatch_regex(regex))

@@ -38,10 +38,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def server_args(model_dir: Path, *extra: str, max_total_tokens: int = 8192) -> list[str]:
+def server_args(model_dir: Path, *extra: str, max_total_tokens: int = 8192, radix_cache: bool = False) -> list[str]:
     return ["--model-path", str(model_dir), "--device", "cpu", "--dtype", "float32", "--attention-backend",
             "intel_amx", "--disable-cuda-graph", "--max-total-tokens", str(max_total_tokens),
-            "--max-running-requests", "4", "--skip-server-warmup", "--disable-radix-cache", "--sleep-on-idle",
+            "--max-running-requests", "4", "--skip-server-warmup", "--sleep-on-idle",
+            *([] if radix_cache else ["--disable-radix-cache"]),
             "--host", "127.0.0.1", "--port", str(free_port()), *extra]
 
 

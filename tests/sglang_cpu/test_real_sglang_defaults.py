@@ -60,12 +60,17 @@ def _state_during(url: str, ids: list[int], max_new: int) -> tuple[dict, dict]:
 def test_a_cohort_the_yaml_default_gates_off_does_no_draft_work_and_keeps_no_context(controls_server, humaneval_ids,
                                                                                     hf_greedy, tokenizer, jetspec_server):
     url = controls_server.url
-    state, reply = _state_during(url, humaneval_ids[2], MAX_NEW)
+    prompt = humaneval_ids[2]
+    state, reply = _state_during(url, prompt, MAX_NEW)
     draft_s = sum(samples(url, "jetspec_draft_seconds_total").values())
     off_steps = sum(v for labels, v in samples(url, "jetspec_steps_total").items() if dict(labels)["budget"] == "0")
-    assert state["jetspec_live_draft_states"] == 1 and state["jetspec_draft_state_bytes"] == 0
+    # mid-decode the pool holds the prompt's context (the prefill writes it before a step plan is
+    # known) and nothing of the decoded tokens: their steps kept none
+    assert state["jetspec_live_draft_states"] == 1 and state["jetspec_context_pool"]["valid_slots"] == len(prompt)
     assert draft_s == 0 and off_steps == reply["meta_info"]["spec_verify_ct"] > 0
     assert until_eos(reply["output_ids"], tokenizer.eos_token_id) == hf_greedy[2]  # no tree: the ignored mask never bit
-    # a speculating server holds draft context for a running request: this measurement can fail
-    state, _ = _state_during(jetspec_server.url, humaneval_ids[2], MAX_NEW)
-    assert state["jetspec_draft_state_bytes"] > 0
+    # no radix cache on this server: the finished request's slots are free, and so is their context
+    assert jetspec_state(url)["jetspec_context_pool"]["valid_slots"] == 0
+    # a speculating server keeps context for the decoded tokens too: this measurement can fail
+    state, _ = _state_during(jetspec_server.url, prompt, MAX_NEW)
+    assert state["jetspec_context_pool"]["valid_slots"] > len(prompt)

@@ -105,10 +105,11 @@ RETRACTING_LENGTH = 160  # new tokens per request: four HumanEval prompts then o
 @pytest.fixture(scope="module")
 def tight_server(servers, smollm2_dir, policy_file):
     """JETSPEC with a KV pool too small for four long requests at once (SGLang must retract) and a short
-    context, for a request that runs up to the context limit. A low initial new-token ratio makes the
+    context, for a request that runs up to the context limit; with the radix cache on, as production
+    servers run (a retracted request's prefix stays cached, and its prefill again reads the head's context). A low initial new-token ratio makes the
     scheduler admit all four at once whatever their max_new_tokens, so the retraction comes early."""
     server = servers.start("jetspec-tight", jetspec_args(smollm2_dir, "--context-length", str(TIGHT_CONTEXT),
-                                                         max_total_tokens=TIGHT_POOL),
+                                                         max_total_tokens=TIGHT_POOL, radix_cache=True),
                            {"JETSPEC_POLICY": str(policy_file), "SGLANG_INIT_NEW_TOKEN_RATIO": "0.1"})
     yield server
     servers.stop(server)

@@ -1,0 +1,94 @@
+"""The head's context K/V kept per KV slot of the target's pool: what the SGLang worker drafts from.
+
+A position's context K/V depends only on its own tapped target row and its position, and a KV slot
+holds one token at one position for as long as it is allocated. So the pool stores, for every slot of
+the target's token-to-KV pool, the head's projected keys and values of the token whose target KV is
+in that slot, and a request's context is a gather of the slots of its positions 0..L-1 (its row of
+SGLang's `req_to_token`). Whatever shares slots shares the head's context with them: a prefix the
+radix cache hands to a new request brings the head's context along, and nothing is recomputed.
+
+`valid[slot]` says the slot's context was written for the token now in it. The owner keeps it exact:
+every forward either writes the rows it kept (prefill positions, a verify's root and accepted nodes)
+or invalidates the slots it wrote target KV to without keeping rows (rejected tree nodes, requests
+that do not draft), and slots the allocator frees are invalidated. A request may draft only if every
+slot of its context is valid; one that is not (its prefix was written while speculation was off) is
+decoded without speculation.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from .context_cache import context_bytes_per_token
+from .head import DraftHead, LayerContext
+from .head_config import HeadConfig
+
+
+class SlotLane(Protocol):
+    """A running request as the pool sees it: the KV slots of its context positions, in order."""
+
+    context_slots: torch.Tensor  # [L] long, on the pool's device
+
+
+class SlotContextPool:
+    """Context K/V per KV slot: keys and values [head layers, slots, H_kv, D] and `valid` [slots].
+
+    Memory: slots x (`context_bytes_per_token` + 1 byte for `valid`), allocated once."""
+
+    def __init__(self, cfg: HeadConfig, num_slots: int, dtype: torch.dtype, device) -> None:
+        shape = (cfg.num_hidden_layers, num_slots, cfg.num_key_value_heads, cfg.head_dim)
+        self.keys = torch.zeros(shape, dtype=dtype, device=device)
+        self.values = torch.zeros(shape, dtype=dtype, device=device)
+        self.valid = torch.zeros(num_slots, dtype=torch.bool, device=device)
+
+    @staticmethod
+    def bytes_per_token(cfg: HeadConfig, dtype: torch.dtype) -> int:
+        return context_bytes_per_token(cfg, dtype) + 1
+
+    @property
+    def num_slots(self) -> int:
+        return self.valid.shape[0]
+
+    def nbytes(self) -> int:
+        return sum(t.untyped_storage().nbytes() for t in (self.keys, self.values, self.valid))
+
+    def valid_slots(self) -> int:
+        return int(self.valid.sum())
+
+    @torch.no_grad()
+    def write(self, head: DraftHead, rows: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor) -> None:
+        """Project tapped rows [n, taps*H] at `positions` [n] and store them at `slots` [n]."""
+        if rows.shape[0] == 0:
+            return
+        new = head.project_context(rows.unsqueeze(0).to(self.keys.dtype), positions.unsqueeze(0))
+        for layer, n in enumerate(new):
+            self.keys[layer, slots] = n.keys[0].transpose(0, 1)
+            self.values[layer, slots] = n.values[0].transpose(0, 1)
+        self.valid[slots] = True
+
+    def invalidate(self, slots: torch.Tensor) -> None:
+        self.valid[slots] = False
+
+    def holds(self, slots: torch.Tensor) -> bool:
+        """Whether every slot's context was written for the token now in it (one host sync)."""
+        return slots.numel() == 0 or bool(self.valid[slots].all())
+
+    def clear(self) -> None:
+        self.valid.zero_()
+
+    def padded(self, head: DraftHead, lanes: list[SlotLane]) -> tuple[list[LayerContext], torch.Tensor, torch.Tensor]:
+        """Every lane's context gathered from its slots and right-padded to the longest ([B, H_kv, L, D]
+        per layer), the valid mask [B, L] hiding the padding, and each lane's context length [B]. The
+        padding reads slot 0 (always finite: zeros or a written row), which the mask hides."""
+        slots = torch.nn.utils.rnn.pad_sequence([lane.context_slots for lane in lanes], batch_first=True)
+        lengths = torch.tensor([lane.context_slots.shape[0] for lane in lanes], device=slots.device)
+        valid = torch.arange(slots.shape[1], device=slots.device) < lengths.unsqueeze(1)
+        context = [LayerContext(self.keys[layer][slots].transpose(1, 2), self.values[layer][slots].transpose(1, 2))
+                   for layer in range(self.keys.shape[0])]
+        return context, valid, lengths
+
+    def describe(self) -> dict:
+        """Slots (the target's), bytes held, and the slots whose context is valid (a live or cached token's)."""
+        return {"slots": self.num_slots, "bytes": self.nbytes(), "valid_slots": self.valid_slots()}

@@ -1,0 +1,111 @@
+"""The head's context kept per KV slot (core.context_pool): what the SGLang worker drafts from.
+
+Gathered from scattered slots it equals the context a per-request cache projects from the same rows;
+a request that shares a prefix's slots (a radix-cache hit) drafts exactly as one that computed them;
+validity follows writes, invalidation and clearing; memory is fixed at slots x bytes per token.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from sglang_jetspec.core.context_cache import ContextCache, context_bytes_per_token
+from sglang_jetspec.core.context_pool import SlotContextPool
+from sglang_jetspec.core.drafter import HeadDrafter
+from sglang_jetspec.core.head_config import HeadConfig
+from sglang_jetspec.core.head_io import init_head
+
+HIDDEN, VOCAB = 64, 50
+CFG = HeadConfig(hidden_size=HIDDEN, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                 intermediate_size=32, vocab_size=VOCAB, block_size=4, target_layer_ids=(1, 3, 5), mask_token_id=VOCAB - 1)
+WIDTH = 3 * HIDDEN
+SLOTS = 512
+
+
+def _rows(seed: int, count: int) -> torch.Tensor:
+    return torch.randn(count, WIDTH, generator=torch.Generator().manual_seed(seed))
+
+
+def _head():
+    return init_head(CFG, seed=0, std=0.3)
+
+
+class _SlotLane:
+    def __init__(self, slots: torch.Tensor, root: int = 5) -> None:
+        self.context_slots, self.root_token = slots, root
+
+
+class _CachedLane:
+    def __init__(self, rows: torch.Tensor, root: int = 5) -> None:
+        self.draft_cache, self._rows, self.root_token = ContextCache(), rows, root
+
+    def tap_rows(self) -> torch.Tensor:
+        return self._rows
+
+
+def _write_in_chunks(pool, head, rows, slots, cuts):
+    """As the worker writes: a prefill, then each verify step's committed rows."""
+    for start, end in zip(cuts, cuts[1:]):
+        pool.write(head, rows[start:end], torch.arange(start, end), slots[start:end])
+
+
+def test_memory_is_slots_times_bytes_per_token_and_writes_stay_in_place():
+    head = _head()
+    pool = SlotContextPool(CFG, SLOTS, torch.float32, "cpu")
+    assert SlotContextPool.bytes_per_token(CFG, torch.float32) == context_bytes_per_token(CFG, torch.float32) + 1 == 513
+    assert pool.nbytes() == SLOTS * 513 and pool.describe() == {"slots": SLOTS, "bytes": SLOTS * 513, "valid_slots": 0}
+    keys = pool.keys.data_ptr()
+    pool.write(head, _rows(0, 40), torch.arange(40), torch.arange(100, 140))
+    assert pool.keys.data_ptr() == keys and pool.valid_slots() == 40
+
+
+def test_a_context_gathered_from_scattered_slots_equals_a_per_request_cache():
+    head = _head()
+    pool = SlotContextPool(CFG, SLOTS, torch.float32, "cpu")
+    rows = _rows(1, 60)
+    slots = torch.randperm(SLOTS - 1, generator=torch.Generator().manual_seed(2))[:60] + 1  # never the padding slot 0
+    _write_in_chunks(pool, head, rows, slots, [0, 37, 40, 41, 44, 60])
+    cache = ContextCache()
+    cache.sync(head, rows)
+    context, valid, lengths = pool.padded(head, [_SlotLane(slots)])
+    assert valid.all() and lengths.tolist() == [60]
+    for got, want in zip(context, cache.layers):
+        assert torch.allclose(got.keys, want.keys, atol=1e-5) and torch.allclose(got.values, want.values, atol=1e-5)
+
+
+def test_a_request_sharing_a_cached_prefix_drafts_as_one_that_computed_it():
+    """B's first 30 positions are A's slots (what a radix-cache hit hands over); B drafts, alone and
+    batched with A, exactly as drafting from per-request caches of the same rows."""
+    head = _head()
+    torch.manual_seed(0)
+    embed, lm_head = nn.Embedding(VOCAB, HIDDEN), nn.Linear(HIDDEN, VOCAB, bias=False)
+    pool = SlotContextPool(CFG, SLOTS, torch.float32, "cpu")
+    rows_a = _rows(3, 50)
+    rows_b = torch.cat([rows_a[:30], _rows(4, 15)])
+    slots_a = torch.arange(1, 51)
+    slots_b = torch.cat([slots_a[:30], torch.arange(300, 315)])
+    _write_in_chunks(pool, head, rows_a, slots_a, [0, 48, 50])
+    pool.write(head, rows_b[30:], torch.arange(30, 45), slots_b[30:])  # B's prefill: only past the hit
+    pooled = HeadDrafter(head, embed, lm_head, context=pool)
+    cached = HeadDrafter(head, embed, lm_head)
+    got = pooled.propose([_SlotLane(slots_a, 7), _SlotLane(slots_b, 9)], 3)
+    want = cached.propose([_CachedLane(rows_a, 7), _CachedLane(rows_b, 9)], 3)
+    assert torch.allclose(got, want, atol=1e-5)
+    assert torch.allclose(pooled.propose([_SlotLane(slots_b, 9)], 3), want[1:], atol=1e-5)
+    # the control: B reading A's slots past the shared prefix (A's tokens there) drafts something else
+    wrong = slots_a[:45]
+    assert not torch.allclose(pooled.propose([_SlotLane(wrong, 9)], 3), want[1:], atol=1e-3)
+
+
+def test_validity_follows_writes_invalidation_and_clearing():
+    head = _head()
+    pool = SlotContextPool(CFG, SLOTS, torch.float32, "cpu")
+    slots = torch.tensor([5, 9, 11, 12])
+    assert not pool.holds(slots) and pool.holds(torch.empty(0, dtype=torch.long))
+    pool.write(head, _rows(5, 4), torch.arange(4), slots)
+    assert pool.holds(slots) and pool.valid_slots() == 4
+    pool.invalidate(torch.tensor([11]))  # the allocator freed it
+    assert not pool.holds(slots) and pool.holds(slots[:2]) and pool.valid_slots() == 3
+    pool.clear()  # a cache flush
+    assert pool.valid_slots() == 0
