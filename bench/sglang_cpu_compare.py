@@ -14,6 +14,11 @@ finished outputs cannot copy an answer. Every config gets the same slices, greed
 carrying `json_schema` / `regex` / `ebnf` (bench/prompts/json-tools.jsonl: tool-call arguments under a
 JSON schema) is sent with it as SGLang's sampling parameter of that name: structured output.
 
+Prefix caching: a config named with `+radix` (`plain+radix`, `jetspec+radix`, ...) runs its server with
+SGLang's radix cache on (the others run without it), and `--shared-prefix FILE` puts the file's text
+(e.g. bench/prompts/system-prompt.txt, ~300 tokens) before every prompt, as a shared system prompt;
+`--baseline` names the config the ratios and exact matches compare with (default plain).
+
 Reported per config and concurrency: tokens/s (and x plain), mean accept length, exact matches against
 plain SGLang (and against HF transformers greedy with --hf), and where the time of a decode iteration
 goes, in ms: the scheduler's own work (tests/sglang_cpu/stub/step_profile.py: building the batch, the
@@ -50,6 +55,7 @@ POLICY_VARIANTS = {"jetspec": {}, "jetspec-hybrid": {"drafter": "hybrid"},
                    "jetspec-hybrid-adaptive": {"drafter": "hybrid", "tree_sizing": "adaptive"},
                    "jetspec-off": {"default": 0}}
 CONFIGS = ("plain", "ngram", *POLICY_VARIANTS)
+RADIX = "+radix"  # config-name suffix: that server runs with SGLang's radix (prefix) cache on
 PROFILE_ENV = "JETSPEC_TEST_STEP_PROFILE"
 # worker phases of a JETSPEC decode iteration (WORKER_PHASES), from the worker's own counters
 PHASE_COLUMNS = ("sched_pre", "sched_run", *WORKER_PHASES, "worker_other", "output", "iteration")
@@ -115,11 +121,16 @@ class ConfigResult:
     tokens_per_s_concurrent: float = 0.0  # the highest level
 
 
+def base_config(config: str) -> str:
+    return config.removesuffix(RADIX)
+
+
 def server_args(config: str, model: str, dtype: str, max_running: int, ngram_tokens: int, port: int) -> list[str]:
     base = ["--model-path", model, "--device", "cpu", "--dtype", dtype, "--attention-backend", "intel_amx",
             "--disable-cuda-graph", "--max-total-tokens", "32768", "--max-running-requests", str(max(4, max_running)),
-            "--skip-server-warmup", "--disable-radix-cache", "--disable-overlap-schedule", "--sleep-on-idle",
-            "--host", "127.0.0.1", "--port", str(port)]
+            "--skip-server-warmup", "--disable-overlap-schedule", "--sleep-on-idle",
+            *([] if config.endswith(RADIX) else ["--disable-radix-cache"]), "--host", "127.0.0.1", "--port", str(port)]
+    config = base_config(config)
     if config == "ngram":
         return base + ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", str(ngram_tokens)]
     if config in POLICY_VARIANTS:
@@ -130,7 +141,7 @@ def server_args(config: str, model: str, dtype: str, max_running: int, ngram_tok
 
 def policy_env(config: str, log_dir: Path) -> dict[str, str]:
     """JETSPEC_POLICY for a policy variant: the shipped policy with every cohort's fields overridden."""
-    changes = POLICY_VARIANTS.get(config)
+    changes = POLICY_VARIANTS.get(base_config(config))
     if not changes:
         return {}
     import yaml
@@ -266,8 +277,8 @@ def compare_outputs(result: ConfigResult, outputs, reference, attr: str, diverge
             p.first_divergence_vs_plain = {i: v for i, v in at.items() if v is not None}
 
 
-def summarise(results: list[ConfigResult]) -> None:
-    plain = next((r for r in results if r.config == "plain"), None)
+def summarise(results: list[ConfigResult], baseline: str) -> None:
+    plain = next((r for r in results if r.config == baseline), None)
     for r in results:
         r.tokens_per_s_by_concurrency = {str(p.concurrency): p.tokens_per_s for p in r.passes}
         if plain is not None:
@@ -281,15 +292,18 @@ def summarise(results: list[ConfigResult]) -> None:
 
 def markdown(results: list[ConfigResult], meta: dict) -> str:
     levels = [p.concurrency for p in results[0].passes]
+    baseline = meta["baseline"]
     lines = [f"# Real SGLang on CPU: plain vs NGRAM vs JETSPEC ({meta['cpu']}, {meta['dtype']})", "",
              f"`{meta['command']}`", "",
              f"{meta['source']} {meta['prompt_range']}: {meta['prompts_per_pass']} new prompts per pass "
              f"({meta.get('constrained_prompts', 0)} of them under a json_schema / regex / ebnf constraint), greedy, "
              f"max_new_tokens {meta['max_new_tokens']}, SGLang {meta['sglang']}, torch {meta['torch']}, "
              f"{meta['threads']} threads, {meta['date']}. Attention and KV kernels are the test stand-in's PyTorch "
-             "code (tests/sglang_cpu/stub), not sgl-kernel's.", "",
-             "## Tokens/s by concurrency (x plain)", "",
-             "| config | " + " | ".join(f"c={c}" for c in levels) + " | accept length by c | exact vs plain by c |",
+             "code (tests/sglang_cpu/stub), not sgl-kernel's."
+             + (f" Every prompt starts with the {meta['shared_prefix_tokens']}-token shared prefix {meta['shared_prefix']}; "
+                f"`{RADIX}` configs run with SGLang's radix cache on, the others without." if meta["shared_prefix"] else ""),
+             "", f"## Tokens/s by concurrency (x {baseline})", "",
+             "| config | " + " | ".join(f"c={c}" for c in levels) + f" | accept length by c | exact vs {baseline} by c |",
              "|---|" + "---|" * (len(levels) + 2)]
     for r in results:
         cells = [f"{p.tokens_per_s:.1f} ({r.speedup_vs_plain_by_concurrency.get(str(p.concurrency), 0):.2f}x)"
@@ -313,7 +327,7 @@ def markdown(results: list[ConfigResult], meta: dict) -> str:
     diverged = [(r.config, p.concurrency, i, at) for r in results for p in r.passes
                 for i, at in p.first_divergence_vs_plain.items()]
     if diverged:
-        lines += ["", "First divergence from plain SGLang (config, concurrency, prompt in pass, token position): "
+        lines += ["", f"First divergence from {baseline} (config, concurrency, prompt in pass, token position): "
                   + ", ".join(f"{c} c={lvl} #{i} @{at}" for c, lvl, i, at in diverged)]
     return "\n".join(lines) + "\n"
 
@@ -328,7 +342,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--concurrency", default="1,4", help="comma-separated levels, one pass each, e.g. 1,2,4,8,16")
     p.add_argument("--model", help="target checkpoint directory (default: jetspec model fetch smollm2)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    p.add_argument("--configs", default=",".join(CONFIGS), help=f"subset of {','.join(CONFIGS)}, in this order")
+    p.add_argument("--configs", default=",".join(CONFIGS),
+                   help=f"subset of {','.join(CONFIGS)}, in this order; a name ending in {RADIX} runs with the radix cache on")
+    p.add_argument("--baseline", default="plain", help="the config ratios and exact matches compare with (one of --configs)")
+    p.add_argument("--shared-prefix", type=Path, help="a text file put before every prompt (a shared system prompt)")
     p.add_argument("--ngram-draft-tokens", type=int, default=8)
     p.add_argument("--threads", type=int, default=2, help="OMP threads of each server")
     p.add_argument("--hf", action="store_true", help="also compare with HF transformers greedy (slow)")
@@ -338,9 +355,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--log-dir", type=Path, default=Path("bench/out/sglang-cpu-logs"))
     args = p.parse_args(argv)
     configs = [c for c in args.configs.split(",") if c]
-    unknown = sorted(set(configs) - set(CONFIGS))
+    unknown = sorted({c for c in configs if base_config(c) not in CONFIGS})
     if unknown:
-        p.error(f"--configs: unknown {unknown}; choose from {','.join(CONFIGS)}")
+        p.error(f"--configs: unknown {unknown}; choose from {','.join(CONFIGS)}, each optionally with {RADIX}")
+    if args.baseline not in configs:
+        p.error(f"--baseline {args.baseline}: not among --configs {args.configs}; add it or pick one of them")
+    if args.shared_prefix is not None and not args.shared_prefix.is_file():
+        p.error(f"--shared-prefix {args.shared_prefix}: no such file; pass a text file (e.g. bench/prompts/system-prompt.txt)")
     try:
         levels = parse_concurrency(args.concurrency)
     except BenchArgsError as exc:
@@ -357,7 +378,8 @@ def main(argv: list[str] | None = None) -> int:
     model = args.model or str(fetch("smollm2"))
     tokenizer = AutoTokenizer.from_pretrained(model)
     records = load_prompt_records(args.prompts)[args.prompt_range]
-    prompts = [(encode(r, tokenizer), constraint_params(r)) for r in records]
+    shared = tokenizer(args.shared_prefix.read_text(), add_special_tokens=False)["input_ids"] if args.shared_prefix else []
+    prompts = [(shared + encode(r, tokenizer), constraint_params(r)) for r in records]
     constrained = sum(1 for _, constraint in prompts if constraint)
     if args.hf and constrained:
         p.error(f"--hf: {constrained} prompts carry a constraint, which HF greedy decoding would ignore; compare "
@@ -375,16 +397,17 @@ def main(argv: list[str] | None = None) -> int:
         results.append(result)
         print(f"[{config}] " + ", ".join(f"c={q.concurrency}: {q.tokens_per_s:.1f} tok/s accept {q.accept_length}"
                                          for q in result.passes), flush=True)
-    if "plain" in outputs:
+    if args.baseline in outputs:
         for r in results:
-            compare_outputs(r, outputs[r.config], outputs["plain"], "exact_match_vs_plain", divergences=True)
+            compare_outputs(r, outputs[r.config], outputs[args.baseline], "exact_match_vs_plain", divergences=True)
     if args.hf:
         hf = [hf_greedy(model, [ids for ids, _ in prompts[part]], args.max_new_tokens, args.dtype) for part in slices]
         for r in results:
             compare_outputs(r, outputs[r.config], hf, "exact_match_vs_hf", divergences=False)
-    summarise(results)
+    summarise(results, args.baseline)
     meta = {"command": "python bench/sglang_cpu_compare.py " + " ".join(sys.argv[1:] if argv is None else argv),
-            "cpu": cpu_model(), "dtype": args.dtype, "source": args.prompts,
+            "cpu": cpu_model(), "dtype": args.dtype, "source": args.prompts, "baseline": args.baseline,
+            "shared_prefix": str(args.shared_prefix or ""), "shared_prefix_tokens": len(shared),
             "prompt_range": f"{args.prompt_range.start or 0}:{'' if args.prompt_range.stop is None else args.prompt_range.stop}",
             "prompts_per_pass": [s.stop - s.start for s in slices], "constrained_prompts": constrained, "concurrency": levels,
             "max_new_tokens": args.max_new_tokens, "threads": args.threads, "sglang": sglang.__version__,

@@ -80,7 +80,28 @@ def test_speedups_are_per_concurrency_against_plain(compare):
         return compare.ConfigResult(config, passes, 30.0)
 
     plain, spec = result("plain", [(1, 10.0), (4, 30.0)]), result("jetspec", [(1, 15.0), (4, 27.0)])
-    compare.summarise([plain, spec])
+    compare.summarise([plain, spec], "plain")
     assert spec.tokens_per_s_by_concurrency == {"1": 15.0, "4": 27.0}
     assert spec.speedup_vs_plain_by_concurrency == pytest.approx({"1": 1.5, "4": 0.9})
     assert spec.tokens_per_s == 15.0 and spec.tokens_per_s_concurrent == 27.0
+
+
+def test_a_radix_config_runs_its_server_with_the_radix_cache_and_its_base_policy(compare, tmp_path, monkeypatch):
+    args = lambda config: compare.server_args(config, "m", "float32", 4, 8, 1)  # noqa: E731
+    assert "--disable-radix-cache" in args("jetspec") and "--disable-radix-cache" in args("plain")
+    radix = args("jetspec-hybrid+radix")
+    assert "--disable-radix-cache" not in radix and radix[radix.index("--speculative-algorithm") + 1] == "JETSPEC"
+    assert "--speculative-algorithm" not in args("plain+radix")
+    env = compare.policy_env("jetspec-hybrid+radix", tmp_path)
+    assert "drafter: hybrid" in Path(env["JETSPEC_POLICY"]).read_text()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--configs", "plain,jetspec+cache"], "--configs: unknown ['jetspec+cache']"),
+    (["--configs", "jetspec+radix", "--baseline", "plain"], "--baseline plain: not among --configs"),
+    (["--shared-prefix", "no/such/file.txt"], "--shared-prefix no/such/file.txt: no such file"),
+])
+def test_bad_radix_and_prefix_flags_name_the_flag(compare, argv, message, capsys, tmp_path):
+    with pytest.raises(SystemExit):
+        compare.main([*argv, "--json", str(tmp_path / "x.json"), "--markdown", str(tmp_path / "x.md")])
+    assert message in capsys.readouterr().err

@@ -16,8 +16,8 @@ pytorch sampler), sends the first 50 HumanEval prompts greedily, and writes `sgl
   waits for the device at each phase boundary, which costs speed on a GPU) adds the ms per verify step
   of each worker phase (its `jetspec_<phase>_seconds_total` counters).
 `--deadline-s` skips servers that would start after it (each is expected to take `--server-budget-s`).
-Every server runs with the radix cache off (JETSPEC needs it off; the others match it so the
-comparison is fair) and without the overlap scheduler or decode CUDA graphs (JETSPEC refuses both;
+Every server runs with the radix cache off (each prompt is sent once, so no server gains from a cached
+prefix; bench/sglang_cpu_compare.py --shared-prefix measures that workload) and without the overlap scheduler or decode CUDA graphs (JETSPEC refuses both;
 plain and NGRAM are also measured with their defaults, labelled "+defaults").
 """
 

@@ -13,11 +13,13 @@
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # imported by registration in every SGLang process: nothing heavy at module level
+    import torch
 
-from sglang_jetspec.core.context_pool import SlotContextPool
-from sglang_jetspec.core.head_config import HeadConfig
+    from sglang_jetspec.core.context_pool import SlotContextPool
+    from sglang_jetspec.core.head_config import HeadConfig
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +29,7 @@ CELL_SIZE_TARGET = "sglang.srt.model_executor.pool_configurator._dflash_draft_ce
 def after_dflash_draft_cell_size(result, kvc, *args, **kwargs):
     from sglang.srt.runtime_context import get_spec
 
+    from sglang_jetspec.core.context_pool import SlotContextPool
     from sglang_jetspec.core.head_io import read_head_config
 
     spec = get_spec()
@@ -37,6 +40,10 @@ def after_dflash_draft_cell_size(result, kvc, *args, **kwargs):
 
 
 def allocate_context_pool(cfg: HeadConfig, allocator, dtype: torch.dtype, device) -> SlotContextPool:
+    import torch
+
+    from sglang_jetspec.core.context_pool import SlotContextPool
+
     num_slots = allocator.size + allocator.page_size  # as the target's KV buffers: slot 0 is the padding slot
     per_token = SlotContextPool.bytes_per_token(cfg, dtype)
     try:
@@ -50,7 +57,7 @@ def allocate_context_pool(cfg: HeadConfig, allocator, dtype: torch.dtype, device
              pool.nbytes() / 2**20)
     free = allocator.free
 
-    def free_with_context(free_index: torch.Tensor) -> None:
+    def free_with_context(free_index) -> None:
         if free_index.numel():
             pool.invalidate(free_index)
         free(free_index)

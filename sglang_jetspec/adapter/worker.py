@@ -41,6 +41,7 @@ from sglang.srt.speculative.spec_utils import move_accept_tokens_to_target_kvcac
 from policies import StepPlan, read_head_capacity
 from sglang_jetspec.adapter.accept import accept_step
 from sglang_jetspec.adapter.attention_backends import tree_mask_layout, verify_attention_backend
+from sglang_jetspec.adapter.context_pool import allocate_context_pool
 from sglang_jetspec.adapter.draft_model import register_draft_models
 from sglang_jetspec.adapter.policy import PolicyControl, load_runtime_policy
 from sglang_jetspec.adapter.request_sampling import core_sampling_params
@@ -54,7 +55,6 @@ from sglang_jetspec.adapter.tree_penalties import apply_logit_bias, apply_tree_p
 from sglang_jetspec.adapter.verify_inputs import build_verify_tensors
 from sglang_jetspec.adapter.worker_observability import (WorkerShadow, step_tracer, trace_step, worker_metrics,
                                                           xgrammar_options)
-from sglang_jetspec.adapter.context_pool import allocate_context_pool
 from sglang_jetspec.core.context_pool import SlotContextPool
 from sglang_jetspec.core.draft_vocab import load_draft_vocab
 from sglang_jetspec.core.drafter import HeadDrafter
@@ -164,8 +164,10 @@ class JetSpecWorker(BaseSpecWorker):
         return len(self.states.rids())
 
     def context_pool_state(self) -> dict:
-        """The head's context pool: its slots, bytes, and the slots holding a live or cached token's context."""
-        return self.context_pool.describe()
+        """The head's context pool: its slots, bytes, the slots holding a token's context, and the target's
+        slots in use (running and cached tokens): never fewer than the valid ones, or context outlived its KV."""
+        allocator = self.token_to_kv_pool_allocator
+        return {**self.context_pool.describe(), "target_held_slots": allocator.size - allocator.available_size()}
 
     # ---- forward ----
 
@@ -253,8 +255,8 @@ class JetSpecWorker(BaseSpecWorker):
                 positions.append(torch.arange(prefix_len, prefix_len + extend_len))
             offset += extend_len
         if keep:
-            rows = torch.cat(keep).to(self.device)
-            self.context_pool.write(self.drafter.head, taps[rows], torch.cat(positions).to(self.device), batch.out_cache_loc[rows])
+            rows, device = torch.cat(keep).to(self.device), self.device
+            self.context_pool.write(self.drafter.head, taps[rows], torch.cat(positions).to(device), batch.out_cache_loc[rows])
 
     @staticmethod
     def _attach(state: RequestDraftState, req) -> None:

@@ -387,6 +387,29 @@ def test_constrained_greedy_output_equals_plain_masked_decoding_beside_free_text
     assert any(after < before for before, after in pruned), "no forbidden draft node was ever pruned"
 
 
+def test_the_pool_holds_exactly_the_committed_tokens_context_at_their_slots(fresh, smollm2, single_thread, tmp_path):
+    """Prefill and every verify write the head's context of the positions they commit (the prompt; the
+    root and accepted nodes), at those positions' KV slots, never a rejected node's: the valid slots are
+    exactly the committed positions' and each holds what projecting a fresh prefill's tap rows gives."""
+    fresh.policy_control = _one_budget(tmp_path, 16)
+    req = FakeReq("c", smollm2.tokenizer(PROMPTS[2])["input_ids"], 40, temperature=0.0)
+    sched = Scheduler(fresh)
+    sched.admit([req])
+    for _ in range(4):
+        sched.step()
+    assert not req.finished() and max(sched.accept_lens) > 1 and min(sched.accept_lens) < 16  # nodes were rejected
+    tokens = req.origin_input_ids + req.output_ids[:-1]  # every committed token but the newest (no KV yet)
+    slots = REQ_TO_TOKEN[req.kv.req_pool_idx, : len(tokens)]
+    pool = fresh.context_pool
+    assert pool.valid.nonzero().flatten().tolist() == sorted(slots.tolist())
+    _, taps = fresh._target_worker._run([(tokens, torch.arange(len(tokens)),
+                                          torch.ones(len(tokens), len(tokens), dtype=torch.bool).tril())])
+    want = fresh.drafter.head.project_context(taps[:1, : len(tokens)], torch.arange(len(tokens)).unsqueeze(0))
+    for layer, ref in enumerate(want):
+        assert torch.allclose(pool.keys[layer, slots], ref.keys[0].transpose(0, 1), atol=1e-4)
+        assert torch.allclose(pool.values[layer, slots], ref.values[0].transpose(0, 1), atol=1e-4)
+
+
 def test_budget_zero_is_plain_decoding_with_no_draft_work(fresh, smollm2, single_thread, monkeypatch, tmp_path):
     fresh.policy_control = _one_budget(tmp_path, 0)
     monkeypatch.setattr(fresh.drafter, "propose", lambda *a, **k: pytest.fail("budget 0 must not run the head"))

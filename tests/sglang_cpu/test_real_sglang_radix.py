@@ -9,28 +9,14 @@ tight server runs with it."""
 from __future__ import annotations
 
 import pytest
-from e2e_client import (MAX_NEW, generate, generate_all, get, jetspec_args, jetspec_state, server_args,
+from e2e_client import (MAX_NEW, REPO, generate, generate_all, get, jetspec_args, jetspec_state, server_args,
                         wait_for_no_draft_state)
 
 RADIX_POOL = 1536  # KV tokens: the shared prefix and four requests fit; everything the module sends does not
 
-# A long shared system prompt (~300 tokens), as agents and chat front-ends send with every request.
-SYSTEM = (
-    "You are a careful senior software engineer who answers questions from colleagues on an internal help "
-    "channel. Follow these rules in every answer. First, read the whole question before answering, and if "
-    "the question contains code, read the code line by line and note what each function is meant to do. "
-    "Second, prefer the standard library of the language in use; do not suggest third-party packages unless "
-    "the colleague already uses them. Third, keep answers short: a sentence or two of explanation, then the "
-    "code, then one sentence on how to test it. Fourth, when you write Python, follow PEP 8, use type hints "
-    "for every function signature, write a docstring that states what the function returns, and never use "
-    "mutable default arguments. Fifth, when a question is ambiguous, state the assumption you made in one "
-    "sentence and answer under that assumption rather than asking a question back. Sixth, never invent "
-    "library functions: if you are not sure a function exists, write the few lines that do the job instead. "
-    "Seventh, when the colleague's code has a bug, name the line, say what goes wrong and show the corrected "
-    "line. Eighth, handle edge cases explicitly: empty inputs, zero, negative numbers, very large inputs and "
-    "duplicate values. Ninth, do not print debugging output in final code. Tenth, end every answer with the "
-    "complexity of the solution in big-O notation for both time and memory. Now complete the code below.\n\n"
-)
+# A long shared system prompt (~300 tokens), as agents and chat front-ends send with every request;
+# bench/sglang_cpu_compare.py --shared-prefix measures the same workload.
+SYSTEM = (REPO / "bench" / "prompts" / "system-prompt.txt").read_text()
 
 TURN_END = "<|im_end|>\n<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
 QUESTIONS = ["Now write the same function without recursion.", "Add a test for the empty input."]
@@ -115,6 +101,6 @@ def test_after_the_server_drains_context_is_held_only_for_cached_tokens(radix_se
     wait_for_no_draft_state(spec.url)
     pool = jetspec_state(spec.url)["jetspec_context_pool"]
     assert pool["slots"] == RADIX_POOL + 1  # one per KV slot, slot 0 (SGLang's padding slot) included
-    assert len(system_ids) <= pool["valid_slots"] <= RADIX_POOL  # the cached prefixes keep theirs
+    assert len(system_ids) <= pool["valid_slots"] <= pool["target_held_slots"]  # only cached tokens keep theirs
     assert "Cache flushed" in get(f"{spec.url}/flush_cache")
     assert jetspec_state(spec.url)["jetspec_context_pool"]["valid_slots"] == 0  # every slot free: no context left

@@ -11,8 +11,8 @@ import time
 import urllib.parse
 
 import pytest
-from e2e_client import (copy_spool, generate, jetspec_args, live_draft_states, post, server_info, shadow_run,
-                        until_eos, wait_for_no_draft_state, wait_for_spooled)
+from e2e_client import (copy_spool, generate, jetspec_args, jetspec_state, live_draft_states, post, server_info,
+                        shadow_run, until_eos, wait_for_no_draft_state, wait_for_spooled)
 
 CHAT = [{"role": "user", "content": "Write a Python function that checks whether a string is a palindrome."}]
 
@@ -102,6 +102,12 @@ TIGHT_POOL = 1100  # KV tokens: one request at the context limit fits, four Huma
 RETRACTING_LENGTH = 160  # new tokens per request: four HumanEval prompts then outgrow the tight server's pool
 
 
+def _unshared(prompts: list[list[int]]) -> list[list[int]]:
+    """The prompts, each behind a token of its own: the radix cache then shares none of their header, and
+    four of them growing outgrow the tight pool as they would without the cache."""
+    return [[1000 + i] + ids for i, ids in enumerate(prompts)]
+
+
 @pytest.fixture(scope="module")
 def tight_server(servers, smollm2_dir, policy_file):
     """JETSPEC with a KV pool too small for four long requests at once (SGLang must retract) and a short
@@ -125,7 +131,7 @@ def test_retraction_keeps_output_exact_and_frees_draft_state(tight_server, plain
 
     bodies = [{"input_ids": ids, "sampling_params": {"temperature": 0, "max_new_tokens": RETRACTING_LENGTH, "ignore_eos": True,
                                                      **({"regex": CODE_REGEX} if i % 2 else {})}}
-              for i, ids in enumerate(humaneval_ids[:4])]
+              for i, ids in enumerate(_unshared(humaneval_ids[:4]))]
     retractions = tight_server.log.read_text().lower().count("retract")  # the logged server arguments name it too
     outputs = {}
     for server in (tight_server, plain_server):
@@ -146,7 +152,7 @@ def test_aborting_retracted_requests_while_they_wait_frees_their_draft_state(tig
 
     with ThreadPoolExecutor(4) as pool:
         bodies = [{"input_ids": ids, "sampling_params": {"temperature": 0, "max_new_tokens": RETRACTING_LENGTH, "ignore_eos": True}}
-                  for ids in humaneval_ids[:4]]
+                  for ids in _unshared(humaneval_ids[:4])]
         replies = [pool.submit(post, f"{tight_server.url}/generate", body) for body in bodies]
         log = tight_server.log
         start = log.read_text().lower().count("retract")
@@ -160,6 +166,8 @@ def test_aborting_retracted_requests_while_they_wait_frees_their_draft_state(tig
     assert any(status != 200 or reply["meta_info"]["finish_reason"]["type"] == "abort" for status, reply in finish), finish
     wait_for_no_draft_state(tight_server.url)
     assert server_info(tight_server.url)  # still serving
+    pool = jetspec_state(tight_server.url)["jetspec_context_pool"]
+    assert pool["valid_slots"] <= pool["target_held_slots"]  # no context left on a slot the target freed
 
 
 def test_a_request_running_up_to_the_context_limit(tight_server, plain_server, humaneval_ids):
