@@ -8,11 +8,13 @@ SGLang's `req_to_token`). Whatever shares slots shares the head's context with t
 radix cache hands to a new request brings the head's context along, and nothing is recomputed.
 
 `valid[slot]` says the slot's context was written for the token now in it. The owner keeps it exact:
-every forward either writes the rows it kept (prefill positions, a verify's root and accepted nodes)
-or invalidates the slots it wrote target KV to without keeping rows (rejected tree nodes, requests
-that do not draft), and slots the allocator frees are invalidated. A request may draft only if every
-slot of its context is valid; one that is not (its prefix was written while speculation was off) is
-decoded without speculation.
+it writes the rows a forward commits (prefill positions, a verify's root and accepted nodes, each at
+the slot its KV ends up in) and nothing else, and invalidates every slot the allocator frees, so a
+slot is valid from the write of its committed token until it is freed. Slots holding KV without a
+write (rejected tree nodes, which are rewritten or freed before anything reads them; tokens of
+requests that do not draft) stay invalid. A request may draft only if every slot of its context is
+valid; one that is not (its prefix was written while speculation was off) is decoded without
+speculation.
 """
 
 from __future__ import annotations
