@@ -62,9 +62,6 @@ def test_a_step_appends_the_context_in_place():
     full = head.project_context(rows.unsqueeze(0), torch.arange(1200).unsqueeze(0))
     for mine, ref in zip(cache.layers, full):
         assert torch.allclose(mine.keys, ref.keys, atol=1e-5) and torch.allclose(mine.values, ref.values, atol=1e-5)
-    cache.truncate(100)  # a retraction: mostly unused buffers are given back
-    assert cache.length == 100 and _storage(cache.layers[0].keys) == 200 * PER_TOKEN // 2
-    assert torch.allclose(cache.layers[0].keys, full[0].keys[:, :, :100], atol=1e-5)
 
 
 class _Lane:

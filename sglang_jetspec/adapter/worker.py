@@ -247,7 +247,7 @@ class JetSpecWorker(BaseSpecWorker):
         keep, positions, offset = [], [], 0
         for req, prefix_len, extend_len in zip(batch.reqs, batch.prefix_lens, batch.extend_lens):
             params = core_sampling_params(req.sampling_params, self.vocab_size)
-            held = prefix_len == 0 or self.context_pool.holds(req_to_token[req.kv.req_pool_idx, :prefix_len])
+            held = self.context_pool.holds(req_to_token[req.kv.req_pool_idx, :prefix_len])  # no prefix: held
             state = self.states.extended(req.rid, params, held)
             self._attach(state, req)
             if not state.blind:
@@ -256,7 +256,8 @@ class JetSpecWorker(BaseSpecWorker):
             offset += extend_len
         if keep:
             rows, device = torch.cat(keep).to(self.device), self.device
-            self.context_pool.write(self.drafter.head, taps[rows], torch.cat(positions).to(device), batch.out_cache_loc[rows])
+            self.context_pool.write(self.drafter.head, taps[rows], torch.cat(positions).to(device),
+                                    batch.out_cache_loc[rows])
 
     @staticmethod
     def _attach(state: RequestDraftState, req) -> None:

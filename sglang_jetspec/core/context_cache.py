@@ -34,8 +34,7 @@ class ContextCache:
     their first `length` positions. A sync projects only the new rows and writes them in place; the
     buffers grow by doubling (the first allocation is exact), so appending is amortised O(1) per row
     and a step never copies the whole context. Held bytes = capacity x `context_bytes_per_token`
-    (2 x head layers x KV heads x head_dim x dtype bytes), with capacity <= 2 x length after growth
-    (<= 4 x length after a truncate, which shrinks back to 2 x length below a quarter).
+    (2 x head layers x KV heads x head_dim x dtype bytes), with capacity <= 2 x length after growth.
     """
 
     def __init__(self) -> None:
@@ -86,16 +85,6 @@ class ContextCache:
                     t[:, :, :keep] = old[i][:, :, :keep]
                 out.append(t)
         self._keys, self._values, self.length = keys, values, keep
-
-    def truncate(self, length: int) -> None:
-        """Forget positions from `length` on: a position's context K/V depends only on its own tapped
-        row and position, so what stays is exact. The buffers shrink when under a quarter is in use."""
-        if length < self.length:
-            self.length = length
-            if length == 0:
-                self._keys, self._values = [], []
-            elif 4 * length < self.capacity:
-                self._resize(2 * length, self.layers)
 
 
 class CachedLane(Protocol):
