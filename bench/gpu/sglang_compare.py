@@ -159,10 +159,10 @@ def write_results(out_dir: Path, identity: dict[str, list[IdentityRow]], through
 
 # ---- servers and requests (GPU only) ----
 
-def _post(url: str, payload: dict, timeout: float = 600.0) -> dict:
+def _post(url: str, payload: dict, timeout: float = 600.0) -> bytes:
     request = urllib.request.Request(url, json.dumps(payload).encode(), {"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=timeout) as response:
-        return json.loads(response.read())
+        return response.read()
 
 
 class Server:
@@ -194,7 +194,7 @@ class Server:
         payload = {"text": prompt, "sampling_params": {"temperature": 0.0, "max_new_tokens": max_new_tokens}}
         if logprobs:
             payload.update(return_logprob=True, top_logprobs_num=TOP_LOGPROBS)
-        return _post(self.url + "/generate", payload)
+        return json.loads(_post(self.url + "/generate", payload))
 
     def stop(self) -> None:
         try:
@@ -300,7 +300,7 @@ def server_configs(servers: list[tuple[str, str]], args) -> dict[str, list[str]]
         # the phase split needs the worker's metrics, and with them it waits for the device at every
         # phase boundary: on a GPU that costs the host/device overlap, so speed comes from `jetspec`
         # and the split from a separate `jetspec+phases` server
-        extra = {"jetspec": jetspec, "jetspec+phases": jetspec + ["--enable-metrics"],
+        extra = {"jetspec": jetspec, "jetspec+phases": jetspec + ["--enable-metrics"], "jetspec+profile": jetspec,
                  "plain": SYNC,
                  "plain+defaults": [],
                  "ngram": SYNC + ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens",
@@ -311,9 +311,40 @@ def server_configs(servers: list[tuple[str, str]], args) -> dict[str, list[str]]
     return configs
 
 
+def profile(server: Server, label: str, args, prompts: list[str], bs: int) -> Path:
+    """`--profile-steps` scheduler iterations of `bs` concurrent requests under SGLang's torch profiler
+    (`/start_profile`; it stops itself after that many forwards and writes a chrome trace), summarised by
+    bench/gpu/profile_summary.py into `profile-<label>-bs<bs>.md` beside the results. The trace itself
+    stays in --profile-dir (tens of MB: not part of the results)."""
+    from profile_summary import load_trace, summarize, summary_markdown
+
+    trace_dir = args.profile_dir / f"{label}-bs{bs}"
+    activities = ["CPU", "GPU"] if args.device == "cuda" else ["CPU"]
+    with ThreadPoolExecutor(bs) as pool:
+        list(pool.map(lambda _: server.generate(WARMUP_TEXT, 8), range(bs)))
+        _post(server.url + "/start_profile", {"output_dir": str(trace_dir), "num_steps": args.profile_steps,
+                                              "activities": activities, "profile_id": "jetspec"})
+        list(pool.map(lambda p: server.generate(p, args.max_new_tokens), prompts[:bs]))
+    deadline = time.time() + 120  # the scheduler exports the trace after the last profiled step
+    while not (traces := sorted(trace_dir.glob("*.trace.json*"))) and time.time() < deadline:
+        time.sleep(1)
+    if not traces:
+        raise TimeoutError(f"[{label}] no profiler trace in {trace_dir} after 120 s")
+    time.sleep(2)  # the export may still be writing
+    steps, totals = summarize(load_trace(traces[0]))
+    out = args.out / f"profile-{label.replace('@', '-')}-bs{bs}.md"
+    out.write_text(f"# {label}, batch {bs}: {args.profile_steps} profiled forwards ({traces[0].name})\n\n"
+                   + summary_markdown(steps, totals))
+    return out
+
+
 def measure(server: Server, label: str, args, prompts: list[str], slices: tuple[slice, dict[int, slice]],
             greedy: dict, speeds: dict) -> None:
     identity, passes = slices
+    if label.startswith("jetspec+profile@"):  # profiled steps only: the profiler's own cost spoils speed
+        for bs in args.batch_sizes:
+            print(profile(server, label, args, prompts[passes[bs]], bs).read_text(), flush=True)
+        return
     if label.partition("@")[0] in ("plain", "jetspec"):
         greedy[label] = [server.generate(q, args.max_new_tokens, logprobs=label.startswith("plain@"))
                          for q in prompts[identity]]
@@ -350,6 +381,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--port", type=int, default=31000)
     p.add_argument("--deadline-s", type=float, default=None, help="measure no server after this many seconds")
     p.add_argument("--server-budget-s", type=float, default=90.0, help="expected seconds per server (for --deadline-s)")
+    p.add_argument("--profile-steps", type=int, default=12,
+                   help="forwards a jetspec+profile server runs under the torch profiler, per batch size")
+    p.add_argument("--profile-dir", type=Path, default=Path("/tmp/jetspec-profile"), help="where its traces go")
     p.add_argument("--out", type=Path, default=Path("bench/results"))
     args = p.parse_args(argv)
 
