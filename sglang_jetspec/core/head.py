@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from .head_config import HeadConfig
+from .masked_sdpa import masked_sdpa
 from .packed_linear import PackedLinear
 
 
@@ -86,8 +87,7 @@ class DraftAttention(nn.Module):
         own = self.project_kv(x, cos, sin)
         k = torch.cat([context.keys, own.keys], dim=2)
         v = torch.cat([context.values, own.values], dim=2)
-        # grouped-query heads read as they are: no copy of the context per query head
-        out = nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.num_heads != self.num_kv_heads)
+        out = masked_sdpa(q, k, v, mask)  # grouped-query heads read as they are: no copy of the context
         return self.o_proj(out.transpose(1, 2).reshape(x.shape[0], x.shape[1], -1))
 
 

@@ -5,13 +5,15 @@ transformers' own "sdpa" path copies every layer's whole K/V cache to the query 
 (`repeat_kv`) whenever a mask is given, which the engine always gives (tree and padding masks): with
 SmolLM2's 9 query / 3 KV heads that copy was a third of a batch-32 decode step on this CPU and made
 one layer's attention 3-4x slower at batch 4 x 16 nodes. SDPA reads the grouped K/V directly and
-computes the same attention (equal within float rounding; tests/test_target_families.py).
+computes the same attention (equal within float rounding; tests/test_target_families.py), off cuDNN's
+per-shape plans (core/masked_sdpa.py).
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
+
+from ..core.masked_sdpa import masked_sdpa
 
 ATTN_IMPLEMENTATION = "jetspec_sdpa_gqa"
 
@@ -25,8 +27,7 @@ def gqa_sdpa_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
         return sdpa_attention_forward(module, query, key, value, None, dropout=dropout, scaling=scaling, **kwargs)
-    out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, scale=scaling,
-                                         enable_gqa=query.shape[1] != key.shape[1])
+    out = masked_sdpa(query, key, value, attention_mask, scale=scaling)
     return out.transpose(1, 2).contiguous(), None
 
 
