@@ -49,12 +49,14 @@ def _step(t0: float, correlation: int) -> list[dict]:
         _x("kernel", "attention", t0 + 60, dur=20.0, tid=99, correlation=correlation + 3),
         # frames of no interest: neither a region nor counted anywhere but inside the regions around them
         _x("python_function", "/usr/lib/python3.11/threading.py(10): wait", t0 + 60, 5),
+        _x("cpu_op", "aten::mm", t0 + 200),  # between steps
     ]
 
 
 def test_per_step_rows_hold_exactly_what_ran_inside_each_function(summary):
-    steps, totals = summary.summarize(_step(0, 1) + _step(1000, 11))
-    assert steps == 2
+    profile = summary.summarize(_step(0, 1) + _step(1000, 11))
+    totals = profile.regions
+    assert profile.steps == 2
     assert set(totals) == {"adapter/worker:_verify", "core/drafting:draft_trees",
                            "sglang tp_worker:forward_batch_generation"}
     draft = totals["core/drafting:draft_trees"]
@@ -66,23 +68,35 @@ def test_per_step_rows_hold_exactly_what_ran_inside_each_function(summary):
     assert (target.launches, target.kernel_us, target.syncs) == (2, 40.0, 0)
     step = totals["adapter/worker:_verify"]
     assert (step.launches, step.kernel_us) == (6, 52.0)  # inclusive: the draft's and the target's
+    assert profile.ops == {"aten::mm": [2, 2.0]}  # the op after the last step is outside every step
+
+
+def test_nested_forwards_of_one_module_get_their_own_rows(summary):
+    events = [_x("python_function", f"{ROOT}/adapter/worker.py(328): _verify", 0, 100),
+              _x("python_function", f"{ROOT}/core/head.py(145): forward", 1, 50),
+              _x("python_function", f"{ROOT}/core/head.py(83): forward", 2, 45)]
+    assert set(summary.summarize(events).regions) == {"adapter/worker:_verify", "core/head:forward@145",
+                                                      "core/head:forward@83"}
 
 
 def test_markdown_is_per_step_and_sorted_by_wall_time(summary, tmp_path):
     trace = tmp_path / "t.trace.json.gz"
     with gzip.open(trace, "wt") as f:
         json.dump({"traceEvents": _step(0, 1) + _step(1000, 11)}, f)
-    text = summary.summary_markdown(*summary.summarize(summary.load_trace(trace)))
-    rows = [line for line in text.splitlines() if line.startswith("| ") and not line.startswith("| function")]
+    text = summary.summary_markdown(summary.summarize(summary.load_trace(trace)))
+    functions = text.split("\n\nAten ops")[0]
+    rows = [line for line in functions.splitlines() if line.startswith("| ") and not line.startswith("| function")]
     assert [r.split(" | ")[0] for r in rows] == ["| adapter/worker:_verify", "| core/drafting:draft_trees",
                                                   "| sglang tp_worker:forward_batch_generation"]
     # draft_trees per step: 1 call, 0.04 ms, 1 op, 2 launches, 2 syncs waiting 0.008 ms, 1 D2H, 0.006 ms of kernels
     assert rows[1] == "| core/drafting:draft_trees | 1.0 | 0.04 | 1 | 2 | 2.0 (0.01) | 1.0 | 0.01 |"
     assert text.startswith("2 verify steps profiled")
+    assert text.rstrip().endswith("| aten::mm | 1.0 | 0.00 |")
 
 
 def test_region_labels(summary):
-    assert summary.region_label(f"{ROOT}/core/head.py(12): forward") == "core/head:forward"
+    assert summary.region_label(f"{ROOT}/core/head.py(12): forward") == "core/head:forward@12"
+    assert summary.region_label(f"{ROOT}/core/drafting.py(88): draft_trees") == "core/drafting:draft_trees"
     assert summary.region_label("/x/sglang/srt/managers/scheduler.py(9): run_batch") == "sglang scheduler:run_batch"
     assert summary.region_label("/x/sglang/srt/managers/scheduler.py(9): other") is None
     assert summary.region_label("aten::mm") is None

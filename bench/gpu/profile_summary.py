@@ -9,8 +9,9 @@ kernel and device copy with the runtime call's `correlation` id. This attributes
 the plugin (and the target forward and scheduler step around it), what happened inside its calls:
 wall time, aten ops, kernel launches, host syncs and the time spent waiting in them, device-to-host
 copies, and the device time of the kernels it launched. Times are inclusive (a function's row
-contains its callees') and per verify step (calls of the worker's `_verify`). On a CPU trace only
-wall time and aten ops are filled.
+contains its callees') and per verify step (calls of the worker's `_verify`); a second table lists the
+aten ops inside the verify steps by host time (it showed cuDNN attention building a plan per step).
+On a CPU trace only wall time and aten ops are filled.
 """
 
 from __future__ import annotations
@@ -25,24 +26,28 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 # a with_stack event name: "<path>/<file>.py(<line>): <function>"
-_FRAME = re.compile(r"(?P<path>[^\s(]+)\.py\(\d+\): (?P<function>[\w<>]+)$")
+_FRAME = re.compile(r"(?P<path>[^\s(]+)\.py\((?P<line>\d+)\): (?P<function>[\w<>]+)$")
 # regions outside the plugin worth a row: the target's forward and the scheduler's step around the worker
 _SGLANG_REGIONS = {("tp_worker", "forward_batch_generation"), ("scheduler", "run_batch"),
                    ("scheduler", "process_batch_result"), ("scheduler", "get_next_batch_to_run")}
 STEP_FUNCTION = "adapter/worker:_verify"
+# names several classes of one module define (nn.Module.forward, comprehensions)
+_AMBIGUOUS = {"forward", "<listcomp>", "<genexpr>", "<lambda>", "__init__", "__post_init__"}
 LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx")
 SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
 
 
 def region_label(event_name: str) -> str | None:
-    """`.../sglang_jetspec/core/drafting.py(88): draft_trees` -> `core/drafting:draft_trees`; SGLang's
-    regions by file stem; None for every other frame."""
+    """`.../sglang_jetspec/core/drafting.py(88): draft_trees` -> `core/drafting:draft_trees`, with the
+    line where one file has several functions of that name (the head's modules' `forward`s:
+    `core/head:forward@145`); SGLang's regions by file stem; None for every other frame."""
     match = _FRAME.search(event_name)
     if match is None:
         return None
     path, function = match["path"], match["function"]
     if "sglang_jetspec/" in path:
-        return f"{path.rsplit('sglang_jetspec/', 1)[1]}:{function}"
+        line = f"@{match['line']}" if function in _AMBIGUOUS else ""
+        return f"{path.rsplit('sglang_jetspec/', 1)[1]}:{function}{line}"
     stem = path.rsplit("/", 1)[-1]
     return f"sglang {stem}:{function}" if (stem, function) in _SGLANG_REGIONS else None
 
@@ -79,8 +84,14 @@ class _Track:
         return self.values[hi] - self.values[lo]
 
 
-def summarize(events: list[dict]) -> tuple[int, dict[str, Region]]:
-    """(verify steps, per region label its totals over the trace)."""
+@dataclass
+class Profile:
+    steps: int  # verify steps (calls of the worker's _verify)
+    regions: dict[str, Region]  # per region label, its totals over the trace
+    ops: dict[str, list[float]]  # per aten op run inside a verify step: [calls, host us]
+
+
+def summarize(events: list[dict]) -> Profile:
     kernel_us: dict[int, float] = defaultdict(float)
     d2h_ids: set[int] = set()
     for e in events:
@@ -93,7 +104,7 @@ def summarize(events: list[dict]) -> tuple[int, dict[str, Region]]:
             d2h_ids.add(correlation)
     # per thread: counts (value 1) and durations of what a region may contain
     tracks: dict[tuple[str, object, object], _Track] = defaultdict(_Track)
-    regions = []
+    regions, ops = [], []
     for e in events:
         if e.get("ph") != "X":
             continue
@@ -111,6 +122,7 @@ def summarize(events: list[dict]) -> tuple[int, dict[str, Region]]:
                 regions.append((label, thread, ts, e.get("dur", 0.0)))
         elif cat == "cpu_op":
             add("ops")
+            ops.append((name, thread, ts, e.get("dur", 0.0)))
         elif cat in ("cuda_runtime", "cuda_driver"):
             if name in LAUNCHES:
                 add("launches")
@@ -135,10 +147,27 @@ def summarize(events: list[dict]) -> tuple[int, dict[str, Region]]:
             value = tracks.get((kind, *thread), empty).within(ts, ts + dur)
             setattr(region, kind, getattr(region, kind) + (int(value) if kind not in ("sync_us", "kernel_us") else value))
     steps = totals[STEP_FUNCTION].calls if STEP_FUNCTION in totals else 0
-    return steps, dict(totals)
+    return Profile(steps, dict(totals), _ops_in_steps(ops, [r for r in regions if r[0] == STEP_FUNCTION]))
 
 
-def summary_markdown(steps: int, totals: dict[str, Region], top: int = 30) -> str:
+def _ops_in_steps(ops: list[tuple], steps: list[tuple]) -> dict[str, list[float]]:
+    """Aten ops (nested ones too: an op's row contains the ops it calls) that ran inside a verify step."""
+    spans: dict[object, list[tuple[float, float]]] = defaultdict(list)
+    for _, thread, ts, dur in steps:
+        spans[thread].append((ts, ts + dur))
+    starts = {thread: sorted(s) for thread, s in spans.items()}
+    out: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    for name, thread, ts, dur in ops:
+        thread_spans = starts.get(thread, [])
+        i = bisect.bisect_right(thread_spans, (ts, float("inf"))) - 1
+        if i >= 0 and ts <= thread_spans[i][1]:
+            out[name][0] += 1
+            out[name][1] += dur
+    return dict(out)
+
+
+def summary_markdown(profile: Profile, top: int = 30, top_ops: int = 12) -> str:
+    steps, totals = profile.steps, profile.regions
     per = max(1, steps)
     rows = sorted(totals.items(), key=lambda kv: -kv[1].wall_us)[:top]
     lines = [f"{steps} verify steps profiled; per step, inclusive (a row contains its callees'):", "",
@@ -148,6 +177,10 @@ def summary_markdown(steps: int, totals: dict[str, Region], top: int = 30) -> st
         lines.append(f"| {label} | {r.calls / per:.1f} | {r.wall_us / per / 1e3:.2f} | {r.ops / per:.0f} | "
                      f"{r.launches / per:.0f} | {r.syncs / per:.1f} ({r.sync_us / per / 1e3:.2f}) | {r.d2h / per:.1f} | "
                      f"{r.kernel_us / per / 1e3:.2f} |")
+    ops = sorted(profile.ops.items(), key=lambda kv: -kv[1][1])[:top_ops]
+    lines += ["", "Aten ops inside the verify steps by host time per step (inclusive: an op contains the ops it calls):", "",
+              "| aten op | calls | host ms |", "|---|---|---|"]
+    lines += [f"| {name} | {calls / per:.1f} | {us / per / 1e3:.2f} |" for name, (calls, us) in ops]
     return "\n".join(lines) + "\n"
 
 
@@ -163,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("trace", type=Path, help="a chrome trace from SGLang's /start_profile (.json or .json.gz)")
     p.add_argument("--top", type=int, default=30, help="rows, by wall time per step")
     args = p.parse_args(argv)
-    print(summary_markdown(*summarize(load_trace(args.trace)), top=args.top), end="")
+    print(summary_markdown(summarize(load_trace(args.trace)), top=args.top), end="")
     return 0
 
 

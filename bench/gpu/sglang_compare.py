@@ -325,16 +325,25 @@ def profile(server: Server, label: str, args, prompts: list[str], bs: int) -> Pa
         _post(server.url + "/start_profile", {"output_dir": str(trace_dir), "num_steps": args.profile_steps,
                                               "activities": activities, "profile_id": "jetspec"})
         list(pool.map(lambda p: server.generate(p, args.max_new_tokens), prompts[:bs]))
-    deadline = time.time() + 120  # the scheduler exports the trace after the last profiled step
-    while not (traces := sorted(trace_dir.glob("*.trace.json*"))) and time.time() < deadline:
-        time.sleep(1)
-    if not traces:
-        raise TimeoutError(f"[{label}] no profiler trace in {trace_dir} after 120 s")
-    time.sleep(2)  # the export may still be writing
-    steps, totals = summarize(load_trace(traces[0]))
+
+    def wait_trace(seconds: float) -> Path | None:
+        deadline = time.time() + seconds
+        while time.time() < deadline:
+            if found := sorted(trace_dir.glob("*.trace.json*")):
+                time.sleep(2)  # the export may still be writing
+                return found[0]
+            time.sleep(1)
+        return None
+
+    # the scheduler exports the trace after the last profiled forward; requests that finished in fewer
+    # forwards than --profile-steps leave the profiler running until told to stop
+    trace = wait_trace(10) or (_post(server.url + "/stop_profile", {}) and wait_trace(120))
+    if trace is None:
+        raise TimeoutError(f"[{label}] no profiler trace in {trace_dir} after 130 s")
+    profiled = summarize(load_trace(trace))
     out = args.out / f"profile-{label.replace('@', '-')}-bs{bs}.md"
-    out.write_text(f"# {label}, batch {bs}: {args.profile_steps} profiled forwards ({traces[0].name})\n\n"
-                   + summary_markdown(steps, totals))
+    out.write_text(f"# {label}, batch {bs}: at most {args.profile_steps} profiled forwards ({trace.name})\n\n"
+                   + summary_markdown(profiled))
     return out
 
 
@@ -404,7 +413,19 @@ def main(argv: list[str] | None = None) -> int:
     ports = {label: args.port + i for i, label in enumerate(configs)}
     launched = {label: Server(label, cmd, ports[label], args.out) for label, cmd in configs.items()} if args.together else {}
     try:
+        # every start-up finishes before the first measurement: a neighbour capturing its CUDA graphs
+        # beside a timed pass slowed it (bench/results/gpu-sglang/2026-11-27-h200-run3, call 2)
+        failed = set()
+        for label in list(launched):
+            try:
+                launched[label].wait_ready()
+            except (RuntimeError, TimeoutError) as exc:
+                print(f"[{label}] failed: {exc}", flush=True)
+                launched.pop(label).stop()
+                failed.add(label)
         for label, cmd in configs.items():
+            if label in failed:
+                continue
             if args.deadline_s is not None and time.perf_counter() - run_start + args.server_budget_s > args.deadline_s:
                 print(f"[{label}] skipped: would run past --deadline-s {args.deadline_s:.0f}", flush=True)
                 continue
