@@ -7,7 +7,8 @@ Two hooks on `SchedulerInternalStateController` (the scheduler-side handler of b
   several keys could be applied half-way.
 - AFTER `get_internal_state`: adds the state in force under `jetspec_policy`, the number of
   requests holding draft state under `jetspec_live_draft_states` and the head's context pool
-  (slots, bytes, valid slots) under `jetspec_context_pool`; SGLang serves them on GET
+  (slots, bytes, valid slots) under `jetspec_context_pool`, and under `jetspec_ranks` each
+  tensor-parallel rank's live draft states and policy table (one entry with --tp-size 1); SGLang serves them on GET
   /server_info as `internal_states[i].jetspec_policy` (it has no /get_internal_state route).
 The scheduler runs these requests between forward steps, so a table never changes inside a step.
 """
@@ -35,6 +36,7 @@ def _policy_control(controller):
 
 LIVE_STATES_KEY = "jetspec_live_draft_states"
 CONTEXT_POOL_KEY = "jetspec_context_pool"
+RANKS_KEY = "jetspec_ranks"
 
 
 def around_set_internal_state(original, controller, recv_req):
@@ -67,4 +69,7 @@ def after_get_internal_state(result, controller, recv_req):
         result.internal_state[LIVE_STATES_KEY] = worker.live_draft_states()
         # valid slots: the context of running and cached tokens only (0 after a flush, else a leak)
         result.internal_state[CONTEXT_POOL_KEY] = worker.context_pool_state()
+        # every tensor-parallel rank's own view (SGLang hands this request to every rank's scheduler)
+        result.internal_state[RANKS_KEY] = worker.ranks.gather(
+            {"live_draft_states": worker.live_draft_states(), "policy_table": control.readback(time.time())["table"]})
     return result

@@ -66,9 +66,6 @@ def _runtime_problems(cfg) -> list[str]:
         problems.append("--speculative-use-block-verification is not supported by JETSPEC; remove the flag")
     if cfg.pp_size > 1:
         problems.append(f"--pp-size {cfg.pp_size}: pipeline parallelism is not supported by JETSPEC; use --pp-size 1")
-    if cfg.tp_size > 1:
-        problems.append(f"--tp-size {cfg.tp_size}: JETSPEC drafts and accepts on one rank for now; use --tp-size 1 "
-                        "(or --dp-size for more GPUs)")
     if attn_dp_enabled_of(cfg):
         problems.append(f"attention data parallelism (--attn-dp-size {cfg.attn_dp_size}, or the deprecated "
                         "--enable-dp-attention) is not supported by JETSPEC; remove the flag")

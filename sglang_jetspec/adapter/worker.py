@@ -49,7 +49,8 @@ from sglang_jetspec.adapter.request_state import DraftStateStore, RequestDraftSt
 from sglang_jetspec.adapter.server_args import JetSpecArgsError, target_info
 from sglang_jetspec.adapter.spec_inputs import JetSpecDraftState, bind_decode_batch, bind_verify_batch
 from sglang_jetspec.adapter.step_outputs import step_outputs
-from sglang_jetspec.adapter.target_views import TargetEmbedding, TargetLMHead
+from sglang_jetspec.adapter.target_views import target_tables
+from sglang_jetspec.adapter.tensor_parallel import perturbed, sglang_ranks
 from sglang_jetspec.adapter.tree_grammar import TreeGrammar
 from sglang_jetspec.adapter.tree_penalties import apply_logit_bias, apply_tree_penalties, request_penalties
 from sglang_jetspec.adapter.verify_inputs import build_verify_tensors
@@ -104,12 +105,14 @@ class JetSpecWorker(BaseSpecWorker):
         # The target's backends and graphs are not built yet, so every forward from now on captures.
         model.set_dflash_layers_to_capture(list(self.head.config.target_layer_ids))
         vocab = self.head.config.vocab_size
-        self.drafter = HeadDrafter(self.head, TargetEmbedding(model), TargetLMHead(model, vocab), load_draft_vocab(draft_path, vocab))
+        # under tensor parallelism rank 0 drafts and the others follow (adapter.tensor_parallel)
+        self.ranks = sglang_ranks()
+        self.drafter = HeadDrafter(self.head, *target_tables(model, vocab, self.ranks), load_draft_vocab(draft_path, vocab))
         self.vocab_size = vocab
         self.states = DraftStateStore()
         self.context_pool: SlotContextPool | None = None  # built with the target's pools (alloc_memory_pool)
 
-        self.metrics = worker_metrics(cfg.enable_metrics)
+        self.metrics = worker_metrics(cfg.enable_metrics and self.ranks.drafts)  # the drafting rank reports
         policy = load_runtime_policy(draft_path)
         self.policy_control = PolicyControl(  # read by adapter.internal_state's /set_internal_state hooks
             policy, admin_key_configured=cfg.admin_api_key is not None,
@@ -123,7 +126,8 @@ class JetSpecWorker(BaseSpecWorker):
         self.sizer = TreeSizer()
         self.verify_costs = LearnedVerifyCost()
         self.shadow = WorkerShadow.from_env(policy.shadow.sample_rate, model=cfg.served_model_name
-                                            or cfg.model_path, head=str(draft_path), grammar=xgrammar_options(cfg))
+                                            or cfg.model_path, head=str(draft_path),
+                                            grammar=xgrammar_options(cfg)) if self.ranks.drafts else None
 
     # ---- lifecycle (scheduler.py init_memory_pools / init_all_* / result processor) ----
 
@@ -209,7 +213,7 @@ class JetSpecWorker(BaseSpecWorker):
             self._show_live_states()
         if state is None or state.req is None or not state.req.finished():
             return
-        if self.hybrid.recent is not None:
+        if self.hybrid.recent is not None and self.ranks.drafts:  # only the drafting rank looks outputs up
             self.hybrid.recent.add(list(state.req.output_ids))
         if self.shadow is not None:
             self.shadow.finished(state.req, state)
@@ -254,7 +258,7 @@ class JetSpecWorker(BaseSpecWorker):
                 keep.append(torch.arange(offset, offset + extend_len))
                 positions.append(torch.arange(prefix_len, prefix_len + extend_len))
             offset += extend_len
-        if keep:
+        if keep and self.ranks.drafts:
             rows, device = torch.cat(keep).to(self.device), self.device
             self.context_pool.write(self.drafter.head, taps[rows], torch.cat(positions).to(device),
                                     batch.out_cache_loc[rows])
@@ -299,6 +303,20 @@ class JetSpecWorker(BaseSpecWorker):
             trees = sizer.size(trees, draft_s, drafted=head_runs, cost=self.verify_costs.curve(len(lanes)))
             tree_s = time.perf_counter() - start - draft_s
         return trees, draft_s, tree_s, sizing
+
+    def _agree_on_trees(self, trees: list[DraftTree], plan: StepPlan, lanes: list[RequestDraftState]
+                        ) -> tuple[list[DraftTree], StepPlan]:
+        """Rank 0's trees and plan on every rank, with the generator state of each sampled request (rank
+        0's drafting may have drawn from it; acceptance draws next), checked equal before the verify."""
+        states = [None if lane.params.greedy else lane.generator.get_state() for lane in lanes]
+        trees, plan, states = self.ranks.share((trees, plan, states) if self.ranks.drafts else None)
+        for lane, state in zip(lanes, states):
+            if state is not None:
+                lane.generator.set_state(state)
+        if self.ranks.perturbs:
+            trees = perturbed(trees)
+        self.ranks.agree("trees", [t for tree in trees for t in (tree.tokens, tree.parents)])
+        return trees, plan
 
     def _keep_context(self, lanes: list[RequestDraftState], taps: torch.Tensor, out, seq_lens: list[int],
                       out_cache_loc: torch.Tensor, num_nodes: int) -> None:
@@ -353,7 +371,13 @@ class JetSpecWorker(BaseSpecWorker):
         set_time_batch(batch.reqs, "set_spec_draft_start_time", trace_only=True)
         sizer = self.sizer if plan.tree_sizing == "adaptive" and num_nodes > 1 else None
         grammar = TreeGrammar.of_batch(batch)
-        trees, draft_s, tree_s, sized = self._trees(lanes, plan, num_nodes, sizer, grammar)
+        trees, draft_s, tree_s, sized = self._trees(lanes, plan, num_nodes, sizer, grammar) if self.ranks.drafts \
+            else ([], 0.0, 0.0, False)
+        if self.ranks.size > 1:
+            trees, plan = self._agree_on_trees(trees, plan, lanes)
+            cohort, budget = plan.cohort, plan.budget
+            num_nodes = max(1, min(budget, self.speculative_num_draft_tokens))
+            sizer = self.sizer if plan.tree_sizing == "adaptive" and num_nodes > 1 else None
         set_time_batch(batch.reqs, "set_spec_draft_end_time", trace_only=True)
         if sizer is not None or grammar is not None:  # trees cut by sizing or by grammars
             num_nodes = max(tree.size for tree in trees)  # the verify pads every request to the longest tree
@@ -372,7 +396,8 @@ class JetSpecWorker(BaseSpecWorker):
         grammar_mask = grammar.mask(trees, num_nodes, device) if grammar is not None else None
         t_verify = self._sync(timed)
         tree_s += t_verify - t_bind  # the verify tensors and grammar masks are part of building the trees
-        capture = CaptureHiddenMode.FULL if any(not lane.blind for lane in lanes) else CaptureHiddenMode.NULL
+        drafting = self.ranks.drafts and any(not lane.blind for lane in lanes)
+        capture = CaptureHiddenMode.FULL if drafting else CaptureHiddenMode.NULL
         result = self._target_worker.forward_batch_generation(
             batch, is_verify=True, capture_hidden_mode=capture if decode else None)
         logits_output = result.logits_output
@@ -395,6 +420,7 @@ class JetSpecWorker(BaseSpecWorker):
         if sized:
             self.sizer.observe([result.path for result in acceptance.results])
         out = step_outputs(acceptance, num_nodes)
+        self.ranks.agree("accepted tokens", [out.accept_lens, out.next_token_ids])
         t_commit = time.perf_counter()
         accept_lens = out.accept_lens.to(device)
         accept_index = out.accept_index.to(device)

@@ -14,6 +14,7 @@ from controller.server_client import PushRejected, ServerClient
 from policies import parse_policy_text, validate_table
 from policies.table import default_table
 from sglang_jetspec.adapter.policy import PolicyControl
+from sglang_jetspec.adapter.tensor_parallel import SingleRank
 
 ADMIN_KEY = "sglang-admin-key"
 API_KEY = "sglang-api-key"  # SGLang --api-key: with --admin-api-key too, ordinary routes take only this one
@@ -55,7 +56,8 @@ def sglang_server(monkeypatch, admin_key: str | None, api_key: str | None = None
 
     HookRegistry.apply_hooks()
     control = PolicyControl(SERVER_POLICY, admin_key_configured=admin_key is not None)
-    scheduler = SchedulerInternalStateController(SimpleNamespace(draft_worker=SimpleNamespace(policy_control=control, live_draft_states=lambda: 0, context_pool_state=lambda: {})),
+    scheduler = SchedulerInternalStateController(SimpleNamespace(draft_worker=SimpleNamespace(policy_control=control, live_draft_states=lambda: 0, context_pool_state=lambda: {},
+                                                                                ranks=SingleRank())),
                                                  record_step_time=False)
 
     async def set_communicator(req):

@@ -80,7 +80,10 @@ def test_pushes_need_an_admin_key(policy):
 
 class _FakeWorker:
     def __init__(self, control):
+        from sglang_jetspec.adapter.tensor_parallel import SingleRank
+
         self.policy_control = control
+        self.ranks = SingleRank()
 
     def live_draft_states(self):
         return 0

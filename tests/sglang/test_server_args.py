@@ -118,7 +118,6 @@ def test_prefill_backend_decides_in_prefill_mode(resolve):
 @pytest.mark.parametrize("flag, expected", [
     (["--speculative-use-rejection-sampling"], "--speculative-use-rejection-sampling: JETSPEC accepts with its own"),
     (["--pp-size", "2"], "--pp-size 2: pipeline parallelism is not supported"),
-    (["--tp-size", "2"], "--tp-size 2: JETSPEC drafts and accepts on one rank"),
     (["--enable-mixed-chunk"], "--enable-mixed-chunk is not supported by JETSPEC"),
     (["--page-size", "16"], "--page-size 16: JETSPEC compacts accepted tree nodes slot by slot"),
     (["--speculative-eagle-topk", "4"], "--speculative-eagle-topk 4: JETSPEC's tree width comes from the head"),
@@ -138,6 +137,10 @@ def test_block_verification_is_refused(resolve):
     # SGLang refuses it for plugin algorithms before JETSPEC's own check runs
     with pytest.raises(ValueError, match="--speculative-use-block-verification only supports"):
         resolve("--speculative-use-block-verification")
+
+
+def test_tensor_parallelism_is_served(resolve):
+    assert resolve("--tp-size", "2").tp_size == 2  # rank 0 drafts, every rank accepts (adapter.tensor_parallel)
 
 
 def test_dp_attention_is_refused(resolve):

@@ -29,6 +29,7 @@ from sglang.srt.sampling.sampling_params import SamplingParams as SGLangParams  
 from policies import load_policy  # noqa: E402
 from sglang_jetspec.adapter import worker as worker_module  # noqa: E402
 from sglang_jetspec.adapter import spec_inputs as spec_inputs_module  # noqa: E402
+from sglang_jetspec.adapter.tensor_parallel import SingleRank  # noqa: E402
 from sglang_jetspec.adapter.attention_backends import MaskLayout  # noqa: E402
 from sglang_jetspec.adapter.policy import PolicyControl, policy_path  # noqa: E402
 from sglang_jetspec.adapter.request_state import DraftStateStore  # noqa: E402
@@ -133,6 +134,7 @@ def worker(smollm2, head_dir):
     w.drafter = HeadDrafter(head, smollm2.embed_tokens, smollm2.lm_head, context=w.context_pool)
     w.tree_width, w.vocab_size = 8, head.config.vocab_size
     w.metrics = w.shadow = w.token_to_kv_pool_allocator = None
+    w.ranks = SingleRank()  # tests/sglang_cpu/test_real_sglang_tp.py runs two
     w.hybrid = LookupMerge(math.log(0.9), 2, 4, SuffixStore(), SuffixStore())  # as __init__ makes it, with empty stores
     return w
 
@@ -678,6 +680,7 @@ def test_the_worker_builds_from_resolved_server_arguments(jetspec_registered, sm
     monkeypatch.setattr(worker_module, "get_device", lambda: SimpleNamespace(device=torch.device("cpu")))
     monkeypatch.setattr(worker_module, "get_spec", lambda: SimpleNamespace(speculative_num_steps=15,
                                                                            speculative_num_draft_tokens=256))
+    monkeypatch.setattr(worker_module, "sglang_ranks", SingleRank)  # no SGLang process groups here
     w = worker_module.JetSpecWorker(server_args, gpu_id=0, nccl_port=0, target_worker=target_worker)
     assert tuple(captured) == w.head.config.target_layer_ids == (1, 10, 18, 27)
     assert "JetSpecDraftModel" in ModelRegistry.models

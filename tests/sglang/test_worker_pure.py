@@ -290,11 +290,12 @@ def test_the_drafter_reads_the_targets_embedding_and_lm_head_after_a_weight_upda
 
     from torch import nn
 
-    from sglang_jetspec.adapter.target_views import TargetEmbedding, TargetLMHead
+    from sglang_jetspec.adapter.target_views import target_tables
+    from sglang_jetspec.adapter.tensor_parallel import SingleRank
 
     embedding, lm_head = nn.Embedding(10, 4), nn.Linear(4, 12, bias=False)  # 12 rows: a padded table
     model = SimpleNamespace(get_input_embeddings=lambda: embedding, lm_head=lm_head)
-    embed, head = TargetEmbedding(model), TargetLMHead(model, vocab_size=10)
+    embed, head = target_tables(model, 10, SingleRank())
     ids, hidden = torch.tensor([1, 2]), torch.randn(2, 4)
     assert torch.equal(embed(ids), embedding.weight[ids]) and head(hidden).shape == (2, 10)
     embedding.weight = nn.Parameter(torch.randn(10, 4))  # what a loader does when it swaps the tensor

@@ -1,0 +1,132 @@
+"""JETSPEC with `--tp-size 2` in the real SGLang server on CPU: two ranks, one core each.
+
+SGLang's CPU path reduces over torch.distributed when sgl-kernel's shared-memory collectives are off
+(they need AMX or arm64 kernels the stand-in does not provide), so the ranks' all-reduces and
+all-gathers run over gloo, SGLang's own fallback: no stand-in collective is needed. Two settings make
+the harness look like a CPU-only install: one core per rank (SGLANG_CPU_OMP_THREADS_BIND, as SGLang asks
+when ranks outnumber NUMA nodes) and no NCCL library (this venv's torch is a CUDA build, and SGLang would
+otherwise build a NCCL communicator on the CPU device).
+
+One plain and one JETSPEC TP=2 server serve every test but the last, which starts a JETSPEC TP=2 server
+whose rank 1 alters every tree it receives (JETSPEC_DEBUG_PERTURB_RANK): it must refuse to go on."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from e2e_client import ADMIN_KEY, MAX_NEW, generate, generate_all, jetspec_args, jetspec_state, post, server_args, until_eos
+
+TP2 = ("--tp-size", "2")
+TP2_ENV = {"SGLANG_CPU_OMP_THREADS_BIND": "0|1", "SGLANG_NCCL_SO_PATH": "/nonexistent/libnccl.so.2",
+           "OMP_NUM_THREADS": "1"}
+PROMPTS = 8
+AUTH = {"Authorization": f"Bearer {ADMIN_KEY}"}
+
+
+@pytest.fixture(scope="module")
+def tp_plain(servers, smollm2_dir):
+    server = servers.start("plain-tp2", server_args(smollm2_dir, *TP2, "--disable-overlap-schedule"), TP2_ENV)
+    yield server
+    servers.stop(server)
+
+
+@pytest.fixture(scope="module")
+def tp_jetspec(servers, smollm2_dir):
+    server = servers.start("jetspec-tp2", jetspec_args(smollm2_dir, *TP2, "--admin-api-key", ADMIN_KEY), TP2_ENV)
+    yield server
+    servers.stop(server)
+
+
+@pytest.fixture(scope="module")
+def plain_tp_sequential(tp_plain, humaneval_ids, tokenizer):
+    return [until_eos(r["output_ids"], tokenizer.eos_token_id) for r in generate_all(tp_plain.url, humaneval_ids[:PROMPTS])]
+
+
+def ranks(url: str) -> list[dict]:
+    return jetspec_state(url)["jetspec_ranks"]
+
+
+def test_plain_tp2_on_the_standin_equals_hf(plain_tp_sequential, hf_greedy):
+    assert plain_tp_sequential == hf_greedy[:PROMPTS]
+
+
+def test_jetspec_tp2_equals_plain_tp2_and_hf_one_at_a_time(tp_jetspec, plain_tp_sequential, humaneval_ids, hf_greedy,
+                                                            tokenizer):
+    replies = generate_all(tp_jetspec.url, humaneval_ids[:PROMPTS])
+    assert [until_eos(r["output_ids"], tokenizer.eos_token_id) for r in replies] == plain_tp_sequential
+    assert plain_tp_sequential == hf_greedy[:PROMPTS]
+    steps = sum(r["meta_info"]["spec_verify_ct"] for r in replies)
+    tokens = sum(r["meta_info"]["completion_tokens"] for r in replies)
+    assert steps * 1.3 < tokens, (steps, tokens)  # rank 0's trees were verified and kept by both ranks
+
+
+def test_jetspec_tp2_equals_plain_tp2_four_concurrent(tp_jetspec, tp_plain, humaneval_ids, hf_greedy, tokenizer):
+    lengths = [MAX_NEW - 4 * (i % 4) for i in range(PROMPTS)]  # requests leave and join mid-batch
+    eos = tokenizer.eos_token_id
+
+    def run(url):
+        return [until_eos(r["output_ids"], eos) for r in generate_all(url, humaneval_ids[:PROMPTS], concurrency=4,
+                                                                     max_new=lengths)]
+
+    spec = run(tp_jetspec.url)
+    assert spec == run(tp_plain.url)
+    assert spec == [ref[:n] for ref, n in zip(hf_greedy, lengths)]
+
+
+def push_budgets(url: str, budgets: dict[str, int], ttl_s: float) -> tuple[int, object]:
+    flat = {"jetspec_policy.ttl_s": ttl_s, **{f"jetspec_policy.{c}.budget": b for c, b in budgets.items()}}
+    return post(f"{url}/set_internal_state", {"server_args": flat}, AUTH)
+
+
+def test_a_pushed_table_reaches_both_ranks_and_budget_0_decodes_plainly(tp_jetspec, tp_plain, humaneval_ids):
+    yaml = {c["name"]: c["budget"] for c in jetspec_state(tp_jetspec.url)["jetspec_policy"]["table"]["cohorts"]}
+    status, reply = push_budgets(tp_jetspec.url, {**yaml, "bs1": 0}, ttl_s=120)
+    assert status == 200 and all(reply), reply
+    try:
+        tables = [rank["policy_table"] for rank in ranks(tp_jetspec.url)]
+        assert len(tables) == 2 and tables[0] == tables[1]
+        assert {c["name"]: c["budget"] for c in tables[1]["cohorts"]}["bs1"] == 0
+        spec = generate(tp_jetspec.url, humaneval_ids[0], 16, ignore_eos=True)
+        assert spec["meta_info"]["spec_verify_ct"] == spec["meta_info"]["completion_tokens"] - 1  # one token a step
+        assert spec["output_ids"] == generate(tp_plain.url, humaneval_ids[0], 16, ignore_eos=True)["output_ids"]
+    finally:  # a push that expires at once: the YAML's table again, on both ranks
+        push_budgets(tp_jetspec.url, yaml, ttl_s=0.001)
+
+
+def test_abort_leaves_no_draft_state_on_any_rank(tp_jetspec, humaneval_ids):
+    long_request = threading.Thread(target=lambda: post(f"{tp_jetspec.url}/generate", {
+        "input_ids": humaneval_ids[1], "rid": "tp-abort-me", "sampling_params": {"max_new_tokens": 400, "ignore_eos": True}}))
+    long_request.start()
+    deadline = time.monotonic() + 60
+    while ranks(tp_jetspec.url)[1]["live_draft_states"] == 0:  # rank 1 holds it too while it runs
+        assert time.monotonic() < deadline, "the request never reached rank 1"
+        time.sleep(0.2)
+    post(f"{tp_jetspec.url}/abort_request", {"rid": "tp-abort-me"})
+    long_request.join(60)
+    deadline = time.monotonic() + 30
+    while (live := [rank["live_draft_states"] for rank in ranks(tp_jetspec.url)]) != [0, 0]:
+        assert time.monotonic() < deadline, f"draft states left behind per rank: {live}"
+        time.sleep(0.5)
+
+
+def test_a_rank_that_drafts_another_tree_is_refused_before_the_verify(servers, smollm2_dir, humaneval_ids):
+    server = servers.start("jetspec-tp2-desync", jetspec_args(smollm2_dir, *TP2),
+                           {**TP2_ENV, "JETSPEC_DEBUG_PERTURB_RANK": "1"})
+    try:
+        try:
+            status, reply = post(f"{server.url}/generate", {"input_ids": humaneval_ids[0], "sampling_params":
+                                                            {"max_new_tokens": 8}}, timeout=120)
+        except OSError as exc:  # the connection dropped: the server went down mid-request
+            status, reply = None, exc
+        assert status != 200, reply
+        deadline = time.monotonic() + 60
+        while server.process.poll() is None:  # the scheduler's error takes the whole server down
+            assert time.monotonic() < deadline, "the server kept running after its ranks disagreed"
+            time.sleep(0.5)
+        log = server.log.read_text()
+        assert "JETSPEC tensor-parallel ranks disagree on this step's trees" in log
+        assert "stopping before the KV cache diverges" in log
+    finally:
+        servers.stop(server)
