@@ -345,7 +345,7 @@ class JetSpecWorker(BaseSpecWorker):
 
     def _verify(self, batch, on_publish) -> GenerationBatchResult:
         t_start, t_start_ns = time.perf_counter(), time.time_ns()
-        tracer = step_tracer()
+        tracer = step_tracer() if self.ranks.drafts else None  # spans come from rank 0 alone
         observed = tracer is not None or self.metrics is not None
         bs = len(batch.reqs)
         committed_lens = batch.seq_lens  # a decode forward rebinds batch.seq_lens to count the root
