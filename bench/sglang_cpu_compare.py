@@ -17,7 +17,8 @@ JSON schema) is sent with it as SGLang's sampling parameter of that name: struct
 Prefix caching: a config named with `+radix` (`plain+radix`, `jetspec+radix`, ...) runs its server with
 SGLang's radix cache on (the others run without it), and `--shared-prefix FILE` puts the file's text
 (e.g. bench/prompts/system-prompt.txt, ~300 tokens) before every prompt, as a shared system prompt;
-`--baseline` names the config the ratios and exact matches compare with (default plain).
+`--baseline` names the config the ratios and exact matches compare with (default plain). A config
+named with `+tp2` (after `+radix` if both) runs its server with `--tp-size 2`, one core per rank.
 
 Reported per config and concurrency: tokens/s (and x plain), mean accept length, exact matches against
 plain SGLang (and against HF transformers greedy with --hf), and where the time of a decode iteration
@@ -43,7 +44,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "sglang_cpu"))  # the launcher is test-only code; so is this comparison
 sys.path.insert(0, str(REPO / "bench" / "gpu"))
 
-from launch import launch  # noqa: E402
+from launch import TP2_ENV, launch  # noqa: E402
 from sglang_compare import WARMUP_TEXT, WORKER_PHASES, _post, first_divergence, mean_accept_length, worker_seconds  # noqa: E402
 
 from sglang_jetspec.cli.bench import prompt_range  # noqa: E402
@@ -56,6 +57,7 @@ POLICY_VARIANTS = {"jetspec": {}, "jetspec-hybrid": {"drafter": "hybrid"},
                    "jetspec-off": {"default": 0}}
 CONFIGS = ("plain", "ngram", *POLICY_VARIANTS)
 RADIX = "+radix"  # config-name suffix: that server runs with SGLang's radix (prefix) cache on
+TP2 = "+tp2"  # config-name suffix: that server runs with --tp-size 2, one core per rank (launch.TP2_ENV)
 PROFILE_ENV = "JETSPEC_TEST_STEP_PROFILE"
 # worker phases of a JETSPEC decode iteration (WORKER_PHASES), from the worker's own counters
 PHASE_COLUMNS = ("sched_pre", "sched_run", *WORKER_PHASES, "worker_other", "output", "iteration")
@@ -122,14 +124,15 @@ class ConfigResult:
 
 
 def base_config(config: str) -> str:
-    return config.removesuffix(RADIX)
+    return config.removesuffix(TP2).removesuffix(RADIX)
 
 
 def server_args(config: str, model: str, dtype: str, max_running: int, ngram_tokens: int, port: int) -> list[str]:
     base = ["--model-path", model, "--device", "cpu", "--dtype", dtype, "--attention-backend", "intel_amx",
             "--disable-cuda-graph", "--max-total-tokens", "32768", "--max-running-requests", str(max(4, max_running)),
             "--skip-server-warmup", "--disable-overlap-schedule", "--sleep-on-idle",
-            *([] if config.endswith(RADIX) else ["--disable-radix-cache"]), "--host", "127.0.0.1", "--port", str(port)]
+            *([] if config.removesuffix(TP2).endswith(RADIX) else ["--disable-radix-cache"]),
+            *(["--tp-size", "2"] if config.endswith(TP2) else []), "--host", "127.0.0.1", "--port", str(port)]
     config = base_config(config)
     if config == "ngram":
         return base + ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", str(ngram_tokens)]
@@ -216,8 +219,8 @@ Prompt = tuple[list[int], dict]  # token ids and the constraint's sampling param
 
 def generate(url: str, prompt: Prompt, max_new_tokens: int) -> dict:
     ids, constraint = prompt
-    return _post(f"{url}/generate", {"input_ids": ids, "sampling_params": {
-        "temperature": 0, "max_new_tokens": max_new_tokens, **constraint}})
+    return json.loads(_post(f"{url}/generate", {"input_ids": ids, "sampling_params": {
+        "temperature": 0, "max_new_tokens": max_new_tokens, **constraint}}))
 
 
 def quiet(profile: Path, timeout_s: float = 10.0) -> dict[str, float]:
@@ -250,7 +253,8 @@ def run_passes(url: str, prompts: list[Prompt], slices: list[slice], levels: lis
 def run_config(config: str, args, model: str, prompts, slices, levels, warmup_ids, port: int) -> tuple[ConfigResult, list[list[list[int]]]]:
     profile = (args.log_dir / f"{config}-profile.json").resolve()
     profile.unlink(missing_ok=True)
-    env = {"OMP_NUM_THREADS": str(args.threads), PROFILE_ENV: str(profile), **policy_env(config, args.log_dir)}
+    env = {"OMP_NUM_THREADS": str(args.threads), PROFILE_ENV: str(profile), **policy_env(config, args.log_dir),
+           **(TP2_ENV if config.endswith(TP2) else {})}
     server = launch(server_args(config, model, args.dtype, max(levels), args.ngram_draft_tokens, port),
                     args.log_dir / f"{config}.log", env)
     try:
@@ -357,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
     configs = [c for c in args.configs.split(",") if c]
     unknown = sorted({c for c in configs if base_config(c) not in CONFIGS})
     if unknown:
-        p.error(f"--configs: unknown {unknown}; choose from {','.join(CONFIGS)}, each optionally with {RADIX}")
+        p.error(f"--configs: unknown {unknown}; choose from {','.join(CONFIGS)}, each optionally with {RADIX} and then {TP2}")
     if args.baseline not in configs:
         p.error(f"--baseline {args.baseline}: not among --configs {args.configs}; add it or pick one of them")
     if args.shared_prefix is not None and not args.shared_prefix.is_file():

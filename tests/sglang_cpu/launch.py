@@ -28,6 +28,11 @@ from pathlib import Path
 STUB = Path(__file__).resolve().parent / "stub"
 STANDIN_ENV = {"SGLANG_USE_CPU_ENGINE": "1", "JETSPEC_SGLANG_CPU_STANDIN": "1"}
 GRACE_S = 20.0
+# A --tp-size 2 server on this harness, as on a CPU-only install: one core per rank (SGLang asks for an
+# explicit binding when ranks outnumber NUMA nodes) and no NCCL library (this venv's torch is a CUDA
+# build: SGLang would build a NCCL communicator on the CPU device). SGLang's CPU path then reduces over
+# torch.distributed (gloo), its own fallback when sgl-kernel's shared-memory collectives are off.
+TP2_ENV = {"SGLANG_CPU_OMP_THREADS_BIND": "0|1", "SGLANG_NCCL_SO_PATH": "/nonexistent/libnccl.so.2", "OMP_NUM_THREADS": "1"}
 READY_PREFIX = "sglang-cpu ready: "
 
 

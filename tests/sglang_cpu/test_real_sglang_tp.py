@@ -1,11 +1,6 @@
 """JETSPEC with `--tp-size 2` in the real SGLang server on CPU: two ranks, one core each.
 
-SGLang's CPU path reduces over torch.distributed when sgl-kernel's shared-memory collectives are off
-(they need AMX or arm64 kernels the stand-in does not provide), so the ranks' all-reduces and
-all-gathers run over gloo, SGLang's own fallback: no stand-in collective is needed. Two settings make
-the harness look like a CPU-only install: one core per rank (SGLANG_CPU_OMP_THREADS_BIND, as SGLang asks
-when ranks outnumber NUMA nodes) and no NCCL library (this venv's torch is a CUDA build, and SGLang would
-otherwise build a NCCL communicator on the CPU device).
+The ranks reduce over gloo (launch.TP2_ENV says how and why).
 
 One plain and one JETSPEC TP=2 server serve every test but the last, which starts a JETSPEC TP=2 server
 whose rank 1 alters every tree it receives (JETSPEC_DEBUG_PERTURB_RANK): it must refuse to go on."""
@@ -17,11 +12,12 @@ import time
 
 import pytest
 from e2e_client import ADMIN_KEY, MAX_NEW, generate, generate_all, jetspec_args, jetspec_state, post, server_args, until_eos
+from launch import TP2_ENV
 
 TP2 = ("--tp-size", "2")
-TP2_ENV = {"SGLANG_CPU_OMP_THREADS_BIND": "0|1", "SGLANG_NCCL_SO_PATH": "/nonexistent/libnccl.so.2",
-           "OMP_NUM_THREADS": "1"}
 PROMPTS = 8
+TIGHT_POOL = 700  # KV tokens per rank: the first four HumanEval prompts (440 tokens) growing by 96 each do not fit
+RETRACTING_LENGTH = 96
 AUTH = {"Authorization": f"Bearer {ADMIN_KEY}"}
 
 
@@ -34,7 +30,10 @@ def tp_plain(servers, smollm2_dir):
 
 @pytest.fixture(scope="module")
 def tp_jetspec(servers, smollm2_dir):
-    server = servers.start("jetspec-tp2", jetspec_args(smollm2_dir, *TP2, "--admin-api-key", ADMIN_KEY), TP2_ENV)
+    """Pushes need the admin key; a tight KV pool makes SGLang retract (a low initial new-token ratio admits
+    four long requests at once); retraction is lossless, so every test's outputs stay comparable."""
+    args = jetspec_args(smollm2_dir, *TP2, "--admin-api-key", ADMIN_KEY, max_total_tokens=TIGHT_POOL)
+    server = servers.start("jetspec-tp2", args, {**TP2_ENV, "SGLANG_INIT_NEW_TOKEN_RATIO": "0.1"})
     yield server
     servers.stop(server)
 
@@ -46,6 +45,13 @@ def plain_tp_sequential(tp_plain, humaneval_ids, tokenizer):
 
 def ranks(url: str) -> list[dict]:
     return jetspec_state(url)["jetspec_ranks"]
+
+
+def wait_for_no_draft_state_on_any_rank(url: str, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while (live := [rank["live_draft_states"] for rank in ranks(url)]) != [0, 0]:
+        assert time.monotonic() < deadline, f"draft states left behind per rank: {live}"
+        time.sleep(0.5)
 
 
 def test_plain_tp2_on_the_standin_equals_hf(plain_tp_sequential, hf_greedy):
@@ -103,12 +109,27 @@ def test_abort_leaves_no_draft_state_on_any_rank(tp_jetspec, humaneval_ids):
     while ranks(tp_jetspec.url)[1]["live_draft_states"] == 0:  # rank 1 holds it too while it runs
         assert time.monotonic() < deadline, "the request never reached rank 1"
         time.sleep(0.2)
-    post(f"{tp_jetspec.url}/abort_request", {"rid": "tp-abort-me"})
+    status, _ = post(f"{tp_jetspec.url}/abort_request", {"rid": "tp-abort-me"}, AUTH)
+    assert status == 200
     long_request.join(60)
-    deadline = time.monotonic() + 30
-    while (live := [rank["live_draft_states"] for rank in ranks(tp_jetspec.url)]) != [0, 0]:
-        assert time.monotonic() < deadline, f"draft states left behind per rank: {live}"
-        time.sleep(0.5)
+    wait_for_no_draft_state_on_any_rank(tp_jetspec.url)
+
+
+def test_retraction_keeps_output_exact_and_leaves_no_draft_state_on_any_rank(tp_jetspec, tp_plain, humaneval_ids):
+    from concurrent.futures import ThreadPoolExecutor
+
+    bodies = [{"input_ids": ids, "sampling_params": {"temperature": 0, "max_new_tokens": RETRACTING_LENGTH,
+                                                     "ignore_eos": True}} for ids in humaneval_ids[:4]]
+    retractions = tp_jetspec.log.read_text().lower().count("retract")  # the logged server arguments name it too
+    outputs = {}
+    for server in (tp_jetspec, tp_plain):
+        with ThreadPoolExecutor(4) as pool:
+            replies = list(pool.map(lambda body: post(f"{server.url}/generate", body), bodies))
+        assert all(status == 200 for status, _ in replies), replies
+        outputs[server.url] = [reply["output_ids"] for _, reply in replies]
+    assert tp_jetspec.log.read_text().lower().count("retract") > retractions, "nothing was retracted"
+    assert outputs[tp_jetspec.url] == outputs[tp_plain.url]
+    wait_for_no_draft_state_on_any_rank(tp_jetspec.url)
 
 
 def test_a_rank_that_drafts_another_tree_is_refused_before_the_verify(servers, smollm2_dir, humaneval_ids):
