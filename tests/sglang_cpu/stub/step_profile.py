@@ -37,7 +37,9 @@ class StepProfile:
     def flush(self) -> None:
         if not self.dirty:
             return
-        tmp = self.path + ".tmp"
+        # one temporary file per process: under --tp-size 2 both ranks' schedulers flush (their iterations
+        # are the same; the last one written is what a reader gets)
+        tmp = f"{self.path}.{os.getpid()}.tmp"
         with open(tmp, "w") as f:
             json.dump(self.sums, f)
         os.replace(tmp, self.path)  # a reader never sees a half-written file
