@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from e2e_client import ADMIN_KEY, MAX_NEW, generate, generate_all, jetspec_args, jetspec_state, post, server_args, until_eos
@@ -86,6 +87,18 @@ def push_budgets(url: str, budgets: dict[str, int], ttl_s: float) -> tuple[int, 
     return post(f"{url}/set_internal_state", {"server_args": flat}, AUTH)
 
 
+def test_unseeded_sampled_requests_draw_alike_on_both_ranks(tp_jetspec, humaneval_ids):
+    """Each rank accepts with the request's own generator; unseeded ones start from different random states
+    per process unless rank 0's state travels with the trees. If it did not, the ranks' accepted tokens would
+    differ and the per-step check would stop the server."""
+    bodies = [{"input_ids": ids, "sampling_params": {"temperature": 0.8, "max_new_tokens": 24}} for ids in humaneval_ids[:4]]
+    with ThreadPoolExecutor(4) as pool:
+        replies = list(pool.map(lambda body: post(f"{tp_jetspec.url}/generate", body), bodies))
+    assert [status for status, _ in replies] == [200] * 4, replies
+    assert sum(r["meta_info"]["spec_verify_ct"] for _, r in replies) < sum(r["meta_info"]["completion_tokens"] for _, r in replies)
+    assert tp_jetspec.process.poll() is None
+
+
 def test_a_pushed_table_reaches_both_ranks_and_budget_0_decodes_plainly(tp_jetspec, tp_plain, humaneval_ids):
     yaml = {c["name"]: c["budget"] for c in jetspec_state(tp_jetspec.url)["jetspec_policy"]["table"]["cohorts"]}
     status, reply = push_budgets(tp_jetspec.url, {**yaml, "bs1": 0}, ttl_s=120)
@@ -116,8 +129,6 @@ def test_abort_leaves_no_draft_state_on_any_rank(tp_jetspec, humaneval_ids):
 
 
 def test_retraction_keeps_output_exact_and_leaves_no_draft_state_on_any_rank(tp_jetspec, tp_plain, humaneval_ids):
-    from concurrent.futures import ThreadPoolExecutor
-
     bodies = [{"input_ids": ids, "sampling_params": {"temperature": 0, "max_new_tokens": RETRACTING_LENGTH,
                                                      "ignore_eos": True}} for ids in humaneval_ids[:4]]
     retractions = tp_jetspec.log.read_text().lower().count("retract")  # the logged server arguments name it too
