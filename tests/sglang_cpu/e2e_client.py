@@ -92,6 +92,22 @@ def generate_batch(url: str, items: list[tuple[str, list[int], dict]]) -> list[d
     return replies
 
 
+def retracted_under(retracting, reference, bodies: list[dict]) -> tuple[list[list[int]], list[list[int]]]:
+    """Output ids of `bodies` sent 4 at a time to the `retracting` server (a pool too small for them) and
+    to `reference`; asserts every request answered and that the first server logged a new retraction."""
+    def count() -> int:
+        return retracting.log.read_text().lower().count("retract")  # the logged server arguments name it too
+
+    before, outputs = count(), []
+    for server in (retracting, reference):
+        with ThreadPoolExecutor(4) as pool:
+            replies = list(pool.map(lambda body: post(f"{server.url}/generate", body), bodies))
+        assert all(status == 200 for status, _ in replies), replies
+        outputs.append([reply["output_ids"] for _, reply in replies])
+    assert count() > before, "the pool was large enough: nothing was retracted"
+    return outputs[0], outputs[1]
+
+
 def until_eos(ids: list[int], eos: int) -> list[int]:
     return ids[: ids.index(eos)] if eos in ids else ids
 

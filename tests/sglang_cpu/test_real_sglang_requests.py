@@ -11,8 +11,8 @@ import time
 import urllib.parse
 
 import pytest
-from e2e_client import (copy_spool, generate, jetspec_args, jetspec_state, live_draft_states, post, server_info,
-                        shadow_run, until_eos, wait_for_no_draft_state, wait_for_spooled)
+from e2e_client import (copy_spool, generate, jetspec_args, jetspec_state, live_draft_states, post,
+                        retracted_under, server_info, shadow_run, until_eos, wait_for_no_draft_state, wait_for_spooled)
 
 CHAT = [{"role": "user", "content": "Write a Python function that checks whether a string is a palindrome."}]
 
@@ -127,20 +127,11 @@ CODE_REGEX = r"[ -~\n\t]*"
 
 def test_retraction_keeps_output_exact_and_frees_draft_state(tight_server, plain_server, humaneval_ids):
     """Two of the four requests decode under a regex: a retracted request keeps its grammar state."""
-    from concurrent.futures import ThreadPoolExecutor
-
     bodies = [{"input_ids": ids, "sampling_params": {"temperature": 0, "max_new_tokens": RETRACTING_LENGTH, "ignore_eos": True,
                                                      **({"regex": CODE_REGEX} if i % 2 else {})}}
               for i, ids in enumerate(_unshared(humaneval_ids[:4]))]
-    retractions = tight_server.log.read_text().lower().count("retract")  # the logged server arguments name it too
-    outputs = {}
-    for server in (tight_server, plain_server):
-        with ThreadPoolExecutor(4) as pool:
-            replies = list(pool.map(lambda body: post(f"{server.url}/generate", body), bodies))
-        assert all(status == 200 for status, _ in replies), replies
-        outputs[server.url] = [reply["output_ids"] for _, reply in replies]
-    assert tight_server.log.read_text().lower().count("retract") > retractions, "the pool was large enough: nothing was retracted"
-    assert outputs[tight_server.url] == outputs[plain_server.url]
+    spec, plain = retracted_under(tight_server, plain_server, bodies)
+    assert spec == plain
     wait_for_no_draft_state(tight_server.url)
 
 
