@@ -33,7 +33,7 @@ class RankDesyncError(RuntimeError):
 class SingleRank:
     """`--tp-size 1`: this rank drafts, and there is nobody to agree with."""
 
-    size, rank, drafts = 1, 0, True
+    size, rank, drafts, perturbs = 1, 0, True, False
 
     def share(self, obj):
         return obj

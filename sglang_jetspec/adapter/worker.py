@@ -304,19 +304,18 @@ class JetSpecWorker(BaseSpecWorker):
             tree_s = time.perf_counter() - start - draft_s
         return trees, draft_s, tree_s, sizing
 
-    def _agree_on_trees(self, trees: list[DraftTree], plan: StepPlan, lanes: list[RequestDraftState]
-                        ) -> tuple[list[DraftTree], StepPlan]:
-        """Rank 0's trees and plan on every rank, with the generator state of each sampled request (rank
-        0's drafting may have drawn from it; acceptance draws next), checked equal before the verify."""
+    def _agree_on_trees(self, trees: list[DraftTree], lanes: list[RequestDraftState]) -> list[DraftTree]:
+        """Rank 0's trees on every rank, with the generator state of each sampled request (rank 0's
+        drafting may have drawn from it; acceptance draws next), checked equal before the verify."""
         states = [None if lane.params.greedy else lane.generator.get_state() for lane in lanes]
-        trees, plan, states = self.ranks.share((trees, plan, states) if self.ranks.drafts else None)
+        trees, states = self.ranks.share((trees, states) if self.ranks.drafts else None)
         for lane, state in zip(lanes, states):
             if state is not None:
                 lane.generator.set_state(state)
         if self.ranks.perturbs:
             trees = perturbed(trees)
         self.ranks.agree("trees", [t for tree in trees for t in (tree.tokens, tree.parents)])
-        return trees, plan
+        return trees
 
     def _keep_context(self, lanes: list[RequestDraftState], taps: torch.Tensor, out, seq_lens: list[int],
                       out_cache_loc: torch.Tensor, num_nodes: int) -> None:
@@ -350,7 +349,8 @@ class JetSpecWorker(BaseSpecWorker):
         bs = len(batch.reqs)
         committed_lens = batch.seq_lens  # a decode forward rebinds batch.seq_lens to count the root
         seq_lens = (batch.seq_lens_cpu if batch.seq_lens_cpu is not None else batch.seq_lens.cpu()).tolist()
-        plan = self.policy_control.step_plan(bs, time.time())
+        # rank 0's plan on every rank: the policy's expiry reads this process's clock
+        plan = self.ranks.share(self.policy_control.step_plan(bs, time.time()) if self.ranks.drafts else None)
         cohort, budget = plan.cohort, plan.budget
         # KV reservations and buffers were sized for speculative_num_draft_tokens nodes
         num_nodes = max(1, min(budget, self.speculative_num_draft_tokens))
@@ -374,10 +374,7 @@ class JetSpecWorker(BaseSpecWorker):
         trees, draft_s, tree_s, sized = self._trees(lanes, plan, num_nodes, sizer, grammar) if self.ranks.drafts \
             else ([], 0.0, 0.0, False)
         if self.ranks.size > 1:
-            trees, plan = self._agree_on_trees(trees, plan, lanes)
-            cohort, budget = plan.cohort, plan.budget
-            num_nodes = max(1, min(budget, self.speculative_num_draft_tokens))
-            sizer = self.sizer if plan.tree_sizing == "adaptive" and num_nodes > 1 else None
+            trees = self._agree_on_trees(trees, lanes)
         set_time_batch(batch.reqs, "set_spec_draft_end_time", trace_only=True)
         if sizer is not None or grammar is not None:  # trees cut by sizing or by grammars
             num_nodes = max(tree.size for tree in trees)  # the verify pads every request to the longest tree
