@@ -18,8 +18,15 @@ from pathlib import Path
 
 import torch
 
-SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
-                                           "days": {"type": "integer"}}, "required": ["city", "unit", "days"]}
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string"},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+        "days": {"type": "integer"},
+    },
+    "required": ["city", "unit", "days"],
+}
 PREFIX = '{"city": "Lis'
 
 
@@ -46,7 +53,13 @@ def tree_of(size: int, width: int, allowed: list[int], vocab: int, rng: random.R
             depths.append(depths[node] + 1)
         node += 1
     n = len(tokens)
-    return DraftTree(torch.tensor(tokens), torch.tensor(parents), torch.tensor(depths), torch.zeros(n, dtype=torch.long), torch.zeros(n))
+    return DraftTree(
+        torch.tensor(tokens),
+        torch.tensor(parents),
+        torch.tensor(depths),
+        torch.zeros(n, dtype=torch.long),
+        torch.zeros(n),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -89,11 +102,16 @@ def main(argv: list[str] | None = None) -> int:
             apply.append(time.perf_counter() - mid)
             kept = pruned.size
         rows.append((size, kept, 1000 * sorted(walk)[len(walk) // 2], 1000 * sorted(apply)[len(apply) // 2]))
-    lines = [f"# Grammar mask cost per constrained request per step ({cpu_model()}, 1 thread)", "",
-             f"`python bench/grammar_mask_cost.py {' '.join(sys.argv[1:] if argv is None else argv)}`", "",
-             f"JSON schema `{json.dumps(SCHEMA)}` after `{PREFIX}`; SmolLM2 vocabulary {vocab}; median of {args.repeats}.", "",
-             "| tree nodes | kept after pruning | walk + prune + rows (ms) | mask applied to the verify logits (ms) |",
-             "|---|---|---|---|"]
+    lines = [
+        f"# Grammar mask cost per constrained request per step ({cpu_model()}, 1 thread)",
+        "",
+        f"`python bench/grammar_mask_cost.py {' '.join(sys.argv[1:] if argv is None else argv)}`",
+        "",
+        f"JSON schema `{json.dumps(SCHEMA)}` after `{PREFIX}`; SmolLM2 vocabulary {vocab}; median of {args.repeats}.",
+        "",
+        "| tree nodes | kept after pruning | walk + prune + rows (ms) | mask applied to the verify logits (ms) |",
+        "|---|---|---|---|",
+    ]
     lines += [f"| {size} | {kept} | {walk:.2f} | {apply:.3f} |" for size, kept, walk, apply in rows]
     text = "\n".join(lines) + "\n"
     args.markdown.parent.mkdir(parents=True, exist_ok=True)

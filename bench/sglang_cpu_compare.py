@@ -52,9 +52,12 @@ from sglang_jetspec.cli.bench import prompt_range  # noqa: E402
 HEAD = REPO / "sglang_jetspec" / "heads" / "smollm2-135m-instruct"
 # JETSPEC under the shipped policy, then with every cohort's drafter and tree sizing changed
 # (jetspec-off: every cohort gated off, the fallback whose tax over plain SGLang an operator pays)
-POLICY_VARIANTS = {"jetspec": {}, "jetspec-hybrid": {"drafter": "hybrid"},
-                   "jetspec-hybrid-adaptive": {"drafter": "hybrid", "tree_sizing": "adaptive"},
-                   "jetspec-off": {"default": 0}}
+POLICY_VARIANTS = {
+    "jetspec": {},
+    "jetspec-hybrid": {"drafter": "hybrid"},
+    "jetspec-hybrid-adaptive": {"drafter": "hybrid", "tree_sizing": "adaptive"},
+    "jetspec-off": {"default": 0},
+}
 CONFIGS = ("plain", "ngram", *POLICY_VARIANTS)
 RADIX = "+radix"  # config-name suffix: that server runs with SGLang's radix (prefix) cache on
 TP2 = "+tp2"  # config-name suffix: that server runs with --tp-size 2, one core per rank (launch.TP2_ENV)
@@ -89,7 +92,8 @@ def pass_slices(available: int, num_prompts: int, levels: list[int]) -> list[sli
         raise BenchArgsError(
             f"--prompts: {available} prompts, but {len(levels)} passes of max(--num-prompts {num_prompts}, concurrency) "
             f"new prompts need {start}; use a longer prompt file or range, fewer --concurrency levels or a smaller "
-            "--num-prompts")
+            "--num-prompts"
+        )
     return slices
 
 
@@ -128,17 +132,42 @@ def base_config(config: str) -> str:
 
 
 def server_args(config: str, model: str, dtype: str, max_running: int, ngram_tokens: int, port: int) -> list[str]:
-    base = ["--model-path", model, "--device", "cpu", "--dtype", dtype, "--attention-backend", "intel_amx",
-            "--disable-cuda-graph", "--max-total-tokens", "32768", "--max-running-requests", str(max(4, max_running)),
-            "--skip-server-warmup", "--disable-overlap-schedule", "--sleep-on-idle",
-            *([] if config.removesuffix(TP2).endswith(RADIX) else ["--disable-radix-cache"]),
-            *(["--tp-size", "2"] if config.endswith(TP2) else []), "--host", "127.0.0.1", "--port", str(port)]
+    base = [
+        "--model-path",
+        model,
+        "--device",
+        "cpu",
+        "--dtype",
+        dtype,
+        "--attention-backend",
+        "intel_amx",
+        "--disable-cuda-graph",
+        "--max-total-tokens",
+        "32768",
+        "--max-running-requests",
+        str(max(4, max_running)),
+        "--skip-server-warmup",
+        "--disable-overlap-schedule",
+        "--sleep-on-idle",
+        *([] if config.removesuffix(TP2).endswith(RADIX) else ["--disable-radix-cache"]),
+        *(["--tp-size", "2"] if config.endswith(TP2) else []),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
     config = base_config(config)
     if config == "ngram":
         return base + ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", str(ngram_tokens)]
     if config in POLICY_VARIANTS:
-        return base + ["--speculative-algorithm", "JETSPEC", "--speculative-draft-model-path", str(HEAD),
-                       "--disable-decode-cuda-graph", "--enable-metrics"]
+        return base + [
+            "--speculative-algorithm",
+            "JETSPEC",
+            "--speculative-draft-model-path",
+            str(HEAD),
+            "--disable-decode-cuda-graph",
+            "--enable-metrics",
+        ]
     return base
 
 
@@ -171,13 +200,15 @@ def hf_greedy(model: str, prompts: list[list[int]], max_new_tokens: int, dtype: 
     with torch.no_grad():
         for ids in prompts:
             x = torch.tensor([ids])
-            y = lm.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new_tokens, do_sample=False,
-                            pad_token_id=eos)[0, len(ids):].tolist()
+            y = lm.generate(
+                x, attention_mask=torch.ones_like(x), max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=eos
+            )[0, len(ids) :].tolist()
             out.append(y[: y.index(eos) + 1] if eos in y else y)  # SGLang's output_ids end with the EOS too
     return out
 
 
 # ---- where a decode iteration's time goes ----
+
 
 def read_profile(path: Path) -> dict[str, float]:
     """The scheduler-side sums for decode iterations (step_profile.py), zeros before the first."""
@@ -199,8 +230,12 @@ def phase_ms(sched: dict[str, float], worker: dict[str, float]) -> dict[str, flo
     if not n:
         return {}
     per = lambda seconds: 1000.0 * seconds / n  # noqa: E731
-    row = {"sched_pre": per(sched["pre_s"]), "sched_run": per(sched["run_s"] - sched["worker_s"]),
-           "output": per(sched["post_s"]), "iteration": per(sched["pre_s"] + sched["run_s"] + sched["post_s"])}
+    row = {
+        "sched_pre": per(sched["pre_s"]),
+        "sched_run": per(sched["run_s"] - sched["worker_s"]),
+        "output": per(sched["post_s"]),
+        "iteration": per(sched["pre_s"] + sched["run_s"] + sched["post_s"]),
+    }
     if worker:
         phases = {p: worker.get(p, 0.0) for p in WORKER_PHASES}
         phases["accept"] -= phases["commit"]
@@ -219,8 +254,12 @@ Prompt = tuple[list[int], dict]  # token ids and the constraint's sampling param
 
 def generate(url: str, prompt: Prompt, max_new_tokens: int) -> dict:
     ids, constraint = prompt
-    return json.loads(_post(f"{url}/generate", {"input_ids": ids, "sampling_params": {
-        "temperature": 0, "max_new_tokens": max_new_tokens, **constraint}}))
+    return json.loads(
+        _post(
+            f"{url}/generate",
+            {"input_ids": ids, "sampling_params": {"temperature": 0, "max_new_tokens": max_new_tokens, **constraint}},
+        )
+    )
 
 
 def quiet(profile: Path, timeout_s: float = 10.0) -> dict[str, float]:
@@ -235,8 +274,15 @@ def quiet(profile: Path, timeout_s: float = 10.0) -> dict[str, float]:
     return last
 
 
-def run_passes(url: str, prompts: list[Prompt], slices: list[slice], levels: list[int], max_new_tokens: int,
-               profile: Path, warmup_ids: list[int]) -> list[tuple[list[dict], float, dict, dict]]:
+def run_passes(
+    url: str,
+    prompts: list[Prompt],
+    slices: list[slice],
+    levels: list[int],
+    max_new_tokens: int,
+    profile: Path,
+    warmup_ids: list[int],
+) -> list[tuple[list[dict], float, dict, dict]]:
     """(replies, seconds, scheduler sums, worker seconds) per pass."""
     generate(url, (warmup_ids, {}), 8)  # first-call allocations stay out of the timings
     out = []
@@ -250,13 +296,22 @@ def run_passes(url: str, prompts: list[Prompt], slices: list[slice], levels: lis
     return out
 
 
-def run_config(config: str, args, model: str, prompts, slices, levels, warmup_ids, port: int) -> tuple[ConfigResult, list[list[list[int]]]]:
+def run_config(
+    config: str, args, model: str, prompts, slices, levels, warmup_ids, port: int
+) -> tuple[ConfigResult, list[list[list[int]]]]:
     profile = (args.log_dir / f"{config}-profile.json").resolve()
     profile.unlink(missing_ok=True)
-    env = {"OMP_NUM_THREADS": str(args.threads), PROFILE_ENV: str(profile), **policy_env(config, args.log_dir),
-           **(TP2_ENV if config.endswith(TP2) else {})}
-    server = launch(server_args(config, model, args.dtype, max(levels), args.ngram_draft_tokens, port),
-                    args.log_dir / f"{config}.log", env)
+    env = {
+        "OMP_NUM_THREADS": str(args.threads),
+        PROFILE_ENV: str(profile),
+        **policy_env(config, args.log_dir),
+        **(TP2_ENV if config.endswith(TP2) else {}),
+    }
+    server = launch(
+        server_args(config, model, args.dtype, max(levels), args.ngram_draft_tokens, port),
+        args.log_dir / f"{config}.log",
+        env,
+    )
     try:
         raw = run_passes(server.url, prompts, slices, levels, args.max_new_tokens, profile, warmup_ids)
     finally:
@@ -265,11 +320,21 @@ def run_config(config: str, args, model: str, prompts, slices, levels, warmup_id
     for level, part, (replies, seconds, sched, worker) in zip(levels, slices, raw):
         outputs.append([list(r["output_ids"]) for r in replies])
         n = sched.get("iterations", 0)
-        passes.append(PassResult(
-            concurrency=level, prompts=len(replies), tokens=sum(r["meta_info"]["completion_tokens"] for r in replies),
-            seconds=seconds, accept_length=mean_accept_length(replies), exact_match_vs_plain=None,
-            first_divergence_vs_plain={}, exact_match_vs_hf=None, phases_ms=phase_ms(sched, worker),
-            decode_iterations=int(n), mean_batch=sched.get("requests", 0) / n if n else 0.0))
+        passes.append(
+            PassResult(
+                concurrency=level,
+                prompts=len(replies),
+                tokens=sum(r["meta_info"]["completion_tokens"] for r in replies),
+                seconds=seconds,
+                accept_length=mean_accept_length(replies),
+                exact_match_vs_plain=None,
+                first_divergence_vs_plain={},
+                exact_match_vs_hf=None,
+                phases_ms=phase_ms(sched, worker),
+                decode_iterations=int(n),
+                mean_batch=sched.get("requests", 0) / n if n else 0.0,
+            )
+        )
     return ConfigResult(config, passes, server.start_s), outputs
 
 
@@ -287,8 +352,9 @@ def summarise(results: list[ConfigResult], baseline: str) -> None:
         r.tokens_per_s_by_concurrency = {str(p.concurrency): p.tokens_per_s for p in r.passes}
         if plain is not None:
             base = {p.concurrency: p.tokens_per_s for p in plain.passes}
-            r.speedup_vs_plain_by_concurrency = {str(p.concurrency): p.tokens_per_s / base[p.concurrency]
-                                                 for p in r.passes}
+            r.speedup_vs_plain_by_concurrency = {
+                str(p.concurrency): p.tokens_per_s / base[p.concurrency] for p in r.passes
+            }
         first = next((p for p in r.passes if p.concurrency == 1), r.passes[0])
         r.tokens_per_s = first.tokens_per_s
         r.tokens_per_s_concurrent = max(r.passes, key=lambda p: p.concurrency).tokens_per_s
@@ -297,58 +363,96 @@ def summarise(results: list[ConfigResult], baseline: str) -> None:
 def markdown(results: list[ConfigResult], meta: dict) -> str:
     levels = [p.concurrency for p in results[0].passes]
     baseline = meta["baseline"]
-    lines = [f"# Real SGLang on CPU: plain vs NGRAM vs JETSPEC ({meta['cpu']}, {meta['dtype']})", "",
-             f"`{meta['command']}`", "",
-             f"{meta['source']} {meta['prompt_range']}: {meta['prompts_per_pass']} new prompts per pass "
-             f"({meta.get('constrained_prompts', 0)} of them under a json_schema / regex / ebnf constraint), greedy, "
-             f"max_new_tokens {meta['max_new_tokens']}, SGLang {meta['sglang']}, torch {meta['torch']}, "
-             f"{meta['threads']} threads, {meta['date']}. Attention and KV kernels are the test stand-in's PyTorch "
-             "code (tests/sglang_cpu/stub), not sgl-kernel's."
-             + (f" Every prompt starts with the {meta['shared_prefix_tokens']}-token shared prefix {meta['shared_prefix']}; "
-                f"`{RADIX}` configs run with SGLang's radix cache on, the others without." if meta["shared_prefix"] else ""),
-             "", f"## Tokens/s by concurrency (x {baseline})", "",
-             "| config | " + " | ".join(f"c={c}" for c in levels) + f" | accept length by c | exact vs {baseline} by c |",
-             "|---|" + "---|" * (len(levels) + 2)]
+    lines = [
+        f"# Real SGLang on CPU: plain vs NGRAM vs JETSPEC ({meta['cpu']}, {meta['dtype']})",
+        "",
+        f"`{meta['command']}`",
+        "",
+        f"{meta['source']} {meta['prompt_range']}: {meta['prompts_per_pass']} new prompts per pass "
+        f"({meta.get('constrained_prompts', 0)} of them under a json_schema / regex / ebnf constraint), greedy, "
+        f"max_new_tokens {meta['max_new_tokens']}, SGLang {meta['sglang']}, torch {meta['torch']}, "
+        f"{meta['threads']} threads, {meta['date']}. Attention and KV kernels are the test stand-in's PyTorch "
+        "code (tests/sglang_cpu/stub), not sgl-kernel's."
+        + (
+            f" Every prompt starts with the {meta['shared_prefix_tokens']}-token shared prefix {meta['shared_prefix']}; "
+            f"`{RADIX}` configs run with SGLang's radix cache on, the others without."
+            if meta["shared_prefix"]
+            else ""
+        ),
+        "",
+        f"## Tokens/s by concurrency (x {baseline})",
+        "",
+        "| config | " + " | ".join(f"c={c}" for c in levels) + f" | accept length by c | exact vs {baseline} by c |",
+        "|---|" + "---|" * (len(levels) + 2),
+    ]
     for r in results:
-        cells = [f"{p.tokens_per_s:.1f} ({r.speedup_vs_plain_by_concurrency.get(str(p.concurrency), 0):.2f}x)"
-                 for p in r.passes]
+        cells = [
+            f"{p.tokens_per_s:.1f} ({r.speedup_vs_plain_by_concurrency.get(str(p.concurrency), 0):.2f}x)"
+            for p in r.passes
+        ]
         accept = " / ".join("-" if p.accept_length is None else f"{p.accept_length:.2f}" for p in r.passes)
-        exact = " / ".join("-" if p.exact_match_vs_plain is None else f"{p.exact_match_vs_plain}/{p.prompts}"
-                           for p in r.passes)
+        exact = " / ".join(
+            "-" if p.exact_match_vs_plain is None else f"{p.exact_match_vs_plain}/{p.prompts}" for p in r.passes
+        )
         lines.append(f"| {r.config} | " + " | ".join(cells) + f" | {accept} | {exact} |")
-    lines += ["", "## Where a decode iteration's time goes (ms per iteration, mean batch)", "",
-              "sched_pre: receiving requests and building the batch (incl. KV allocation); sched_run: the rest of "
-              "run_batch outside the worker; draft / tree (building, sizing, verify tensors) / verify (the target "
-              "forward; for plain and NGRAM the worker's whole forward + sample) / accept / commit (KV move, "
-              "draft-context rows): the JETSPEC worker's own counters; worker_other: the worker's remaining time; "
-              "output: process_batch_result.", "",
-              "| config | c | batch | " + " | ".join(PHASE_COLUMNS) + " |", "|---|---|---|" + "---|" * len(PHASE_COLUMNS)]
+    lines += [
+        "",
+        "## Where a decode iteration's time goes (ms per iteration, mean batch)",
+        "",
+        "sched_pre: receiving requests and building the batch (incl. KV allocation); sched_run: the rest of "
+        "run_batch outside the worker; draft / tree (building, sizing, verify tensors) / verify (the target "
+        "forward; for plain and NGRAM the worker's whole forward + sample) / accept / commit (KV move, "
+        "draft-context rows): the JETSPEC worker's own counters; worker_other: the worker's remaining time; "
+        "output: process_batch_result.",
+        "",
+        "| config | c | batch | " + " | ".join(PHASE_COLUMNS) + " |",
+        "|---|---|---|" + "---|" * len(PHASE_COLUMNS),
+    ]
     for r in results:
         for p in r.passes:
             if p.phases_ms:
-                lines.append(f"| {r.config} | {p.concurrency} | {p.mean_batch:.1f} | "
-                             + " | ".join(f"{p.phases_ms[c]:.1f}" for c in PHASE_COLUMNS) + " |")
-    diverged = [(r.config, p.concurrency, i, at) for r in results for p in r.passes
-                for i, at in p.first_divergence_vs_plain.items()]
+                lines.append(
+                    f"| {r.config} | {p.concurrency} | {p.mean_batch:.1f} | "
+                    + " | ".join(f"{p.phases_ms[c]:.1f}" for c in PHASE_COLUMNS)
+                    + " |"
+                )
+    diverged = [
+        (r.config, p.concurrency, i, at)
+        for r in results
+        for p in r.passes
+        for i, at in p.first_divergence_vs_plain.items()
+    ]
     if diverged:
-        lines += ["", f"First divergence from {baseline} (config, concurrency, prompt in pass, token position): "
-                  + ", ".join(f"{c} c={lvl} #{i} @{at}" for c, lvl, i, at in diverged)]
+        lines += [
+            "",
+            f"First divergence from {baseline} (config, concurrency, prompt in pass, token position): "
+            + ", ".join(f"{c} c={lvl} #{i} @{at}" for c, lvl, i, at in diverged),
+        ]
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--prompts", default="humaneval", help="humaneval, or a JSONL file of `prompt` / `messages` lines")
-    p.add_argument("--prompt-range", type=prompt_range, default=slice(None),
-                   help="start:stop of the prompts to draw passes from (default: all)")
+    p.add_argument(
+        "--prompt-range",
+        type=prompt_range,
+        default=slice(None),
+        help="start:stop of the prompts to draw passes from (default: all)",
+    )
     p.add_argument("--num-prompts", type=int, default=8, help="new prompts per pass (at least the pass's concurrency)")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--concurrency", default="1,4", help="comma-separated levels, one pass each, e.g. 1,2,4,8,16")
     p.add_argument("--model", help="target checkpoint directory (default: jetspec model fetch smollm2)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    p.add_argument("--configs", default=",".join(CONFIGS),
-                   help=f"subset of {','.join(CONFIGS)}, in this order; a name ending in {RADIX} runs with the radix cache on")
-    p.add_argument("--baseline", default="plain", help="the config ratios and exact matches compare with (one of --configs)")
+    p.add_argument(
+        "--configs",
+        default=",".join(CONFIGS),
+        help=f"subset of {','.join(CONFIGS)}, in this order; a name ending in {RADIX} runs with the radix cache on",
+    )
+    p.add_argument(
+        "--baseline", default="plain", help="the config ratios and exact matches compare with (one of --configs)"
+    )
     p.add_argument("--shared-prefix", type=Path, help="a text file put before every prompt (a shared system prompt)")
     p.add_argument("--ngram-draft-tokens", type=int, default=8)
     p.add_argument("--threads", type=int, default=2, help="OMP threads of each server")
@@ -361,11 +465,15 @@ def main(argv: list[str] | None = None) -> int:
     configs = [c for c in args.configs.split(",") if c]
     unknown = sorted({c for c in configs if base_config(c) not in CONFIGS})
     if unknown:
-        p.error(f"--configs: unknown {unknown}; choose from {','.join(CONFIGS)}, each optionally with {RADIX} and then {TP2}")
+        p.error(
+            f"--configs: unknown {unknown}; choose from {','.join(CONFIGS)}, each optionally with {RADIX} and then {TP2}"
+        )
     if args.baseline not in configs:
         p.error(f"--baseline {args.baseline}: not among --configs {args.configs}; add it or pick one of them")
     if args.shared_prefix is not None and not args.shared_prefix.is_file():
-        p.error(f"--shared-prefix {args.shared_prefix}: no such file; pass a text file (e.g. bench/prompts/system-prompt.txt)")
+        p.error(
+            f"--shared-prefix {args.shared_prefix}: no such file; pass a text file (e.g. bench/prompts/system-prompt.txt)"
+        )
     try:
         levels = parse_concurrency(args.concurrency)
     except BenchArgsError as exc:
@@ -382,12 +490,16 @@ def main(argv: list[str] | None = None) -> int:
     model = args.model or str(fetch("smollm2"))
     tokenizer = AutoTokenizer.from_pretrained(model)
     records = load_prompt_records(args.prompts)[args.prompt_range]
-    shared = tokenizer(args.shared_prefix.read_text(), add_special_tokens=False)["input_ids"] if args.shared_prefix else []
+    shared = (
+        tokenizer(args.shared_prefix.read_text(), add_special_tokens=False)["input_ids"] if args.shared_prefix else []
+    )
     prompts = [(shared + encode(r, tokenizer), constraint_params(r)) for r in records]
     constrained = sum(1 for _, constraint in prompts if constraint)
     if args.hf and constrained:
-        p.error(f"--hf: {constrained} prompts carry a constraint, which HF greedy decoding would ignore; compare "
-                "them with plain SGLang (the default) instead")
+        p.error(
+            f"--hf: {constrained} prompts carry a constraint, which HF greedy decoding would ignore; compare "
+            "them with plain SGLang (the default) instead"
+        )
     try:
         slices = pass_slices(len(prompts), args.num_prompts, levels)
     except BenchArgsError as exc:
@@ -399,8 +511,13 @@ def main(argv: list[str] | None = None) -> int:
     for config in configs:
         result, outputs[config] = run_config(config, args, model, prompts, slices, levels, warmup_ids, args.port)
         results.append(result)
-        print(f"[{config}] " + ", ".join(f"c={q.concurrency}: {q.tokens_per_s:.1f} tok/s accept {q.accept_length}"
-                                         for q in result.passes), flush=True)
+        print(
+            f"[{config}] "
+            + ", ".join(
+                f"c={q.concurrency}: {q.tokens_per_s:.1f} tok/s accept {q.accept_length}" for q in result.passes
+            ),
+            flush=True,
+        )
     if args.baseline in outputs:
         for r in results:
             compare_outputs(r, outputs[r.config], outputs[args.baseline], "exact_match_vs_plain", divergences=True)
@@ -409,17 +526,38 @@ def main(argv: list[str] | None = None) -> int:
         for r in results:
             compare_outputs(r, outputs[r.config], hf, "exact_match_vs_hf", divergences=False)
     summarise(results, args.baseline)
-    meta = {"command": "python bench/sglang_cpu_compare.py " + " ".join(sys.argv[1:] if argv is None else argv),
-            "cpu": cpu_model(), "dtype": args.dtype, "source": args.prompts, "baseline": args.baseline,
-            "shared_prefix": str(args.shared_prefix or ""), "shared_prefix_tokens": len(shared),
-            "prompt_range": f"{args.prompt_range.start or 0}:{'' if args.prompt_range.stop is None else args.prompt_range.stop}",
-            "prompts_per_pass": [s.stop - s.start for s in slices], "constrained_prompts": constrained, "concurrency": levels,
-            "max_new_tokens": args.max_new_tokens, "threads": args.threads, "sglang": sglang.__version__,
-            "torch": torch.__version__, "date": time.strftime("%Y-%m-%d %H:%M")}
+    meta = {
+        "command": "python bench/sglang_cpu_compare.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "cpu": cpu_model(),
+        "dtype": args.dtype,
+        "source": args.prompts,
+        "baseline": args.baseline,
+        "shared_prefix": str(args.shared_prefix or ""),
+        "shared_prefix_tokens": len(shared),
+        "prompt_range": f"{args.prompt_range.start or 0}:{'' if args.prompt_range.stop is None else args.prompt_range.stop}",
+        "prompts_per_pass": [s.stop - s.start for s in slices],
+        "constrained_prompts": constrained,
+        "concurrency": levels,
+        "max_new_tokens": args.max_new_tokens,
+        "threads": args.threads,
+        "sglang": sglang.__version__,
+        "torch": torch.__version__,
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+    }
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"meta": meta, "results": [
-        {**asdict(r), "passes": [{**asdict(q), "tokens_per_s": q.tokens_per_s} for q in r.passes]}
-        for r in results]}, indent=2) + "\n")
+    args.json.write_text(
+        json.dumps(
+            {
+                "meta": meta,
+                "results": [
+                    {**asdict(r), "passes": [{**asdict(q), "tokens_per_s": q.tokens_per_s} for q in r.passes]}
+                    for r in results
+                ],
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     args.markdown.parent.mkdir(parents=True, exist_ok=True)
     args.markdown.write_text(markdown(results, meta))
     print(args.markdown.read_text())

@@ -51,13 +51,18 @@ def counters(url: str) -> dict[tuple[str, str], float]:
 
 
 def push_budget(url: str, budget: int) -> None:
-    status, reply = post(f"{url}/set_internal_state", {"server_args": {
-        "jetspec_policy.ttl_s": 3600, "jetspec_policy.all.budget": budget}}, {"Authorization": f"Bearer {ADMIN_KEY}"})
+    status, reply = post(
+        f"{url}/set_internal_state",
+        {"server_args": {"jetspec_policy.ttl_s": 3600, "jetspec_policy.all.budget": budget}},
+        {"Authorization": f"Bearer {ADMIN_KEY}"},
+    )
     if status != 200 or reply != [True]:
         raise RuntimeError(f"push of budget {budget} refused: {status} {reply}")
 
 
-def harness_curve(model: str, dtype: str, prompts: list[list[int]], max_new: int, log_dir: Path) -> dict[int, tuple[float, float]]:
+def harness_curve(
+    model: str, dtype: str, prompts: list[list[int]], max_new: int, log_dir: Path
+) -> dict[int, tuple[float, float]]:
     """budget -> (verify ms per step, nodes per step)."""
     policy = log_dir / "verify-cost-policy.yaml"
     policy.parent.mkdir(parents=True, exist_ok=True)
@@ -76,7 +81,9 @@ def harness_curve(model: str, dtype: str, prompts: list[list[int]], max_new: int
             d = {name: after.get((name, str(budget)), 0.0) - before.get((name, str(budget)), 0.0) for name in COUNTERS}
             steps = d["jetspec_steps_total"]
             out[budget] = (1000 * d["jetspec_verify_seconds_total"] / steps, d["jetspec_verified_nodes_total"] / steps)
-            print(f"harness budget {budget}: {out[budget][0]:.1f} ms per verify, {out[budget][1]:.1f} nodes", flush=True)
+            print(
+                f"harness budget {budget}: {out[budget][0]:.1f} ms per verify, {out[budget][1]:.1f} nodes", flush=True
+            )
         return out
     finally:
         server.stop()
@@ -123,18 +130,25 @@ def main(argv: list[str] | None = None) -> int:
     reference = reference_curve(model, args.dtype, context, args.rounds)
 
     decode_ms = harness[0][0]
-    lines = [f"# Verify cost r(N) in real SGLang on CPU vs the reference engine ({cpu_model()}, {args.dtype})", "",
-             f"`python bench/sglang_cpu_verify_cost.py {' '.join(sys.argv[1:] if argv is None else argv)}`", "",
-             f"Harness: HumanEval {100}-{100 + args.prompts - 1} x {args.max_new_tokens} tokens per budget, head drafter, "
-             f"fixed trees, the worker's verify seconds per step (budget 0 = an ordinary decode forward, N = 1). "
-             f"Reference: one HF forward over N new tokens after {context} tokens, best of {args.rounds}. "
-             f"torch {torch.__version__}, 2 threads, {time.strftime('%Y-%m-%d %H:%M')}.", "",
-             "| budget | harness nodes/step | harness ms | harness r | reference N | reference ms | reference r | harness r / reference r |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# Verify cost r(N) in real SGLang on CPU vs the reference engine ({cpu_model()}, {args.dtype})",
+        "",
+        f"`python bench/sglang_cpu_verify_cost.py {' '.join(sys.argv[1:] if argv is None else argv)}`",
+        "",
+        f"Harness: HumanEval {100}-{100 + args.prompts - 1} x {args.max_new_tokens} tokens per budget, head drafter, "
+        f"fixed trees, the worker's verify seconds per step (budget 0 = an ordinary decode forward, N = 1). "
+        f"Reference: one HF forward over N new tokens after {context} tokens, best of {args.rounds}. "
+        f"torch {torch.__version__}, 2 threads, {time.strftime('%Y-%m-%d %H:%M')}.",
+        "",
+        "| budget | harness nodes/step | harness ms | harness r | reference N | reference ms | reference r | harness r / reference r |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for budget, (ms, nodes) in harness.items():
         n = 1 if budget == 0 else budget
         r_h, r_ref = ms / decode_ms, reference[n] / reference[1]
-        lines.append(f"| {budget} | {nodes:.1f} | {ms:.1f} | {r_h:.2f} | {n} | {reference[n]:.1f} | {r_ref:.2f} | {r_h / r_ref:.2f} |")
+        lines.append(
+            f"| {budget} | {nodes:.1f} | {ms:.1f} | {r_h:.2f} | {n} | {reference[n]:.1f} | {r_ref:.2f} | {r_h / r_ref:.2f} |"
+        )
     args.markdown.parent.mkdir(parents=True, exist_ok=True)
     args.markdown.write_text("\n".join(lines) + "\n")
     print(args.markdown.read_text())

@@ -42,7 +42,9 @@ def probe(url: str, body: dict) -> tuple[str, bool]:
     except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
         got = f"no answer ({type(exc).__name__})"
     try:
-        status, _ = post(f"{url}/generate", {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 4}}, timeout=60)
+        status, _ = post(
+            f"{url}/generate", {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 4}}, timeout=60
+        )
         alive = status == 200
     except (urllib.error.URLError, ConnectionError, TimeoutError):
         alive = False
@@ -77,14 +79,20 @@ def main() -> int:
     model = fetch("smollm2")
     logs = Path(tempfile.mkdtemp(prefix="crash-probe-"))
     results = {config: run(config, model, logs) for config in configs}
-    lines = [f"# One request against a real SGLang 0.5.23 server (CPU harness, fp32; {cpu_model()}, "
-             f"{time.strftime('%Y-%m-%d')})", "",
-             f"`python bench/sglang_crash_probe.py --configs {args.configs} --markdown OUT`", "",
-             "| probe | " + " | ".join(f"{c}: answer | {c}: serves after" for c in configs) + " |",
-             "|---|" + "---|---|" * len(configs)]
+    lines = [
+        f"# One request against a real SGLang 0.5.23 server (CPU harness, fp32; {cpu_model()}, "
+        f"{time.strftime('%Y-%m-%d')})",
+        "",
+        f"`python bench/sglang_crash_probe.py --configs {args.configs} --markdown OUT`",
+        "",
+        "| probe | " + " | ".join(f"{c}: answer | {c}: serves after" for c in configs) + " |",
+        "|---|" + "---|---|" * len(configs),
+    ]
     for name in PROBES:
-        cells = [f"{results[c][name][0].replace('|', '/')} | {'yes' if results[c][name][1] else '**no: server down**'}"
-                 for c in configs]
+        cells = [
+            f"{results[c][name][0].replace('|', '/')} | {'yes' if results[c][name][1] else '**no: server down**'}"
+            for c in configs
+        ]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     text = "\n".join(lines) + "\n"
     print(text)

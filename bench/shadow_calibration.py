@@ -19,13 +19,17 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from sglang_jetspec.core.sampling import SamplingParams  # noqa: E402
 from shadow import calibration as cal  # noqa: E402
 from shadow.checks import DEFAULT_TIE_MARGIN, RANK_EDGES  # noqa: E402
 from shadow.stats import tokens_to_cross, window_tests  # noqa: E402
-from sglang_jetspec.core.sampling import SamplingParams  # noqa: E402
 
-CHATS = ["Explain what a hash map is in two sentences.", "Write a haiku about the sea.",
-         "What is the capital of Australia, and why is it not Sydney?", "Give me three tips for writing clean Python."]
+CHATS = [
+    "Explain what a hash map is in two sentences.",
+    "Write a haiku about the sea.",
+    "What is the capital of Australia, and why is it not Sydney?",
+    "Give me three tips for writing clean Python.",
+]
 GRID = [50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000]
 ALPHA = 0.001
 
@@ -74,9 +78,13 @@ def calibration_rows(logits, rng, windows: int, window_tokens: int, streams: int
         rates = {a: detected_by_windows(draws, a).mean() for a in (0.05, 0.01, 0.001)}
         seq = cal.draw(table, table.probs, streams, stream_tokens, rng)
         crossed = {a: (sequential_tokens(seq, a) <= stream_tokens).mean() for a in (0.05, 0.01)}
-        rows.append(f"| T={params.temperature} top_p={params.top_p} | {windows} x {window_tokens} | "
-                    + " | ".join(f"{rates[a]:.4f}" for a in rates)
-                    + f" | {streams} x {stream_tokens} | " + " | ".join(f"{crossed[a]:.3f}" for a in crossed) + " |")
+        rows.append(
+            f"| T={params.temperature} top_p={params.top_p} | {windows} x {window_tokens} | "
+            + " | ".join(f"{rates[a]:.4f}" for a in rates)
+            + f" | {streams} x {stream_tokens} | "
+            + " | ".join(f"{crossed[a]:.3f}" for a in crossed)
+            + " |"
+        )
     return rows
 
 
@@ -86,12 +94,32 @@ def breaks(logits):
     t1, o1 = cal.correct_table(logits, SamplingParams(temperature=1.0))
     biased_token = int(torch.mode(torch.from_numpy(t1.order[:, 0])).values)
     return [
-        ("temperature on one side (request T=0.7, drawn at T=1.0)", t07, cal.one_side(logits, o07, SamplingParams(temperature=1.0))),
-        ("temperature on one side (request T=1.0, drawn at T=0.9)", t1, cal.one_side(logits, o1, SamplingParams(temperature=0.9))),
-        ("top-p on one side (request T=0.8 top_p=0.9, drawn without top-p)", tp, cal.one_side(logits, op, SamplingParams(temperature=0.8))),
+        (
+            "temperature on one side (request T=0.7, drawn at T=1.0)",
+            t07,
+            cal.one_side(logits, o07, SamplingParams(temperature=1.0)),
+        ),
+        (
+            "temperature on one side (request T=1.0, drawn at T=0.9)",
+            t1,
+            cal.one_side(logits, o1, SamplingParams(temperature=0.9)),
+        ),
+        (
+            "top-p on one side (request T=0.8 top_p=0.9, drawn without top-p)",
+            tp,
+            cal.one_side(logits, op, SamplingParams(temperature=0.8)),
+        ),
         ("top-p on one side (request T=0.8, drawn with top_p=0.9)", *_reverse_top_p(logits)),
-        ("residual step skipped (T=1, 4 drafted children per node, noisy draft)", t1, cal.residual_skipped(t1, logits, o1)),
-        (f"2% of mass moved onto one token (id {biased_token}, the commonest top-1)", t1, cal.single_token_bias(t1, biased_token)),
+        (
+            "residual step skipped (T=1, 4 drafted children per node, noisy draft)",
+            t1,
+            cal.residual_skipped(t1, logits, o1),
+        ),
+        (
+            f"2% of mass moved onto one token (id {biased_token}, the commonest top-1)",
+            t1,
+            cal.single_token_bias(t1, biased_token),
+        ),
     ]
 
 
@@ -121,15 +149,20 @@ def power_rows(logits, rng, reps: int, seq_streams: int) -> list[str]:
 
 def tie_band_row(logits) -> str:
     """The one break in (b) that emits out-of-support tokens, under the checker's tie band."""
-    outside, band = cal.tie_band_mass(logits, SamplingParams(temperature=0.8, top_p=0.9), SamplingParams(temperature=0.8),
-                                      DEFAULT_TIE_MARGIN)
-    return (f"| top-p on one side (request T=0.8 top_p=0.9, drawn without top-p) | {outside:.4f} | {band:.5f} | "
-            f"{band / outside:.3f} |")
+    outside, band = cal.tie_band_mass(
+        logits, SamplingParams(temperature=0.8, top_p=0.9), SamplingParams(temperature=0.8), DEFAULT_TIE_MARGIN
+    )
+    return (
+        f"| top-p on one side (request T=0.8 top_p=0.9, drawn without top-p) | {outside:.4f} | {band:.5f} | "
+        f"{band / outside:.3f} |"
+    )
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--prompts", type=int, default=12, help="prompts (the last 4 are chats; the rest HumanEval 0..)")
+    parser.add_argument(
+        "--prompts", type=int, default=12, help="prompts (the last 4 are chats; the rest HumanEval 0..)"
+    )
     parser.add_argument("--tokens", type=int, default=48, help="sampled tokens per prompt")
     parser.add_argument("--reps", type=int, default=100, help="repetitions per window size")
     parser.add_argument("--seq-streams", type=int, default=40, help="streams for the sequential test")
@@ -144,7 +177,8 @@ def main() -> int:
     power = power_rows(logits, rng, args.reps, args.seq_streams)
     band = tie_band_row(logits)
     print(band, flush=True)
-    text = f"""# Shadow verification: calibration and power
+    text = (
+        f"""# Shadow verification: calibration and power
 
 Command: `OMP_NUM_THREADS=1 python bench/shadow_calibration.py --prompts {args.prompts} --tokens {args.tokens} --reps {args.reps} --seq-streams {args.seq_streams}` ({time.time() - started:.0f} s on 2 shared CPU cores).
 
@@ -165,7 +199,9 @@ chi-square, Holm-corrected; sequential: the betting e-process (shadow/stats.py),
 
 | request | windows x tokens | window alarm rate at alpha 0.05 | 0.01 | 0.001 | sequential streams x tokens | ever crossed at alpha 0.05 | 0.01 |
 |---|---|---|---|---|---|---|---|
-""" + "\n".join(calib) + f"""
+"""
+        + "\n".join(calib)
+        + f"""
 
 ## (b) Tokens needed to detect a broken sampler at alpha = {ALPHA}
 
@@ -177,7 +213,9 @@ is an immediate alarm in both.
 
 | broken sampler | window tokens for 90% power | sequential median | sequential p90 | crossed within 1e5 |
 |---|---|---|---|---|
-""" + "\n".join(power) + f"""
+"""
+        + "\n".join(power)
+        + f"""
 
 ## (c) Out-of-support tokens inside the tie band
 
@@ -189,7 +227,10 @@ optimistic by the band's share. Per emitted token, averaged over the {logits.sha
 
 | broken sampler | P(token outside the support) | P(inside the tie band) | band share |
 |---|---|---|---|
-""" + band + "\n"
+"""
+        + band
+        + "\n"
+    )
     Path(args.out).write_text(text)
     print(f"wrote {args.out}")
     return 0

@@ -18,11 +18,11 @@ from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from sglang_jetspec.core.sampling import SamplingParams  # noqa: E402
 from sglang_jetspec.serving.shadow_hook import EngineTee  # noqa: E402
 from sglang_jetspec.spool.record import RecordSampling, ShadowRecord  # noqa: E402
-from sglang_jetspec.spool.writer import SpoolWriter  # noqa: E402
 from sglang_jetspec.spool.tee import ShadowTee  # noqa: E402
-from sglang_jetspec.core.sampling import SamplingParams  # noqa: E402
+from sglang_jetspec.spool.writer import SpoolWriter  # noqa: E402
 
 
 def per_call_us(fn, n: int) -> float:
@@ -49,9 +49,12 @@ def main() -> int:
             hook = EngineTee(tee, "smollm2", "head")
 
             def finish(i):
-                request = SimpleNamespace(request_id=f"{rate}-{i}", prompt_ids=list(range(args.prompt_tokens)), params=params)
-                output = SimpleNamespace(output_ids=list(range(args.output_tokens)), finish_reason="length",
-                                         accept_lengths=[3] * steps)
+                request = SimpleNamespace(
+                    request_id=f"{rate}-{i}", prompt_ids=list(range(args.prompt_tokens)), params=params
+                )
+                output = SimpleNamespace(
+                    output_ids=list(range(args.output_tokens)), finish_reason="length", accept_lengths=[3] * steps
+                )
                 hook.admitted(request, 0.0)
                 hook.stepped([request] * 1, 16)
                 t = time.perf_counter()
@@ -61,9 +64,16 @@ def main() -> int:
             times = [finish(i) for i in range(args.n)]
             results[rate] = statistics.median(times) * 1e6
             tee.close(60)
-        record = ShadowRecord(request_id="x", model="smollm2", prompt_ids=list(range(args.prompt_tokens)),
-                              output_ids=list(range(args.output_tokens)), sampling=RecordSampling.of(params),
-                              finish_reason="length", started_at=0.0, finished_at=1.0)
+        record = ShadowRecord(
+            request_id="x",
+            model="smollm2",
+            prompt_ids=list(range(args.prompt_tokens)),
+            output_ids=list(range(args.output_tokens)),
+            sampling=RecordSampling.of(params),
+            finish_reason="length",
+            started_at=0.0,
+            finished_at=1.0,
+        )
         writer = SpoolWriter(Path(spool) / "w")
         write_us = per_call_us(lambda i: writer.write(record), min(args.n, 500))
         writer.close()

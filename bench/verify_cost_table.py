@@ -20,7 +20,11 @@ from sglang_jetspec.reference.precision import cpu_model
 from sglang_jetspec.reference.target import TargetModel
 from sglang_jetspec.reference.verify_cost import NODE_COUNTS, measure_verify_cost
 
-SETTINGS = {"fp32": (torch.float32, False), "bf16 plain": (torch.bfloat16, False), "bf16 packed": (torch.bfloat16, True)}
+SETTINGS = {
+    "fp32": (torch.float32, False),
+    "bf16 plain": (torch.bfloat16, False),
+    "bf16 packed": (torch.bfloat16, True),
+}
 
 
 def main() -> None:

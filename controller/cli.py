@@ -36,39 +36,70 @@ DEFAULT_METRICS_PORT = 9109
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="jetspec-controller", description=__doc__.splitlines()[0])
     parser.add_argument("--policy", help="policy YAML file (the one the servers run)")
-    parser.add_argument("--server", action="append", default=[], metavar="URL",
-                        help="server base URL, e.g. http://10.0.0.5:30000; repeat for each replica")
-    parser.add_argument("--prometheus", metavar="URL",
-                        help="read telemetry from this Prometheus server instead of scraping each /metrics")
-    parser.add_argument("--admin-key-env", default=DEFAULT_ADMIN_KEY_ENV, metavar="VAR",
-                        help=f"environment variable with the servers' admin API key (default {DEFAULT_ADMIN_KEY_ENV}), "
-                             "sent with pushes (SGLang --admin-api-key)")
-    parser.add_argument("--api-key-env", default=DEFAULT_API_KEY_ENV, metavar="VAR",
-                        help=f"environment variable with the servers' ordinary API key (default {DEFAULT_API_KEY_ENV}), "
-                             "sent with readbacks of /server_info; unset or empty for servers without SGLang --api-key")
+    parser.add_argument(
+        "--server",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="server base URL, e.g. http://10.0.0.5:30000; repeat for each replica",
+    )
+    parser.add_argument(
+        "--prometheus",
+        metavar="URL",
+        help="read telemetry from this Prometheus server instead of scraping each /metrics",
+    )
+    parser.add_argument(
+        "--admin-key-env",
+        default=DEFAULT_ADMIN_KEY_ENV,
+        metavar="VAR",
+        help=f"environment variable with the servers' admin API key (default {DEFAULT_ADMIN_KEY_ENV}), "
+        "sent with pushes (SGLang --admin-api-key)",
+    )
+    parser.add_argument(
+        "--api-key-env",
+        default=DEFAULT_API_KEY_ENV,
+        metavar="VAR",
+        help=f"environment variable with the servers' ordinary API key (default {DEFAULT_API_KEY_ENV}), "
+        "sent with readbacks of /server_info; unset or empty for servers without SGLang --api-key",
+    )
     parser.add_argument("--dry-run", action="store_true", help="decide and log, never push")
-    parser.add_argument("--metrics-port", type=int, default=DEFAULT_METRICS_PORT,
-                        help=f"port for the controller's own /metrics (default {DEFAULT_METRICS_PORT}, 0 = off)")
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=DEFAULT_METRICS_PORT,
+        help=f"port for the controller's own /metrics (default {DEFAULT_METRICS_PORT}, 0 = off)",
+    )
     parser.add_argument("--metrics-addr", default="0.0.0.0", help="address for the controller's /metrics")
-    parser.add_argument("--otlp-endpoint", metavar="ENDPOINT",
-                        help="send decision spans to this OTLP traces endpoint (default: "
-                             "$OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT when set, else no export)")
+    parser.add_argument(
+        "--otlp-endpoint",
+        metavar="ENDPOINT",
+        help="send decision spans to this OTLP traces endpoint (default: "
+        "$OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT when set, else no export)",
+    )
     parser.add_argument("--trace-console", action="store_true", help="print decision spans to stderr")
-    parser.add_argument("--shadow-alarm", metavar="URL|FILE",
-                        help="the shadow checker's /metrics URL or its shadow.prom file: with the policy's "
-                             "shadow.gate_on_alarm, speculation is gated off everywhere while jetspec_shadow_alarm is 1")
+    parser.add_argument(
+        "--shadow-alarm",
+        metavar="URL|FILE",
+        help="the shadow checker's /metrics URL or its shadow.prom file: with the policy's "
+        "shadow.gate_on_alarm, speculation is gated off everywhere while jetspec_shadow_alarm is 1",
+    )
     parser.add_argument("--max-intervals", type=int, help="stop after this many intervals (default: run forever)")
     parser.add_argument("--log-level", default="INFO", help="stderr log level (default INFO)")
-    parser.add_argument("--simulate", choices=sorted(SCENARIOS), metavar="SCENARIO",
-                        help=f"run a simulated scenario instead: {', '.join(sorted(SCENARIOS))}")
+    parser.add_argument(
+        "--simulate",
+        choices=sorted(SCENARIOS),
+        metavar="SCENARIO",
+        help=f"run a simulated scenario instead: {', '.join(sorted(SCENARIOS))}",
+    )
     parser.add_argument("--json", metavar="OUT", help="with --simulate: write per-interval results as JSON")
     parser.add_argument("--plot", metavar="OUT.png", help="with --simulate: plot budget and gain per cohort")
     return parser
 
 
 def _configure_logging(level: str) -> None:
-    logging.basicConfig(level=level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     handler = logging.StreamHandler(sys.stdout)
     handler.setFormatter(logging.Formatter("%(message)s"))
     decision_log.handlers = [handler]  # one JSON line per decision on stdout, also when re-entered
@@ -108,11 +139,16 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     # Optional: servers without --api-key need none. A variable named explicitly must exist, though.
     api_key = os.environ.get(args.api_key_env) or None
     if args.api_key_env != DEFAULT_API_KEY_ENV and args.api_key_env not in os.environ:
-        parser.error(f"--api-key-env {args.api_key_env}: ${args.api_key_env} is not set -- export the servers' "
-                     f"API key (SGLang --api-key), or leave --api-key-env out for servers without one")
+        parser.error(
+            f"--api-key-env {args.api_key_env}: ${args.api_key_env} is not set -- export the servers' "
+            f"API key (SGLang --api-key), or leave --api-key-env out for servers without one"
+        )
     interval = policy.controller.interval_s
-    telemetry: TelemetrySource = (PrometheusApiSource(args.prometheus, interval, urllib_transport)
-                                  if args.prometheus else ScrapeSource(args.server, urllib_transport))
+    telemetry: TelemetrySource = (
+        PrometheusApiSource(args.prometheus, interval, urllib_transport)
+        if args.prometheus
+        else ScrapeSource(args.server, urllib_transport)
+    )
     observer = Observer(make_tracer(args.otlp_endpoint, args.trace_console), started_at=time.time())
     if args.metrics_port:
         from prometheus_client import start_http_server
@@ -121,10 +157,12 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     clients = [ServerClient(url, policy, admin_key, api_key=api_key) for url in args.server]
     shadow_alarm = ShadowAlarmSource(args.shadow_alarm, urllib_transport) if args.shadow_alarm else None
     if shadow_alarm is not None and not policy.shadow.gate_on_alarm:
-        logging.getLogger("controller").warning("--shadow-alarm given but the policy's shadow.gate_on_alarm is "
-                                                "false: the alarm will not gate speculation")
-    controller = Controller(policy, telemetry, clients, time.time, observer, dry_run=args.dry_run,
-                            shadow_alarm=shadow_alarm)
+        logging.getLogger("controller").warning(
+            "--shadow-alarm given but the policy's shadow.gate_on_alarm is false: the alarm will not gate speculation"
+        )
+    controller = Controller(
+        policy, telemetry, clients, time.time, observer, dry_run=args.dry_run, shadow_alarm=shadow_alarm
+    )
     controller.resume()
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

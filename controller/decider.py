@@ -24,14 +24,14 @@ from policies.schema import CohortPolicy, Policy
 from policies.table import CohortBudget, PolicyTable, Probe
 
 # Decision reasons (also the `reason` label of the controller's decision counter).
-WARMING_UP = "warming_up"          # incumbent has fewer than min_samples intervals of evidence
+WARMING_UP = "warming_up"  # incumbent has fewer than min_samples intervals of evidence
 HOLD = "hold"
 BETTER_BUDGET = "better_budget"
 BELOW_MIN_GAIN = "below_min_gain"  # gain under min_gain, dwell timer running
 GATE_OFF = "gate_off"
 OFF = "off"
 REPROBING = "reprobing"
-REPROBE_CLIMB = "reprobe_climb"    # off, the probed budget breaks even: probe the next larger one
+REPROBE_CLIMB = "reprobe_climb"  # off, the probed budget breaks even: probe the next larger one
 REPROBE_FAILED = "reprobe_failed"
 REENABLE = "reenable"
 
@@ -69,10 +69,10 @@ class _CohortState:
     budget: int
     below_since: float | None = None  # start of the current run of gain < min_gain
     probe: int | None = None
-    probe_intervals: int = 0          # intervals with traffic in the cohort during this probe turn
-    probe_samples: int = 0            # ...and how many of them produced a sample of the probe
+    probe_intervals: int = 0  # intervals with traffic in the cohort during this probe turn
+    probe_samples: int = 0  # ...and how many of them produced a sample of the probe
     reprobe_failures: int = 0
-    reprobe_at: float = 0.0           # while off: earliest start of the next re-probe episode
+    reprobe_at: float = 0.0  # while off: earliest start of the next re-probe episode
 
 
 class BudgetDecider:
@@ -105,8 +105,7 @@ class BudgetDecider:
     def decide(self, evidence: GoodputEstimator) -> list[Decision]:
         now = self._clock()
         estimates = evidence.estimates()
-        return [self._decide_cohort(c, _CohortEvidence(c.name, estimates, evidence), now)
-                for c in self._policy.cohorts]
+        return [self._decide_cohort(c, _CohortEvidence(c.name, estimates, evidence), now) for c in self._policy.cohorts]
 
     def _decide_cohort(self, cohort: CohortPolicy, evidence: _CohortEvidence, now: float) -> Decision:
         state = self._states[cohort.name]
@@ -138,16 +137,17 @@ class BudgetDecider:
     def _turn_over(self, state: _CohortState, samples_needed: int) -> bool:
         """A probe turn ends after enough sampled intervals, or after IDLE_TURN_FACTOR times as many
         busy intervals when the probe's share is too thin to sample it (rotation never stalls)."""
-        return (state.probe_samples >= samples_needed
-                or state.probe_intervals >= IDLE_TURN_FACTOR * samples_needed)
+        return state.probe_samples >= samples_needed or state.probe_intervals >= IDLE_TURN_FACTOR * samples_needed
 
-    def _while_on(self, cohort: CohortPolicy, state: _CohortState, own: dict[int, Estimate],
-                  evidence: _CohortEvidence, now: float) -> str:
+    def _while_on(
+        self, cohort: CohortPolicy, state: _CohortState, own: dict[int, Estimate], evidence: _CohortEvidence, now: float
+    ) -> str:
         on = {b: e for b, e in own.items() if b != 0 and e.samples >= self._min_samples}
         if state.budget not in on:
             return WARMING_UP
-        gains = [g.ratio for b in on if self._enough(g := evidence.gain(b, state.budget))] \
-            if 0 in cohort.budgets else []
+        gains = (
+            [g.ratio for b in on if self._enough(g := evidence.gain(b, state.budget))] if 0 in cohort.budgets else []
+        )
         if gains:
             best_gain = max(gains)
             if best_gain >= self._gate.min_gain:
@@ -172,7 +172,7 @@ class BudgetDecider:
         """Probe the incumbent's neighbours and off in turn, the least-measured first."""
         budgets = cohort.budgets
         i = budgets.index(state.budget)
-        targets = [b for b in budgets[max(0, i - 1):i + 2] if b != state.budget]
+        targets = [b for b in budgets[max(0, i - 1) : i + 2] if b != state.budget]
         if 0 in budgets and 0 not in targets:
             targets.insert(0, 0)  # gain over off needs off measured in the same window
         if not targets:
@@ -182,8 +182,7 @@ class BudgetDecider:
             return
         self._start_probe(state, min(targets, key=lambda b: own[b].samples if b in own else 0))
 
-    def _while_off(self, cohort: CohortPolicy, state: _CohortState, evidence: _CohortEvidence,
-                   now: float) -> str:
+    def _while_off(self, cohort: CohortPolicy, state: _CohortState, evidence: _CohortEvidence, now: float) -> str:
         """Re-probe episodes: start at reprobe_budget; re-enable once a probed budget clears
         min_gain x (1 + hysteresis); climb to the next candidate while the probe at least breaks
         even (a small tree can be marginal where a larger one pays); else back off."""
@@ -210,7 +209,7 @@ class BudgetDecider:
             return REPROBE_CLIMB
         self._start_probe(state, None)
         state.reprobe_failures += 1
-        pause = self._gate.dwell_s * 2 ** state.reprobe_failures
+        pause = self._gate.dwell_s * 2**state.reprobe_failures
         state.reprobe_at = now + min(pause, self._gate.reprobe_backoff_max_s)
         return REPROBE_FAILED
 
@@ -244,14 +243,20 @@ class _CohortEvidence:
             return direct
         if direct is not None and direct.samples >= min(first.samples, second.samples):
             return direct
-        return Comparison(first.ratio * second.ratio, math.hypot(first.log_stderr, second.log_stderr),
-                          min(first.samples, second.samples))
+        return Comparison(
+            first.ratio * second.ratio,
+            math.hypot(first.log_stderr, second.log_stderr),
+            min(first.samples, second.samples),
+        )
 
     def rows(self, own: dict[int, Estimate], incumbent: int) -> tuple[BudgetEvidence, ...]:
         rows = []
         for budget in sorted(own):
             e = own[budget]
             gain = self.gain(budget, incumbent) if budget != 0 else None
-            rows.append(BudgetEvidence(budget, e.goodput, e.stderr, e.samples,
-                                       gain.ratio if gain else None, gain.stderr if gain else None))
+            rows.append(
+                BudgetEvidence(
+                    budget, e.goodput, e.stderr, e.samples, gain.ratio if gain else None, gain.stderr if gain else None
+                )
+            )
         return tuple(rows)

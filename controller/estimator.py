@@ -33,7 +33,7 @@ class Estimate:
 
 @dataclass(frozen=True)
 class Comparison:
-    ratio: float       # goodput(a) / goodput(b) over the intervals both ran in
+    ratio: float  # goodput(a) / goodput(b) over the intervals both ran in
     log_stderr: float  # standard error of log(ratio); inf with fewer than two intervals
     samples: int
 
@@ -90,8 +90,10 @@ def paired_comparison(pairs: list[tuple[_Sample, _Sample]]) -> Comparison:
     rate_a, rate_b = tokens_a / seconds_a, tokens_b / seconds_b
     if n < 2:
         return Comparison(rate_a / rate_b, math.inf, n)
-    contributions = [(a.tokens - rate_a * a.request_seconds) / tokens_a
-                     - (b.tokens - rate_b * b.request_seconds) / tokens_b for a, b in pairs]
+    contributions = [
+        (a.tokens - rate_a * a.request_seconds) / tokens_a - (b.tokens - rate_b * b.request_seconds) / tokens_b
+        for a, b in pairs
+    ]
     variance = n / (n - 1) * sum(e * e for e in contributions)
     return Comparison(rate_a / rate_b, math.sqrt(variance), n)
 
@@ -108,7 +110,8 @@ class GoodputEstimator:
             # A budget that committed nothing in an interval has no usable ratio for it.
             if part.steps > 0 and part.request_seconds > 0 and part.committed_tokens > 0:
                 self._samples.setdefault(key, {})[now] = _Sample(
-                    part.committed_tokens, part.request_seconds, part.steps)
+                    part.committed_tokens, part.request_seconds, part.steps
+                )
         oldest = now - self.window_s
         for key in list(self._samples):
             kept = {t: s for t, s in self._samples[key].items() if t > oldest}

@@ -13,8 +13,9 @@ from collections.abc import Callable
 Transport = Callable[[str, str, dict[str, str], bytes | None, float], tuple[int, bytes]]
 
 
-def urllib_transport(method: str, url: str, headers: dict[str, str], body: bytes | None,
-                     timeout_s: float) -> tuple[int, bytes]:
+def urllib_transport(
+    method: str, url: str, headers: dict[str, str], body: bytes | None, timeout_s: float
+) -> tuple[int, bytes]:
     request = urllib.request.Request(url, data=body, headers=headers, method=method)
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as response:

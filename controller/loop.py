@@ -36,9 +36,16 @@ class ServerView:
 
 
 class Controller:
-    def __init__(self, policy: Policy, telemetry: TelemetrySource, servers: Sequence[ServerClient],
-                 clock: Callable[[], float], observer: Observer, dry_run: bool = False,
-                 shadow_alarm: ShadowAlarmSource | None = None):
+    def __init__(
+        self,
+        policy: Policy,
+        telemetry: TelemetrySource,
+        servers: Sequence[ServerClient],
+        clock: Callable[[], float],
+        observer: Observer,
+        dry_run: bool = False,
+        shadow_alarm: ShadowAlarmSource | None = None,
+    ):
         self._policy = policy
         self._telemetry = telemetry
         self._servers = list(servers)
@@ -114,14 +121,20 @@ class Controller:
             self._shadow_alarm.read()
         except (ConnectionError, OSError, ValueError) as exc:
             self._observer.telemetry_failures.labels(self._shadow_alarm.location).inc()
-            log.warning("shadow alarm: cannot read %s, keeping the last value (%s): %s",
-                        self._shadow_alarm.location, self._shadow_alarm.in_force, exc)
+            log.warning(
+                "shadow alarm: cannot read %s, keeping the last value (%s): %s",
+                self._shadow_alarm.location,
+                self._shadow_alarm.in_force,
+                exc,
+            )
         return self._shadow_alarm.in_force
 
     def _gate_off_everywhere(self, now: float) -> list[Decision]:
         """Budget 0 (no probes) in every cohort; the decider keeps its own table for when the alarm clears."""
         previous = self._table.budgets()
-        self._table = PolicyTable(cohorts=[CohortBudget.of(c, 0) for c in self._policy.cohorts], ttl_s=self._policy.controller.ttl_s)
+        self._table = PolicyTable(
+            cohorts=[CohortBudget.of(c, 0) for c in self._policy.cohorts], ttl_s=self._policy.controller.ttl_s
+        )
         decisions = [Decision(c.name, now, previous[c.name], 0, None, SHADOW_ALARM, ()) for c in self._policy.cohorts]
         for decision in decisions:
             self._observer.record_decision(decision)

@@ -42,8 +42,14 @@ def decision_record(decision: Decision) -> dict[str, Any]:
         "reason": decision.reason,
         "probe": None if decision.probe is None else decision.probe.model_dump(),
         "evidence": [
-            {"budget": e.budget, "goodput": _finite(e.goodput), "stderr": _finite(e.stderr),
-             "samples": e.samples, "gain": _finite(e.gain), "gain_stderr": _finite(e.gain_stderr)}
+            {
+                "budget": e.budget,
+                "goodput": _finite(e.goodput),
+                "stderr": _finite(e.stderr),
+                "samples": e.samples,
+                "gain": _finite(e.gain),
+                "gain_stderr": _finite(e.gain_stderr),
+            }
             for e in decision.evidence
         ],
     }
@@ -56,29 +62,49 @@ class Observer:
         self._started_at = started_at
         self._confirmed_at: dict[str, float] = {}
         r = self.registry
-        self.decisions = Counter("jetspec_controller_decisions", "Budget decisions by cohort and reason",
-                                 ["cohort", "reason"], registry=r)
-        self.switches = Counter("jetspec_controller_budget_switches", "Decisions that changed a cohort's budget",
-                                ["cohort"], registry=r)
-        self.budget = Gauge("jetspec_controller_budget", "Budget the controller chose (0 = off)",
-                            ["cohort"], registry=r)
-        self.goodput = Gauge("jetspec_controller_estimated_goodput",
-                             "Estimated goodput, committed tokens per request-second", ["cohort", "budget"], registry=r)
-        self.gain = Gauge("jetspec_controller_estimated_gain", "Estimated goodput(budget) / goodput(off)",
-                          ["cohort", "budget"], registry=r)
-        self.gain_stderr = Gauge("jetspec_controller_estimated_gain_stderr", "Standard error of the gain",
-                                 ["cohort", "budget"], registry=r)
+        self.decisions = Counter(
+            "jetspec_controller_decisions", "Budget decisions by cohort and reason", ["cohort", "reason"], registry=r
+        )
+        self.switches = Counter(
+            "jetspec_controller_budget_switches", "Decisions that changed a cohort's budget", ["cohort"], registry=r
+        )
+        self.budget = Gauge(
+            "jetspec_controller_budget", "Budget the controller chose (0 = off)", ["cohort"], registry=r
+        )
+        self.goodput = Gauge(
+            "jetspec_controller_estimated_goodput",
+            "Estimated goodput, committed tokens per request-second",
+            ["cohort", "budget"],
+            registry=r,
+        )
+        self.gain = Gauge(
+            "jetspec_controller_estimated_gain",
+            "Estimated goodput(budget) / goodput(off)",
+            ["cohort", "budget"],
+            registry=r,
+        )
+        self.gain_stderr = Gauge(
+            "jetspec_controller_estimated_gain_stderr", "Standard error of the gain", ["cohort", "budget"], registry=r
+        )
         self.pushes = Counter("jetspec_controller_pushes", "Tables pushed and confirmed", ["server"], registry=r)
-        self.push_failures = Counter("jetspec_controller_push_failures",
-                                     "Pushes that failed (rejected, unavailable, invalid)", ["server", "kind"],
-                                     registry=r)
-        self.invalid_tables = Counter("jetspec_controller_invalid_tables",
-                                      "Decided tables that failed validation and were not pushed", registry=r)
-        self.telemetry_failures = Counter("jetspec_controller_telemetry_failures",
-                                          "Telemetry reads that failed", ["source"], registry=r)
-        self.staleness = Gauge("jetspec_controller_staleness_seconds",
-                               "Seconds since a server last confirmed the controller's table", ["server"],
-                               registry=r)
+        self.push_failures = Counter(
+            "jetspec_controller_push_failures",
+            "Pushes that failed (rejected, unavailable, invalid)",
+            ["server", "kind"],
+            registry=r,
+        )
+        self.invalid_tables = Counter(
+            "jetspec_controller_invalid_tables", "Decided tables that failed validation and were not pushed", registry=r
+        )
+        self.telemetry_failures = Counter(
+            "jetspec_controller_telemetry_failures", "Telemetry reads that failed", ["source"], registry=r
+        )
+        self.staleness = Gauge(
+            "jetspec_controller_staleness_seconds",
+            "Seconds since a server last confirmed the controller's table",
+            ["server"],
+            registry=r,
+        )
 
     def record_decision(self, decision: Decision) -> None:
         record = decision_record(decision)

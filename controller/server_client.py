@@ -39,18 +39,18 @@ _READBACK = "/server_info"
 _FIXES: dict[str, dict[int, str]] = {
     _PUSH: {
         400: "the server could not take the request: compare its policy file with the controller's --policy "
-             "(same cohorts and candidate budgets), and its jetspec version with the controller's",
+        "(same cohorts and candidate budgets), and its jetspec version with the controller's",
         401: "missing or wrong admin key: give the controller the servers' admin API key (--admin-key-env; "
-             "SGLang --admin-api-key, not its --api-key)",
+        "SGLang --admin-api-key, not its --api-key)",
         403: "the server refuses policy pushes: start it with an admin API key (SGLang --admin-api-key, "
-             "jetspec serve --admin-api-key-env)",
+        "jetspec serve --admin-api-key-env)",
         422: "the server refused the body's types: SGLang's server_args take numbers only; run a controller and "
-             "server of the same jetspec version",
+        "server of the same jetspec version",
     },
     _READBACK: {
         401: "missing or wrong API key for the readback: the server runs with an ordinary API key (SGLang --api-key), "
-             "which it requires on GET /server_info instead of the admin key; give it to the controller "
-             "(--api-key-env, default $JETSPEC_API_KEY)",
+        "which it requires on GET /server_info instead of the admin key; give it to the controller "
+        "(--api-key-env, default $JETSPEC_API_KEY)",
     },
 }
 _ANY_ENDPOINT = {
@@ -62,8 +62,10 @@ def _fix(path: str, status: int) -> str:
     return _FIXES.get(path, {}).get(status) or _ANY_ENDPOINT.get(status, "see the server's log")
 
 
-_REFUSED = ("the server refused the table without saying why (SGLang logs it: 'rejected jetspec_policy push') "
-            "-- is its admin API key set, and does it run the controller's policy file?")
+_REFUSED = (
+    "the server refused the table without saying why (SGLang logs it: 'rejected jetspec_policy push') "
+    "-- is its admin API key set, and does it run the controller's policy file?"
+)
 
 
 class PushRejected(Exception):
@@ -88,9 +90,18 @@ class ServerClient:
     """`admin_key` goes with pushes (SGLang --admin-api-key), `api_key` with readbacks (SGLang --api-key;
     None for servers without one)."""
 
-    def __init__(self, url: str, policy: Policy, admin_key: str | None, transport: Transport = urllib_transport,
-                 sleep: Callable[[float], None] = time.sleep, attempts: int = 4, backoff_s: float = 0.5,
-                 timeout_s: float = 5.0, api_key: str | None = None):
+    def __init__(
+        self,
+        url: str,
+        policy: Policy,
+        admin_key: str | None,
+        transport: Transport = urllib_transport,
+        sleep: Callable[[float], None] = time.sleep,
+        attempts: int = 4,
+        backoff_s: float = 0.5,
+        timeout_s: float = 5.0,
+        api_key: str | None = None,
+    ):
         self.url = url.rstrip("/")
         self._policy = policy
         self._admin_key = admin_key
@@ -140,15 +151,18 @@ class ServerClient:
                 raise ValueError(f"no {INTERNAL_STATES_KEY}")
             return [PolicyState.model_validate(rank[POLICY_KEY]) for rank in ranks]
         except (KeyError, TypeError, ValueError, ValidationError) as exc:
-            raise ServerUnavailable(f"{self.url}{_READBACK} has no valid {INTERNAL_STATES_KEY}[i].{POLICY_KEY} "
-                                    f"({type(exc).__name__}: {exc}) -- is it a JetSpec server?") from None
+            raise ServerUnavailable(
+                f"{self.url}{_READBACK} has no valid {INTERNAL_STATES_KEY}[i].{POLICY_KEY} "
+                f"({type(exc).__name__}: {exc}) -- is it a JetSpec server?"
+            ) from None
 
     def read_state(self) -> PolicyState:
         """The state the server runs; ServerUnavailable while its ranks run different tables."""
         states = self._read_states()
         if any(s.table != states[0].table for s in states[1:]):
-            raise ServerUnavailable(f"the data-parallel ranks of {self.url} run different tables: "
-                                    f"{[s.table.budgets() for s in states]}")
+            raise ServerUnavailable(
+                f"the data-parallel ranks of {self.url} run different tables: {[s.table.budgets() for s in states]}"
+            )
         return states[0]
 
     def push(self, table: PolicyTable) -> PolicyState:

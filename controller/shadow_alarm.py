@@ -41,7 +41,11 @@ class ShadowAlarmSource:
 
     def _page(self) -> str:
         if self.location.startswith(("http://", "https://")):
-            url = self.location if self.location.rstrip("/").endswith("/metrics") else self.location.rstrip("/") + "/metrics"
+            url = (
+                self.location
+                if self.location.rstrip("/").endswith("/metrics")
+                else self.location.rstrip("/") + "/metrics"
+            )
             status, body = self._transport("GET", url, {}, None, self._timeout_s)
             if status != 200:
                 raise ConnectionError(f"GET {url} answered {status}")

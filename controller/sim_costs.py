@@ -61,10 +61,10 @@ class StepCost:
 @dataclass(frozen=True)
 class CostModel:
     token_forward_s: float = 0.04  # SmolLM2 fp32 on this CPU: ~25 tokens/s greedy
-    draft_relative: float = 0.05   # draft head pass vs a target pass over the same tokens
+    draft_relative: float = 0.05  # draft head pass vs a target pass over the same tokens
     block_size: int = 16
-    tree_node_s: float = 2e-5      # best-first tree build, per node and request
-    accept_node_s: float = 1e-5    # acceptance walk and KV compaction, per node and request
+    tree_node_s: float = 2e-5  # best-first tree build, per node and request
+    accept_node_s: float = 1e-5  # acceptance walk and KV compaction, per node and request
 
     def step(self, batch: int, budget: int) -> StepCost:
         if budget == 0:

@@ -54,15 +54,15 @@ def _cohort_score(result: SimResult, name: str, total_traffic: float) -> CohortS
     best = max(static, key=static.get)
     rows = result.cohorts[name]
     warmup = result.scenario.warmup_s
-    switches = sum(1 for i in range(1, len(rows))
-                   if rows[i].budget != rows[i - 1].budget and result.times[i] >= warmup)
+    switches = sum(1 for i in range(1, len(rows)) if rows[i].budget != rows[i - 1].budget and result.times[i] >= warmup)
     hours = (result.times[-1] + result.policy.controller.interval_s - warmup) / 3600.0
     time_to_off = None  # from the cohort's first traffic
     if best == 0 and rows[0].budget != 0:
         first = next(t for t, row in zip(result.times, rows) if row.request_seconds > 0)
         time_to_off = next((t for t, row in zip(result.times, rows) if row.budget == 0), float("inf")) - first
-    return CohortScore(name, seconds / total_traffic, (tokens / seconds) / static[best], best,
-                       switches / hours, time_to_off)
+    return CohortScore(
+        name, seconds / total_traffic, (tokens / seconds) / static[best], best, switches / hours, time_to_off
+    )
 
 
 def _loss_vs_off(result: SimResult) -> float | None:
@@ -92,10 +92,13 @@ def _outage_checks(result: SimResult, score: ScenarioScore) -> None:
                     reverted &= state.source == "yaml"
             restart_changes = [p for p in server.pushes if p.at == end and p.changed_table]
             quiet_restart &= not restart_changes
-        score.notes.append(f"outage {start:.0f}-{end:.0f}s: replicas on "
-                           f"{result.server_states[result.times.index(end) - 1][0].source!r} table at restart")
-    per_interval = max(max((sum(1 for p in s.pushes if p.at == t) for t in result.times), default=0)
-                       for s in result.servers)
+        score.notes.append(
+            f"outage {start:.0f}-{end:.0f}s: replicas on "
+            f"{result.server_states[result.times.index(end) - 1][0].source!r} table at restart"
+        )
+    per_interval = max(
+        max((sum(1 for p in s.pushes if p.at == t) for t in result.times), default=0) for s in result.servers
+    )
     score.checks["outage: last table kept until TTL"] = kept
     score.checks["outage: YAML default after TTL"] = reverted
     score.checks["restart: no table change in first interval"] = quiet_restart
@@ -116,25 +119,30 @@ def score_run(result: SimResult) -> ScenarioScore:
             limit = 2 * result.policy.gate.dwell_s
             score.checks[f"{c.cohort}: off within 2 dwell ({limit:.0f}s)"] = c.time_to_off_s <= limit
     if GATE_OFF in goals:
-        score.checks["loss vs plain decoding <= 2%"] = (score.loss_vs_off is not None
-                                                        and score.loss_vs_off <= MAX_LOSS_VS_OFF)
+        score.checks["loss vs plain decoding <= 2%"] = (
+            score.loss_vs_off is not None and score.loss_vs_off <= MAX_LOSS_VS_OFF
+        )
     if OUTAGE in goals:
         _outage_checks(result, score)
     return score
 
 
 def format_scores(scores: list[ScenarioScore]) -> str:
-    header = (f"{'scenario':<19} {'cohort':<9} {'req-s':>7} {'vs best static':>14} {'best':>5} "
-              f"{'switch/h':>8} {'off after':>9} {'loss vs off':>11}")
+    header = (
+        f"{'scenario':<19} {'cohort':<9} {'req-s':>7} {'vs best static':>14} {'best':>5} "
+        f"{'switch/h':>8} {'off after':>9} {'loss vs off':>11}"
+    )
     lines = [header, "-" * len(header)]
     for s in scores:
         for i, c in enumerate(s.cohorts):
             off = "-" if c.time_to_off_s is None else f"{c.time_to_off_s:.0f}s"
             # The loss is the whole run's (all cohorts), negative when speculation gained.
             loss = "" if i or s.loss_vs_off is None else f"{100 * s.loss_vs_off:+.2f}%"
-            lines.append(f"{s.scenario:<19} {c.cohort:<9} {100 * c.traffic_share:>6.1f}% "
-                         f"{100 * c.goodput_ratio:>13.1f}% {c.best_static_budget:>5} "
-                         f"{c.switches_per_hour:>8.2f} {off:>9} {loss:>11}")
+            lines.append(
+                f"{s.scenario:<19} {c.cohort:<9} {100 * c.traffic_share:>6.1f}% "
+                f"{100 * c.goodput_ratio:>13.1f}% {c.best_static_budget:>5} "
+                f"{c.switches_per_hour:>8.2f} {off:>9} {loss:>11}"
+            )
     lines.append("")
     for s in scores:
         for check, ok in s.checks.items():

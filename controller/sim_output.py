@@ -52,10 +52,20 @@ def plot_run(result: SimResult, path: str | Path) -> None:
             budget_ax.scatter(*zip(*probes), s=4, color="tab:orange", label="probe budget")
         budget_ax.set_yscale("symlog", base=2, linthresh=4)
         budget_ax.set_ylabel(f"{name}\nbudget (nodes)")
-        gain_ax.plot(minutes, [r.gain if r.gain is not None else float("nan") for r in rows],
-                     lw=0.8, label="realized gain vs off")
-        gain_ax.plot(minutes, [r.best_gain if r.best_gain is not None else float("nan") for r in rows],
-                     lw=1.2, ls="--", color="black", label="best candidate (expected)")
+        gain_ax.plot(
+            minutes,
+            [r.gain if r.gain is not None else float("nan") for r in rows],
+            lw=0.8,
+            label="realized gain vs off",
+        )
+        gain_ax.plot(
+            minutes,
+            [r.best_gain if r.best_gain is not None else float("nan") for r in rows],
+            lw=1.2,
+            ls="--",
+            color="black",
+            label="best candidate (expected)",
+        )
         gain_ax.axhline(1.0, color="grey", lw=0.6)
         gain_ax.set_ylabel("gain")
         for start, end in result.scenario.controller_down:

@@ -19,15 +19,24 @@ from policies.control_api import handle_server_info, handle_set_internal_state
 from policies.runtime import ActivePolicy
 from policies.schema import Policy
 
-_COUNTERS = ("steps", "requests", "committed_tokens", "step_seconds", "request_seconds",
-             "draft_seconds", "tree_seconds", "verify_seconds", "accept_seconds")
+_COUNTERS = (
+    "steps",
+    "requests",
+    "committed_tokens",
+    "step_seconds",
+    "request_seconds",
+    "draft_seconds",
+    "tree_seconds",
+    "verify_seconds",
+    "accept_seconds",
+)
 
 
 @dataclass(frozen=True)
 class Noise:
-    step_time_sigma: float = 0.02      # per interval and budget: contention, scheduling jitter
-    acceptance_sigma: float = 0.03     # per interval, shared by budgets: prompt mix drifts
-    per_step_accept_cv: float = 0.6    # sd of one request-step's committed tokens / (mean - 1)
+    step_time_sigma: float = 0.02  # per interval and budget: contention, scheduling jitter
+    acceptance_sigma: float = 0.03  # per interval, shared by budgets: prompt mix drifts
+    per_step_accept_cv: float = 0.6  # sd of one request-step's committed tokens / (mean - 1)
 
 
 @dataclass(frozen=True)
@@ -45,8 +54,9 @@ class CohortTotals:
 
 
 class FakeServer:
-    def __init__(self, url: str, policy: Policy, admin_key: str, costs: CostModel, rng: random.Random,
-                 noise: Noise = Noise()):
+    def __init__(
+        self, url: str, policy: Policy, admin_key: str, costs: CostModel, rng: random.Random, noise: Noise = Noise()
+    ):
         self.url = url
         self.active = ActivePolicy(policy)
         self._admin_key = admin_key
@@ -66,8 +76,9 @@ class FakeServer:
             return 200, json.dumps(handle_server_info(self.active, self.now)).encode()
         if method == "POST" and path == "/set_internal_state":
             before = self.active.table(self.now)
-            status, payload = handle_set_internal_state(self.active, body or b"", headers.get("Authorization"),
-                                                        self._admin_key, self.now)
+            status, payload = handle_set_internal_state(
+                self.active, body or b"", headers.get("Authorization"), self._admin_key, self.now
+            )
             if status == 200:
                 self.pushes.append(PushEvent(self.now, self.active.table(self.now) != before))
             return status, json.dumps(payload).encode()
@@ -84,8 +95,7 @@ class FakeServer:
             budgets = [cohort.budget] + ([cohort.probe.budget] if cohort.probe is not None else [])
             costs = {b: self._costs.step(batch, b) for b in budgets}
             slow = {b: math.exp(self._rng.gauss(0.0, self._noise.step_time_sigma)) for b in budgets}
-            mean_step_s = sum(costs[b].total_s * slow[b] * f
-                              for b, f in zip(budgets, (1.0 - probe_share, probe_share)))
+            mean_step_s = sum(costs[b].total_s * slow[b] * f for b, f in zip(budgets, (1.0 - probe_share, probe_share)))
             # Whole steps; fractions carry over to the next interval, as does the probe credit
             # (the worker's ActivePolicy spreads probe steps the same way). Interleaved batches
             # on a real server share probe steps in proportion, hence one credit per batch size.
@@ -101,8 +111,9 @@ class FakeServer:
         self._carry[key] = total - whole
         return whole
 
-    def _record(self, cohort: str, batch: int, budget: int, steps: int, cost: StepCost, slow: float,
-                mean_committed: float) -> None:
+    def _record(
+        self, cohort: str, batch: int, budget: int, steps: int, cost: StepCost, slow: float, mean_committed: float
+    ) -> None:
         if steps <= 0:
             return
         requests = steps * batch
@@ -111,10 +122,17 @@ class FakeServer:
         sigma = self._noise.per_step_accept_cv * (1.0 - 1.0 / mean_committed) / math.sqrt(requests)
         committed = requests * mean_committed * math.exp(self._rng.gauss(-sigma * sigma / 2, sigma))
         step_seconds = steps * cost.total_s * slow
-        values = {"steps": steps, "requests": requests, "committed_tokens": committed,
-                  "step_seconds": step_seconds, "request_seconds": step_seconds * batch,
-                  "draft_seconds": steps * cost.draft_s * slow, "tree_seconds": steps * cost.tree_s * slow,
-                  "verify_seconds": steps * cost.verify_s * slow, "accept_seconds": steps * cost.accept_s * slow}
+        values = {
+            "steps": steps,
+            "requests": requests,
+            "committed_tokens": committed,
+            "step_seconds": step_seconds,
+            "request_seconds": step_seconds * batch,
+            "draft_seconds": steps * cost.draft_s * slow,
+            "tree_seconds": steps * cost.tree_s * slow,
+            "verify_seconds": steps * cost.verify_s * slow,
+            "accept_seconds": steps * cost.accept_s * slow,
+        }
         for name, value in values.items():
             series = self._counters[name]
             series[(cohort, budget)] = series.get((cohort, budget), 0.0) + value
@@ -128,8 +146,10 @@ class FakeServer:
         lines = []
         for name, series in self._counters.items():
             lines += [f"# HELP jetspec_{name}_total simulated {name}", f"# TYPE jetspec_{name}_total counter"]
-            lines += [f'jetspec_{name}_total{{cohort="{cohort}",budget="{budget}"}} {value!r}'
-                      for (cohort, budget), value in sorted(series.items())]
+            lines += [
+                f'jetspec_{name}_total{{cohort="{cohort}",budget="{budget}"}} {value!r}'
+                for (cohort, budget), value in sorted(series.items())
+            ]
         return "\n".join(lines) + "\n"
 
 
@@ -139,9 +159,10 @@ class SimNetwork:
     def __init__(self, servers: list[FakeServer]):
         self._servers = {s.url: s for s in servers}
 
-    def __call__(self, method: str, url: str, headers: dict[str, str], body: bytes | None,
-                 timeout_s: float) -> tuple[int, bytes]:
+    def __call__(
+        self, method: str, url: str, headers: dict[str, str], body: bytes | None, timeout_s: float
+    ) -> tuple[int, bytes]:
         for base, server in self._servers.items():
             if url.startswith(base + "/"):
-                return server.handle(method, url[len(base):], headers, body)
+                return server.handle(method, url[len(base) :], headers, body)
         raise ConnectionError(f"{method} {url}: no simulated server there")

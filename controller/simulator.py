@@ -39,13 +39,13 @@ class SimClock:
 
 @dataclass(frozen=True)
 class CohortInterval:
-    budget: int                 # in force on replica 0
+    budget: int  # in force on replica 0
     probe_budget: int | None
-    source: str                 # "yaml" or "pushed"
-    request_seconds: float      # traffic in this cohort during the interval (all replicas)
-    goodput: float | None       # realized committed tokens per request-second
-    gain: float | None          # realized goodput / expected goodput with speculation off
-    best_gain: float | None     # expected gain of the best candidate for this interval's load
+    source: str  # "yaml" or "pushed"
+    request_seconds: float  # traffic in this cohort during the interval (all replicas)
+    goodput: float | None  # realized committed tokens per request-second
+    gain: float | None  # realized goodput / expected goodput with speculation off
+    best_gain: float | None  # expected gain of the best candidate for this interval's load
 
 
 @dataclass
@@ -60,8 +60,14 @@ class SimResult:
     static_totals: dict[str, dict[int, list[float]]] = field(default_factory=dict)
 
 
-def expected_tokens(policy: Policy, cohort: CohortPolicy, load: dict[int, float], profile: AcceptanceProfile,
-                    costs: CostModel, seconds: float) -> tuple[dict[int, float], float]:
+def expected_tokens(
+    policy: Policy,
+    cohort: CohortPolicy,
+    load: dict[int, float],
+    profile: AcceptanceProfile,
+    costs: CostModel,
+    seconds: float,
+) -> tuple[dict[int, float], float]:
     """Expected committed tokens per candidate budget, and request-seconds, for one replica."""
     tokens = {b: 0.0 for b in cohort.budgets}
     request_seconds = 0.0
@@ -77,8 +83,9 @@ def expected_tokens(policy: Policy, cohort: CohortPolicy, load: dict[int, float]
 def _start_controller(policy: Policy, servers: list[FakeServer], network: SimNetwork, clock: SimClock) -> Controller:
     urls = [s.url for s in servers]
     clients = [ServerClient(url, policy, ADMIN_KEY, transport=network, sleep=lambda _s: None) for url in urls]
-    controller = Controller(policy, ScrapeSource(urls, network), clients, clock,
-                            Observer(make_tracer(), started_at=clock()))
+    controller = Controller(
+        policy, ScrapeSource(urls, network), clients, clock, Observer(make_tracer(), started_at=clock())
+    )
     controller.resume()
     return controller
 
@@ -88,12 +95,18 @@ def run_scenario(scenario: Scenario, costs: CostModel = CostModel()) -> SimResul
     interval = policy.controller.interval_s
     clock = SimClock()
     seeds = random.Random(scenario.seed)
-    servers = [FakeServer(f"sim://replica-{i}", policy, ADMIN_KEY, costs, random.Random(seeds.getrandbits(32)))
-               for i in range(scenario.servers)]
+    servers = [
+        FakeServer(f"sim://replica-{i}", policy, ADMIN_KEY, costs, random.Random(seeds.getrandbits(32)))
+        for i in range(scenario.servers)
+    ]
     network = SimNetwork(servers)
-    result = SimResult(scenario, policy, servers=servers,
-                       cohorts={c.name: [] for c in policy.cohorts},
-                       static_totals={c.name: {b: [0.0, 0.0] for b in c.budgets} for c in policy.cohorts})
+    result = SimResult(
+        scenario,
+        policy,
+        servers=servers,
+        cohorts={c.name: [] for c in policy.cohorts},
+        static_totals={c.name: {b: [0.0, 0.0] for b in c.budgets} for c in policy.cohorts},
+    )
     controller: Controller | None = None
     for k in range(int(scenario.duration_s / interval)):
         clock.now = k * interval
@@ -105,8 +118,10 @@ def run_scenario(scenario: Scenario, costs: CostModel = CostModel()) -> SimResul
             controller = controller or _start_controller(policy, servers, network, clock)
             controller.step()
         states = [s.active.state(clock.now) for s in servers]
-        before = {name: [(s.totals[name].committed_tokens, s.totals[name].request_seconds) for s in servers]
-                  for name in result.cohorts}
+        before = {
+            name: [(s.totals[name].committed_tokens, s.totals[name].request_seconds) for s in servers]
+            for name in result.cohorts
+        }
         phase = scenario.phase_at(clock.now)
         for server in servers:
             server.run(interval, phase.load, phase.profile)
@@ -117,8 +132,15 @@ def run_scenario(scenario: Scenario, costs: CostModel = CostModel()) -> SimResul
     return result
 
 
-def _record_cohort(result: SimResult, cohort: CohortPolicy, state: PolicyState,
-                   before: list[tuple[float, float]], phase: Phase, costs: CostModel, interval: float) -> None:
+def _record_cohort(
+    result: SimResult,
+    cohort: CohortPolicy,
+    state: PolicyState,
+    before: list[tuple[float, float]],
+    phase: Phase,
+    costs: CostModel,
+    interval: float,
+) -> None:
     tokens = sum(s.totals[cohort.name].committed_tokens for s in result.servers) - sum(t for t, _ in before)
     seconds = sum(s.totals[cohort.name].request_seconds for s in result.servers) - sum(r for _, r in before)
     expected, request_seconds = expected_tokens(result.policy, cohort, phase.load, phase.profile, costs, interval)
@@ -129,12 +151,14 @@ def _record_cohort(result: SimResult, cohort: CohortPolicy, state: PolicyState,
     running = next(c for c in state.table.cohorts if c.name == cohort.name)
     off = expected.get(0, 0.0)
     goodput = tokens / seconds if seconds > 0 else None
-    result.cohorts[cohort.name].append(CohortInterval(
-        budget=running.budget,
-        probe_budget=running.probe.budget if running.probe is not None else None,
-        source=state.source,
-        request_seconds=seconds,
-        goodput=goodput,
-        gain=goodput / (off / request_seconds) if goodput is not None and off > 0 else None,
-        best_gain=max(expected.values()) / off if off > 0 else None,
-    ))
+    result.cohorts[cohort.name].append(
+        CohortInterval(
+            budget=running.budget,
+            probe_budget=running.probe.budget if running.probe is not None else None,
+            source=state.source,
+            request_seconds=seconds,
+            goodput=goodput,
+            gain=goodput / (off / request_seconds) if goodput is not None and off > 0 else None,
+            best_gain=max(expected.values()) / off if off > 0 else None,
+        )
+    )

@@ -43,8 +43,11 @@ class Usage:
     request_seconds: float = 0.0
 
     def __add__(self, other: Usage) -> Usage:
-        return Usage(self.steps + other.steps, self.committed_tokens + other.committed_tokens,
-                     self.request_seconds + other.request_seconds)
+        return Usage(
+            self.steps + other.steps,
+            self.committed_tokens + other.committed_tokens,
+            self.request_seconds + other.request_seconds,
+        )
 
 
 @dataclass

@@ -12,7 +12,21 @@ from policies.schema import DEFAULT_MAX_BUDGET, CohortPolicy, Policy
 from policies.table import CohortBudget, PolicyState, PolicyTable, Probe, StepPlan, default_table, validate_table
 
 __all__ = [
-    "DEFAULT_MAX_BUDGET", "ActivePolicy", "CohortBudget", "CohortPolicy", "HeadCapacity", "Policy",
-    "PolicyError", "PolicyState", "PolicyTable", "Probe", "Problem", "StepPlan", "default_table",
-    "load_policy", "parse_policy_text", "read_head_capacity", "validate_table",
+    "DEFAULT_MAX_BUDGET",
+    "ActivePolicy",
+    "CohortBudget",
+    "CohortPolicy",
+    "HeadCapacity",
+    "Policy",
+    "PolicyError",
+    "PolicyState",
+    "PolicyTable",
+    "Probe",
+    "Problem",
+    "StepPlan",
+    "default_table",
+    "load_policy",
+    "parse_policy_text",
+    "read_head_capacity",
+    "validate_table",
 ]

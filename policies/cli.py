@@ -55,8 +55,9 @@ def _show(args: argparse.Namespace) -> int:
 def _add_check_and_show(subparsers: argparse._SubParsersAction) -> None:
     check = subparsers.add_parser("check", help="validate a policy file; exit 1 listing every problem")
     check.add_argument("file", help="policy YAML file")
-    check.add_argument("--head", metavar="DIR",
-                       help="draft head checkpoint directory: also reject budgets its block_size cannot use")
+    check.add_argument(
+        "--head", metavar="DIR", help="draft head checkpoint directory: also reject budgets its block_size cannot use"
+    )
     check.set_defaults(func=_check)
     show = subparsers.add_parser("show", help="print a policy file's cohort/budget table and settings")
     show.add_argument("file", help="policy YAML file")

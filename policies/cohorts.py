@@ -21,28 +21,44 @@ def coverage_problems(cohorts: Sequence[CohortRange], field: str = "cohorts") ->
     expected_min = 1
     for i, cohort in enumerate(cohorts):
         if cohort.name in seen:
-            problems.append(Problem(
-                (field, i, "name"), f"{field}[{i}].name '{cohort.name}' repeats {field}[{seen[cohort.name]}]",
-                "give every cohort its own name"))
+            problems.append(
+                Problem(
+                    (field, i, "name"),
+                    f"{field}[{i}].name '{cohort.name}' repeats {field}[{seen[cohort.name]}]",
+                    "give every cohort its own name",
+                )
+            )
         seen.setdefault(cohort.name, i)
         if cohort.max_batch < cohort.min_batch:
-            problems.append(Problem(
-                (field, i, "max_batch"),
-                f"{field}[{i}] '{cohort.name}' has max_batch {cohort.max_batch} < min_batch {cohort.min_batch}",
-                f"set max_batch >= {cohort.min_batch}"))
+            problems.append(
+                Problem(
+                    (field, i, "max_batch"),
+                    f"{field}[{i}] '{cohort.name}' has max_batch {cohort.max_batch} < min_batch {cohort.min_batch}",
+                    f"set max_batch >= {cohort.min_batch}",
+                )
+            )
         if cohort.min_batch > expected_min:
-            problems.append(Problem(
-                (field, i, "min_batch"),
-                f"{field}[{i}] '{cohort.name}' starts at batch {cohort.min_batch}, leaving batch sizes "
-                f"{expected_min}..{cohort.min_batch - 1} in no cohort (gap)",
-                f"start it at {expected_min} or add a cohort for the gap"))
+            problems.append(
+                Problem(
+                    (field, i, "min_batch"),
+                    f"{field}[{i}] '{cohort.name}' starts at batch {cohort.min_batch}, leaving batch sizes "
+                    f"{expected_min}..{cohort.min_batch - 1} in no cohort (gap)",
+                    f"start it at {expected_min} or add a cohort for the gap",
+                )
+            )
         elif cohort.min_batch < expected_min:
-            overlap = "batch 1 is the smallest" if i == 0 else (
-                f"overlaps {field}[{i - 1}] '{cohorts[i - 1].name}' (ends at {expected_min - 1})")
-            problems.append(Problem(
-                (field, i, "min_batch"),
-                f"{field}[{i}] '{cohort.name}' starts at batch {cohort.min_batch}: {overlap}",
-                f"start it at {expected_min} (cohorts are listed in increasing, non-overlapping order)"))
+            overlap = (
+                "batch 1 is the smallest"
+                if i == 0
+                else (f"overlaps {field}[{i - 1}] '{cohorts[i - 1].name}' (ends at {expected_min - 1})")
+            )
+            problems.append(
+                Problem(
+                    (field, i, "min_batch"),
+                    f"{field}[{i}] '{cohort.name}' starts at batch {cohort.min_batch}: {overlap}",
+                    f"start it at {expected_min} (cohorts are listed in increasing, non-overlapping order)",
+                )
+            )
         expected_min = max(expected_min, cohort.max_batch + 1)
     return problems
 

@@ -48,8 +48,16 @@ SERVER_ARGS_KEY = "server_args"
 INTERNAL_STATES_KEY = "internal_states"
 POLICY_KEY = "jetspec_policy"
 FLAT_PREFIX = POLICY_KEY + "."
-_FLAT_FIELDS = ("budget", "draft_rounds", "tree_width", "drafter", "tree_sizing", "sampled_children", "probe_budget",
-                "probe_share")
+_FLAT_FIELDS = (
+    "budget",
+    "draft_rounds",
+    "tree_width",
+    "drafter",
+    "tree_sizing",
+    "sampled_children",
+    "probe_budget",
+    "probe_share",
+)
 # fields pushed as an index into their names (SGLang admits numbers only)
 _CODED_FIELDS = {"drafter": DRAFTERS, "tree_sizing": TREE_SIZINGS, "sampled_children": SAMPLED_CHILDREN}
 # fields that are real numbers; every other field is an integer
@@ -58,8 +66,14 @@ _REAL_FIELDS = ("ttl_s", "probe_share")
 
 def _bad_request(message: str, problems: list[str] | None = None) -> tuple[int, dict[str, Any]]:
     """SGLang's answer to a body it cannot take (its ErrorResponse), plus every problem found."""
-    return 400, {"object": "error", "message": message, "type": "Bad Request", "param": None, "code": 400,
-                 "problems": problems or [message]}
+    return 400, {
+        "object": "error",
+        "message": message,
+        "type": "Bad Request",
+        "param": None,
+        "code": 400,
+        "problems": problems or [message],
+    }
 
 
 def _authorized(authorization: str | None, admin_key: str) -> bool:
@@ -82,8 +96,9 @@ def _server_args(body: bytes) -> dict[str, Any]:
     return server_args
 
 
-def handle_set_internal_state(active: ActivePolicy, body: bytes, authorization: str | None,
-                              admin_key: str | None, now: float) -> tuple[int, Any]:
+def handle_set_internal_state(
+    active: ActivePolicy, body: bytes, authorization: str | None, admin_key: str | None, now: float
+) -> tuple[int, Any]:
     """Apply a flat pushed table whole, or change nothing: (status, JSON answer)."""
     if not admin_key:
         return 403, {"error": "Forbidden -- policy pushes are disabled: start the server with an admin API key"}
@@ -111,7 +126,6 @@ def handle_server_info(active: ActivePolicy, now: float) -> dict[str, Any]:
     return {INTERNAL_STATES_KEY: [{POLICY_KEY: policy_readback(active, now)}]}
 
 
-
 def table_to_flat_args(table: PolicyTable) -> dict[str, int | float]:
     flat: dict[str, int | float] = {f"{FLAT_PREFIX}ttl_s": table.ttl_s}
     for cohort in table.cohorts:
@@ -129,8 +143,15 @@ def table_to_flat_args(table: PolicyTable) -> dict[str, int | float]:
 
 
 def _json_type(value: Any) -> str:
-    names = {bool: "a boolean", int: "an integer", float: "a number with a fraction", str: "a string",
-             type(None): "null", list: "an array", dict: "an object"}
+    names = {
+        bool: "a boolean",
+        int: "an integer",
+        float: "a number with a fraction",
+        str: "a string",
+        type(None): "null",
+        list: "an array",
+        dict: "an object",
+    }
     return names.get(type(value), type(value).__name__)
 
 
@@ -170,9 +191,15 @@ def table_from_flat_args(flat: dict[str, Any], policy: Policy, head: HeadCapacit
     names = [c.name for c in policy.cohorts]
     limit = max_flat_keys(policy)
     if len(flat) > limit:  # one problem, not one per key: a push of 10,000 keys is one mistake
-        raise PolicyError([Problem((SERVER_ARGS_KEY,), f"{len(flat)} {FLAT_PREFIX}* keys, more than a table of "
-                                   f"cohorts {names} has ({limit})", f"send {FLAT_PREFIX}ttl_s and "
-                                   f"{FLAT_PREFIX}<cohort>.{{{','.join(_FLAT_FIELDS)}}} only")])
+        raise PolicyError(
+            [
+                Problem(
+                    (SERVER_ARGS_KEY,),
+                    f"{len(flat)} {FLAT_PREFIX}* keys, more than a table of cohorts {names} has ({limit})",
+                    f"send {FLAT_PREFIX}ttl_s and {FLAT_PREFIX}<cohort>.{{{','.join(_FLAT_FIELDS)}}} only",
+                )
+            ]
+        )
     values: dict[str, dict[str, Any]] = {name: {} for name in names}
     ttl_s = None
     problems: list[Problem] = []
@@ -182,13 +209,18 @@ def table_from_flat_args(flat: dict[str, Any], policy: Policy, head: HeadCapacit
             cohort, field = None, "ttl_s"
         known = cohort is None or (key.startswith(FLAT_PREFIX) and cohort in values and field in _FLAT_FIELDS)
         if isinstance(value, (dict, list)):  # a nested table: SGLang's own request type refuses it
-            problem = Problem((key,), f"{SERVER_ARGS_KEY}.{_clipped(key)} is {_json_type(value)}",
-                              "SGLang's /set_internal_state takes numbers only: send the table as flat keys "
-                              "(policies.control_api.table_to_flat_args)")
+            problem = Problem(
+                (key,),
+                f"{SERVER_ARGS_KEY}.{_clipped(key)} is {_json_type(value)}",
+                "SGLang's /set_internal_state takes numbers only: send the table as flat keys "
+                "(policies.control_api.table_to_flat_args)",
+            )
         elif not known:
-            problem = Problem((key,), f"unknown key {_clipped(key)}",
-                              f"send {FLAT_PREFIX}ttl_s and {FLAT_PREFIX}<cohort>.{{{','.join(_FLAT_FIELDS)}}} "
-                              f"for cohorts {names}")
+            problem = Problem(
+                (key,),
+                f"unknown key {_clipped(key)}",
+                f"send {FLAT_PREFIX}ttl_s and {FLAT_PREFIX}<cohort>.{{{','.join(_FLAT_FIELDS)}}} for cohorts {names}",
+            )
         else:
             problem = _type_problem(key, field, value)
         if problem is not None:
@@ -201,24 +233,41 @@ def table_from_flat_args(flat: dict[str, Any], policy: Policy, head: HeadCapacit
         problems.append(Problem((f"{FLAT_PREFIX}ttl_s",), f"{FLAT_PREFIX}ttl_s is missing", "send the table's ttl_s"))
     for name, got in values.items():
         if "budget" not in got and not any(p.loc == (f"{FLAT_PREFIX}{name}.budget",) for p in problems):
-            problems.append(Problem((f"{FLAT_PREFIX}{name}.budget",), f"{FLAT_PREFIX}{name}.budget is missing",
-                                    "send a budget for every cohort of the server's policy"))
+            problems.append(
+                Problem(
+                    (f"{FLAT_PREFIX}{name}.budget",),
+                    f"{FLAT_PREFIX}{name}.budget is missing",
+                    "send a budget for every cohort of the server's policy",
+                )
+            )
         if ("probe_budget" in got) != ("probe_share" in got):
-            problems.append(Problem((f"{FLAT_PREFIX}{name}.probe_budget",),
-                                    f"cohort {name}: probe_budget and probe_share come together",
-                                    "send both or neither"))
+            problems.append(
+                Problem(
+                    (f"{FLAT_PREFIX}{name}.probe_budget",),
+                    f"cohort {name}: probe_budget and probe_share come together",
+                    "send both or neither",
+                )
+            )
     if problems:
         raise PolicyError(problems)
     cohorts = []
     for own in policy.cohorts:
         got = values[own.name]
         probe = {"budget": got["probe_budget"], "share": float(got["probe_share"])} if "probe_budget" in got else None
-        cohorts.append({"name": own.name, "min_batch": own.min_batch, "max_batch": own.max_batch,
-                        "budget": got["budget"], "draft_rounds": got.get("draft_rounds", own.draft_rounds),
-                        "tree_width": got.get("tree_width", own.tree_width),
-                        "drafter": DRAFTERS[got["drafter"]] if "drafter" in got else own.drafter,
-                        "tree_sizing": TREE_SIZINGS[got["tree_sizing"]] if "tree_sizing" in got else own.tree_sizing,
-                        "sampled_children": (SAMPLED_CHILDREN[got["sampled_children"]] if "sampled_children" in got
-                                             else own.sampled_children),
-                        "probe": probe})
+        cohorts.append(
+            {
+                "name": own.name,
+                "min_batch": own.min_batch,
+                "max_batch": own.max_batch,
+                "budget": got["budget"],
+                "draft_rounds": got.get("draft_rounds", own.draft_rounds),
+                "tree_width": got.get("tree_width", own.tree_width),
+                "drafter": DRAFTERS[got["drafter"]] if "drafter" in got else own.drafter,
+                "tree_sizing": TREE_SIZINGS[got["tree_sizing"]] if "tree_sizing" in got else own.tree_sizing,
+                "sampled_children": (
+                    SAMPLED_CHILDREN[got["sampled_children"]] if "sampled_children" in got else own.sampled_children
+                ),
+                "probe": probe,
+            }
+        )
     return validate_table({"cohorts": cohorts, "ttl_s": float(ttl_s)}, policy, head)

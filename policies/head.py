@@ -32,7 +32,7 @@ class HeadCapacity:
 
     def nodes_at(self, width: int) -> int:
         """Nodes of the full tree with `width` children per node, root included."""
-        return sum(width ** d for d in range(self.block_size))
+        return sum(width**d for d in range(self.block_size))
 
 
 def _lookup(config: dict, key: str) -> object | None:
@@ -54,12 +54,18 @@ def read_head_capacity(head_dir: str | Path) -> HeadCapacity:
         raise ValueError(f"{path}:{exc.lineno}: invalid JSON ({exc.msg}) -- fix the file") from None
     block_size = _lookup(config, "block_size")
     if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 2:
-        raise ValueError(f"{path}: block_size is {block_size!r} -- the head config needs an integer "
-                         "block_size >= 2 (top level or in jetspec_config/dflash_config)")
+        raise ValueError(
+            f"{path}: block_size is {block_size!r} -- the head config needs an integer "
+            "block_size >= 2 (top level or in jetspec_config/dflash_config)"
+        )
     width = _lookup(config, "tree_width")
     if width is None:
         width = DEFAULT_TREE_WIDTH
     if not isinstance(width, int) or isinstance(width, bool) or width < 1:
         raise ValueError(f"{path}: tree_width is {width!r} -- use a positive integer")
-    return HeadCapacity(source=str(head_dir), block_size=block_size, tree_width=width,
-                        reads_tree_tokens=_lookup(config, "draft_reveal") is not None)
+    return HeadCapacity(
+        source=str(head_dir),
+        block_size=block_size,
+        tree_width=width,
+        reads_tree_tokens=_lookup(config, "draft_reveal") is not None,
+    )

@@ -42,8 +42,12 @@ def _duplicate_key_problems(node: yaml.Node, loc: Loc = ()) -> list[tuple[Proble
         for key, value in node.value:
             if key.value in seen:
                 where = ".".join(str(p) for p in loc) or "the top level"
-                found.append((Problem(loc + (key.value,), f"key '{key.value}' appears twice in {where}",
-                                      "keep one of them"), key.start_mark.line + 1))
+                found.append(
+                    (
+                        Problem(loc + (key.value,), f"key '{key.value}' appears twice in {where}", "keep one of them"),
+                        key.start_mark.line + 1,
+                    )
+                )
             seen.add(key.value)
             found.extend(_duplicate_key_problems(value, loc + (key.value,)))
     elif isinstance(node, yaml.SequenceNode):
@@ -60,11 +64,19 @@ def parse_policy_text(text: str, source: str = "<policy>", head: HeadCapacity | 
         line = mark.line + 1 if mark else 1
         column = mark.column + 1 if mark else 1
         context = f" ({exc.context})" if exc.context else ""
-        raise PolicyError([Problem((), f"malformed YAML: {exc.problem}{context}",
-                                   f"fix the YAML syntax at line {line}, column {column}", source, line)]) from None
+        raise PolicyError(
+            [
+                Problem(
+                    (),
+                    f"malformed YAML: {exc.problem}{context}",
+                    f"fix the YAML syntax at line {line}, column {column}",
+                    source,
+                    line,
+                )
+            ]
+        ) from None
     if root is None:
-        raise PolicyError([Problem((), "the policy file is empty",
-                                   "start from policies/default.yaml", source, 1)])
+        raise PolicyError([Problem((), "the policy file is empty", "start from policies/default.yaml", source, 1)])
     duplicates = _duplicate_key_problems(root)
     if duplicates:
         raise PolicyError([problem.located(source, line) for problem, line in duplicates])
@@ -85,6 +97,15 @@ def load_policy(path: str | Path, head: HeadCapacity | None = None) -> Policy:
     try:
         text = Path(path).read_text()
     except OSError as exc:
-        raise PolicyError([Problem((), f"cannot read the policy file ({exc.strerror})",
-                                   "check the path and its permissions", str(path), 1)]) from None
+        raise PolicyError(
+            [
+                Problem(
+                    (),
+                    f"cannot read the policy file ({exc.strerror})",
+                    "check the path and its permissions",
+                    str(path),
+                    1,
+                )
+            ]
+        ) from None
     return parse_policy_text(text, str(path), head)

@@ -7,7 +7,6 @@ operator sees all of them at once; `PolicyError` carries the whole list.
 from __future__ import annotations
 
 import sys
-
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 

@@ -59,16 +59,22 @@ def _describe(root: type[BaseModel], error: dict) -> tuple[str, str]:
     if kind == "string_type":
         return f"{where} must be text, got {given!r}", "write a name such as bs1"
     if kind == "string_pattern_mismatch":
-        return (f"{where} = {given!r} has characters not allowed in a metric label",
-                "use letters, digits, '-', '_' or '.' only")
+        return (
+            f"{where} = {given!r} has characters not allowed in a metric label",
+            "use letters, digits, '-', '_' or '.' only",
+        )
     if kind == "list_type":
         return f"{where} must be a list, got {given!r}", "write a list such as [0, 16, 64]"
     if kind in ("model_type", "dict_type", "model_attributes_type"):
         return f"{where} must be a mapping of keys, got {given!r}", "indent its keys under it"
     if kind == "too_short":
         return f"{where} is empty", f"list at least {ctx.get('min_length', 1)} item(s)"
-    bounds = {"greater_than_equal": (">=", "ge"), "greater_than": (">", "gt"),
-              "less_than_equal": ("<=", "le"), "less_than": ("<", "lt")}
+    bounds = {
+        "greater_than_equal": (">=", "ge"),
+        "greater_than": (">", "gt"),
+        "less_than_equal": ("<=", "le"),
+        "less_than": ("<", "lt"),
+    }
     if kind in bounds:
         op, key = bounds[kind]
         return f"{where} = {given!r} is out of range", f"use a value {op} {ctx.get(key)}"

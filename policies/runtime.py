@@ -31,8 +31,9 @@ class ActivePolicy:
         """Validate and install a pushed table; raises PolicyError (and keeps the old one) if invalid."""
         table = validate_table(data, self.policy, self.head)
         with self._lock:
-            self._state = PolicyState(table=table, source="pushed", expires_at=now + table.ttl_s,
-                                      generation=self._state.generation + 1)
+            self._state = PolicyState(
+                table=table, source="pushed", expires_at=now + table.ttl_s, generation=self._state.generation + 1
+            )
             self._probe_credit.clear()
             return self._state
 
@@ -41,8 +42,9 @@ class ActivePolicy:
         with self._lock:
             expires_at = self._state.expires_at
             if expires_at is not None and now >= expires_at:
-                self._state = PolicyState(table=self._default, source="yaml", expires_at=None,
-                                          generation=self._state.generation + 1)
+                self._state = PolicyState(
+                    table=self._default, source="yaml", expires_at=None, generation=self._state.generation + 1
+                )
                 self._probe_credit.clear()
             return self._state
 
@@ -58,11 +60,26 @@ class ActivePolicy:
             # a pushed table may re-enable or probe a gated cohort at any time: only the YAML default's
             # off cohorts can drop the draft context
             keep = cohort.budget > 0 or state.source != "yaml"
-            return StepPlan(cohort.name, cohort.budget, cohort.draft_rounds, cohort.tree_width, cohort.drafter,
-                            cohort.tree_sizing, cohort.sampled_children, keep)
+            return StepPlan(
+                cohort.name,
+                cohort.budget,
+                cohort.draft_rounds,
+                cohort.tree_width,
+                cohort.drafter,
+                cohort.tree_sizing,
+                cohort.sampled_children,
+                keep,
+            )
         with self._lock:
             credit = self._probe_credit.get(cohort.name, 0.0) + cohort.probe.share
             probe_now = credit >= 1.0
             self._probe_credit[cohort.name] = credit - 1.0 if probe_now else credit
-        return StepPlan(cohort.name, cohort.probe.budget if probe_now else cohort.budget, cohort.draft_rounds,
-                        cohort.tree_width, cohort.drafter, cohort.tree_sizing, cohort.sampled_children)
+        return StepPlan(
+            cohort.name,
+            cohort.probe.budget if probe_now else cohort.budget,
+            cohort.draft_rounds,
+            cohort.tree_width,
+            cohort.drafter,
+            cohort.tree_sizing,
+            cohort.sampled_children,
+        )

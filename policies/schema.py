@@ -55,13 +55,19 @@ class CohortPolicy(StrictModel):
     default: Budget = Field(description="budget used until a controller pushes a table")
     draft_rounds: int = Field(default=0, ge=0, description="tree-causal draft rounds after the marginal tree")
     tree_width: TreeWidth = Field(default=0, description="children per tree node (top-K); 0 = the head's own width")
-    drafter: DrafterName = Field(default="head", description="head, or hybrid (prompt-lookup guesses merged into the tree)")
+    drafter: DrafterName = Field(
+        default="head", description="head, or hybrid (prompt-lookup guesses merged into the tree)"
+    )
     tree_sizing: TreeSizingName | None = Field(
-        default=None, description="fixed or adaptive (the budget is then a cap); unset: the server's own "
-        "(jetspec serve --tree-sizing; fixed in SGLang)")
+        default=None,
+        description="fixed or adaptive (the budget is then a cap); unset: the server's own "
+        "(jetspec serve --tree-sizing; fixed in SGLang)",
+    )
     sampled_children: SampledChildrenName = Field(
-        default="top_k", description="sampled requests: the head's top-K children, or children drawn from its "
-        "distribution (drawn: more accepted at T = 1 with wide trees; greedy requests are not affected)")
+        default="top_k",
+        description="sampled requests: the head's top-K children, or children drawn from its "
+        "distribution (drawn: more accepted at T = 1 with wide trees; greedy requests are not affected)",
+    )
 
 
 class GatePolicy(StrictModel):
@@ -97,8 +103,12 @@ class HeadLimits(StrictModel):
 class LookupPolicy(StrictModel):
     """Prompt lookup as the hybrid drafter uses it."""
 
-    accept: float = Field(default=DEFAULT_LOOKUP_ACCEPT, gt=0, lt=1,
-                          description="calibrated chance a looked-up token is accepted given its parent was")
+    accept: float = Field(
+        default=DEFAULT_LOOKUP_ACCEPT,
+        gt=0,
+        lt=1,
+        description="calibrated chance a looked-up token is accepted given its parent was",
+    )
     min_ngram: int = Field(default=1, ge=1)
     max_ngram: int = Field(default=4, ge=1)
 
@@ -123,8 +133,13 @@ def width_problems(loc, prefix: str, width: int, head: HeadCapacity | None) -> l
     `prefix` names the cohort in the message ("cohorts[0] 'bs1' ", "cohorts[0].")."""
     if head is None or width <= head.tree_width:
         return []
-    return [Problem(loc, f"{prefix}tree_width {width} is wider than head {head.source}'s tree_width {head.tree_width}",
-                    f"use 0 (the head's own) up to {head.tree_width}")]
+    return [
+        Problem(
+            loc,
+            f"{prefix}tree_width {width} is wider than head {head.source}'s tree_width {head.tree_width}",
+            f"use 0 (the head's own) up to {head.tree_width}",
+        )
+    ]
 
 
 def _budget_problems(policy: Policy, head: HeadCapacity | None) -> list[Problem]:
@@ -135,43 +150,73 @@ def _budget_problems(policy: Policy, head: HeadCapacity | None) -> list[Problem]
         for j, budget in enumerate(cohort.budgets):
             loc = ("cohorts", i, "budgets", j)
             if budget > limit:
-                problems.append(Problem(loc, f"{where} budget {budget} is above head.max_budget {limit}",
-                                        f"lower it to at most {limit} or raise head.max_budget"))
+                problems.append(
+                    Problem(
+                        loc,
+                        f"{where} budget {budget} is above head.max_budget {limit}",
+                        f"lower it to at most {limit} or raise head.max_budget",
+                    )
+                )
             elif head is not None and budget > head.nodes_at(width := cohort.tree_width or head.tree_width):
-                problems.append(Problem(
-                    loc, f"{where} budget {budget} is more nodes than head {head.source} can use "
-                    f"(block_size {head.block_size}, tree width {width}: at most {head.nodes_at(width)})",
-                    f"lower it to at most {head.nodes_at(width)}"))
+                problems.append(
+                    Problem(
+                        loc,
+                        f"{where} budget {budget} is more nodes than head {head.source} can use "
+                        f"(block_size {head.block_size}, tree width {width}: at most {head.nodes_at(width)})",
+                        f"lower it to at most {head.nodes_at(width)}",
+                    )
+                )
         problems.extend(width_problems(("cohorts", i, "tree_width"), f"{where} ", cohort.tree_width, head))
         if len(set(cohort.budgets)) != len(cohort.budgets) or cohort.budgets != sorted(cohort.budgets):
-            problems.append(Problem(("cohorts", i, "budgets"),
-                                    f"{where} budgets {cohort.budgets} are not strictly increasing",
-                                    f"write {sorted(set(cohort.budgets))}"))
+            problems.append(
+                Problem(
+                    ("cohorts", i, "budgets"),
+                    f"{where} budgets {cohort.budgets} are not strictly increasing",
+                    f"write {sorted(set(cohort.budgets))}",
+                )
+            )
         if cohort.default not in cohort.budgets:
-            problems.append(Problem(("cohorts", i, "default"),
-                                    f"{where} default {cohort.default} is not one of its budgets {cohort.budgets}",
-                                    "pick the default from the budgets list or add it there"))
+            problems.append(
+                Problem(
+                    ("cohorts", i, "default"),
+                    f"{where} default {cohort.default} is not one of its budgets {cohort.budgets}",
+                    "pick the default from the budgets list or add it there",
+                )
+            )
         reprobe = policy.gate.reprobe_budget
         if 0 in cohort.budgets and len(cohort.budgets) > 1 and reprobe not in cohort.budgets:
-            problems.append(Problem(("cohorts", i, "budgets"),
-                                    f"{where} can be gated off but gate.reprobe_budget {reprobe} is not one "
-                                    f"of its budgets {cohort.budgets}",
-                                    f"add {reprobe} to its budgets or change gate.reprobe_budget"))
+            problems.append(
+                Problem(
+                    ("cohorts", i, "budgets"),
+                    f"{where} can be gated off but gate.reprobe_budget {reprobe} is not one "
+                    f"of its budgets {cohort.budgets}",
+                    f"add {reprobe} to its budgets or change gate.reprobe_budget",
+                )
+            )
     return problems
 
 
 def _draft_rounds_problems(policy: Policy, head: HeadCapacity | None) -> list[Problem]:
     limit = policy.head.max_draft_rounds
-    problems = [Problem(("cohorts", i, "draft_rounds"),
-                        f"cohorts[{i}] '{cohort.name}' draft_rounds {cohort.draft_rounds} is above head.max_draft_rounds {limit}",
-                        f"lower it to at most {limit} or raise head.max_draft_rounds")
-                for i, cohort in enumerate(policy.cohorts) if cohort.draft_rounds > limit]
+    problems = [
+        Problem(
+            ("cohorts", i, "draft_rounds"),
+            f"cohorts[{i}] '{cohort.name}' draft_rounds {cohort.draft_rounds} is above head.max_draft_rounds {limit}",
+            f"lower it to at most {limit} or raise head.max_draft_rounds",
+        )
+        for i, cohort in enumerate(policy.cohorts)
+        if cohort.draft_rounds > limit
+    ]
     if head is not None and limit > 0 and not head.reads_tree_tokens:
-        problems.append(Problem(("head", "max_draft_rounds"),
-                                f"head.max_draft_rounds is {limit} but head {head.source} was trained without revealed "
-                                "tokens (no draft_reveal in its config.json): it drafts per-depth marginals only",
-                                "set head.max_draft_rounds: 0 (and every cohort's draft_rounds to 0) or deploy a head "
-                                "trained with `jetspec train --reveal prefix`"))
+        problems.append(
+            Problem(
+                ("head", "max_draft_rounds"),
+                f"head.max_draft_rounds is {limit} but head {head.source} was trained without revealed "
+                "tokens (no draft_reveal in its config.json): it drafts per-depth marginals only",
+                "set head.max_draft_rounds: 0 (and every cohort's draft_rounds to 0) or deploy a head "
+                "trained with `jetspec train --reveal prefix`",
+            )
+        )
     return problems
 
 
@@ -179,39 +224,68 @@ def _timing_problems(policy: Policy) -> list[Problem]:
     ctl = policy.controller
     problems = []
     if ctl.ttl_s < 3 * ctl.interval_s:
-        problems.append(Problem(("controller", "ttl_s"),
-                                f"controller.ttl_s {ctl.ttl_s} is under 3 x interval_s ({ctl.interval_s})",
-                                f"set ttl_s >= {3 * ctl.interval_s:g} so renewals land before tables expire"))
+        problems.append(
+            Problem(
+                ("controller", "ttl_s"),
+                f"controller.ttl_s {ctl.ttl_s} is under 3 x interval_s ({ctl.interval_s})",
+                f"set ttl_s >= {3 * ctl.interval_s:g} so renewals land before tables expire",
+            )
+        )
     if ctl.window_s < ctl.min_samples * ctl.interval_s:
-        problems.append(Problem(("controller", "window_s"),
-                                f"controller.window_s {ctl.window_s} holds fewer than min_samples "
-                                f"({ctl.min_samples}) intervals of {ctl.interval_s}s",
-                                f"set window_s >= {ctl.min_samples * ctl.interval_s:g}"))
+        problems.append(
+            Problem(
+                ("controller", "window_s"),
+                f"controller.window_s {ctl.window_s} holds fewer than min_samples "
+                f"({ctl.min_samples}) intervals of {ctl.interval_s}s",
+                f"set window_s >= {ctl.min_samples * ctl.interval_s:g}",
+            )
+        )
     if policy.gate.reprobe_budget > policy.head.max_budget:
-        problems.append(Problem(("gate", "reprobe_budget"),
-                                f"gate.reprobe_budget {policy.gate.reprobe_budget} is above head.max_budget",
-                                f"use at most {policy.head.max_budget}"))
+        problems.append(
+            Problem(
+                ("gate", "reprobe_budget"),
+                f"gate.reprobe_budget {policy.gate.reprobe_budget} is above head.max_budget",
+                f"use at most {policy.head.max_budget}",
+            )
+        )
     return problems
 
 
 def _shadow_problems(policy: Policy) -> list[Problem]:
     if not policy.shadow.gate_on_alarm:
         return []
-    return [Problem(("cohorts", i, "budgets"),
-                    f"shadow.gate_on_alarm is true but cohorts[{i}] '{cohort.name}' cannot be gated off "
-                    f"(budgets {cohort.budgets} lack 0)", "add 0 to its budgets or set shadow.gate_on_alarm: false")
-            for i, cohort in enumerate(policy.cohorts) if 0 not in cohort.budgets]
+    return [
+        Problem(
+            ("cohorts", i, "budgets"),
+            f"shadow.gate_on_alarm is true but cohorts[{i}] '{cohort.name}' cannot be gated off "
+            f"(budgets {cohort.budgets} lack 0)",
+            "add 0 to its budgets or set shadow.gate_on_alarm: false",
+        )
+        for i, cohort in enumerate(policy.cohorts)
+        if 0 not in cohort.budgets
+    ]
 
 
 def policy_problems(policy: Policy, head: HeadCapacity | None = None) -> list[Problem]:
     """Rules across fields; `head` adds the limit of a concrete draft head checkpoint."""
-    return (coverage_problems(policy.cohorts) + _budget_problems(policy, head) + _draft_rounds_problems(policy, head)
-            + _timing_problems(policy) + _shadow_problems(policy) + _lookup_problems(policy))
+    return (
+        coverage_problems(policy.cohorts)
+        + _budget_problems(policy, head)
+        + _draft_rounds_problems(policy, head)
+        + _timing_problems(policy)
+        + _shadow_problems(policy)
+        + _lookup_problems(policy)
+    )
 
 
 def _lookup_problems(policy: Policy) -> list[Problem]:
     lookup = policy.lookup
     if lookup.min_ngram <= lookup.max_ngram:
         return []
-    return [Problem(("lookup", "min_ngram"), f"lookup.min_ngram {lookup.min_ngram} is above lookup.max_ngram {lookup.max_ngram}",
-                    "lower min_ngram or raise max_ngram")]
+    return [
+        Problem(
+            ("lookup", "min_ngram"),
+            f"lookup.min_ngram {lookup.min_ngram} is above lookup.max_ngram {lookup.max_ngram}",
+            "lower min_ngram or raise max_ngram",
+        )
+    ]

@@ -20,11 +20,22 @@ from typing import Any, Literal, NamedTuple
 
 from pydantic import Field, ValidationError
 
+from policies.head import HeadCapacity
 from policies.problems import PolicyError, Problem
 from policies.pydantic_errors import problems_from_validation_error
-from policies.head import HeadCapacity
-from policies.schema import (LABEL_PATTERN, MAX_TTL_S, Budget, CohortPolicy, DrafterName, Policy, SampledChildrenName,
-                             StrictModel, TreeSizingName, TreeWidth, width_problems)
+from policies.schema import (
+    LABEL_PATTERN,
+    MAX_TTL_S,
+    Budget,
+    CohortPolicy,
+    DrafterName,
+    Policy,
+    SampledChildrenName,
+    StrictModel,
+    TreeSizingName,
+    TreeWidth,
+    width_problems,
+)
 
 
 class Probe(StrictModel):
@@ -48,9 +59,18 @@ class CohortBudget(StrictModel):
     def of(cls, cohort: CohortPolicy, budget: int, probe: Probe | None = None) -> "CohortBudget":
         """A YAML cohort at `budget`: its range, draft rounds, width, drafter and tree sizing as the YAML
         says (a controller chooses budgets and probes only)."""
-        return cls(name=cohort.name, min_batch=cohort.min_batch, max_batch=cohort.max_batch, budget=budget,
-                   draft_rounds=cohort.draft_rounds, tree_width=cohort.tree_width, drafter=cohort.drafter,
-                   tree_sizing=cohort.tree_sizing, sampled_children=cohort.sampled_children, probe=probe)
+        return cls(
+            name=cohort.name,
+            min_batch=cohort.min_batch,
+            max_batch=cohort.max_batch,
+            budget=budget,
+            draft_rounds=cohort.draft_rounds,
+            tree_width=cohort.tree_width,
+            drafter=cohort.drafter,
+            tree_sizing=cohort.tree_sizing,
+            sampled_children=cohort.sampled_children,
+            probe=probe,
+        )
 
 
 class StepPlan(NamedTuple):
@@ -96,38 +116,63 @@ def default_table(policy: Policy) -> PolicyTable:
 def _cohort_problems(i: int, pushed: CohortBudget, policy: Policy, head: HeadCapacity | None) -> list[Problem]:
     own = policy.cohorts[i]
     if (pushed.name, pushed.min_batch, pushed.max_batch) != (own.name, own.min_batch, own.max_batch):
-        return [Problem(("cohorts", i, "name"),
-                        f"cohorts[{i}] is '{pushed.name}' {pushed.min_batch}..{pushed.max_batch} but the "
-                        f"server policy has '{own.name}' {own.min_batch}..{own.max_batch}",
-                        "push the cohorts of the server's policy file, in its order")]
+        return [
+            Problem(
+                ("cohorts", i, "name"),
+                f"cohorts[{i}] is '{pushed.name}' {pushed.min_batch}..{pushed.max_batch} but the "
+                f"server policy has '{own.name}' {own.min_batch}..{own.max_batch}",
+                "push the cohorts of the server's policy file, in its order",
+            )
+        ]
     problems = []
     if pushed.budget not in own.budgets:
-        problems.append(Problem(("cohorts", i, "budget"),
-                                f"cohorts[{i}].budget {pushed.budget} is not a candidate of '{own.name}'",
-                                f"use one of {own.budgets}"))
+        problems.append(
+            Problem(
+                ("cohorts", i, "budget"),
+                f"cohorts[{i}].budget {pushed.budget} is not a candidate of '{own.name}'",
+                f"use one of {own.budgets}",
+            )
+        )
     if pushed.draft_rounds > policy.head.max_draft_rounds:
-        problems.append(Problem(("cohorts", i, "draft_rounds"),
-                                f"cohorts[{i}].draft_rounds {pushed.draft_rounds} is above the server policy's "
-                                f"head.max_draft_rounds {policy.head.max_draft_rounds}",
-                                f"use 0..{policy.head.max_draft_rounds}"))
+        problems.append(
+            Problem(
+                ("cohorts", i, "draft_rounds"),
+                f"cohorts[{i}].draft_rounds {pushed.draft_rounds} is above the server policy's "
+                f"head.max_draft_rounds {policy.head.max_draft_rounds}",
+                f"use 0..{policy.head.max_draft_rounds}",
+            )
+        )
     problems.extend(width_problems(("cohorts", i, "tree_width"), f"cohorts[{i}].", pushed.tree_width, head))
     probe = pushed.probe
     if probe is not None:
         if probe.budget not in own.budgets or probe.budget == pushed.budget:
-            problems.append(Problem(("cohorts", i, "probe", "budget"),
-                                    f"cohorts[{i}].probe.budget {probe.budget} is not another candidate "
-                                    f"of '{own.name}'", f"use one of {own.budgets} other than {pushed.budget}"))
+            problems.append(
+                Problem(
+                    ("cohorts", i, "probe", "budget"),
+                    f"cohorts[{i}].probe.budget {probe.budget} is not another candidate of '{own.name}'",
+                    f"use one of {own.budgets} other than {pushed.budget}",
+                )
+            )
         if probe.share > policy.gate.probe_share:
-            problems.append(Problem(("cohorts", i, "probe", "share"),
-                                    f"cohorts[{i}].probe.share {probe.share} exceeds gate.probe_share "
-                                    f"{policy.gate.probe_share}", f"use at most {policy.gate.probe_share}"))
+            problems.append(
+                Problem(
+                    ("cohorts", i, "probe", "share"),
+                    f"cohorts[{i}].probe.share {probe.share} exceeds gate.probe_share {policy.gate.probe_share}",
+                    f"use at most {policy.gate.probe_share}",
+                )
+            )
     return problems
 
 
 def table_problems(table: PolicyTable, policy: Policy, head: HeadCapacity | None = None) -> list[Problem]:
     if len(table.cohorts) != len(policy.cohorts):
-        return [Problem(("cohorts",), f"cohorts has {len(table.cohorts)} entries, the server policy "
-                        f"has {len(policy.cohorts)}", "push one entry per cohort of the server's policy")]
+        return [
+            Problem(
+                ("cohorts",),
+                f"cohorts has {len(table.cohorts)} entries, the server policy has {len(policy.cohorts)}",
+                "push one entry per cohort of the server's policy",
+            )
+        ]
     problems: list[Problem] = []
     for i, cohort in enumerate(table.cohorts):
         problems.extend(_cohort_problems(i, cohort, policy, head))

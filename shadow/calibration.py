@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from shadow.checks import bucket_mass, in_tie_band, rank_bucket
 from sglang_jetspec.core.sampling import SamplingParams, processed_probs
+from shadow.checks import bucket_mass, in_tie_band, rank_bucket
 
 TOP = 2048  # > the last rank-bucket edge, so the lumped tail only ever joins the last bucket
 
@@ -32,14 +32,23 @@ def build_positions(target, prompt_ids: list[list[int]], tokens: int, seed: int 
     from shadow.reference import LocalReference
 
     engine = ReferenceEngine(target)
-    requests = [Request(p, SamplingParams(temperature=1.0, seed=seed + i, max_new_tokens=tokens, ignore_eos=True), str(i))
-                for i, p in enumerate(prompt_ids)]
+    requests = [
+        Request(p, SamplingParams(temperature=1.0, seed=seed + i, max_new_tokens=tokens, ignore_eos=True), str(i))
+        for i, p in enumerate(prompt_ids)
+    ]
     reference = LocalReference(target)
     rows = []
     for out in engine.generate(requests, budget=0):
-        record = ShadowRecord(request_id=out.request_id, model="", prompt_ids=out.prompt_ids, output_ids=out.output_ids,
-                              sampling=RecordSampling.of(requests[int(out.request_id)].params), finish_reason="length",
-                              started_at=0.0, finished_at=0.0)
+        record = ShadowRecord(
+            request_id=out.request_id,
+            model="",
+            prompt_ids=out.prompt_ids,
+            output_ids=out.output_ids,
+            sampling=RecordSampling.of(requests[int(out.request_id)].params),
+            finish_reason="length",
+            started_at=0.0,
+            finished_at=0.0,
+        )
         rows.append(reference.score(record).logits)
     return torch.cat(rows)
 
@@ -58,8 +67,8 @@ def cached_positions(target, prompt_ids: list[list[int]], tokens: int, path: str
 class Table:
     """Per position: correct processed probabilities in the fixed order (top TOP + tail) and the order."""
 
-    probs: np.ndarray   # [P, TOP + 1] float64
-    order: np.ndarray   # [P, TOP] token ids (the tail token has no id)
+    probs: np.ndarray  # [P, TOP + 1] float64
+    order: np.ndarray  # [P, TOP] token ids (the tail token has no id)
 
     @property
     def cdf_before(self) -> np.ndarray:
@@ -80,13 +89,15 @@ def correct_table(logits: torch.Tensor, params: SamplingParams) -> tuple[Table, 
 
 # --- broken samplers: each returns the emitted distribution in the correct table's coordinates ----
 
+
 def one_side(logits: torch.Tensor, order: torch.Tensor, sampler_params: SamplingParams) -> np.ndarray:
     """The sampler used other transforms than the request's (e.g. temperature or top-p on one side only)."""
     return _coarsen(processed_probs(logits.float(), sampler_params).double(), order)
 
 
-def residual_skipped(table: Table, logits: torch.Tensor, order: torch.Tensor, children: int = 4,
-                     draft_noise: float = 1.0, seed: int = 0) -> np.ndarray:
+def residual_skipped(
+    table: Table, logits: torch.Tensor, order: torch.Tensor, children: int = 4, draft_noise: float = 1.0, seed: int = 0
+) -> np.ndarray:
     """Residual acceptance without the residual step, exact distribution for one node of `children`
     drafted tokens (the top of a noisy draft = target logits + Gumbel noise x draft_noise): child c_j is
     tried with probability p(c_j) but rejected tokens are never removed, so the final draw again comes
@@ -121,11 +132,12 @@ def single_token_bias(table: Table, token: int, share: float = 0.02) -> np.ndarr
 
 # --- drawing tokens and their PIT values ---------------------------------------------------------
 
+
 @dataclass
 class Draws:
-    pit: np.ndarray          # [S, N] (NaN = impossible token)
-    bucket: np.ndarray       # [S, N] rank bucket of each emitted token
-    expected: np.ndarray     # [S, N, buckets] the bucket masses at each drawn position
+    pit: np.ndarray  # [S, N] (NaN = impossible token)
+    bucket: np.ndarray  # [S, N] rank bucket of each emitted token
+    expected: np.ndarray  # [S, N, buckets] the bucket masses at each drawn position
 
 
 def draw(table: Table, emitted: np.ndarray, streams: int, length: int, rng: np.random.Generator) -> Draws:
@@ -148,11 +160,12 @@ def draw(table: Table, emitted: np.ndarray, streams: int, length: int, rng: np.r
     return Draws(u, rank_bucket(ranks), masses[positions])
 
 
-
 # --- the checker's tie band ----------------------------------------------------------------------
 
-def tie_band_mass(logits: torch.Tensor, request: SamplingParams, drawn: SamplingParams,
-                  tie_margin: float) -> tuple[float, float]:
+
+def tie_band_mass(
+    logits: torch.Tensor, request: SamplingParams, drawn: SamplingParams, tie_margin: float
+) -> tuple[float, float]:
     """Per-token probability, averaged over positions, that a sampler applying `drawn` instead of
     `request` emits a token outside the request's support, and the part of it inside the checker's
     tie band (counted as a tie, not an immediate alarm). Exact, on the full vocabulary."""

@@ -19,10 +19,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from shadow.constraints import ConstraintMasks
-from shadow.checks import DEFAULT_TIE_MARGIN, RANK_EDGES, RequestCheck, greedy_mismatches, sampled_transform
-from shadow.metrics import ShadowMetrics
 from sglang_jetspec.spool.record import ShadowRecord
+from shadow.checks import DEFAULT_TIE_MARGIN, RANK_EDGES, RequestCheck, greedy_mismatches, sampled_transform
+from shadow.constraints import ConstraintMasks
+from shadow.metrics import ShadowMetrics
 from shadow.reference import Reference, ReferenceError
 from shadow.regenerate import Regenerator
 from shadow.stats import BettingMonitor, window_tests
@@ -33,9 +33,18 @@ PIT_BINS = 20
 
 
 class ShadowChecker:
-    def __init__(self, reference: Reference, alpha: float, metrics: ShadowMetrics, tracer,
-                 monitor: BettingMonitor | None = None, tie_margin: float = DEFAULT_TIE_MARGIN, seed: int = 0,
-                 regenerator: Regenerator | None = None, constraints: ConstraintMasks | None = None):
+    def __init__(
+        self,
+        reference: Reference,
+        alpha: float,
+        metrics: ShadowMetrics,
+        tracer,
+        monitor: BettingMonitor | None = None,
+        tie_margin: float = DEFAULT_TIE_MARGIN,
+        seed: int = 0,
+        regenerator: Regenerator | None = None,
+        constraints: ConstraintMasks | None = None,
+    ):
         self.reference = reference
         self.alpha = alpha
         self.metrics = metrics
@@ -65,20 +74,24 @@ class ShadowChecker:
             if record.constraint is not None:
                 span.set_attribute("jetspec.shadow.constraint", record.constraint.kind)
                 if self.constraints is None:
-                    raise ReferenceError(f"request {record.request_id}: decoded under a {record.constraint.kind} "
-                                         "grammar; give the checker the served model's tokenizer to rebuild it")
+                    raise ReferenceError(
+                        f"request {record.request_id}: decoded under a {record.constraint.kind} "
+                        "grammar; give the checker the served model's tokenizer to rebuild it"
+                    )
                 self.constraints.apply(record, scores.logits)
             check = RequestCheck(record.request_id, mode, len(record.output_ids))
             if record.sampling.greedy:
                 check.mismatches = greedy_mismatches(scores.logits, record.output_ids, self.tie_margin)
             else:
-                t = sampled_transform(scores.logits, record.output_ids, record.sampling.params(), self._rng(record),
-                                      self.tie_margin)
+                t = sampled_transform(
+                    scores.logits, record.output_ids, record.sampling.params(), self._rng(record), self.tie_margin
+                )
                 check.pit, check.mismatches = t.pit, t.outside_support
                 check.rank_observed, check.rank_expected = t.rank_observed, t.rank_expected
             span.set_attribute("jetspec.shadow.mismatches", len(check.mismatches))
-            span.set_attribute("jetspec.shadow.first_divergence",
-                               -1 if check.first_divergence is None else check.first_divergence)
+            span.set_attribute(
+                "jetspec.shadow.first_divergence", -1 if check.first_divergence is None else check.first_divergence
+            )
         self.metrics.requests.labels(mode).inc()
         self.metrics.tokens.labels(mode).inc(check.tokens)
         for m in check.mismatches:
@@ -103,37 +116,72 @@ class ShadowChecker:
         rank_exp = sum((c.rank_expected for c in sampled), np.zeros(len(RANK_EDGES)))
         tests = window_tests(pit, rank_obs, rank_exp)
         self.monitor.update(pit)
-        rows = [MismatchRow(request_id=c.request_id, position=m.position, emitted=m.emitted, expected=m.expected,
-                            margin=None if m.kind == "impossible" else m.margin, kind=m.kind)
-                for c in checks for m in c.mismatches]
+        rows = [
+            MismatchRow(
+                request_id=c.request_id,
+                position=m.position,
+                emitted=m.emitted,
+                expected=m.expected,
+                margin=None if m.kind == "impossible" else m.margin,
+                kind=m.kind,
+            )
+            for c in checks
+            for m in c.mismatches
+        ]
         kinds = {k: sum(r.kind == k for r in rows) for k in ("tie", "error", "impossible")}
         if kinds["impossible"]:
             self.monitor.force_alarm()
-        reasons = [name for name, hit in (
-            ("greedy_error", kinds["error"] > 0),
-            ("impossible_token", kinds["impossible"] > 0),
-            ("window_test", any(t.p_holm < self.alpha for t in tests)),
-            ("sequential", self.monitor.crossed),
-        ) if hit]
+        reasons = [
+            name
+            for name, hit in (
+                ("greedy_error", kinds["error"] > 0),
+                ("impossible_token", kinds["impossible"] > 0),
+                ("window_test", any(t.p_holm < self.alpha for t in tests)),
+                ("sequential", self.monitor.crossed),
+            )
+            if hit
+        ]
         stamps = [r.finished_at for r in records]
         report = WindowReport(
-            window=index, reference=self.reference.name, alpha=self.alpha, tie_margin=self.tie_margin,
-            generated_at=time.time(), first_record_at=min(stamps, default=None), last_record_at=max(stamps, default=None),
+            window=index,
+            reference=self.reference.name,
+            alpha=self.alpha,
+            tie_margin=self.tie_margin,
+            generated_at=time.time(),
+            first_record_at=min(stamps, default=None),
+            last_record_at=max(stamps, default=None),
             requests=Counts(greedy=sum(c.mode == "greedy" for c in checks), sampled=len(sampled)),
-            tokens=Counts(greedy=sum(c.tokens for c in checks if c.mode == "greedy"), sampled=sum(c.tokens for c in sampled)),
+            tokens=Counts(
+                greedy=sum(c.tokens for c in checks if c.mode == "greedy"), sampled=sum(c.tokens for c in sampled)
+            ),
             mismatches=kinds,
             first_divergence={c.request_id: c.first_divergence for c in checks if c.first_divergence is not None},
             mismatch_rows=rows,
-            tests=[TestRow(name=t.name, statistic=t.statistic, p_value=t.p_value, p_holm=t.p_holm,
-                           rejected=t.p_holm < self.alpha) for t in tests],
-            sequential=SequentialRow(tokens=int(self.monitor.state.tokens), log_evidence=self.monitor.log_evidence,
-                                     threshold=self.monitor.threshold, p_value=self.monitor.p_value(),
-                                     crossed_at=self.monitor.crossed_at),
+            tests=[
+                TestRow(
+                    name=t.name,
+                    statistic=t.statistic,
+                    p_value=t.p_value,
+                    p_holm=t.p_holm,
+                    rejected=t.p_holm < self.alpha,
+                )
+                for t in tests
+            ],
+            sequential=SequentialRow(
+                tokens=int(self.monitor.state.tokens),
+                log_evidence=self.monitor.log_evidence,
+                threshold=self.monitor.threshold,
+                p_value=self.monitor.p_value(),
+                crossed_at=self.monitor.crossed_at,
+            ),
             pit_histogram=np.histogram(pit, bins=PIT_BINS, range=(0.0, 1.0))[0].tolist(),
             pit_values=pit.tolist(),
             acceptance_by_depth=acceptance_by_depth(records),
             regeneration=self.regenerator.diff(records) if self.regenerator else [],
-            incomplete_reference=incomplete, failed=failed, alarm=bool(reasons), alarm_reasons=reasons,
+            incomplete_reference=incomplete,
+            failed=failed,
+            alarm=bool(reasons),
+            alarm_reasons=reasons,
         )
         self._publish(report)
         return report
@@ -150,8 +198,9 @@ class ShadowChecker:
 
 def acceptance_by_depth(records: Sequence[ShadowRecord]) -> list[float]:
     """Share of speculative steps (budget > 1) that accepted at least d drafted tokens, d = 1, 2, ..."""
-    accepted = [length - 1 for r in records for budget, length in zip(r.spec.budgets, r.spec.accept_lengths)
-                if budget > 1]
+    accepted = [
+        length - 1 for r in records for budget, length in zip(r.spec.budgets, r.spec.accept_lengths) if budget > 1
+    ]
     if not accepted:
         return []
     counts = np.asarray(accepted)

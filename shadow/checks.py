@@ -35,20 +35,20 @@ RANK_EDGES = (0, 1, 2, 4, 8, 16, 64)
 
 @dataclass(frozen=True)
 class Mismatch:
-    position: int       # index into output_ids
+    position: int  # index into output_ids
     emitted: int
-    expected: int       # target argmax
-    margin: float       # log p(argmax) - log p(emitted), nats (inf for an impossible token)
-    kind: str           # "tie" | "error" | "impossible"
+    expected: int  # target argmax
+    margin: float  # log p(argmax) - log p(emitted), nats (inf for an impossible token)
+    kind: str  # "tie" | "error" | "impossible"
 
 
 @dataclass
 class RequestCheck:
     request_id: str
-    mode: str                      # "greedy" | "sampled"
+    mode: str  # "greedy" | "sampled"
     tokens: int
     mismatches: list[Mismatch] = field(default_factory=list)
-    pit: np.ndarray = field(default_factory=lambda: np.zeros(0))            # sampled: u per scorable token
+    pit: np.ndarray = field(default_factory=lambda: np.zeros(0))  # sampled: u per scorable token
     rank_observed: np.ndarray = field(default_factory=lambda: np.zeros(len(RANK_EDGES)))
     rank_expected: np.ndarray = field(default_factory=lambda: np.zeros(len(RANK_EDGES)))
 
@@ -59,7 +59,9 @@ class RequestCheck:
         return min(wrong) if wrong else None
 
 
-def greedy_mismatches(logits: torch.Tensor, output_ids: list[int], tie_margin: float = DEFAULT_TIE_MARGIN) -> list[Mismatch]:
+def greedy_mismatches(
+    logits: torch.Tensor, output_ids: list[int], tie_margin: float = DEFAULT_TIE_MARGIN
+) -> list[Mismatch]:
     logprobs = torch.log_softmax(logits.double(), dim=-1)
     best = logprobs.argmax(-1)
     emitted = torch.tensor(output_ids, dtype=torch.long)
@@ -73,10 +75,10 @@ def greedy_mismatches(logits: torch.Tensor, output_ids: list[int], tie_margin: f
 
 @dataclass
 class SampledTransform:
-    pit: np.ndarray             # u for the possible tokens
+    pit: np.ndarray  # u for the possible tokens
     outside_support: list[Mismatch]  # kind "tie" (at the cutoff, within the margin) or "impossible"
-    rank_observed: np.ndarray   # [buckets] emitted-rank counts
-    rank_expected: np.ndarray   # [buckets] expected counts: sum over positions of the bucket's mass
+    rank_observed: np.ndarray  # [buckets] emitted-rank counts
+    rank_expected: np.ndarray  # [buckets] expected counts: sum over positions of the bucket's mass
 
 
 def sorted_processed(logits: torch.Tensor, params: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
@@ -106,8 +108,9 @@ def in_tie_band(logits: torch.Tensor, token: int, params: SamplingParams, tie_ma
     return bool(processed_probs(favoured, params)[token] > 0)
 
 
-def outside_support(logits: torch.Tensor, position: int, emitted: int, expected: int, params: SamplingParams,
-                    tie_margin: float) -> Mismatch:
+def outside_support(
+    logits: torch.Tensor, position: int, emitted: int, expected: int, params: SamplingParams, tie_margin: float
+) -> Mismatch:
     """Classify a token the request's processed distribution gives p = 0 at this position (module doc)."""
     if in_tie_band(logits, emitted, params, tie_margin):
         logprobs = torch.log_softmax(logits.double(), dim=-1)
@@ -115,8 +118,13 @@ def outside_support(logits: torch.Tensor, position: int, emitted: int, expected:
     return Mismatch(position, emitted, expected, float("inf"), "impossible")
 
 
-def sampled_transform(logits: torch.Tensor, output_ids: list[int], params: SamplingParams,
-                      rng: np.random.Generator, tie_margin: float = DEFAULT_TIE_MARGIN) -> SampledTransform:
+def sampled_transform(
+    logits: torch.Tensor,
+    output_ids: list[int],
+    params: SamplingParams,
+    rng: np.random.Generator,
+    tie_margin: float = DEFAULT_TIE_MARGIN,
+) -> SampledTransform:
     sorted_p, order = sorted_processed(logits, params)
     n = len(output_ids)
     emitted = np.asarray(output_ids)
@@ -125,8 +133,10 @@ def sampled_transform(logits: torch.Tensor, output_ids: list[int], params: Sampl
     before = np.cumsum(sorted_p, axis=-1)[np.arange(n), ranks] - p_x
     v = rng.random(n)
     possible = p_x > 0
-    outside = [outside_support(logits[i], int(i), int(emitted[i]), int(order[i, 0]), params, tie_margin)
-               for i in np.nonzero(~possible)[0]]
+    outside = [
+        outside_support(logits[i], int(i), int(emitted[i]), int(order[i, 0]), params, tie_margin)
+        for i in np.nonzero(~possible)[0]
+    ]
     observed = np.bincount(rank_bucket(ranks[possible]), minlength=len(RANK_EDGES)).astype(float)
     expected = bucket_mass(sorted_p[possible]).sum(0) if possible.any() else np.zeros(len(RANK_EDGES))
     u = np.clip(before[possible] + v[possible] * p_x[possible], 0.0, 1.0)

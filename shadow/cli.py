@@ -31,29 +31,52 @@ def register(sub) -> None:
     cmds = shadow.add_subparsers(dest="shadow_cmd", required=True)
     p = cmds.add_parser("run", help="check a spool against a non-speculative reference; write reports and metrics")
     p.add_argument("--spool", required=True, metavar="DIR", help="spool directory the servers write (--shadow-spool)")
-    p.add_argument("--reference", required=True, metavar="local|URL",
-                   help="'local' = the reference engine's target (see --target), or an SGLang server URL "
-                        "running WITHOUT speculation")
+    p.add_argument(
+        "--reference",
+        required=True,
+        metavar="local|URL",
+        help="'local' = the reference engine's target (see --target), or an SGLang server URL "
+        "running WITHOUT speculation",
+    )
     p.add_argument("--target", default="smollm2", help="with --reference local: 'smollm2' or a checkpoint directory")
-    p.add_argument("--tokenizer", metavar="DIR", help="the served model's tokenizer, to rebuild constrained records' "
-                   "grammars (default: the --target checkpoint; loaded only when such a record arrives)")
+    p.add_argument(
+        "--tokenizer",
+        metavar="DIR",
+        help="the served model's tokenizer, to rebuild constrained records' "
+        "grammars (default: the --target checkpoint; loaded only when such a record arrives)",
+    )
     p.add_argument("--vocab-size", type=int, help="with a URL: the model's vocabulary size (required)")
-    p.add_argument("--top-logprobs", type=int, help="with a URL: logprobs per position for sampled requests "
-                   "(default: the whole vocabulary; fewer is exact only for requests with top_k <= N)")
+    p.add_argument(
+        "--top-logprobs",
+        type=int,
+        help="with a URL: logprobs per position for sampled requests "
+        "(default: the whole vocabulary; fewer is exact only for requests with top_k <= N)",
+    )
     p.add_argument("--window", type=int, default=64, metavar="N", help="records per window (default 64)")
     p.add_argument("--out", default="shadow-reports", metavar="DIR", help="report directory (default shadow-reports)")
     p.add_argument("--policy", metavar="FILE", help="policy YAML: alpha from shadow.alpha")
     p.add_argument("--alpha", type=float, help="false-alarm rate (default: the policy's shadow.alpha, else 0.01)")
-    p.add_argument("--tie-margin", type=float, default=DEFAULT_TIE_MARGIN,
-                   help=f"greedy mismatches within this logprob margin (nats) are ties (default {DEFAULT_TIE_MARGIN})")
+    p.add_argument(
+        "--tie-margin",
+        type=float,
+        default=DEFAULT_TIE_MARGIN,
+        help=f"greedy mismatches within this logprob margin (nats) are ties (default {DEFAULT_TIE_MARGIN})",
+    )
     p.add_argument("--follow", action="store_true", help="keep polling the spool (continuous monitoring)")
     p.add_argument("--interval", type=float, default=30.0, help="seconds between polls with --follow")
     p.add_argument("--metrics-port", type=int, default=0, help="serve /metrics on this port (0 = off)")
     p.add_argument("--metrics-addr", default="0.0.0.0")
-    p.add_argument("--regenerate", metavar="URL", help="also regenerate greedy requests on this non-speculative "
-                   "endpoint and diff the outputs")
-    p.add_argument("--otlp-endpoint", metavar="ENDPOINT", help="send jetspec.shadow.check spans to this OTLP "
-                   "traces endpoint (default: $OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT when set, else no export)")
+    p.add_argument(
+        "--regenerate",
+        metavar="URL",
+        help="also regenerate greedy requests on this non-speculative endpoint and diff the outputs",
+    )
+    p.add_argument(
+        "--otlp-endpoint",
+        metavar="ENDPOINT",
+        help="send jetspec.shadow.check spans to this OTLP "
+        "traces endpoint (default: $OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT when set, else no export)",
+    )
     p.add_argument("--trace-console", action="store_true", help="print jetspec.shadow.check spans to stderr")
     p.add_argument("--seed", type=int, default=0, help="seed of the PIT randomisation")
     p.set_defaults(func=run)
@@ -88,11 +111,11 @@ def _reference(args):
 
 def run(args: argparse.Namespace) -> int:
     from policies.problems import PolicyError
+    from sglang_jetspec.reference.loading import resolve_target_dir
+    from sglang_jetspec.spool.record import ShadowRecord
     from shadow.checker import ShadowChecker
     from shadow.constraints import ConstraintMasks
-    from sglang_jetspec.reference.loading import resolve_target_dir
     from shadow.metrics import ShadowMetrics
-    from sglang_jetspec.spool.record import ShadowRecord
     from shadow.regenerate import Regenerator
     from shadow.report import write_report
     from shadow.spool import SpoolReader
@@ -104,8 +127,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"jetspec shadow run: --window {args.window}: use 1 or more", file=sys.stderr)
         return 2
     if not Path(args.spool).is_dir():
-        print(f"jetspec shadow run: --spool {args.spool}: no such directory -- start the server with --shadow-spool",
-              file=sys.stderr)
+        print(
+            f"jetspec shadow run: --spool {args.spool}: no such directory -- start the server with --shadow-spool",
+            file=sys.stderr,
+        )
         return 2
     try:
         alpha = _alpha(args)
@@ -129,9 +154,17 @@ def run(args: argparse.Namespace) -> int:
 
         start_http_server(args.metrics_port, addr=args.metrics_addr, registry=metrics.registry)
     tokenizer = getattr(getattr(reference, "target", None), "tokenizer", None)
-    checker = ShadowChecker(reference, alpha, metrics, make_tracer(args.otlp_endpoint, args.trace_console), monitor,
-                            args.tie_margin, args.seed, Regenerator(args.regenerate, tokenizer) if args.regenerate else None,
-                            ConstraintMasks(lambda: args.tokenizer or resolve_target_dir(args.target)))
+    checker = ShadowChecker(
+        reference,
+        alpha,
+        metrics,
+        make_tracer(args.otlp_endpoint, args.trace_console),
+        monitor,
+        args.tie_margin,
+        args.seed,
+        Regenerator(args.regenerate, tokenizer) if args.regenerate else None,
+        ConstraintMasks(lambda: args.tokenizer or resolve_target_dir(args.target)),
+    )
     stop = threading.Event()
     if args.follow:
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -147,12 +180,23 @@ def run(args: argparse.Namespace) -> int:
             report = checker.check_window(next_window, window)
             json_path, _ = write_report(report, out)
             last_alarm = report.alarm
-            print(f"window {next_window}: {len(window)} requests, alarm={report.alarm} "
-                  f"{','.join(report.alarm_reasons)} -> {json_path}", flush=True)
+            print(
+                f"window {next_window}: {len(window)} requests, alarm={report.alarm} "
+                f"{','.join(report.alarm_reasons)} -> {json_path}",
+                flush=True,
+            )
             next_window += 1
         # The reader has moved past the records still pending (a partial window): they are saved too.
-        state_path.write_text(json.dumps({"reader": reader.to_json(), "monitor": monitor.to_json(),
-                                          "next_window": next_window, "pending": [r.model_dump() for r in pending]}))
+        state_path.write_text(
+            json.dumps(
+                {
+                    "reader": reader.to_json(),
+                    "monitor": monitor.to_json(),
+                    "next_window": next_window,
+                    "pending": [r.model_dump() for r in pending],
+                }
+            )
+        )
         skipped = (reader.torn_lines, len(reader.bad_lines))
         if skipped != reported_skips:
             log.warning("spool: %d torn lines skipped, %d unreadable: %s", *skipped, "; ".join(reader.bad_lines[-3:]))

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import torch
 
-from shadow.reference import ReferenceError
 from sglang_jetspec.spool.record import RecordConstraint, ShadowRecord
+from shadow.reference import ReferenceError
 
 
 class ConstraintMasks:
@@ -53,8 +53,10 @@ class ConstraintMasks:
         backend = self._backend(constraint, vocab_size)
         grammar = getattr(backend, f"dispatch_{constraint.kind}")(constraint.value)
         if isinstance(grammar, InvalidGrammarObject):
-            raise ReferenceError(f"request {request_id}: its {constraint.kind} grammar does not compile here "
-                                 f"({grammar!r}) -- was it served with another tokenizer?")
+            raise ReferenceError(
+                f"request {request_id}: its {constraint.kind} grammar does not compile here "
+                f"({grammar!r}) -- was it served with another tokenizer?"
+            )
         return grammar
 
     def _backend(self, constraint: RecordConstraint, vocab_size: int):
@@ -63,11 +65,17 @@ class ConstraintMasks:
             try:
                 from sglang.srt.constrained.xgrammar_backend import XGrammarGrammarBackend
             except ImportError:
-                raise ReferenceError("constrained records need SGLang's xgrammar backend to rebuild their grammars: "
-                                     "run the checker where sglang is installed") from None
+                raise ReferenceError(
+                    "constrained records need SGLang's xgrammar backend to rebuild their grammars: "
+                    "run the checker where sglang is installed"
+                ) from None
             self._backends[key] = XGrammarGrammarBackend(
-                self._load_tokenizer(), vocab_size=vocab_size, model_eos_token_ids=list(constraint.stop_token_ids),
-                any_whitespace=constraint.any_whitespace, max_whitespace_cnt=constraint.max_whitespace_cnt)
+                self._load_tokenizer(),
+                vocab_size=vocab_size,
+                model_eos_token_ids=list(constraint.stop_token_ids),
+                any_whitespace=constraint.any_whitespace,
+                max_whitespace_cnt=constraint.max_whitespace_cnt,
+            )
         return self._backends[key]
 
     def _load_tokenizer(self):
@@ -78,6 +86,7 @@ class ConstraintMasks:
                 path = Path(self._tokenizer_dir())
                 self._tokenizer = AutoTokenizer.from_pretrained(path)
             except (OSError, SystemExit) as exc:  # resolve_target_dir exits on a bad --target
-                raise ReferenceError(f"tokenizer: {exc} -- constrained records need the served model's tokenizer "
-                                     "(--tokenizer DIR)") from None
+                raise ReferenceError(
+                    f"tokenizer: {exc} -- constrained records need the served model's tokenizer (--tokenizer DIR)"
+                ) from None
         return self._tokenizer

@@ -21,16 +21,25 @@ class ShadowMetrics:
         r = self.registry
         self.requests = Counter("jetspec_shadow_requests_checked", "Shadow requests re-checked", ["mode"], registry=r)
         self.tokens = Counter("jetspec_shadow_tokens_checked", "Emitted tokens re-checked", ["mode"], registry=r)
-        self.mismatches = Counter("jetspec_shadow_mismatches",
-                                  "Tokens the non-speculative target would not have emitted, by kind: error (greedy: "
-                                  "not the argmax beyond the tie margin; sampled: outside the request's support beyond "
-                                  "it) or tie (within the margin)", ["kind"], registry=r)
-        self.p_value = Gauge("jetspec_shadow_p_value", "p-value of the latest window (ks, chi2: Holm-adjusted; "
-                             "sequential: anytime-valid)", ["test"], registry=r)
+        self.mismatches = Counter(
+            "jetspec_shadow_mismatches",
+            "Tokens the non-speculative target would not have emitted, by kind: error (greedy: "
+            "not the argmax beyond the tie margin; sampled: outside the request's support beyond "
+            "it) or tie (within the margin)",
+            ["kind"],
+            registry=r,
+        )
+        self.p_value = Gauge(
+            "jetspec_shadow_p_value",
+            "p-value of the latest window (ks, chi2: Holm-adjusted; sequential: anytime-valid)",
+            ["test"],
+            registry=r,
+        )
         self.alarm = Gauge("jetspec_shadow_alarm", "1 while the shadow drift alarm is in force", registry=r)
         self.alarms = Counter("jetspec_shadow_alarms", "Windows that raised the drift alarm", registry=r)
-        self.last_check = Gauge("jetspec_shadow_last_check_timestamp_seconds", "Unix time of the latest checked window",
-                                registry=r)
+        self.last_check = Gauge(
+            "jetspec_shadow_last_check_timestamp_seconds", "Unix time of the latest checked window", registry=r
+        )
         for mode in MODES:  # every series exists from the start: rate() and absent() alerts see zeros
             self.requests.labels(mode)
             self.tokens.labels(mode)

@@ -36,7 +36,7 @@ class ReferenceError(RuntimeError):
 @dataclass
 class Scores:
     logits: torch.Tensor  # [len(output_ids), vocab] float32; -inf where the reference gave no value
-    complete: bool        # every vocabulary entry is known
+    complete: bool  # every vocabulary entry is known
 
 
 class Reference(Protocol):
@@ -87,8 +87,10 @@ class HttpReference:
         for i, (entry, row) in enumerate(zip(emitted, tops)):
             token = record.output_ids[i]
             if entry is None or entry[0] is None or int(entry[1]) != token:
-                raise ReferenceError(f"{self.url}: input_token_logprobs[{i + 1}] is {entry!r}, expected token {token} "
-                                     "-- the server does not align logprobs with logprob_start_len")
+                raise ReferenceError(
+                    f"{self.url}: input_token_logprobs[{i + 1}] is {entry!r}, expected token {token} "
+                    "-- the server does not align logprobs with logprob_start_len"
+                )
             for value, token_id, *_ in row or []:
                 logits[i, int(token_id)] = float(value)
             logits[i, token] = float(entry[0])
@@ -102,8 +104,12 @@ class HttpReference:
             "logprob_start_len": len(record.prompt_ids) - 1,
             "top_logprobs_num": top,
         }
-        request = urllib.request.Request(f"{self.url}/generate", data=json.dumps(body).encode(),
-                                         headers={"Content-Type": "application/json"}, method="POST")
+        request = urllib.request.Request(
+            f"{self.url}/generate",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
         try:
             with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
                 payload = json.loads(response.read())
@@ -122,7 +128,9 @@ class HttpReference:
 def _positions(meta: dict, key: str, n: int, record: ShadowRecord) -> list:
     rows = meta.get(key)
     if not isinstance(rows, list) or len(rows) < n:
-        raise ReferenceError(f"meta_info.{key}: expected {n} rows for request {record.request_id}, got "
-                             f"{None if rows is None else len(rows)} -- the server must support return_logprob "
-                             "with logprob_start_len")
+        raise ReferenceError(
+            f"meta_info.{key}: expected {n} rows for request {record.request_id}, got "
+            f"{None if rows is None else len(rows)} -- the server must support return_logprob "
+            "with logprob_start_len"
+        )
     return rows[:n]

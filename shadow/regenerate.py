@@ -22,11 +22,20 @@ class Regenerator:
         self.timeout_s = timeout_s
 
     def regenerate(self, record: ShadowRecord) -> dict:
-        body = {"input_ids": record.prompt_ids,
-                "sampling_params": {"temperature": 0.0, "max_new_tokens": len(record.output_ids) or 1,
-                                    "ignore_eos": record.sampling.ignore_eos}}
-        request = urllib.request.Request(f"{self.url}/generate", data=json.dumps(body).encode(),
-                                         headers={"Content-Type": "application/json"}, method="POST")
+        body = {
+            "input_ids": record.prompt_ids,
+            "sampling_params": {
+                "temperature": 0.0,
+                "max_new_tokens": len(record.output_ids) or 1,
+                "ignore_eos": record.sampling.ignore_eos,
+            },
+        }
+        request = urllib.request.Request(
+            f"{self.url}/generate",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
         try:
             with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
                 return json.loads(response.read())
@@ -44,8 +53,14 @@ class Regenerator:
             first = next((i for i, (a, b) in enumerate(zip(original, regenerated)) if a != b), None)
             if first is None and len(original) != len(regenerated):
                 first = min(len(original), len(regenerated))
-            rows.append(RegenerationRow(
-                request_id=record.request_id, first_difference=first, original_ids=original,
-                regenerated_ids=regenerated, regenerated_text=reply.get("text"),
-                original_text=self.tokenizer.decode(original) if self.tokenizer is not None else None))
+            rows.append(
+                RegenerationRow(
+                    request_id=record.request_id,
+                    first_difference=first,
+                    original_ids=original,
+                    regenerated_ids=regenerated,
+                    regenerated_text=reply.get("text"),
+                    original_text=self.tokenizer.decode(original) if self.tokenizer is not None else None,
+                )
+            )
         return rows

@@ -61,23 +61,44 @@ def _table(headers: list[str], rows: list[list]) -> str:
 
 def render_html(report: WindowReport) -> str:
     status = "ALARM: " + ", ".join(report.alarm_reasons) if report.alarm else "no alarm"
-    tests = _table(["test", "statistic", "p", "p (Holm)", "rejected"],
-                   [[t.name, f"{t.statistic:.4g}", f"{t.p_value:.3g}", f"{t.p_holm:.3g}", t.rejected] for t in report.tests])
+    tests = _table(
+        ["test", "statistic", "p", "p (Holm)", "rejected"],
+        [[t.name, f"{t.statistic:.4g}", f"{t.p_value:.3g}", f"{t.p_holm:.3g}", t.rejected] for t in report.tests],
+    )
     seq = report.sequential
-    mismatches = _table(["request", "position", "emitted", "target argmax", "margin (nats)", "kind"],
-                        [[m.request_id, m.position, m.emitted, m.expected,
-                          "-" if m.margin is None else f"{m.margin:.4g}", m.kind] for m in report.mismatch_rows])
-    regen = _table(["request", "first difference", "original", "regenerated"],
-                   [[r.request_id, r.first_difference, r.original_text or r.original_ids,
-                     r.regenerated_text or r.regenerated_ids] for r in report.regeneration])
-    images = "".join(f'<img alt="{name}" src="data:image/png;base64,{data}">' for name, data in (
-        ("pit histogram", _pit_histogram(report)), ("qq plot", _qq(report)), ("acceptance by depth", _acceptance(report))))
+    mismatches = _table(
+        ["request", "position", "emitted", "target argmax", "margin (nats)", "kind"],
+        [
+            [m.request_id, m.position, m.emitted, m.expected, "-" if m.margin is None else f"{m.margin:.4g}", m.kind]
+            for m in report.mismatch_rows
+        ],
+    )
+    regen = _table(
+        ["request", "first difference", "original", "regenerated"],
+        [
+            [
+                r.request_id,
+                r.first_difference,
+                r.original_text or r.original_ids,
+                r.regenerated_text or r.regenerated_ids,
+            ]
+            for r in report.regeneration
+        ],
+    )
+    images = "".join(
+        f'<img alt="{name}" src="data:image/png;base64,{data}">'
+        for name, data in (
+            ("pit histogram", _pit_histogram(report)),
+            ("qq plot", _qq(report)),
+            ("acceptance by depth", _acceptance(report)),
+        )
+    )
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>jetspec shadow window {report.window}</title>
 <style>body{{font-family:sans-serif;margin:2em}} table{{border-collapse:collapse;margin:1em 0}}
 td,th{{border:1px solid #ccc;padding:3px 8px;font-size:90%}} .alarm{{color:#b00;font-weight:bold}}</style></head>
 <body><h1>Shadow verification, window {report.window}</h1>
-<p class="{'alarm' if report.alarm else ''}">{html.escape(status)}</p>
+<p class="{"alarm" if report.alarm else ""}">{html.escape(status)}</p>
 <p>reference {html.escape(report.reference)}; alpha {report.alpha}; tie margin {report.tie_margin} nats;
 requests greedy {report.requests.greedy} / sampled {report.requests.sampled};
 tokens greedy {report.tokens.greedy} / sampled {report.tokens.sampled};

@@ -63,17 +63,25 @@ class SpoolReader:
                 self.bad_lines.append(f"{path.name}:{self._lines[path]}: {str(exc).splitlines()[0]}")
         return out
 
-
     def to_json(self) -> dict:
         """Progress per file (names; files are never rewritten, so offsets stay valid)."""
-        return {"offsets": {p.name: o for p, o in self._offsets.items()}, "lines": {p.name: n for p, n in self._lines.items()},
-                "torn": sorted(p.name for p in self._torn), "torn_lines": self.torn_lines}
+        return {
+            "offsets": {p.name: o for p, o in self._offsets.items()},
+            "lines": {p.name: n for p, n in self._lines.items()},
+            "torn": sorted(p.name for p in self._torn),
+            "torn_lines": self.torn_lines,
+        }
 
     @classmethod
     def from_json(cls, directory: str | Path, data: dict) -> SpoolReader:
         d = Path(directory)
-        return cls(d, torn_lines=data["torn_lines"], _offsets={d / k: v for k, v in data["offsets"].items()},
-                   _lines={d / k: v for k, v in data["lines"].items()}, _torn={d / k for k in data["torn"]})
+        return cls(
+            d,
+            torn_lines=data["torn_lines"],
+            _offsets={d / k: v for k, v in data["offsets"].items()},
+            _lines={d / k: v for k, v in data["lines"].items()},
+            _torn={d / k for k in data["torn"]},
+        )
 
 
 def read_spool(directory: str | Path) -> tuple[list[ShadowRecord], SpoolReader]:

@@ -27,7 +27,7 @@ _LAMBDA_MAX = 0.5
 
 @dataclass(frozen=True)
 class WindowTestResult:
-    name: str            # "ks" | "chi2"
+    name: str  # "ks" | "chi2"
     statistic: float
     p_value: float
     p_holm: float = float("nan")
@@ -111,8 +111,10 @@ class BettingState:
 
     @classmethod
     def from_json(cls, data: dict) -> BettingState:
-        return cls(*(np.asarray(data[k], dtype=float) for k in ("log_wealth", "lam", "curvature")),
-                   np.asarray(data["tokens"], dtype=np.int64))
+        return cls(
+            *(np.asarray(data[k], dtype=float) for k in ("log_wealth", "lam", "curvature")),
+            np.asarray(data["tokens"], dtype=np.int64),
+        )
 
 
 def bet(state: BettingState, u: np.ndarray) -> None:
@@ -129,12 +131,13 @@ def bet(state: BettingState, u: np.ndarray) -> None:
 class BettingMonitor:
     """Anytime-valid monitor of one PIT stream; `crossed` once the evidence reaches 1/alpha (sticky)."""
 
-    def __init__(self, alpha: float, state: BettingState | None = None, crossed_at: int | None = None,
-                 peak: float = 0.0):
+    def __init__(
+        self, alpha: float, state: BettingState | None = None, crossed_at: int | None = None, peak: float = 0.0
+    ):
         self.alpha = alpha
         self.state = state or BettingState.fresh()
         self.crossed_at = crossed_at  # tokens seen when the threshold was first reached
-        self.peak = peak              # largest log evidence so far
+        self.peak = peak  # largest log evidence so far
 
     @property
     def threshold(self) -> float:
@@ -166,8 +169,12 @@ class BettingMonitor:
             self.crossed_at = int(self.state.tokens)
 
     def to_json(self) -> dict:
-        return {"alpha": self.alpha, "state": self.state.to_json(), "crossed_at": self.crossed_at,
-                "peak": None if np.isinf(self.peak) else self.peak}
+        return {
+            "alpha": self.alpha,
+            "state": self.state.to_json(),
+            "crossed_at": self.crossed_at,
+            "peak": None if np.isinf(self.peak) else self.peak,
+        }
 
     @classmethod
     def from_json(cls, data: dict) -> BettingMonitor:
@@ -186,4 +193,3 @@ def tokens_to_cross(pit: np.ndarray, alpha: float) -> np.ndarray:
         hit = (state.log_evidence() >= threshold) & (first > length)
         first[hit] = t + 1
     return first
-

@@ -65,8 +65,9 @@ class WindowReport(_Model):
     sequential: SequentialRow
     pit_histogram: list[int] = Field(description="sampled PIT counts in 20 equal bins of [0, 1]")
     pit_values: list[float] = Field(description="the window's PIT values (for the QQ plot and re-analysis)")
-    acceptance_by_depth: list[float] = Field(description="share of speculative steps accepting >= d drafted "
-                                                         "tokens, d = 1..")
+    acceptance_by_depth: list[float] = Field(
+        description="share of speculative steps accepting >= d drafted tokens, d = 1.."
+    )
     regeneration: list[RegenerationRow] = []
     incomplete_reference: int = Field(0, description="sampled requests scored on a top-N truncated distribution")
     failed: dict[str, str] = Field(default_factory=dict, description="request id -> why it could not be checked")

@@ -76,8 +76,18 @@ def tiny_target(tmp_path_factory, smollm2_dir):
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2,
-                                         vocab_size=49152, max_position_embeddings=512, initializer_range=0.5))
+    model = LlamaForCausalLM(
+        LlamaConfig(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=6,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=49152,
+            max_position_embeddings=512,
+            initializer_range=0.5,
+        )
+    )
     out = tmp_path_factory.mktemp("tiny-llama")
     model.save_pretrained(str(out))
     AutoTokenizer.from_pretrained(str(smollm2_dir)).save_pretrained(str(out))

@@ -1,8 +1,7 @@
 """Greedy acceptance on hand-built trees: deepest argmax-matching path plus the bonus token."""
 
-import torch
-
 import pytest
+import torch
 
 from sglang_jetspec.core.acceptance import accept_batch, target_argmax
 from sglang_jetspec.core.sampling import SamplingParams, make_generator
@@ -16,7 +15,13 @@ def tree_of(tokens, parents):
     for p in parents:
         depths.append(0 if p < 0 else depths[p] + 1)
     n = len(tokens)
-    return DraftTree(torch.tensor(tokens), torch.tensor(parents), torch.tensor(depths), torch.zeros(n, dtype=torch.long), torch.zeros(n))
+    return DraftTree(
+        torch.tensor(tokens),
+        torch.tensor(parents),
+        torch.tensor(depths),
+        torch.zeros(n, dtype=torch.long),
+        torch.zeros(n),
+    )
 
 
 def logits_with_argmax(argmaxes):
@@ -60,7 +65,10 @@ def test_no_match_emits_only_the_correction():
 
 def test_batch_rows_are_independent_and_sizes_may_differ():
     small = tree_of([9, 1], [-1, 0])
-    results = run([TREE, small, TREE], [logits_with_argmax([2, 0, 4, 0, 7, 0]), logits_with_argmax([1, 8]), logits_with_argmax([6, 0, 0, 0, 0, 0])])
+    results = run(
+        [TREE, small, TREE],
+        [logits_with_argmax([2, 0, 4, 0, 7, 0]), logits_with_argmax([1, 8]), logits_with_argmax([6, 0, 0, 0, 0, 0])],
+    )
     assert [r.tokens for r in results] == [[2, 4, 7], [1, 8], [6]]
 
 
@@ -69,7 +77,12 @@ def test_greedy_and_sampled_rows_mix_in_one_batch():
     logits[0] = logits_with_argmax([2, 0, 4, 0, 7, 0])
     logits[1, :, :] = -1e9
     logits[1, :, 3] = 0.0  # sampled row: the target puts all mass on token 3 everywhere
-    results = accept_batch([TREE, TREE], logits, [SamplingParams(), SamplingParams(temperature=1.0, seed=1)], [make_generator(0), make_generator(1)])
+    results = accept_batch(
+        [TREE, TREE],
+        logits,
+        [SamplingParams(), SamplingParams(temperature=1.0, seed=1)],
+        [make_generator(0), make_generator(1)],
+    )
     assert results[0].tokens == [2, 4, 7]
     assert results[1].tokens == [3]  # root's children are 1 and 2, so 3 is the correction
 

@@ -74,8 +74,12 @@ def test_top_k_top_p_min_p_never_sort_the_vocabulary(monkeypatch):
     monkeypatch.setattr(torch.Tensor, "argsort", no_sort)
     monkeypatch.setattr(torch, "sort", no_sort)
     monkeypatch.setattr(torch.Tensor, "topk", recording_topk)
-    for params in [SamplingParams(temperature=0.7, top_p=0.8), SamplingParams(temperature=1.3, top_k=3),
-                   SamplingParams(temperature=1.0, min_p=0.15), SamplingParams(temperature=0.9, top_k=40, top_p=0.9, min_p=0.05)]:
+    for params in [
+        SamplingParams(temperature=0.7, top_p=0.8),
+        SamplingParams(temperature=1.3, top_k=3),
+        SamplingParams(temperature=1.0, min_p=0.15),
+        SamplingParams(temperature=0.9, top_k=40, top_p=0.9, min_p=0.05),
+    ]:
         widths.clear()
         assert torch.equal(processed_probs(logits, params), want[params])
         assert all(w <= (params.top_k if params.top_k > 0 else sampling.TOP_P_FIRST_CANDIDATES) for w in widths)
@@ -88,7 +92,14 @@ def _batch(seed: int, batch: int = 6, width: int = 3, budget: int = 16, depth: i
     trees = []
     for _ in range(batch):
         tokens, logprobs = top_k_per_depth(torch.randn(depth, VOCAB, generator=gen), width)
-        trees.append(build_tree(int(torch.randint(VOCAB, (1,), generator=gen)), tokens, logprobs, TreeSpec(budget=budget, max_depth=depth, width=width)))
+        trees.append(
+            build_tree(
+                int(torch.randint(VOCAB, (1,), generator=gen)),
+                tokens,
+                logprobs,
+                TreeSpec(budget=budget, max_depth=depth, width=width),
+            )
+        )
     n = max(t.size for t in trees)
     logits = torch.randn(batch, n, VOCAB, generator=gen)
     for b, tree in enumerate(trees):
@@ -98,8 +109,14 @@ def _batch(seed: int, batch: int = 6, width: int = 3, budget: int = 16, depth: i
     return trees, logits
 
 
-MIXED = [SamplingParams(temperature=1.0), SamplingParams(temperature=0.8, top_p=0.9), SamplingParams(),  # greedy
-         SamplingParams(temperature=1.0), SamplingParams(temperature=1.2, top_k=5, min_p=0.02), SamplingParams(temperature=0.8, top_p=0.9)]
+MIXED = [
+    SamplingParams(temperature=1.0),
+    SamplingParams(temperature=0.8, top_p=0.9),
+    SamplingParams(),  # greedy
+    SamplingParams(temperature=1.0),
+    SamplingParams(temperature=1.2, top_k=5, min_p=0.02),
+    SamplingParams(temperature=0.8, top_p=0.9),
+]
 
 
 @pytest.mark.parametrize("method", ["match", "residual"])

@@ -15,9 +15,9 @@ from scipy.stats import chisquare
 
 from sglang_jetspec.core import acceptance
 from sglang_jetspec.core.acceptance import accept_batch
-from sglang_jetspec.core.sampling import SamplingParams, make_generator, processed_probs
 from sglang_jetspec.core.drafting import TreeDraft
 from sglang_jetspec.core.prompt_lookup import chain_guesses
+from sglang_jetspec.core.sampling import SamplingParams, make_generator, processed_probs
 from sglang_jetspec.core.tree import TreeSpec, build_tree, top_k_per_depth
 
 VOCAB = 6
@@ -34,7 +34,9 @@ def target_logits(context: tuple[int, ...]) -> torch.Tensor:
 def draft_tree(context: tuple[int, ...]):
     """Depth-2 top-3 tree from a draft that is a noisy copy of the target at depth 1 and blind at depth 2."""
     gen = torch.Generator().manual_seed(1000 + hash(context) % 997)
-    depth_logits = torch.stack([target_logits(context) + torch.randn(VOCAB, generator=gen), torch.randn(VOCAB, generator=gen)])
+    depth_logits = torch.stack(
+        [target_logits(context) + torch.randn(VOCAB, generator=gen), torch.randn(VOCAB, generator=gen)]
+    )
     tokens, logprobs = top_k_per_depth(depth_logits, 3)
     return build_tree(context[-1], tokens, logprobs, TreeSpec(budget=8, max_depth=2, width=3))
 
@@ -43,7 +45,9 @@ def conditioned_draft_tree(context: tuple[int, ...]):
     """The same marginal draft, then one tree-causal round: each node's children re-drafted from a noisy
     copy of the target at the node's own path (as a prefix-reveal head would) and the tree rebuilt."""
     gen = torch.Generator().manual_seed(1000 + hash(context) % 997)
-    depth_logits = torch.stack([target_logits(context) + torch.randn(VOCAB, generator=gen), torch.randn(VOCAB, generator=gen)])
+    depth_logits = torch.stack(
+        [target_logits(context) + torch.randn(VOCAB, generator=gen), torch.randn(VOCAB, generator=gen)]
+    )
     draft = TreeDraft(context[-1], *top_k_per_depth(depth_logits, 3), TreeSpec(budget=8, max_depth=2, width=3))
     paths = draft.tree.token_paths()
     draft.learn(torch.stack([target_logits(context + p) + torch.randn(VOCAB, generator=gen) for p in paths]))
@@ -54,10 +58,16 @@ def hybrid_draft_tree(context: tuple[int, ...]):
     """The same marginal draft with a prompt-lookup-style guess merged in (the hybrid drafter): a fixed
     two-token chain, scored 0.6 per token, that the target often rejects."""
     gen = torch.Generator().manual_seed(1000 + hash(context) % 997)
-    depth_logits = torch.stack([target_logits(context) + torch.randn(VOCAB, generator=gen), torch.randn(VOCAB, generator=gen)])
+    depth_logits = torch.stack(
+        [target_logits(context) + torch.randn(VOCAB, generator=gen), torch.randn(VOCAB, generator=gen)]
+    )
     guess = [(context[-1] + 1) % VOCAB, (context[-1] + 3) % VOCAB]
-    return TreeDraft(context[-1], *top_k_per_depth(depth_logits, 3), TreeSpec(budget=8, max_depth=2, width=3),
-                     guesses=chain_guesses(guess, math.log(0.6))).tree
+    return TreeDraft(
+        context[-1],
+        *top_k_per_depth(depth_logits, 3),
+        TreeSpec(budget=8, max_depth=2, width=3),
+        guesses=chain_guesses(guess, math.log(0.6)),
+    ).tree
 
 
 # A reduced draft vocabulary (core/draft_vocab.py) that leaves out token 1: the draft's logits cover
@@ -68,7 +78,9 @@ DRAFT_VOCAB = torch.tensor([3, 0, 5, 2, 4])
 def reduced_vocab_draft_tree(context: tuple[int, ...]):
     """The same noisy draft restricted to DRAFT_VOCAB, mapped back to token ids as the engine does."""
     gen = torch.Generator().manual_seed(1000 + hash(context) % 997)
-    depth_logits = torch.stack([target_logits(context) + torch.randn(VOCAB, generator=gen), torch.randn(VOCAB, generator=gen)])
+    depth_logits = torch.stack(
+        [target_logits(context) + torch.randn(VOCAB, generator=gen), torch.randn(VOCAB, generator=gen)]
+    )
     tokens, logprobs = top_k_per_depth(depth_logits[:, DRAFT_VOCAB], 3, DRAFT_VOCAB)
     return build_tree(context[-1], tokens, logprobs, TreeSpec(budget=8, max_depth=2, width=3))
 
@@ -140,7 +152,15 @@ SETTINGS = [
 def test_toy_exercises_accepts_and_rejects():
     params = SETTINGS[0]
     tree = draft_tree((ROOT,))
-    lengths = [r.accept_length for r in accept_batch([tree] * 2000, tree_logits((ROOT,), tree).expand(2000, -1, -1), [params] * 2000, [make_generator(s) for s in range(2000)])]
+    lengths = [
+        r.accept_length
+        for r in accept_batch(
+            [tree] * 2000,
+            tree_logits((ROOT,), tree).expand(2000, -1, -1),
+            [params] * 2000,
+            [make_generator(s) for s in range(2000)],
+        )
+    ]
     assert {1, 2, 3} <= set(lengths)
 
 
@@ -153,17 +173,29 @@ def test_emitted_tokens_follow_processed_target(params, method):
 # Tree shapes other than the marginal one: both acceptance rules on the richer setting, match on T = 1.
 # The residual rule at T = 1 on every shape runs in the slow sweep: test_emitted_tokens_follow_processed_target
 # covers it on marginal trees, and the shapes differ only in the trees the rule walks.
-TREE_VARIANT_CASES = [pytest.param(SETTINGS[0], "match", id="T1-match"),
-                      pytest.param(SETTINGS[0], "residual", id="T1-residual", marks=pytest.mark.slow),
-                      pytest.param(SETTINGS[4], "match", id="T0.9-k4-p0.9-m0.05-match"),
-                      pytest.param(SETTINGS[4], "residual", id="T0.9-k4-p0.9-m0.05-residual")]
+TREE_VARIANT_CASES = [
+    pytest.param(SETTINGS[0], "match", id="T1-match"),
+    pytest.param(SETTINGS[0], "residual", id="T1-residual", marks=pytest.mark.slow),
+    pytest.param(SETTINGS[4], "match", id="T0.9-k4-p0.9-m0.05-match"),
+    pytest.param(SETTINGS[4], "residual", id="T0.9-k4-p0.9-m0.05-residual"),
+]
 
 
 def test_conditioned_trees_differ_from_marginal_ones_and_exercise_accepts():
-    assert any(conditioned_draft_tree((ROOT, a)).token_paths() != draft_tree((ROOT, a)).token_paths() for a in range(VOCAB))
+    assert any(
+        conditioned_draft_tree((ROOT, a)).token_paths() != draft_tree((ROOT, a)).token_paths() for a in range(VOCAB)
+    )
     tree = conditioned_draft_tree((ROOT,))
     params = SETTINGS[0]
-    lengths = [r.accept_length for r in accept_batch([tree] * 2000, tree_logits((ROOT,), tree).expand(2000, -1, -1), [params] * 2000, [make_generator(s) for s in range(2000)])]
+    lengths = [
+        r.accept_length
+        for r in accept_batch(
+            [tree] * 2000,
+            tree_logits((ROOT,), tree).expand(2000, -1, -1),
+            [params] * 2000,
+            [make_generator(s) for s in range(2000)],
+        )
+    ]
     assert {1, 2, 3} <= set(lengths)
 
 
@@ -222,5 +254,11 @@ def test_catches_residual_step_skipped(monkeypatch):
 def test_catches_accepting_draft_tokens_without_a_check(monkeypatch):
     # an acceptor that trusts the draft: every drafted child matches
     original = acceptance._walk_matching
-    monkeypatch.setattr(acceptance, "_walk_matching", lambda padded, choice: original(padded, torch.where(padded.child_token[:, :, 0] >= 0, padded.child_token[:, :, 0], choice)))
+    monkeypatch.setattr(
+        acceptance,
+        "_walk_matching",
+        lambda padded, choice: original(
+            padded, torch.where(padded.child_token[:, :, 0] >= 0, padded.child_token[:, :, 0], choice)
+        ),
+    )
     assert lossless_pvalue(SamplingParams(temperature=1.0), "match") < 1e-3

@@ -10,11 +10,20 @@ import torch
 from sglang_jetspec.cli import main
 from sglang_jetspec.reference.target import TargetModel
 from sglang_jetspec.train.batched_data import _trim_at_eos, featurize_batched, regenerate_batched
-from sglang_jetspec.train.data import RegenerationConfig, featurize, jobs_for, load_sequences, read_responses, regenerate
+from sglang_jetspec.train.data import (
+    RegenerationConfig,
+    featurize,
+    jobs_for,
+    load_sequences,
+    read_responses,
+    regenerate,
+)
 from sglang_jetspec.train.trainer import TrainConfig, Trainer
 
 # prompts of different lengths, so every batch is left-padded (generate) or right-padded (features)
-RECORDS = [{"prompt": f"def f{i}(x):\n    " + "y = x + 1\n    " * (i % 3)} for i in range(7)] + [{"messages": [{"role": "user", "content": "hi there"}]}]
+RECORDS = [{"prompt": f"def f{i}(x):\n    " + "y = x + 1\n    " * (i % 3)} for i in range(7)] + [
+    {"messages": [{"role": "user", "content": "hi there"}]}
+]
 
 
 @pytest.fixture(scope="module")
@@ -25,10 +34,19 @@ def tiny(tiny_target):
 def test_batched_greedy_regeneration_equals_the_engine_and_padded_features_equal_one_pass_features(tmp_path, tiny):
     engine_dir, batched_dir = tmp_path / "engine", tmp_path / "batched"
     regenerate(tiny, RECORDS, engine_dir, RegenerationConfig(max_new_tokens=12, sampled_share=0.5, batch_size=3))
-    regenerate_batched(tiny, RECORDS, batched_dir, RegenerationConfig(max_new_tokens=12, sampled_share=0.5, batch_size=3, backend="hf-generate"))
+    regenerate_batched(
+        tiny,
+        RECORDS,
+        batched_dir,
+        RegenerationConfig(max_new_tokens=12, sampled_share=0.5, batch_size=3, backend="hf-generate"),
+    )
     engine = {r["id"]: r for r in read_responses(engine_dir)}
     batched = {r["id"]: r for r in read_responses(batched_dir)}
-    assert sorted(batched) == sorted(engine) == sorted([f"{i}:greedy" for i in range(8)] + [f"{i}:sampled" for i in (0, 2, 4, 6)])
+    assert (
+        sorted(batched)
+        == sorted(engine)
+        == sorted([f"{i}:greedy" for i in range(8)] + [f"{i}:sampled" for i in (0, 2, 4, 6)])
+    )
     for job_id, response in engine.items():
         assert batched[job_id]["prompt_ids"] == response["prompt_ids"]
         if job_id.endswith("greedy"):  # fp32: padding does not change an argmax
@@ -49,7 +67,12 @@ def test_batched_greedy_regeneration_equals_the_engine_and_padded_features_equal
         torch.testing.assert_close(b.taps.float(), a.taps.float(), atol=0.05, rtol=0.02)
         torch.testing.assert_close(b.final.float(), a.final.float(), atol=0.05, rtol=0.02)
     # resuming redoes nothing
-    regenerate_batched(tiny, RECORDS, batched_dir, RegenerationConfig(max_new_tokens=12, sampled_share=0.5, batch_size=3, backend="hf-generate"))
+    regenerate_batched(
+        tiny,
+        RECORDS,
+        batched_dir,
+        RegenerationConfig(max_new_tokens=12, sampled_share=0.5, batch_size=3, backend="hf-generate"),
+    )
     assert len(read_responses(batched_dir)) == 12
 
 
@@ -83,8 +106,28 @@ def test_the_backend_stays_out_of_engine_digests_so_existing_data_dirs_keep_thei
 def _train_args(tmp_path, tiny_target, *extra):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("\n".join(json.dumps({"prompt": f"def function_{i}(x):\n    return"}) for i in range(6)) + "\n")
-    return ["train", "--target", str(tiny_target), "--device", "cpu", "--prompts", str(prompts), "--data-dir", str(tmp_path / "data"),
-            "--max-new-tokens", "12", "--regen-batch-size", "4", "--block-size", "6", "--taps", "2", "--regen-backend", "hf-generate", *extra]
+    return [
+        "train",
+        "--target",
+        str(tiny_target),
+        "--device",
+        "cpu",
+        "--prompts",
+        str(prompts),
+        "--data-dir",
+        str(tmp_path / "data"),
+        "--max-new-tokens",
+        "12",
+        "--regen-batch-size",
+        "4",
+        "--block-size",
+        "6",
+        "--taps",
+        "2",
+        "--regen-backend",
+        "hf-generate",
+        *extra,
+    ]
 
 
 def test_data_only_prepares_the_data_and_trains_nothing(tmp_path, tiny_target):
@@ -98,8 +141,22 @@ def test_data_only_prepares_the_data_and_trains_nothing(tmp_path, tiny_target):
 
 def test_time_budget_lowers_the_steps_and_the_schedule_ends_on_time(tmp_path, tiny_target):
     out = tmp_path / "head"
-    args = _train_args(tmp_path, tiny_target, "--out", str(out), "--steps", "100000", "--warmup-steps", "2", "--eval-every", "20",
-                       "--lr", "1e-3", "--time-budget-min", "0.05")
+    args = _train_args(
+        tmp_path,
+        tiny_target,
+        "--out",
+        str(out),
+        "--steps",
+        "100000",
+        "--warmup-steps",
+        "2",
+        "--eval-every",
+        "20",
+        "--lr",
+        "1e-3",
+        "--time-budget-min",
+        "0.05",
+    )
     assert main(args) == 0
     record = json.loads((out / "training_record.json").read_text())
     assert record["requested_steps"] == 100000 and 25 < record["steps"] < 100000

@@ -31,7 +31,9 @@ def test_tuning_prompts_never_train_and_the_report_set_is_never_generated():
     tuning = _texts(tuning_prompt_records())
     assert len(tuning) == HELDOUT_TUNE == len(set(tuning))
     assert not set(tuning) & set(_texts(chat_prompt_records(seed=0, total=2000)))
-    report = {json.loads(line)["messages"][0]["content"] for line in REPORT_SET.read_text().splitlines() if line.strip()}
+    report = {
+        json.loads(line)["messages"][0]["content"] for line in REPORT_SET.read_text().splitlines() if line.strip()
+    }
     assert len(report) == 64 and not report & set(tuning + _texts(chat_prompt_records(seed=0, total=2000)))
 
 

@@ -35,8 +35,8 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
-from prometheus_client.parser import text_string_to_metric_families
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from controller.decider import HOLD, OFF, REPROBE_FAILED
@@ -70,7 +70,7 @@ POLICY = parse_policy_text(POLICY_YAML, "e2e-policy.yaml")
 COPY_PROMPTS = REPO / "tests" / "data" / "copy_prompts.jsonl"
 MAX_NEW_TOKENS = 64  # about the length of each text: the answer is the copy, then EOS
 STARTUP_S = 150.0
-PHASE_S = 80.0      # longest a load phase runs; it ends earlier once its cohort has settled
+PHASE_S = 80.0  # longest a load phase runs; it ends earlier once its cohort has settled
 HTTP_TIMEOUT_S = 120.0
 
 
@@ -97,8 +97,12 @@ class Process:
 
 
 def launch(stack: ExitStack, name: str, args: list[str], tmp_path: Path) -> Process:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
-           ADMIN_KEY_ENV: ADMIN_SECRET, "PYTHONUNBUFFERED": "1"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+        ADMIN_KEY_ENV: ADMIN_SECRET,
+        "PYTHONUNBUFFERED": "1",
+    }
     stdout, stderr = tmp_path / f"{name}.out", tmp_path / f"{name}.err"
     with open(stdout, "w") as out, open(stderr, "w") as err:
         popen = subprocess.Popen([sys.executable, *args], cwd=REPO, env=env, stdout=out, stderr=err)
@@ -147,8 +151,11 @@ def settled(controller: Process, cohort: str, since: float) -> bool:
     if len(records) < 3:
         return False
     measured = {e["budget"] for e in records[-1]["evidence"] if e["samples"] >= POLICY.controller.min_samples}
-    return (measured >= set(POLICY.cohort(cohort).budgets) and len({r["budget"] for r in records[-3:]}) == 1
-            and records[-1]["reason"] in STEADY_REASONS)
+    return (
+        measured >= set(POLICY.cohort(cohort).budgets)
+        and len({r["budget"] for r in records[-3:]}) == 1
+        and records[-1]["reason"] in STEADY_REASONS
+    )
 
 
 def copy_requests(target_dir: Path) -> list[dict]:
@@ -156,8 +163,10 @@ def copy_requests(target_dir: Path) -> list[dict]:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(target_dir)
-    return [{"input_ids": ids, "sampling_params": {"temperature": 0, "max_new_tokens": MAX_NEW_TOKENS}}
-            for ids in load_prompt_ids(str(COPY_PROMPTS), tokenizer)]
+    return [
+        {"input_ids": ids, "sampling_params": {"temperature": 0, "max_new_tokens": MAX_NEW_TOKENS}}
+        for ids in load_prompt_ids(str(COPY_PROMPTS), tokenizer)
+    ]
 
 
 def drive_load(url: str, payloads: list[dict], clients: int, done: Callable[[], bool]) -> None:
@@ -171,8 +180,13 @@ def drive_load(url: str, payloads: list[dict], clients: int, done: Callable[[], 
         while not stop.is_set():
             payload = payloads[(i + n) % len(payloads)]
             try:
-                status, body = urllib_transport("POST", f"{url}/generate", {"Content-Type": "application/json"},
-                                                json.dumps(payload).encode(), HTTP_TIMEOUT_S)
+                status, body = urllib_transport(
+                    "POST",
+                    f"{url}/generate",
+                    {"Content-Type": "application/json"},
+                    json.dumps(payload).encode(),
+                    HTTP_TIMEOUT_S,
+                )
             except ConnectionError as exc:
                 status, body = 0, str(exc).encode()
             if status != 200:
@@ -213,13 +227,46 @@ def test_the_controller_picks_the_measured_best_budget_per_cohort(tmp_path, smol
     policy_file = tmp_path / "policy.yaml"
     policy_file.write_text(POLICY_YAML)
     with ExitStack() as stack:
-        server = launch(stack, "serve", ["-m", "sglang_jetspec.cli", "serve", "--target", str(smollm2_dir),
-                                         "--drafter", "lookup",
-                                         "--policy", str(policy_file), "--port", "0", "--max-batch-size", "8",
-                                         "--admin-api-key-env", ADMIN_KEY_ENV], tmp_path)
+        server = launch(
+            stack,
+            "serve",
+            [
+                "-m",
+                "sglang_jetspec.cli",
+                "serve",
+                "--target",
+                str(smollm2_dir),
+                "--drafter",
+                "lookup",
+                "--policy",
+                str(policy_file),
+                "--port",
+                "0",
+                "--max-batch-size",
+                "8",
+                "--admin-api-key-env",
+                ADMIN_KEY_ENV,
+            ],
+            tmp_path,
+        )
         url = wait_for_url(server)
-        controller = launch(stack, "controller", ["-m", "controller", "--policy", str(policy_file), "--server", url,
-                                                  "--admin-key-env", ADMIN_KEY_ENV, "--metrics-port", "0"], tmp_path)
+        controller = launch(
+            stack,
+            "controller",
+            [
+                "-m",
+                "controller",
+                "--policy",
+                str(policy_file),
+                "--server",
+                url,
+                "--admin-key-env",
+                ADMIN_KEY_ENV,
+                "--metrics-port",
+                "0",
+            ],
+            tmp_path,
+        )
 
         for cohort, clients in (("bs1", 1), ("bs2-8", 4)):
             since = time.time()
@@ -250,7 +297,8 @@ def test_the_controller_picks_the_measured_best_budget_per_cohort(tmp_path, smol
         assert last["budget"] in evidence, f"{cohort.name}: the chosen budget was never measured: {last}"
         best = max(evidence, key=lambda b: evidence[b]["goodput"])
         assert best == last["budget"] or not clearly_better(evidence[best], evidence[last["budget"]]), (
-            f"{cohort.name}: chose {last['budget']} but measured {best} clearly better: {last['evidence']}")
+            f"{cohort.name}: chose {last['budget']} but measured {best} clearly better: {last['evidence']}"
+        )
         assert {0, top} <= evidence.keys(), f"{cohort.name}: off or budget {top} never measured: {last}"
         gains[cohort.name] = evidence[top]["goodput"] / evidence[0]["goodput"]
 

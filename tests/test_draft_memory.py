@@ -18,8 +18,18 @@ from sglang_jetspec.core.head_io import init_head
 
 HIDDEN, TAPS, VOCAB = 64, 3, 50
 WIDTH = TAPS * HIDDEN  # a tap row: 192 floats; a context token: 2 x 1 x 2 x 16 = 64 floats
-CFG = HeadConfig(hidden_size=HIDDEN, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                 intermediate_size=32, vocab_size=VOCAB, block_size=4, target_layer_ids=(1, 3, 5), mask_token_id=VOCAB - 1)
+CFG = HeadConfig(
+    hidden_size=HIDDEN,
+    num_hidden_layers=1,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    intermediate_size=32,
+    vocab_size=VOCAB,
+    block_size=4,
+    target_layer_ids=(1, 3, 5),
+    mask_token_id=VOCAB - 1,
+)
 PER_TOKEN = 2 * CFG.num_hidden_layers * CFG.num_key_value_heads * CFG.head_dim * 4  # K and V, float32
 
 
@@ -32,7 +42,9 @@ def test_the_per_token_formula():
 
 def _drafter(seed: int = 0) -> HeadDrafter:
     torch.manual_seed(seed)
-    return HeadDrafter(init_head(CFG, seed=seed, std=0.3), nn.Embedding(VOCAB, HIDDEN), nn.Linear(HIDDEN, VOCAB, bias=False))
+    return HeadDrafter(
+        init_head(CFG, seed=seed, std=0.3), nn.Embedding(VOCAB, HIDDEN), nn.Linear(HIDDEN, VOCAB, bias=False)
+    )
 
 
 def _rows(first: int, count: int) -> torch.Tensor:

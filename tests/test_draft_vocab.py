@@ -4,11 +4,18 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from sglang_jetspec.core.draft_vocab import DRAFT_VOCAB_FILE, DraftVocabError, coverage, load_draft_vocab, rank_tokens, save_draft_vocab
+from sglang_jetspec.core.draft_vocab import (
+    DRAFT_VOCAB_FILE,
+    DraftVocabError,
+    coverage,
+    load_draft_vocab,
+    rank_tokens,
+    save_draft_vocab,
+)
 from sglang_jetspec.core.drafter import HeadDrafter
 from sglang_jetspec.core.sampling import SamplingParams
-from sglang_jetspec.reference.prompts import humaneval_prompts
 from sglang_jetspec.reference.engine import EngineConfig, ReferenceEngine, Request
+from sglang_jetspec.reference.prompts import humaneval_prompts
 
 
 def test_rank_tokens_orders_by_frequency_with_end_tokens_first():
@@ -75,7 +82,9 @@ def test_reduced_vocabulary_greedy_equals_autoregressive_and_drafts_only_its_tok
 
     _, reduced, vocab = drafters
     params = SamplingParams(max_new_tokens=16, ignore_eos=True)
-    requests = [Request(smollm2.tokenizer(p)["input_ids"], params, str(i)) for i, p in enumerate(humaneval_prompts(range(2)))]
+    requests = [
+        Request(smollm2.tokenizer(p)["input_ids"], params, str(i)) for i, p in enumerate(humaneval_prompts(range(2)))
+    ]
     engine = ReferenceEngine(smollm2, reduced, EngineConfig(max_batch_size=2))
     plain = [o.output_ids for o in engine.generate(requests, budget=0)]
     drafted, original = [], drafting.build_tree
@@ -123,7 +132,9 @@ def test_draft_vocab_append_keeps_the_current_tokens_first(tmp_path):
     for d, out in ((head, None), (code, [5, 5, 7, 9]), (chat, [20, 20, 20, 21, 21, 22, 5])):
         d.mkdir()
         if out:
-            (d / "responses.jsonl").write_text("".join(json.dumps({"id": str(i), "output_ids": out}) + "\n" for i in range(10)))
+            (d / "responses.jsonl").write_text(
+                "".join(json.dumps({"id": str(i), "output_ids": out}) + "\n" for i in range(10))
+            )
     (head / "config.json").write_text(json.dumps({"vocab_size": 50}))
     (head / "training_record.json").write_text(json.dumps({"files_sha256": {}}))
     assert main(["draft-vocab", "--head", str(head), "--data-dir", str(code), "--size", "3"]) == 0

@@ -13,8 +13,25 @@ COPY_PROMPTS = Path(__file__).parent / "data" / "copy_prompts.jsonl"
 
 def test_generate_with_the_lookup_drafter_copies_the_prompt_losslessly(tmp_path, smollm2_dir, capsys):
     out = tmp_path / "gen.json"
-    code = main(["generate", "--target", str(smollm2_dir), "--drafter", "lookup", "--prompts", str(COPY_PROMPTS),
-                 "--num-prompts", "1", "--max-new-tokens", "24", "--budget", "16", "--json", str(out)])
+    code = main(
+        [
+            "generate",
+            "--target",
+            str(smollm2_dir),
+            "--drafter",
+            "lookup",
+            "--prompts",
+            str(COPY_PROMPTS),
+            "--num-prompts",
+            "1",
+            "--max-new-tokens",
+            "24",
+            "--budget",
+            "16",
+            "--json",
+            str(out),
+        ]
+    )
     assert code == 0
     report = json.loads(out.read_text())
     assert report["head"].startswith("prompt lookup (n-grams 1-4")
@@ -38,13 +55,19 @@ def run_failing(argv: list[str], capsys) -> tuple[int, str]:
     return code, capsys.readouterr().err
 
 
-@pytest.mark.parametrize("extra, named", [
-    (["--drafter", "lookup", "--head", "untrained"], "--head untrained is for --drafter head"),
-    (["--drafter", "lookup", "--draft-rounds", "1"], "--draft-rounds 1 needs a head"),
-    (["--drafter", "lookup", "--lookup-min-ngram", "5", "--lookup-max-ngram", "3"], "--lookup-min-ngram 5 is above --lookup-max-ngram 3"),
-    (["--drafter", "ngram"], "argument --drafter: invalid choice: 'ngram'"),
-    (["--drafter", "lookup", "--lookup-depth", "0"], "argument --lookup-depth"),
-])
+@pytest.mark.parametrize(
+    "extra, named",
+    [
+        (["--drafter", "lookup", "--head", "untrained"], "--head untrained is for --drafter head"),
+        (["--drafter", "lookup", "--draft-rounds", "1"], "--draft-rounds 1 needs a head"),
+        (
+            ["--drafter", "lookup", "--lookup-min-ngram", "5", "--lookup-max-ngram", "3"],
+            "--lookup-min-ngram 5 is above --lookup-max-ngram 3",
+        ),
+        (["--drafter", "ngram"], "argument --drafter: invalid choice: 'ngram'"),
+        (["--drafter", "lookup", "--lookup-depth", "0"], "argument --lookup-depth"),
+    ],
+)
 def test_generate_refuses_drafter_flags_that_do_not_go_together(smollm2_dir, capsys, extra, named):
     code, err = run_failing(["generate", "--target", str(smollm2_dir), "--num-prompts", "1", *extra], capsys)
     assert code == 2 and named in err, err

@@ -12,34 +12,45 @@ import math
 import pytest
 import torch
 from scipy.stats import chisquare
+from test_acceptance_stat import ROOT, VOCAB, accept_padded, expected_joint, target_logits, tree_logits
 
 from sglang_jetspec.core import acceptance
 from sglang_jetspec.core.drafting import TreeDraft, drawn_trees
 from sglang_jetspec.core.drawn_children import draw_children, proposals_from_logits
-from sglang_jetspec.core.tree import DrawnChildren
 from sglang_jetspec.core.prompt_lookup import chain_guesses
 from sglang_jetspec.core.sampling import SamplingParams, make_generator
-from sglang_jetspec.core.tree import TreeSpec, top_k_per_depth
+from sglang_jetspec.core.tree import DrawnChildren, TreeSpec, top_k_per_depth
 from sglang_jetspec.core.tree_sizing import truncate
-from test_acceptance_stat import ROOT, VOCAB, accept_padded, expected_joint, target_logits, tree_logits
 
 DRAWS = 10_000
 SPEC = TreeSpec(budget=6, max_depth=2, width=3)
 DRAFT_VOCAB = torch.tensor([3, 0, 5, 2, 4])  # token 1 is never drafted
 
 
-def toy_draft(context: tuple[int, ...], hybrid: bool = False, vocab: torch.Tensor | None = None) -> tuple[TreeDraft, torch.Tensor]:
+def toy_draft(
+    context: tuple[int, ...], hybrid: bool = False, vocab: torch.Tensor | None = None
+) -> tuple[TreeDraft, torch.Tensor]:
     """The noisy draft's TreeDraft and its depth logits [2, V_d] (hybrid: a looked-up chain merged in)."""
     gen = torch.Generator().manual_seed(1000 + hash(context) % 997)
-    depth_logits = torch.stack([target_logits(context) + torch.randn(VOCAB, generator=gen), torch.randn(VOCAB, generator=gen)])
+    depth_logits = torch.stack(
+        [target_logits(context) + torch.randn(VOCAB, generator=gen), torch.randn(VOCAB, generator=gen)]
+    )
     if vocab is not None:
         depth_logits = depth_logits[:, vocab]
     guesses = chain_guesses([(context[-1] + 1) % VOCAB, (context[-1] + 3) % VOCAB], math.log(0.6)) if hybrid else {}
-    return TreeDraft(context[-1], *top_k_per_depth(depth_logits, SPEC.width, vocab), SPEC, guesses=guesses, vocab=vocab), depth_logits
+    return TreeDraft(
+        context[-1], *top_k_per_depth(depth_logits, SPEC.width, vocab), SPEC, guesses=guesses, vocab=vocab
+    ), depth_logits
 
 
-def simulate(params: SamplingParams, method: str = "draw", hybrid: bool = False, vocab=None, size: int | None = None,
-             draws: int = DRAWS) -> tuple[torch.Tensor, float]:
+def simulate(
+    params: SamplingParams,
+    method: str = "draw",
+    hybrid: bool = False,
+    vocab=None,
+    size: int | None = None,
+    draws: int = DRAWS,
+) -> tuple[torch.Tensor, float]:
     """Counts [V, V] of the first two emitted tokens, and the mean accept length of the first step."""
     emitted: list[list[int]] = [[] for _ in range(draws)]
     generators = [make_generator(seed) for seed in range(draws)]
@@ -51,7 +62,11 @@ def simulate(params: SamplingParams, method: str = "draw", hybrid: bool = False,
             if ctx not in drafts:
                 drafts[ctx] = toy_draft(ctx, hybrid, vocab)
             draft, depth_logits = drafts[ctx]
-            tree = drawn_trees([draft], depth_logits.unsqueeze(0), [(params.temperature, generators[r])])[0] if method == "draw" else draft.tree
+            tree = (
+                drawn_trees([draft], depth_logits.unsqueeze(0), [(params.temperature, generators[r])])[0]
+                if method == "draw"
+                else draft.tree
+            )
             tree = truncate(tree, size) if size else tree
             trees.append(tree)
             logits.append(tree_logits(ctx, tree))
@@ -79,7 +94,11 @@ def test_drawn_children_replace_only_marginal_children_and_record_their_proposal
     draft, depth_logits = toy_draft((ROOT,), hybrid=True)
     fixed = {path: set(tokens) for path, tokens in draft.guesses.items()}
     tree = draw_children(draft.tree, fixed, proposals_from_logits(depth_logits, 1.0), None, make_generator(3))
-    assert tree.drawn is not None and tree.parents.equal(draft.tree.parents) and tree.cum_logprobs.equal(draft.tree.cum_logprobs)
+    assert (
+        tree.drawn is not None
+        and tree.parents.equal(draft.tree.parents)
+        and tree.cum_logprobs.equal(draft.tree.cum_logprobs)
+    )
     guessed = (ROOT + 1) % VOCAB
     for node, kids in enumerate(tree.children()):
         tokens = [int(tree.tokens[c]) for c in kids]
@@ -98,8 +117,14 @@ def test_drawn_children_replace_only_marginal_children_and_record_their_proposal
 
 def test_drawn_children_depend_on_the_request_stream_only():
     draft, depth_logits = toy_draft((ROOT,))
-    first = [drawn_trees([draft], depth_logits.unsqueeze(0), [(1.0, make_generator(s))])[0].tokens.tolist() for s in range(30)]
-    again = [drawn_trees([draft], depth_logits.unsqueeze(0), [(1.0, make_generator(s))])[0].tokens.tolist() for s in range(30)]
+    first = [
+        drawn_trees([draft], depth_logits.unsqueeze(0), [(1.0, make_generator(s))])[0].tokens.tolist()
+        for s in range(30)
+    ]
+    again = [
+        drawn_trees([draft], depth_logits.unsqueeze(0), [(1.0, make_generator(s))])[0].tokens.tolist()
+        for s in range(30)
+    ]
     assert first == again and len({tuple(t) for t in first}) > 5
 
 
@@ -108,15 +133,20 @@ SETTINGS = [SamplingParams(temperature=1.0), SamplingParams(temperature=0.9, top
 
 # Every variant on the richer setting; T = 1 on the head's own trees, the other shapes at T = 1 in the
 # slow sweep (about 40 s each: the variants differ in the trees drawn from, not in how T = 1 is processed)
-LOSSLESS_CASES = [pytest.param(params, variant, id=f"{variant}-{name}",
-                               marks=[pytest.mark.slow] if name == "T1" and variant != "head" else [])
-                  for variant in ("head", "hybrid", "reduced-vocab", "truncated")
-                  for params, name in zip(SETTINGS, ("T1", "T0.9-k4-p0.9-m0.05"))]
+LOSSLESS_CASES = [
+    pytest.param(
+        params, variant, id=f"{variant}-{name}", marks=[pytest.mark.slow] if name == "T1" and variant != "head" else []
+    )
+    for variant in ("head", "hybrid", "reduced-vocab", "truncated")
+    for params, name in zip(SETTINGS, ("T1", "T0.9-k4-p0.9-m0.05"))
+]
 
 
 @pytest.mark.parametrize("params, variant", LOSSLESS_CASES)
 def test_drawn_children_stay_lossless(params, variant):
-    kwargs = {"hybrid": {"hybrid": True}, "reduced-vocab": {"vocab": DRAFT_VOCAB}, "truncated": {"size": 3}}.get(variant, {})
+    kwargs = {"hybrid": {"hybrid": True}, "reduced-vocab": {"vocab": DRAFT_VOCAB}, "truncated": {"size": 3}}.get(
+        variant, {}
+    )
     counts, _ = simulate(params, **kwargs)
     assert pvalue(counts, params) > 1e-3
 
@@ -141,6 +171,7 @@ def test_catches_a_proposal_that_forgets_earlier_siblings(monkeypatch):
     def forgetful(self, node, depth):
         q = self.proposals[depth].clone()
         return q / q.sum()
+
     monkeypatch.setattr(DrawnChildren, "proposal", forgetful)
     counts, _ = simulate(SETTINGS[0])
     assert pvalue(counts, SETTINGS[0]) < 1e-3

@@ -13,11 +13,16 @@ PROMPTS = ["def add(a, b):\n    return", "The three primary colours are", "impor
 
 @pytest.fixture(scope="module")
 def head_engine(smollm2, untrained_drafter):
-    return ReferenceEngine(smollm2, untrained_drafter, EngineConfig(tree_width=4, max_batch_size=2, check_invariants=True))
+    return ReferenceEngine(
+        smollm2, untrained_drafter, EngineConfig(tree_width=4, max_batch_size=2, check_invariants=True)
+    )
 
 
 def requests(tokenizer, max_new_tokens=12, **kwargs):
-    return [Request(tokenizer(p)["input_ids"], SamplingParams(max_new_tokens=max_new_tokens, **kwargs), str(i)) for i, p in enumerate(PROMPTS)]
+    return [
+        Request(tokenizer(p)["input_ids"], SamplingParams(max_new_tokens=max_new_tokens, **kwargs), str(i))
+        for i, p in enumerate(PROMPTS)
+    ]
 
 
 def fresh_state(target, committed_ids, taps):
@@ -85,9 +90,13 @@ def test_stop_strings_eos_and_max_tokens_end_requests_identically(smollm2, head_
         assert out.finish_reason == "stop"
         assert stop in tok.decode(out.output_ids) and stop not in out.text
         assert out.output_ids == plain.output_ids[: len(out.output_ids)]
-        limited = head_engine.generate([Request(prompt, SamplingParams(max_new_tokens=5, ignore_eos=True))], budget=budget)[0]
+        limited = head_engine.generate(
+            [Request(prompt, SamplingParams(max_new_tokens=5, ignore_eos=True))], budget=budget
+        )[0]
         assert limited.finish_reason == "length" and limited.output_ids == plain.output_ids[:5]
-    chat = tok.apply_chat_template([{"role": "user", "content": "Say hi."}], add_generation_prompt=True, tokenize=True, return_dict=False)
+    chat = tok.apply_chat_template(
+        [{"role": "user", "content": "Say hi."}], add_generation_prompt=True, tokenize=True, return_dict=False
+    )
     for budget in (0, 16):
         out = head_engine.generate([Request(list(chat), SamplingParams(max_new_tokens=64))], budget=budget)[0]
         assert out.finish_reason == "eos" and out.output_ids[-1] in smollm2.eos_token_ids
@@ -141,7 +150,11 @@ def test_request_stopping_mid_path_keeps_only_committed_state(smollm2):
     from sglang_jetspec.reference.oracle import OracleDrafter
 
     prompt = smollm2.tokenizer("def fibonacci(n):\n")["input_ids"]
-    reference = ReferenceEngine(smollm2).generate([Request(prompt, SamplingParams(max_new_tokens=24, ignore_eos=True))], budget=0)[0].output_ids
+    reference = (
+        ReferenceEngine(smollm2)
+        .generate([Request(prompt, SamplingParams(max_new_tokens=24, ignore_eos=True))], budget=0)[0]
+        .output_ids
+    )
     oracle = OracleDrafter(smollm2, max_depth=15)
     oracle.add_reference(prompt, reference)
     engine = ReferenceEngine(smollm2, oracle, EngineConfig(max_batch_size=2, check_invariants=True))
@@ -156,8 +169,11 @@ def test_drawn_children_keep_the_engine_exact_and_seeded_requests_reproducible(s
     and rows equal a fresh prefill), seeds reproduce across batches, greedy lanes stay autoregressive."""
     import sglang_jetspec.reference.engine as engine_module
 
-    engine = ReferenceEngine(smollm2, untrained_drafter, EngineConfig(tree_width=4, max_batch_size=3, check_invariants=True,
-                                                                      acceptance="draw"))
+    engine = ReferenceEngine(
+        smollm2,
+        untrained_drafter,
+        EngineConfig(tree_width=4, max_batch_size=3, check_invariants=True, acceptance="draw"),
+    )
     drawn_steps, real = [], engine_module.accept_batch
 
     def spy(trees, logits, params, generators, method):

@@ -7,7 +7,25 @@ from sglang_jetspec.cli import main
 
 def test_generate_reports_both_modes_side_by_side(tmp_path, smollm2_dir, capsys):
     out = tmp_path / "gen.json"
-    code = main(["generate", "--target", str(smollm2_dir), "--head", "untrained", "--num-prompts", "2", "--max-new-tokens", "8", "--budget", "8", "--dtype", "fp32", "--json", str(out)])
+    code = main(
+        [
+            "generate",
+            "--target",
+            str(smollm2_dir),
+            "--head",
+            "untrained",
+            "--num-prompts",
+            "2",
+            "--max-new-tokens",
+            "8",
+            "--budget",
+            "8",
+            "--dtype",
+            "fp32",
+            "--json",
+            str(out),
+        ]
+    )
     assert code == 0
     report = json.loads(out.read_text())
     for mode in ("autoregressive", "jetspec"):
@@ -24,5 +42,8 @@ def test_generate_reports_both_modes_side_by_side(tmp_path, smollm2_dir, capsys)
     assert abs(report["speedup"] - report["jetspec"]["tokens_per_s"] / report["autoregressive"]["tokens_per_s"]) < 1e-9
     printed = capsys.readouterr().out
     # the default drafter is the hybrid (head tree + lookups), said in the row and the head line
-    assert report["jetspec"]["mode"] == "hybrid" and "prompt lookup + draft corpus of 0 tokens + finished outputs (hybrid" in report["head"]
+    assert (
+        report["jetspec"]["mode"] == "hybrid"
+        and "prompt lookup + draft corpus of 0 tokens + finished outputs (hybrid" in report["head"]
+    )
     assert "autoregressive" in printed and "hybrid" in printed and "speedup" in printed and "untrained head" in printed

@@ -19,7 +19,18 @@ def _gpu_check():
     return module
 
 
-@pytest.mark.parametrize("script", ["gpu/reference.sh", "gpu/stage.sh", "gpu/env.sh", "gpu/run.sh", "gpu/receive.sh", "gpu/train.sh", "gpu/rehearse.sh"])
+@pytest.mark.parametrize(
+    "script",
+    [
+        "gpu/reference.sh",
+        "gpu/stage.sh",
+        "gpu/env.sh",
+        "gpu/run.sh",
+        "gpu/receive.sh",
+        "gpu/train.sh",
+        "gpu/rehearse.sh",
+    ],
+)
 def test_shell_scripts_parse(script):
     assert subprocess.run(["bash", "-n", str(BENCH / script)], capture_output=True).returncode == 0
 
@@ -33,9 +44,27 @@ def test_first_divergence():
 
 def test_fp32_check_passes_strict_and_reports_every_budget(tmp_path, smollm2_dir, single_thread):
     out = tmp_path / "check.json"
-    code = _gpu_check().main(["--target", str(smollm2_dir), "--device", "cpu", "--prompt-range", "0:2", "--budgets", "4,16",
-                              "--max-new-tokens", "6", "--batch-size", "2", "--strict", "--json", str(out),
-                              "--markdown", str(tmp_path / "check.md")])
+    code = _gpu_check().main(
+        [
+            "--target",
+            str(smollm2_dir),
+            "--device",
+            "cpu",
+            "--prompt-range",
+            "0:2",
+            "--budgets",
+            "4,16",
+            "--max-new-tokens",
+            "6",
+            "--batch-size",
+            "2",
+            "--strict",
+            "--json",
+            str(out),
+            "--markdown",
+            str(tmp_path / "check.md"),
+        ]
+    )
     report = json.loads(out.read_text())
     assert code == 0 and [c["budget"] for c in report["cells"]] == [4, 16]
     assert all(c["mismatches"] == [] and c["requests"] == 2 and c["mean_accept_length"] >= 1 for c in report["cells"])

@@ -16,7 +16,11 @@ def test_masked_grouped_attention_equals_repeated_heads():
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     gen = torch.Generator().manual_seed(0)
-    q, k, v = torch.randn(2, 9, 5, 16, generator=gen), torch.randn(2, 3, 12, 16, generator=gen), torch.randn(2, 3, 12, 16, generator=gen)
+    q, k, v = (
+        torch.randn(2, 9, 5, 16, generator=gen),
+        torch.randn(2, 3, 12, 16, generator=gen),
+        torch.randn(2, 3, 12, 16, generator=gen),
+    )
     mask = torch.rand(2, 1, 5, 12, generator=gen) > 0.4
     mask[..., 0] = True  # no empty row
     ours, _ = gqa_sdpa_forward(_Layer(), q, k, v, mask, scaling=0.25)
@@ -26,7 +30,9 @@ def test_masked_grouped_attention_equals_repeated_heads():
 
 def test_target_prefill_logits_equal_transformers_sdpa(smollm2, smollm2_dir):
     assert smollm2.model.config._attn_implementation == ATTN_IMPLEMENTATION
-    stock = AutoModelForCausalLM.from_pretrained(str(smollm2_dir), dtype=torch.float32, attn_implementation="sdpa").eval()
+    stock = AutoModelForCausalLM.from_pretrained(
+        str(smollm2_dir), dtype=torch.float32, attn_implementation="sdpa"
+    ).eval()
     ids = smollm2.tokenizer("def add(a, b):\n    return")["input_ids"]
     cache = smollm2.new_cache(1, len(ids))
     ours = smollm2.logits(smollm2.forward(cache, [Segment.chain(ids, 0)]).hidden[0])

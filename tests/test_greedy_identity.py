@@ -10,23 +10,34 @@ draft (the target's own logits along its continuation, so trees are accepted dee
 import pytest
 
 from sglang_jetspec.core.sampling import SamplingParams
-from sglang_jetspec.reference.prompts import humaneval_prompts
 from sglang_jetspec.reference.engine import EngineConfig, ReferenceEngine, Request
 from sglang_jetspec.reference.oracle import OracleDrafter
+from sglang_jetspec.reference.prompts import humaneval_prompts
 
 
-
-@pytest.fixture(scope="module", params=[pytest.param((6, 32), id="6x32"), pytest.param((20, 64), id="20x64", marks=pytest.mark.slow)])
+@pytest.fixture(
+    scope="module",
+    params=[pytest.param((6, 32), id="6x32"), pytest.param((20, 64), id="20x64", marks=pytest.mark.slow)],
+)
 def workload(request, smollm2):
     num_prompts, new_tokens = request.param
     params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
-    return [Request(smollm2.tokenizer(p)["input_ids"], params, f"HumanEval/{i}") for i, p in enumerate(humaneval_prompts(range(num_prompts)))]
+    return [
+        Request(smollm2.tokenizer(p)["input_ids"], params, f"HumanEval/{i}")
+        for i, p in enumerate(humaneval_prompts(range(num_prompts)))
+    ]
 
 
 @pytest.fixture(scope="module")
 def autoregressive(smollm2, workload):
     """Greedy AR output per batch size (budget 0: no draft work at all)."""
-    return {bs: [o.output_ids for o in ReferenceEngine(smollm2, config=EngineConfig(max_batch_size=bs)).generate(workload, budget=0)] for bs in (1, 4)}
+    return {
+        bs: [
+            o.output_ids
+            for o in ReferenceEngine(smollm2, config=EngineConfig(max_batch_size=bs)).generate(workload, budget=0)
+        ]
+        for bs in (1, 4)
+    }
 
 
 @pytest.fixture(scope="module")
@@ -57,12 +68,20 @@ def test_budget_one_is_plain_decoding(smollm2, drafters, workload, autoregressiv
 
 
 @pytest.mark.parametrize("batch_size", [1, 4])
-@pytest.mark.parametrize("drafter, budget", [
-    ("untrained", 8), ("oracle", 8), ("oracle", 64),
-    # 64-node trees almost all rejected: a minute and a half per batch size here; large trees run in the
-    # oracle case above and mostly-rejected trees at budget 8, so this one runs in the slow sweep
-    pytest.param("untrained", 64, marks=pytest.mark.slow)])
-def test_speculative_greedy_equals_autoregressive(smollm2, drafters, workload, autoregressive, drafter, budget, batch_size):
+@pytest.mark.parametrize(
+    "drafter, budget",
+    [
+        ("untrained", 8),
+        ("oracle", 8),
+        ("oracle", 64),
+        # 64-node trees almost all rejected: a minute and a half per batch size here; large trees run in the
+        # oracle case above and mostly-rejected trees at budget 8, so this one runs in the slow sweep
+        pytest.param("untrained", 64, marks=pytest.mark.slow),
+    ],
+)
+def test_speculative_greedy_equals_autoregressive(
+    smollm2, drafters, workload, autoregressive, drafter, budget, batch_size
+):
     engine = ReferenceEngine(smollm2, drafters[drafter], EngineConfig(tree_width=8, max_batch_size=batch_size))
     outputs = engine.generate(workload, budget=budget)
     assert mismatches([o.output_ids for o in outputs], autoregressive[batch_size]) == []

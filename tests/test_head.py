@@ -15,20 +15,43 @@ TARGET = TargetInfo(hidden_size=64, vocab_size=100, num_hidden_layers=8, rope_th
 
 def tiny_config(**overrides) -> HeadConfig:
     values = dict(
-        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-        intermediate_size=128, vocab_size=100, block_size=6, target_layer_ids=(1, 3, 5), mask_token_id=99, causal_head=True,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        intermediate_size=128,
+        vocab_size=100,
+        block_size=6,
+        target_layer_ids=(1, 3, 5),
+        mask_token_id=99,
+        causal_head=True,
     )
     values.update(overrides)
     return HeadConfig(**values)
 
 
 PUBLISHED_KEYS = {
-    "fc.weight", "hidden_norm.weight", "norm.weight",
-    *(f"layers.{i}.{name}" for i in range(2) for name in (
-        "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
-        "self_attn.q_norm.weight", "self_attn.k_norm.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
-        "mlp.down_proj.weight", "input_layernorm.weight", "post_attention_layernorm.weight",
-    )),
+    "fc.weight",
+    "hidden_norm.weight",
+    "norm.weight",
+    *(
+        f"layers.{i}.{name}"
+        for i in range(2)
+        for name in (
+            "self_attn.q_proj.weight",
+            "self_attn.k_proj.weight",
+            "self_attn.v_proj.weight",
+            "self_attn.o_proj.weight",
+            "self_attn.q_norm.weight",
+            "self_attn.k_norm.weight",
+            "mlp.gate_proj.weight",
+            "mlp.up_proj.weight",
+            "mlp.down_proj.weight",
+            "input_layernorm.weight",
+            "post_attention_layernorm.weight",
+        )
+    ),
 }
 
 
@@ -52,7 +75,10 @@ def test_loads_a_published_style_checkpoint_with_model_prefix_and_default_taps(t
     head = init_head(tiny_config(), seed=1)
     from safetensors.torch import save_file
 
-    save_file({f"model.{k}": v for k, v in head.state_dict().items()} | {"embed_tokens.weight": torch.zeros(100, 64)}, str(tmp_path / "model.safetensors"))
+    save_file(
+        {f"model.{k}": v for k, v in head.state_dict().items()} | {"embed_tokens.weight": torch.zeros(100, 64)},
+        str(tmp_path / "model.safetensors"),
+    )
     raw = head.config.to_json_dict()
     raw["num_target_layers"] = 8
     del raw["dflash_config"]["target_layer_ids"]
@@ -125,7 +151,11 @@ def test_in_block_attention_is_causal_only_for_the_jetspec_head(causal):
 def test_block_mask_layout():
     valid = torch.tensor([[True, True, False]])
     causal = block_mask(valid, 3, causal=True)[0, 0]
-    assert causal.tolist() == [[True, True, False, True, False, False], [True, True, False, True, True, False], [True, True, False, True, True, True]]
+    assert causal.tolist() == [
+        [True, True, False, True, False, False],
+        [True, True, False, True, True, False],
+        [True, True, False, True, True, True],
+    ]
     assert block_mask(valid, 3, causal=False)[0, 0, :, 3:].all()
 
 

@@ -58,9 +58,13 @@ def test_best_first_trades_the_guess_off_against_the_heads_candidates():
     # the head: 1 (0.625) or 3 (0.375), then 2 or 4 likewise; the guess says 5, 6, 7
     tokens, logprobs = top_k_per_depth(marginal([{1: 0.5, 3: 0.3}, {2: 0.5, 4: 0.3}, {1: 0.9}]), 2)
     guess = [5, 6, 7]
-    confident = TreeDraft(0, tokens, logprobs, TreeSpec(budget=6, max_depth=3, width=2), guesses=chain_guesses(guess, LOG(0.9))).tree
+    confident = TreeDraft(
+        0, tokens, logprobs, TreeSpec(budget=6, max_depth=3, width=2), guesses=chain_guesses(guess, LOG(0.9))
+    ).tree
     assert {(5,), (5, 6), (5, 6, 7)} <= paths(confident)  # 0.9, 0.81, 0.73 beat every head branch but (1,)
-    doubtful = TreeDraft(0, tokens, logprobs, TreeSpec(budget=6, max_depth=3, width=2), guesses=chain_guesses(guess, LOG(0.02))).tree
+    doubtful = TreeDraft(
+        0, tokens, logprobs, TreeSpec(budget=6, max_depth=3, width=2), guesses=chain_guesses(guess, LOG(0.02))
+    ).tree
     assert not any(p[:1] == (5,) for p in paths(doubtful))  # 0.02 loses to every head candidate
     assert paths(doubtful) == paths(TreeDraft(0, tokens, logprobs, TreeSpec(budget=6, max_depth=3, width=2)).tree)
 
@@ -115,8 +119,10 @@ def test_bad_merge_settings_are_refused():
 
 
 def test_hybrid_greedy_output_equals_autoregressive(smollm2, untrained_drafter, single_thread):
-    prompts = ["def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n",
-               "1, 2, 3, 4, 1, 2, 3, 4, 1, 2,"]
+    prompts = [
+        "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n",
+        "1, 2, 3, 4, 1, 2, 3, 4, 1, 2,",
+    ]
     params = SamplingParams(max_new_tokens=32, ignore_eos=True)
     requests = [Request(smollm2.tokenizer(p)["input_ids"], params, str(i)) for i, p in enumerate(prompts)]
     autoregressive = ReferenceEngine(smollm2, None, EngineConfig(max_batch_size=2)).generate(requests, budget=0)

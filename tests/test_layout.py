@@ -43,7 +43,11 @@ def imported_modules(name: str, path: Path) -> set[str]:
     found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom):
-            base = ".".join(package[: len(package) - node.level + 1] + [node.module or ""]).strip(".") if node.level else node.module
+            base = (
+                ".".join(package[: len(package) - node.level + 1] + [node.module or ""]).strip(".")
+                if node.level
+                else node.module
+            )
             # `from . import module` names modules, not the package that is already importing them
             candidates = ([base] if node.module else []) + [f"{base}.{alias.name}" for alias in node.names]
         elif isinstance(node, ast.Import):
@@ -76,14 +80,23 @@ def test_the_table_names_every_package():
 
 def test_packages_import_only_the_packages_above_them():
     order = {name: i for i, name in enumerate(documented_packages())}
-    upward = [f"{a} -> {b}" for a, targets in GRAPH.items() for b in targets
-              if package_of(a) and package_of(b) and order[package_of(b)] > order[package_of(a)]]
+    upward = [
+        f"{a} -> {b}"
+        for a, targets in GRAPH.items()
+        for b in targets
+        if package_of(a) and package_of(b) and order[package_of(b)] > order[package_of(a)]
+    ]
     assert upward == []
 
 
 def test_sglang_jetspec_never_imports_shadow_or_controller():
-    reaching_up = [f"{a} -> {b}" for a, targets in GRAPH.items() if a.startswith("sglang_jetspec")
-                   for b in targets if b.split(".")[0] in ("shadow", "controller")]
+    reaching_up = [
+        f"{a} -> {b}"
+        for a, targets in GRAPH.items()
+        if a.startswith("sglang_jetspec")
+        for b in targets
+        if b.split(".")[0] in ("shadow", "controller")
+    ]
     assert reaching_up == []
 
 
@@ -95,7 +108,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
         state[node], _ = 1, path.append(node)
         for nxt in sorted(graph.get(node, ())):
             if state.get(nxt) == 1:
-                return path[path.index(nxt):] + [nxt]
+                return path[path.index(nxt) :] + [nxt]
             if nxt not in state and (cycle := visit(nxt)):
                 return cycle
         state[node] = 2
@@ -167,9 +180,13 @@ def test_every_jetspec_subcommand_answers_help(capsys):
 
 
 DOCUMENTED_ENTRY_POINTS = [
-    ["jetspec"], ["jetspec-controller"],
-    [sys.executable, "-m", "sglang_jetspec.cli"], [sys.executable, "-m", "controller"], [sys.executable, "-m", "policies"],
-    [sys.executable, "-m", "ops.catalogue"], [sys.executable, "-m", "sglang_jetspec.train.code_prompts"],
+    ["jetspec"],
+    ["jetspec-controller"],
+    [sys.executable, "-m", "sglang_jetspec.cli"],
+    [sys.executable, "-m", "controller"],
+    [sys.executable, "-m", "policies"],
+    [sys.executable, "-m", "ops.catalogue"],
+    [sys.executable, "-m", "sglang_jetspec.train.code_prompts"],
     [sys.executable, "-m", "sglang_jetspec.train.chat_prompts"],
 ]
 
@@ -180,7 +197,9 @@ def test_the_documented_python_m_paths_are_these():
     assert documented <= listed
 
 
-@pytest.mark.parametrize("argv", DOCUMENTED_ENTRY_POINTS, ids=lambda argv: " ".join(argv[1:] if argv[0] == sys.executable else argv))
+@pytest.mark.parametrize(
+    "argv", DOCUMENTED_ENTRY_POINTS, ids=lambda argv: " ".join(argv[1:] if argv[0] == sys.executable else argv)
+)
 def test_console_scripts_and_python_m_paths_answer_help(argv):
     if argv[0] != sys.executable:
         argv = [str(Path(sys.executable).parent / argv[0])]

@@ -1,11 +1,10 @@
 """The verify cost a server learns by timing its own verify passes (the SGLang worker's adaptive sizing)."""
 
 import pytest
+from test_tree_sizing import chain
 
 from sglang_jetspec.core.learned_verify_cost import LearnedVerifyCost
 from sglang_jetspec.core.tree_sizing import TreeSizer, VerifyCost, size_trees
-
-from test_tree_sizing import chain
 
 
 def test_the_ends_of_a_batch_curve_are_probed_first_then_sizing_takes_over():
@@ -29,7 +28,9 @@ def test_the_curve_is_relative_to_the_batch_ordinary_step_and_linear_between_tim
     assert curve(8) == pytest.approx(1.6) and curve(20) == pytest.approx(2.8) and curve(64) == pytest.approx(7.2)
     # a batch of 4 has no timed ordinary step: its unit is interpolated (0.12 s), not probed
     four = costs.curve(lanes=4)
-    assert four.unit_s == pytest.approx(0.12) and four(4) == pytest.approx(1.0) and four(32) == pytest.approx(0.40 / 0.12)
+    assert (
+        four.unit_s == pytest.approx(0.12) and four(4) == pytest.approx(1.0) and four(32) == pytest.approx(0.40 / 0.12)
+    )
     with pytest.raises(ValueError, match="probe first"):
         costs.curve(lanes=1)
 

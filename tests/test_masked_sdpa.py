@@ -10,8 +10,11 @@ from sglang_jetspec.core import masked_sdpa as module
 
 def _inputs():
     g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(2, 9, 5, 16, generator=g), torch.randn(2, 3, 11, 16, generator=g),
-               torch.randn(2, 3, 11, 16, generator=g))
+    q, k, v = (
+        torch.randn(2, 9, 5, 16, generator=g),
+        torch.randn(2, 3, 11, 16, generator=g),
+        torch.randn(2, 3, 11, 16, generator=g),
+    )
     mask = torch.rand(2, 1, 5, 11, generator=g) > 0.3
     mask[..., 0] = True  # every query attends somewhere
     return q, k, v, mask

@@ -14,7 +14,9 @@ from sglang_jetspec.core.packed_linear import MIN_ROWS, PackedLinear, PackedWeig
 needs_onednn = pytest.mark.skipif(not available(torch.zeros(1)), reason="this torch build has no oneDNN packed linear")
 # oneDNN packs bf16 only on AVX-512 / AVX-NE-CONVERT CPUs; elsewhere bf16 takes the plain path (tested below)
 packs_bf16 = available(torch.zeros(1, dtype=torch.bfloat16))
-needs_bf16_packing = pytest.mark.skipif(not packs_bf16, reason="this CPU has no oneDNN bf16 packing (needs AVX-512 or AVX-NE-CONVERT)")
+needs_bf16_packing = pytest.mark.skipif(
+    not packs_bf16, reason="this CPU has no oneDNN bf16 packing (needs AVX-512 or AVX-NE-CONVERT)"
+)
 
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
 
@@ -145,7 +147,9 @@ def test_a_packed_bf16_target_scores_like_the_plain_one(bf16_targets, new_tokens
         target.forward(cache, [Segment.chain(prompt, 0)], (1, 10))
         cache.commit(0, list(range(len(prompt))))
         out = target.forward(cache, [Segment.chain(list(range(2000, 2000 + new_tokens)), len(prompt))], (1, 10))
-        assert out.hidden.shape[1] == new_tokens and out.taps.shape[1] == new_tokens, "padding rows never leave the forward"
+        assert out.hidden.shape[1] == new_tokens and out.taps.shape[1] == new_tokens, (
+            "padding rows never leave the forward"
+        )
         cache.commit(0, [0])
         outs.append((target.logits(out.hidden), out.taps))
     (logits, taps), (plain_logits, plain_taps) = outs

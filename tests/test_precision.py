@@ -9,10 +9,13 @@ from sglang_jetspec.reference.precision import cpu_flags, resolve_dtype
 from sglang_jetspec.reference.target import Segment
 
 
-@pytest.mark.parametrize("flags, expected", [
-    ({"avx2", "amx_bf16", "amx_tile", "avx512_bf16"}, ("bf16", "auto: CPU has AMX-BF16")),
-    ({"avx2", "avx512f", "avx512_bf16"}, ("bf16", "auto: CPU has AVX512-BF16")),
-])
+@pytest.mark.parametrize(
+    "flags, expected",
+    [
+        ({"avx2", "amx_bf16", "amx_tile", "avx512_bf16"}, ("bf16", "auto: CPU has AMX-BF16")),
+        ({"avx2", "avx512f", "avx512_bf16"}, ("bf16", "auto: CPU has AVX512-BF16")),
+    ],
+)
 def test_auto_picks_bf16_where_the_cpu_multiplies_bf16_natively(flags, expected):
     assert resolve_dtype("auto", "cpu", flags) == expected
 
@@ -39,7 +42,11 @@ def test_first_difference():
 
 def test_first_divergence_reports_where_and_the_target_margins(smollm2):
     prompt = smollm2.tokenizer("def fib(n):\n")["input_ids"]
-    reference = ReferenceEngine(smollm2).generate([Request(prompt, SamplingParams(max_new_tokens=6, ignore_eos=True), "0")], budget=0)[0].output_ids
+    reference = (
+        ReferenceEngine(smollm2)
+        .generate([Request(prompt, SamplingParams(max_new_tokens=6, ignore_eos=True), "0")], budget=0)[0]
+        .output_ids
+    )
     other = list(reference)
     other[3] = (other[3] + 1) % smollm2.info.vocab_size
     assert first_divergence(smollm2, prompt, reference, reference) is None
@@ -48,5 +55,9 @@ def test_first_divergence_reports_where_and_the_target_margins(smollm2):
     # the fp32 autoregressive token is the argmax there: its gap to any other token is at least the top-2 margin
     assert d["chosen_gap"] >= d["top2_margin"] - 1e-5 and d["top2_margin"] >= 0
     prefix = prompt + reference[:3]
-    top = smollm2.logits(smollm2.forward(smollm2.new_cache(1, len(prefix)), [Segment.chain(prefix, 0)]).hidden[0, -1]).topk(2).values
+    top = (
+        smollm2.logits(smollm2.forward(smollm2.new_cache(1, len(prefix)), [Segment.chain(prefix, 0)]).hidden[0, -1])
+        .topk(2)
+        .values
+    )
     assert d["top2_margin"] == pytest.approx(float(top[0] - top[1]), abs=1e-4)

@@ -57,8 +57,11 @@ def test_per_step_rows_hold_exactly_what_ran_inside_each_function(summary):
     profile = summary.summarize(_step(0, 1) + _step(1000, 11))
     totals = profile.regions
     assert profile.steps == 2
-    assert set(totals) == {"adapter/worker:_verify", "core/drafting:draft_trees",
-                           "sglang tp_worker:forward_batch_generation"}
+    assert set(totals) == {
+        "adapter/worker:_verify",
+        "core/drafting:draft_trees",
+        "sglang tp_worker:forward_batch_generation",
+    }
     draft = totals["core/drafting:draft_trees"]
     assert (draft.calls, draft.wall_us, draft.ops, draft.launches, draft.d2h) == (2, 80.0, 2, 4, 2)
     # the stream sync and the blocking D2H copy, and their time waiting
@@ -72,11 +75,16 @@ def test_per_step_rows_hold_exactly_what_ran_inside_each_function(summary):
 
 
 def test_nested_forwards_of_one_module_get_their_own_rows(summary):
-    events = [_x("python_function", f"{ROOT}/adapter/worker.py(328): _verify", 0, 100),
-              _x("python_function", f"{ROOT}/core/head.py(145): forward", 1, 50),
-              _x("python_function", f"{ROOT}/core/head.py(83): forward", 2, 45)]
-    assert set(summary.summarize(events).regions) == {"adapter/worker:_verify", "core/head:forward@145",
-                                                      "core/head:forward@83"}
+    events = [
+        _x("python_function", f"{ROOT}/adapter/worker.py(328): _verify", 0, 100),
+        _x("python_function", f"{ROOT}/core/head.py(145): forward", 1, 50),
+        _x("python_function", f"{ROOT}/core/head.py(83): forward", 2, 45),
+    ]
+    assert set(summary.summarize(events).regions) == {
+        "adapter/worker:_verify",
+        "core/head:forward@145",
+        "core/head:forward@83",
+    }
 
 
 def test_markdown_is_per_step_and_sorted_by_wall_time(summary, tmp_path):
@@ -86,8 +94,11 @@ def test_markdown_is_per_step_and_sorted_by_wall_time(summary, tmp_path):
     text = summary.summary_markdown(summary.summarize(summary.load_trace(trace)))
     functions = text.split("\n\nAten ops")[0]
     rows = [line for line in functions.splitlines() if line.startswith("| ") and not line.startswith("| function")]
-    assert [r.split(" | ")[0] for r in rows] == ["| adapter/worker:_verify", "| core/drafting:draft_trees",
-                                                  "| sglang tp_worker:forward_batch_generation"]
+    assert [r.split(" | ")[0] for r in rows] == [
+        "| adapter/worker:_verify",
+        "| core/drafting:draft_trees",
+        "| sglang tp_worker:forward_batch_generation",
+    ]
     # draft_trees per step: 1 call, 0.04 ms, 1 op, 2 launches, 2 syncs waiting 0.008 ms, 1 D2H, 0.006 ms of kernels
     assert rows[1] == "| core/drafting:draft_trees | 1.0 | 0.04 | 1 | 2 | 2.0 (0.01) | 1.0 | 0.01 |"
     assert text.startswith("2 verify steps profiled")

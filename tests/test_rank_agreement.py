@@ -23,8 +23,13 @@ def _free_port() -> int:
 def _rank(rank: int, port: int, results) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
-    group = SimpleNamespace(world_size=2, rank_in_group=rank, ranks=[0, 1], cpu_group=dist.group.WORLD,
-                            all_gather=lambda t, dim: torch.cat([x for x in _all_gather(t)], dim=dim))
+    group = SimpleNamespace(
+        world_size=2,
+        rank_in_group=rank,
+        ranks=[0, 1],
+        cpu_group=dist.group.WORLD,
+        all_gather=lambda t, dim: torch.cat([x for x in _all_gather(t)], dim=dim),
+    )
     ranks = TensorParallelRanks(group, perturb_rank=1)
     out = {"drafts": ranks.drafts, "perturbs": ranks.perturbs}
     out["shared"] = ranks.share({"from": rank, "tree": torch.tensor([5, 6, 7])} if rank == 0 else "ignored")

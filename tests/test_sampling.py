@@ -43,7 +43,13 @@ def test_temperature_sharpens_before_filtering():
 
 @pytest.mark.parametrize(
     "kwargs, field",
-    [({"temperature": -1}, "temperature"), ({"top_p": 0}, "top_p"), ({"min_p": 1.0}, "min_p"), ({"top_k": 0}, "top_k"), ({"max_new_tokens": 0}, "max_new_tokens")],
+    [
+        ({"temperature": -1}, "temperature"),
+        ({"top_p": 0}, "top_p"),
+        ({"min_p": 1.0}, "min_p"),
+        ({"top_k": 0}, "top_k"),
+        ({"max_new_tokens": 0}, "max_new_tokens"),
+    ],
 )
 def test_bad_sampling_params_name_the_field(kwargs, field):
     with pytest.raises(ValueError, match=field):

@@ -17,9 +17,9 @@ from policies import parse_policy_text, validate_table
 from sglang_jetspec.cli import main
 from sglang_jetspec.core.prompt_lookup import LookupMerge
 from sglang_jetspec.core.sampling import SamplingParams
+from sglang_jetspec.observability.metrics import STEP_COUNTERS
 from sglang_jetspec.reference.engine import EngineConfig, ReferenceEngine, Request
 from sglang_jetspec.serving.server import JetspecServer, check_budgets_runnable
-from sglang_jetspec.observability.metrics import STEP_COUNTERS
 
 ADMIN_KEY = "server-test-key"
 POLICY_YAML = """\
@@ -52,8 +52,11 @@ def generate(url: str, payload: dict) -> tuple[int, dict]:
 def metric_samples(url: str) -> dict[tuple[str, tuple], float]:
     status, page = call(f"{url}/metrics")
     assert status == 200
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(page) for s in family.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(page)
+        for s in family.samples
+    }
 
 
 def table(bs1: int, bs2: int, ttl_s: float = 60.0) -> dict:
@@ -94,7 +97,8 @@ def test_greedy_generation_over_http_equals_the_engine(server, smollm2, untraine
     by_ids = generate(server.url, {"input_ids": ids, "sampling_params": {"temperature": 0.0, "max_new_tokens": 8}})
     assert bs1_budget(server.url) > 1  # the server speculates; the reference decodes autoregressively
     reference = ReferenceEngine(smollm2, untrained_drafter).generate(
-        [Request(ids, SamplingParams(max_new_tokens=8))], budget=0)[0]
+        [Request(ids, SamplingParams(max_new_tokens=8))], budget=0
+    )[0]
     for status, out in (by_text, by_ids):
         assert status == 200, out
         assert out["output_ids"] == reference.output_ids and out["text"] == reference.text
@@ -112,20 +116,29 @@ def test_greedy_generation_over_http_equals_the_engine(server, smollm2, untraine
 
 
 def test_seeded_sampling_over_http_equals_the_engine_at_the_same_budget(server, smollm2, untrained_drafter):
-    sampling = {"temperature": 0.8, "top_p": 0.9, "top_k": 50, "min_p": 0.02, "seed": 7, "max_new_tokens": 8,
-                "ignore_eos": True}
+    sampling = {
+        "temperature": 0.8,
+        "top_p": 0.9,
+        "top_k": 50,
+        "min_p": 0.02,
+        "seed": 7,
+        "max_new_tokens": 8,
+        "ignore_eos": True,
+    }
     status, out = generate(server.url, {"text": PROMPTS[1], "sampling_params": sampling})
     assert status == 200, out
     ids = smollm2.tokenizer(PROMPTS[1])["input_ids"]
     reference = ReferenceEngine(smollm2, untrained_drafter).generate(
-        [Request(ids, SamplingParams(**sampling))], budget=bs1_budget(server.url))[0]
+        [Request(ids, SamplingParams(**sampling))], budget=bs1_budget(server.url)
+    )[0]
     assert out["output_ids"] == reference.output_ids
 
 
 def test_concurrent_requests_decode_in_one_batch(server):
     before = metric_samples(server.url)
-    payloads = [{"text": p, "sampling_params": {"temperature": 0, "max_new_tokens": 6 + 2 * i}}
-                for i, p in enumerate(PROMPTS)]
+    payloads = [
+        {"text": p, "sampling_params": {"temperature": 0, "max_new_tokens": 6 + 2 * i}} for i, p in enumerate(PROMPTS)
+    ]
     with ThreadPoolExecutor(len(payloads)) as pool:
         results = list(pool.map(lambda p: generate(server.url, p), payloads))
     assert [status for status, _ in results] == [200] * len(payloads), results
@@ -133,27 +146,33 @@ def test_concurrent_requests_decode_in_one_batch(server):
     after = metric_samples(server.url)
 
     def batched(name: str) -> float:  # growth of a counter over the steps of several requests at once
-        return sum(value - before.get((n, labels), 0) for (n, labels), value in after.items()
-                   if n == name and ("cohort", "bs2-4") in labels)
+        return sum(
+            value - before.get((n, labels), 0)
+            for (n, labels), value in after.items()
+            if n == name and ("cohort", "bs2-4") in labels
+        )
 
     assert batched("jetspec_steps_total") > 0
     assert batched("jetspec_requests_total") >= 2 * batched("jetspec_steps_total")
 
 
-@pytest.mark.parametrize("payload, field", [
-    ({"text": "hi", "sampling_params": {"temperature": "hot"}}, "sampling_params.temperature"),
-    ({"text": "hi", "sampling_params": {"top_k": 0}}, "sampling_params.top_k"),
-    ({"text": "hi", "sampling_params": {"top_p": 1.5}}, "sampling_params.top_p"),
-    ({"text": "hi", "sampling_params": {"max_new_tokens": 10**6}}, "sampling_params.max_new_tokens"),
-    ({"text": "hi", "sampling_params": {"frequency_penalty": 0.5}}, "sampling_params.frequency_penalty"),
-    ({"text": "hi", "sampling_params": {"stop": [1, 2]}}, "sampling_params.stop"),
-    ({"text": "hi", "stream": True}, "stream"),
-    ({"input_ids": [1, 49152]}, "input_ids[1]"),
-    ({"input_ids": []}, "input_ids"),
-    ({"text": "hi", "input_ids": [1]}, "text, input_ids"),
-    ({"text": ""}, "text"),
-    (b"{not json", "body"),
-])
+@pytest.mark.parametrize(
+    "payload, field",
+    [
+        ({"text": "hi", "sampling_params": {"temperature": "hot"}}, "sampling_params.temperature"),
+        ({"text": "hi", "sampling_params": {"top_k": 0}}, "sampling_params.top_k"),
+        ({"text": "hi", "sampling_params": {"top_p": 1.5}}, "sampling_params.top_p"),
+        ({"text": "hi", "sampling_params": {"max_new_tokens": 10**6}}, "sampling_params.max_new_tokens"),
+        ({"text": "hi", "sampling_params": {"frequency_penalty": 0.5}}, "sampling_params.frequency_penalty"),
+        ({"text": "hi", "sampling_params": {"stop": [1, 2]}}, "sampling_params.stop"),
+        ({"text": "hi", "stream": True}, "stream"),
+        ({"input_ids": [1, 49152]}, "input_ids[1]"),
+        ({"input_ids": []}, "input_ids"),
+        ({"text": "hi", "input_ids": [1]}, "text, input_ids"),
+        ({"text": ""}, "text"),
+        (b"{not json", "body"),
+    ],
+)
 def test_a_bad_request_is_400_naming_the_field(server, payload, field):
     status, out = call(f"{server.url}/generate", "POST", payload)
     assert status == 400
@@ -177,8 +196,9 @@ def test_a_bad_push_is_400_and_the_running_table_stays(server):
     assert out["problems"] == ["cohorts[0].budget 16 is not a candidate of 'bs1' -- use one of [0, 4, 8]"]
     nested = {"cohorts": [{"name": "bs1", "min_batch": 1, "max_batch": 1, "budget": 4, "probe": None}], "ttl_s": 60}
     status, out = push(server.url, {"jetspec_policy": nested})  # the form SGLang's request type refuses
-    assert status == 400 and out["problems"][0].startswith("server_args.jetspec_policy is an object -- SGLang's "
-                                                          "/set_internal_state takes numbers only")
+    assert status == 400 and out["problems"][0].startswith(
+        "server_args.jetspec_policy is an object -- SGLang's /set_internal_state takes numbers only"
+    )
     assert readback(server.url) == good
     gauges = metric_samples(server.url)
     assert gauges[("jetspec_policy_budget", (("cohort", "bs1"),))] == 8
@@ -187,10 +207,16 @@ def test_a_bad_push_is_400_and_the_running_table_stays(server):
 
 def test_the_controller_client_pushes_and_reads_back(server):
     client = ServerClient(server.url, POLICY, ADMIN_KEY, timeout_s=TIMEOUT_S)
-    pushed = validate_table({"cohorts": [{"name": "bs1", "min_batch": 1, "max_batch": 1, "budget": 0,
-                                          "probe": {"budget": 4, "share": 0.05}},
-                                         {"name": "bs2-4", "min_batch": 2, "max_batch": 4, "budget": 8}],
-                             "ttl_s": 60.0}, POLICY)
+    pushed = validate_table(
+        {
+            "cohorts": [
+                {"name": "bs1", "min_batch": 1, "max_batch": 1, "budget": 0, "probe": {"budget": 4, "share": 0.05}},
+                {"name": "bs2-4", "min_batch": 2, "max_batch": 4, "budget": 8},
+            ],
+            "ttl_s": 60.0,
+        },
+        POLICY,
+    )
     state = client.push(pushed)
     assert state.table == pushed and state.source == "pushed"
     assert client.read_state() == state
@@ -217,9 +243,17 @@ def test_an_expired_push_reverts_to_the_yaml_default(server):
 def test_metrics_page_carries_the_contract_names(server):
     samples = metric_samples(server.url)
     names = {name for name, _ in samples}
-    assert set(STEP_COUNTERS) | {"jetspec_accept_length_bucket", "jetspec_accept_length_count",
-                                 "jetspec_policy_budget", "jetspec_policy_expiry_timestamp_seconds",
-                                 "jetspec_policy_generation"} <= names
+    assert (
+        set(STEP_COUNTERS)
+        | {
+            "jetspec_accept_length_bucket",
+            "jetspec_accept_length_count",
+            "jetspec_policy_budget",
+            "jetspec_policy_expiry_timestamp_seconds",
+            "jetspec_policy_generation",
+        }
+        <= names
+    )
     for name, labels in samples:
         # per-step families carry cohort and budget; policy state and the live-state count are per server
         if name.startswith("jetspec_") and not name.startswith(("jetspec_policy_", "jetspec_live_draft_states")):
@@ -319,8 +353,9 @@ def test_budgets_above_1_need_a_draft_head():
     with pytest.raises(ValueError, match=r"cohorts\[0\] 'bs1' lists budget 4, which needs a draft head"):
         check_budgets_runnable(POLICY, has_drafter=False)
     check_budgets_runnable(POLICY, has_drafter=True)
-    plain = parse_policy_text("cohorts: [{name: all, min_batch: 1, max_batch: 8, budgets: [0, 1], default: 1}]\n"
-                              "gate: {reprobe_budget: 1}")
+    plain = parse_policy_text(
+        "cohorts: [{name: all, min_batch: 1, max_batch: 8, budgets: [0, 1], default: 1}]\ngate: {reprobe_budget: 1}"
+    )
     check_budgets_runnable(plain, has_drafter=False)
 
 
@@ -347,32 +382,50 @@ def test_serve_checks_the_policy_against_the_head(tmp_path, smollm2_dir, capsys)
     assert "config.json: not found" in capsys.readouterr().err
 
 
-def test_pushed_draft_rounds_tree_width_and_drafter_reach_the_engine_and_stay_lossless(smollm2, reveal_drafter,
-                                                                                        monkeypatch):
+def test_pushed_draft_rounds_tree_width_and_drafter_reach_the_engine_and_stay_lossless(
+    smollm2, reveal_drafter, monkeypatch
+):
     policy = parse_policy_text(POLICY_YAML + "head: {max_draft_rounds: 2}\nlookup: {accept: 0.7}\n")
     engine = ReferenceEngine(smollm2, reveal_drafter, EngineConfig(max_batch_size=4))
     rounds_run = []
     real_trees = engine._trees
-    monkeypatch.setattr(engine, "_trees", lambda lanes, budget, rounds, width, lookup, sizer, acceptance:
-                        rounds_run.append((rounds, width, lookup, acceptance))
-                        or real_trees(lanes, budget, rounds, width, lookup, sizer, acceptance))
+    monkeypatch.setattr(
+        engine,
+        "_trees",
+        lambda lanes, budget, rounds, width, lookup, sizer, acceptance: (
+            rounds_run.append((rounds, width, lookup, acceptance))
+            or real_trees(lanes, budget, rounds, width, lookup, sizer, acceptance)
+        ),
+    )
     ids = smollm2.tokenizer(PROMPTS[0])["input_ids"]
     payload = {"input_ids": ids, "sampling_params": {"temperature": 0, "max_new_tokens": 8}}
     with JetspecServer(engine, policy, ADMIN_KEY) as server:
-        assert generate(server.url, payload)[0] == 200 and set(rounds_run) == {(0, 8, None, "match")}  # the YAML defaults
+        assert generate(server.url, payload)[0] == 200 and set(rounds_run) == {
+            (0, 8, None, "match")
+        }  # the YAML defaults
         rounds_run.clear()
-        pushed = {**table(8, 4), "jetspec_policy.bs1.draft_rounds": 2, "jetspec_policy.bs1.tree_width": 3,
-                  "jetspec_policy.bs1.drafter": 1, "jetspec_policy.bs1.sampled_children": 1}
+        pushed = {
+            **table(8, 4),
+            "jetspec_policy.bs1.draft_rounds": 2,
+            "jetspec_policy.bs1.tree_width": 3,
+            "jetspec_policy.bs1.drafter": 1,
+            "jetspec_policy.bs1.sampled_children": 1,
+        }
         assert push(server.url, pushed) == (200, [True])
-        assert {k: readback(server.url)["table"]["cohorts"][0][k] for k in ("draft_rounds", "tree_width", "drafter", "sampled_children")} == {
-            "draft_rounds": 2, "tree_width": 3, "drafter": "hybrid", "sampled_children": "drawn"}
+        assert {
+            k: readback(server.url)["table"]["cohorts"][0][k]
+            for k in ("draft_rounds", "tree_width", "drafter", "sampled_children")
+        } == {"draft_rounds": 2, "tree_width": 3, "drafter": "hybrid", "sampled_children": "drawn"}
         status, out = generate(server.url, payload)
         status_bad, bad = push(server.url, {**table(8, 4), "jetspec_policy.bs1.draft_rounds": 3})
     # the hybrid cohort merges prompt lookup with the policy's calibration
     assert status == 200 and set(rounds_run) == {(2, 3, LookupMerge(math.log(0.7), 1, 4), "draw")}
     reference = ReferenceEngine(smollm2, None).generate([Request(ids, SamplingParams(max_new_tokens=8))], budget=0)[0]
     assert out["output_ids"] == reference.output_ids
-    assert status_bad == 400 and "draft_rounds 3 is above the server policy's head.max_draft_rounds 2" in bad["problems"][0]
+    assert (
+        status_bad == 400
+        and "draft_rounds 3 is above the server policy's head.max_draft_rounds 2" in bad["problems"][0]
+    )
 
 
 def test_serve_refuses_draft_rounds_for_a_marginal_only_head(tmp_path, smollm2_dir, capsys):

@@ -96,11 +96,14 @@ def test_a_radix_config_runs_its_server_with_the_radix_cache_and_its_base_policy
     assert "drafter: hybrid" in Path(env["JETSPEC_POLICY"]).read_text()
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--configs", "plain,jetspec+cache"], "--configs: unknown ['jetspec+cache']"),
-    (["--configs", "jetspec+radix", "--baseline", "plain"], "--baseline plain: not among --configs"),
-    (["--shared-prefix", "no/such/file.txt"], "--shared-prefix no/such/file.txt: no such file"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--configs", "plain,jetspec+cache"], "--configs: unknown ['jetspec+cache']"),
+        (["--configs", "jetspec+radix", "--baseline", "plain"], "--baseline plain: not among --configs"),
+        (["--shared-prefix", "no/such/file.txt"], "--shared-prefix no/such/file.txt: no such file"),
+    ],
+)
 def test_bad_radix_and_prefix_flags_name_the_flag(compare, argv, message, capsys, tmp_path):
     with pytest.raises(SystemExit):
         compare.main([*argv, "--json", str(tmp_path / "x.json"), "--markdown", str(tmp_path / "x.md")])

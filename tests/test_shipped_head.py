@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from sglang_jetspec.core.head_io import load_head
 from sglang_jetspec.core.head_config import TargetInfo
+from sglang_jetspec.core.head_io import load_head
 from sglang_jetspec.reference.loading import SHIPPED_HEADS
 
 HEAD = SHIPPED_HEADS / "smollm2-135m-instruct"

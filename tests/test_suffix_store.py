@@ -10,8 +10,14 @@ import pytest
 from sglang_jetspec.core.drafting import headless_trees
 from sglang_jetspec.core.prompt_lookup import STORE_FACTOR, LookupMerge, lookup_guesses, noisy_or, store_guesses
 from sglang_jetspec.core.sampling import SamplingParams
-from sglang_jetspec.core.suffix_store import (DRAFT_CORPUS_FILE, DraftCorpusError, SuffixStore, likeliest_paths, load_draft_corpus,
-                                              save_draft_corpus)
+from sglang_jetspec.core.suffix_store import (
+    DRAFT_CORPUS_FILE,
+    DraftCorpusError,
+    SuffixStore,
+    likeliest_paths,
+    load_draft_corpus,
+    save_draft_corpus,
+)
 from sglang_jetspec.core.tree import TreeSpec
 from sglang_jetspec.reference.engine import EngineConfig, ReferenceEngine, Request
 
@@ -60,8 +66,12 @@ def test_corpus_guesses_join_the_requests_own_trie_and_agreeing_guesses_combine(
     spec = TreeSpec(budget=8, max_depth=4, width=4)
     # the request's own "5 6 7" recurs once (a 3-token match: scored at the merge's own rate)
     own_only = lookup_guesses([5, 6, 7, 8, 9, 5, 6, 7], spec, LookupMerge(LOG(0.9)))
-    assert own_only == {(): {8: pytest.approx(LOG(0.9))}, (8,): {9: pytest.approx(LOG(0.9))}, (8, 9): {5: pytest.approx(LOG(0.9))},
-                        (8, 9, 5): {6: pytest.approx(LOG(0.9))}}
+    assert own_only == {
+        (): {8: pytest.approx(LOG(0.9))},
+        (8,): {9: pytest.approx(LOG(0.9))},
+        (8, 9): {5: pytest.approx(LOG(0.9))},
+        (8, 9, 5): {6: pytest.approx(LOG(0.9))},
+    }
     guesses = lookup_guesses([5, 6, 7, 8, 9, 5, 6, 7], spec, merge)
     # the corpus after "7": 8 (both times), then 9 or 2 (half each), then 1 after 9; other text is
     # trusted STORE_FACTOR times less than the request's own
@@ -78,10 +88,16 @@ def test_the_requests_own_tokens_give_every_recent_continuation_scored_by_share_
     merge = LookupMerge(LOG(0.9))
     # "1 2" occurred twice before the end, followed by 3 and by 4: both branches, half each (a 2-token match: x 0.9)
     guesses = lookup_guesses([1, 2, 3, 1, 2, 4, 1, 2], spec, merge)
-    assert guesses == {(): pytest.approx({3: LOG(0.81 / 2), 4: LOG(0.81 / 2)}), (3,): {1: pytest.approx(LOG(0.81))},
-                       (4,): {1: pytest.approx(LOG(0.81))}}
+    assert guesses == {
+        (): pytest.approx({3: LOG(0.81 / 2), 4: LOG(0.81 / 2)}),
+        (3,): {1: pytest.approx(LOG(0.81))},
+        (4,): {1: pytest.approx(LOG(0.81))},
+    }
     # only the last token recurs: a one-token match is trusted about half as much
-    assert lookup_guesses([7, 1, 9, 8, 7], spec, merge) == {(): {1: pytest.approx(LOG(0.9 * 0.55))}, (1,): {9: pytest.approx(LOG(0.9 * 0.55))}}
+    assert lookup_guesses([7, 1, 9, 8, 7], spec, merge) == {
+        (): {1: pytest.approx(LOG(0.9 * 0.55))},
+        (1,): {9: pytest.approx(LOG(0.9 * 0.55))},
+    }
     # min_ngram 2 refuses that match; nothing recurs at all: no guess
     assert lookup_guesses([7, 1, 9, 8, 7], spec, LookupMerge(LOG(0.9), min_ngram=2)) == {}
     assert lookup_guesses([1, 2, 3], spec, merge) == {}
@@ -146,8 +162,9 @@ def test_draft_corpus_append_keeps_the_current_sequences_and_their_record(tmp_pa
     (head / "config.json").write_text(json.dumps({"vocab_size": 50}))
     (head / "training_record.json").write_text(json.dumps({"files_sha256": {}}))
     for d, out in ((code, [5, 6, 7]), (chat, [20, 21, 22, 23])):
-        (d / "responses.jsonl").write_text("".join(json.dumps({"id": str(i), "prompt_ids": [1], "output_ids": out}) + "\n"
-                                                   for i in range(10)))
+        (d / "responses.jsonl").write_text(
+            "".join(json.dumps({"id": str(i), "prompt_ids": [1], "output_ids": out}) + "\n" for i in range(10))
+        )
     assert main(["draft-corpus", "--head", str(head), "--data-dir", str(code)]) == 0
     assert main(["draft-corpus", "--head", str(head), "--data-dir", str(chat), "--append", "--max-tokens", "40"]) == 0
     corpus = load_draft_corpus(head, 50)
@@ -171,12 +188,18 @@ def countdown(smollm2):
     return request, output.output_ids
 
 
-def test_a_corpus_that_holds_the_answer_is_accepted_deep_and_greedy_output_is_unchanged(smollm2, untrained_drafter, countdown,
-                                                                                       single_thread):
+def test_a_corpus_that_holds_the_answer_is_accepted_deep_and_greedy_output_is_unchanged(
+    smollm2, untrained_drafter, countdown, single_thread
+):
     request, expected = countdown
     corpus = store_of(expected)
-    with_corpus = ReferenceEngine(smollm2, untrained_drafter, EngineConfig(
-        tree_width=4, max_batch_size=1, check_invariants=True, lookup=LookupMerge(LOG(0.9), corpus=corpus))).generate([request], 16)[0]
+    with_corpus = ReferenceEngine(
+        smollm2,
+        untrained_drafter,
+        EngineConfig(
+            tree_width=4, max_batch_size=1, check_invariants=True, lookup=LookupMerge(LOG(0.9), corpus=corpus)
+        ),
+    ).generate([request], 16)[0]
     assert with_corpus.output_ids == expected
     # the untrained head alone is never right here (23 steps), the request's own tokens take 14: 24
     # tokens in 7 steps are the corpus's doing
@@ -185,14 +208,19 @@ def test_a_corpus_that_holds_the_answer_is_accepted_deep_and_greedy_output_is_un
 
 def test_an_engine_looks_up_what_its_finished_requests_wrote(smollm2, untrained_drafter, countdown, single_thread):
     request, expected = countdown
-    engine = ReferenceEngine(smollm2, untrained_drafter, EngineConfig(
-        tree_width=4, max_batch_size=1, lookup=LookupMerge(LOG(0.9), corpus=SuffixStore())))
+    engine = ReferenceEngine(
+        smollm2,
+        untrained_drafter,
+        EngineConfig(tree_width=4, max_batch_size=1, lookup=LookupMerge(LOG(0.9), corpus=SuffixStore())),
+    )
     first = engine.generate([request], 16)[0]
     again = engine.generate([request], 16)[0]
     assert first.output_ids == again.output_ids == expected
     assert engine.recent_outputs.num_tokens == 2 * len(expected)
     assert len(again.accept_lengths) <= 7 < len(first.accept_lengths)
     # without a corpus the merge looks up the request's own tokens only: nothing is carried over
-    own_only = ReferenceEngine(smollm2, untrained_drafter, EngineConfig(tree_width=4, max_batch_size=1, lookup=LookupMerge(LOG(0.9))))
+    own_only = ReferenceEngine(
+        smollm2, untrained_drafter, EngineConfig(tree_width=4, max_batch_size=1, lookup=LookupMerge(LOG(0.9)))
+    )
     own_only.generate([request], 16)
     assert len(own_only.generate([request], 16)[0].accept_lengths) == len(first.accept_lengths)

@@ -14,8 +14,18 @@ from sglang_jetspec.core.head_config import HeadConfig, HeadConfigError, TargetI
 from sglang_jetspec.reference.loading import SHIPPED_HEADS
 
 TARGET = TargetInfo(hidden_size=64, vocab_size=100, num_hidden_layers=8)
-HEAD = HeadConfig(hidden_size=64, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                  intermediate_size=128, vocab_size=100, block_size=6, target_layer_ids=(1, 3, 5), mask_token_id=99)
+HEAD = HeadConfig(
+    hidden_size=64,
+    num_hidden_layers=1,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    intermediate_size=128,
+    vocab_size=100,
+    block_size=6,
+    target_layer_ids=(1, 3, 5),
+    mask_token_id=99,
+)
 
 
 def test_increasing_taps_below_the_last_layer_fit():
@@ -23,15 +33,18 @@ def test_increasing_taps_below_the_last_layer_fit():
     replace(HEAD, target_layer_ids=(0, 6)).check_fits(TARGET)  # 6 = the last allowed (input of layer 7)
 
 
-@pytest.mark.parametrize("taps, says", [
-    ((1, 3, 7), "layer 7 is the target's last decoder layer"),
-    ((7,), "the last tap allowed is 6"),
-    ((1, 8), "layers [8] do not exist in a target with num_hidden_layers=8"),
-    ((-1, 3), "layers [-1] do not exist"),
-    ((5, 3, 1), "not in ascending order"),
-    ((1, 5, 3), "list them in ascending order ([1, 3, 5])"),
-    ((1, 3, 3), "layers [3] are repeated"),
-])
+@pytest.mark.parametrize(
+    "taps, says",
+    [
+        ((1, 3, 7), "layer 7 is the target's last decoder layer"),
+        ((7,), "the last tap allowed is 6"),
+        ((1, 8), "layers [8] do not exist in a target with num_hidden_layers=8"),
+        ((-1, 3), "layers [-1] do not exist"),
+        ((5, 3, 1), "not in ascending order"),
+        ((1, 5, 3), "list them in ascending order ([1, 3, 5])"),
+        ((1, 3, 3), "layers [3] are repeated"),
+    ],
+)
 def test_unusable_taps_are_refused_naming_the_field_and_the_fix(taps, says):
     with pytest.raises(HeadConfigError) as err:
         replace(HEAD, target_layer_ids=taps).check_fits(TARGET)
@@ -45,7 +58,9 @@ def test_loading_a_head_checks_its_taps(tmp_path):
     from sglang_jetspec.core.head_io import init_head, load_head, save_head
 
     save_head(init_head(replace(HEAD, target_layer_ids=(1, 3, 7))), tmp_path)
-    with pytest.raises(HeadConfigError, match=r"dflash_config\.target_layer_ids=\[1, 3, 7\]: layer 7 is the target's last"):
+    with pytest.raises(
+        HeadConfigError, match=r"dflash_config\.target_layer_ids=\[1, 3, 7\]: layer 7 is the target's last"
+    ):
         load_head(tmp_path, TARGET)
 
 

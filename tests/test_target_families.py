@@ -7,11 +7,19 @@ import torch
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 from sglang_jetspec.core.sampling import SamplingParams
-from sglang_jetspec.reference.loading import load_drafter
 from sglang_jetspec.reference.engine import EngineConfig, ReferenceEngine, Request
+from sglang_jetspec.reference.loading import load_drafter
 from sglang_jetspec.reference.target import TargetError, TargetModel
 
-SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2, vocab_size=49152, max_position_embeddings=512)
+SMALL = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=6,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=49152,
+    max_position_embeddings=512,
+)
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen3"])
@@ -31,7 +39,9 @@ def test_tiny_checkpoint_of_each_family_decodes_losslessly(tiny_target_dir):
     target = TargetModel(tiny_target_dir)
     drafter, _ = load_drafter(target, "untrained")
     engine = ReferenceEngine(target, drafter, EngineConfig(tree_width=4, max_batch_size=2, check_invariants=True))
-    requests = [Request(list(range(5 + i, 25 + 3 * i)), SamplingParams(max_new_tokens=24, ignore_eos=True)) for i in range(3)]
+    requests = [
+        Request(list(range(5 + i, 25 + 3 * i)), SamplingParams(max_new_tokens=24, ignore_eos=True)) for i in range(3)
+    ]
     plain = engine.generate(requests, budget=0)
     speculative = engine.generate(requests, budget=16)
     assert [o.output_ids for o in speculative] == [o.output_ids for o in plain]

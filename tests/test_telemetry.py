@@ -21,17 +21,20 @@ from controller.telemetry import COUNTERS, ScrapeSource, Usage, parse_counters
 from policies import ActivePolicy, parse_policy_text
 from sglang_jetspec.core.sampling import SamplingParams
 from sglang_jetspec.core.step_record import StepRecord
-from sglang_jetspec.reference.engine import EngineConfig, ReferenceEngine, Request
 from sglang_jetspec.observability.metrics import STEP_COUNTERS, JetspecMetrics
+from sglang_jetspec.reference.engine import EngineConfig, ReferenceEngine, Request
 
 REPO = Path(__file__).resolve().parents[1]
 
-POLICY = parse_policy_text("""\
+POLICY = parse_policy_text(
+    """\
 cohorts:
   - {name: bs1, min_batch: 1, max_batch: 1, budgets: [0, 4, 8], default: 8}
   - {name: bs2-4, min_batch: 2, max_batch: 4, budgets: [0, 4], default: 0}
 controller: {interval_s: 1, ttl_s: 30, window_s: 10, min_samples: 2}
-""", "telemetry-test.yaml")
+""",
+    "telemetry-test.yaml",
+)
 
 
 def cohort_of(batch_size: int) -> str:
@@ -43,8 +46,10 @@ def step_records(smollm2, untrained_drafter) -> list[StepRecord]:
     """Steps of a real run: two requests together at budget 4, then the longer one alone at 0 and 8."""
     engine = ReferenceEngine(smollm2, untrained_drafter, EngineConfig(max_batch_size=2))
     ids = [smollm2.tokenizer(p)["input_ids"] for p in ("def add(a, b):", "The sky is")]
-    requests = [Request(ids[0], SamplingParams(max_new_tokens=3, ignore_eos=True), "short"),
-                Request(ids[1], SamplingParams(max_new_tokens=7, ignore_eos=True), "long")]
+    requests = [
+        Request(ids[0], SamplingParams(max_new_tokens=3, ignore_eos=True), "short"),
+        Request(ids[1], SamplingParams(max_new_tokens=7, ignore_eos=True), "long"),
+    ]
     alone = iter([0, 8, 0, 8, 0, 8])
     records: list[StepRecord] = []
     engine.generate(requests, budget=lambda batch: 4 if batch == 2 else next(alone), on_step=records.append)
@@ -66,7 +71,8 @@ def test_controller_reads_the_goodput_of_real_steps(step_records):
     for record in step_records:
         metrics.record_step(cohort_of(record.batch_size), record)
         expected[(cohort_of(record.batch_size), record.budget)] += Usage(
-            steps=1, committed_tokens=record.committed_tokens, request_seconds=record.batch_size * record.wall_s)
+            steps=1, committed_tokens=record.committed_tokens, request_seconds=record.batch_size * record.wall_s
+        )
 
     reading = source.read()
     assert not reading.failed
@@ -77,8 +83,9 @@ def test_controller_reads_the_goodput_of_real_steps(step_records):
         got = reading.usage[key]
         assert got.steps == usage.steps and got.committed_tokens == usage.committed_tokens
         assert got.request_seconds == pytest.approx(usage.request_seconds, rel=1e-12)
-        assert estimator.estimates()[key].goodput == pytest.approx(usage.committed_tokens / usage.request_seconds,
-                                                                   rel=1e-12)
+        assert estimator.estimates()[key].goodput == pytest.approx(
+            usage.committed_tokens / usage.request_seconds, rel=1e-12
+        )
 
 
 def test_every_counter_and_the_accept_length_histogram_add_up(step_records):
@@ -86,21 +93,30 @@ def test_every_counter_and_the_accept_length_histogram_add_up(step_records):
     metrics = JetspecMetrics(registry)
     for record in step_records:
         metrics.record_step(cohort_of(record.batch_size), record)
-    samples = {(s.name, s.labels.get("cohort"), s.labels.get("budget"), s.labels.get("le")): s.value
-               for family in text_string_to_metric_families(generate_latest(registry).decode())
-               for s in family.samples}
+    samples = {
+        (s.name, s.labels.get("cohort"), s.labels.get("budget"), s.labels.get("le")): s.value
+        for family in text_string_to_metric_families(generate_latest(registry).decode())
+        for s in family.samples
+    }
     assert set(COUNTERS.values()) <= set(STEP_COUNTERS)  # the controller reads a subset of ours
     by_key = defaultdict(list)
     for record in step_records:
         by_key[(cohort_of(record.batch_size), str(record.budget))].append(record)
     for (cohort, budget), records in by_key.items():
+
         def total(name):
             return samples[(name, cohort, budget, None)]
+
         assert total("jetspec_steps_total") == len(records)
         assert total("jetspec_requests_total") == sum(r.batch_size for r in records)
         assert total("jetspec_committed_tokens_total") == sum(r.committed_tokens for r in records)
-        for name, field in (("step", "wall_s"), ("draft", "draft_s"), ("tree", "tree_s"),
-                            ("verify", "verify_s"), ("accept", "accept_s")):
+        for name, field in (
+            ("step", "wall_s"),
+            ("draft", "draft_s"),
+            ("tree", "tree_s"),
+            ("verify", "verify_s"),
+            ("accept", "accept_s"),
+        ):
             assert total(f"jetspec_{name}_seconds_total") == pytest.approx(sum(getattr(r, field) for r in records))
         lengths = [n for r in records for n in r.accept_lengths]
         assert total("jetspec_accept_length_count") == len(lengths)
@@ -111,9 +127,12 @@ def test_every_counter_and_the_accept_length_histogram_add_up(step_records):
 
 
 def policy_gauges(registry: CollectorRegistry) -> dict[tuple[str, str | None], float]:
-    return {(s.name, s.labels.get("cohort")): s.value
-            for family in text_string_to_metric_families(generate_latest(registry).decode())
-            for s in family.samples if s.name.startswith("jetspec_policy_")}
+    return {
+        (s.name, s.labels.get("cohort")): s.value
+        for family in text_string_to_metric_families(generate_latest(registry).decode())
+        for s in family.samples
+        if s.name.startswith("jetspec_policy_")
+    }
 
 
 def test_policy_gauges_follow_pushes_and_the_yaml_fallback():
@@ -121,11 +140,19 @@ def test_policy_gauges_follow_pushes_and_the_yaml_fallback():
     metrics = JetspecMetrics(registry)
     active = ActivePolicy(POLICY)
     metrics.show_policy(active.state(100.0))
-    assert policy_gauges(registry) == {("jetspec_policy_budget", "bs1"): 8, ("jetspec_policy_budget", "bs2-4"): 0,
-                                       ("jetspec_policy_expiry_timestamp_seconds", None): 0.0,
-                                       ("jetspec_policy_generation", None): 0}
-    table = {"cohorts": [{"name": "bs1", "min_batch": 1, "max_batch": 1, "budget": 4},
-                         {"name": "bs2-4", "min_batch": 2, "max_batch": 4, "budget": 4}], "ttl_s": 30}
+    assert policy_gauges(registry) == {
+        ("jetspec_policy_budget", "bs1"): 8,
+        ("jetspec_policy_budget", "bs2-4"): 0,
+        ("jetspec_policy_expiry_timestamp_seconds", None): 0.0,
+        ("jetspec_policy_generation", None): 0,
+    }
+    table = {
+        "cohorts": [
+            {"name": "bs1", "min_batch": 1, "max_batch": 1, "budget": 4},
+            {"name": "bs2-4", "min_batch": 2, "max_batch": 4, "budget": 4},
+        ],
+        "ttl_s": 30,
+    }
     metrics.show_policy(active.apply(table, 100.0))
     gauges = policy_gauges(registry)
     assert gauges[("jetspec_policy_budget", "bs1")] == 4 and gauges[("jetspec_policy_budget", "bs2-4")] == 4
@@ -133,7 +160,9 @@ def test_policy_gauges_follow_pushes_and_the_yaml_fallback():
     assert gauges[("jetspec_policy_generation", None)] == 1
     metrics.show_policy(active.state(131.0))  # expired: back to the YAML defaults, a new generation
     gauges = policy_gauges(registry)
-    assert gauges[("jetspec_policy_budget", "bs1")] == 8 and gauges[("jetspec_policy_expiry_timestamp_seconds", None)] == 0
+    assert (
+        gauges[("jetspec_policy_budget", "bs1")] == 8 and gauges[("jetspec_policy_expiry_timestamp_seconds", None)] == 0
+    )
     assert gauges[("jetspec_policy_generation", None)] == 2
 
 
@@ -155,20 +184,27 @@ def test_metrics_work_in_prometheus_multiprocess_mode(tmp_path):
     env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path), "PYTHONPATH": str(REPO)}
     policy_text = (REPO / "policies" / "default.yaml").read_text()
     for _ in range(2):  # two worker processes
-        subprocess.run([sys.executable, "-c", MULTIPROCESS_WRITER], input=policy_text, text=True, env=env,
-                       check=True, timeout=120)
-    merger = ("import sys\nfrom prometheus_client import CollectorRegistry, generate_latest\n"
-              "from prometheus_client.multiprocess import MultiProcessCollector\n"
-              "registry = CollectorRegistry()\nMultiProcessCollector(registry)\n"
-              "sys.stdout.write(generate_latest(registry).decode())\n")
-    page = subprocess.run([sys.executable, "-c", merger], env=env, capture_output=True, text=True, check=True,
-                          timeout=120).stdout
+        subprocess.run(
+            [sys.executable, "-c", MULTIPROCESS_WRITER], input=policy_text, text=True, env=env, check=True, timeout=120
+        )
+    merger = (
+        "import sys\nfrom prometheus_client import CollectorRegistry, generate_latest\n"
+        "from prometheus_client.multiprocess import MultiProcessCollector\n"
+        "registry = CollectorRegistry()\nMultiProcessCollector(registry)\n"
+        "sys.stdout.write(generate_latest(registry).decode())\n"
+    )
+    page = subprocess.run(
+        [sys.executable, "-c", merger], env=env, capture_output=True, text=True, check=True, timeout=120
+    ).stdout
     counters = parse_counters(page)
     assert counters[("steps", ("bs2-4", 4))] == 2
     assert counters[("committed_tokens", ("bs2-4", 4))] == 10
     assert counters[("request_seconds", ("bs2-4", 4))] == pytest.approx(1.6)
-    samples = {(s.name, s.labels.get("cohort")): s.value
-               for family in text_string_to_metric_families(page) for s in family.samples}
+    samples = {
+        (s.name, s.labels.get("cohort")): s.value
+        for family in text_string_to_metric_families(page)
+        for s in family.samples
+    }
     assert samples[("jetspec_accept_length_count", "bs2-4")] == 4
     assert samples[("jetspec_verified_nodes_total", "bs2-4")] == 14
     # "live" gauges drop a process only when SGLang calls mark_process_dead(pid); nobody did here.

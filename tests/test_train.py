@@ -10,7 +10,14 @@ import torch
 from sglang_jetspec.cli import main
 from sglang_jetspec.core.head_io import load_head, read_head_config
 from sglang_jetspec.reference.target import TargetModel
-from sglang_jetspec.train.objective import block_inputs, distillation_loss, position_weights, sample_reveals, target_rows, training_mask
+from sglang_jetspec.train.objective import (
+    block_inputs,
+    distillation_loss,
+    position_weights,
+    sample_reveals,
+    target_rows,
+    training_mask,
+)
 
 
 def brute_force_mask(anchors, block_size, context_len, causal):
@@ -82,22 +89,58 @@ def test_forward_kl_equals_hand_computation():
     t_p = torch.softmax(teacher[0] / 2, -1)
     d_p = torch.softmax(draft[0] / 2, -1)
     expected = 4 * float((t_p * (t_p / d_p).log()).sum()) / 2
-    assert math.isclose(distillation_loss(draft, teacher, torch.tensor([0, 0]), weights, "forward_kl", 2.0).item(), expected, rel_tol=1e-5)
+    assert math.isclose(
+        distillation_loss(draft, teacher, torch.tensor([0, 0]), weights, "forward_kl", 2.0).item(),
+        expected,
+        rel_tol=1e-5,
+    )
     reverse = 0.25 * math.log(0.25 / 0.5) + 0.5 * math.log(0.5 / 0.25)
-    assert math.isclose(distillation_loss(draft, teacher, torch.tensor([0, 0]), weights, "reverse_kl").item(), reverse / 2, rel_tol=1e-5)
+    assert math.isclose(
+        distillation_loss(draft, teacher, torch.tensor([0, 0]), weights, "reverse_kl").item(), reverse / 2, rel_tol=1e-5
+    )
     sft = distillation_loss(draft, teacher, torch.tensor([1, 2]), weights, "sft").item()
     assert math.isclose(sft, (-math.log(0.5) + math.log(3)) / 2, rel_tol=1e-5)
 
 
-@pytest.mark.parametrize("bidirectional, reveal", [(False, False), (True, False), (False, True)], ids=["causal", "bidirectional", "reveal"])
+@pytest.mark.parametrize(
+    "bidirectional, reveal", [(False, False), (True, False), (False, True)], ids=["causal", "bidirectional", "reveal"]
+)
 def test_short_training_run_lowers_loss_and_yields_a_loadable_head(tmp_path, tiny_target, bidirectional, reveal):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("\n".join(json.dumps({"prompt": f"def function_{i}(x):\n    return"}) for i in range(8)) + "\n")
     out = tmp_path / "head"
-    args = ["train", "--target", str(tiny_target), "--out", str(out), "--prompts", str(prompts), "--data-dir", str(tmp_path / "data"),
-            "--max-new-tokens", "16", "--regen-batch-size", "4", "--block-size", "6", "--taps", "2", "--steps", "40", "--eval-every", "20",
-            "--warmup-steps", "5", "--lr", "3e-3", "--save-dtype", "fp32"]
-    args += (["--bidirectional"] if bidirectional else []) + (["--reveal", "prefix", "--all-mask-share", "0.4"] if reveal else [])
+    args = [
+        "train",
+        "--target",
+        str(tiny_target),
+        "--out",
+        str(out),
+        "--prompts",
+        str(prompts),
+        "--data-dir",
+        str(tmp_path / "data"),
+        "--max-new-tokens",
+        "16",
+        "--regen-batch-size",
+        "4",
+        "--block-size",
+        "6",
+        "--taps",
+        "2",
+        "--steps",
+        "40",
+        "--eval-every",
+        "20",
+        "--warmup-steps",
+        "5",
+        "--lr",
+        "3e-3",
+        "--save-dtype",
+        "fp32",
+    ]
+    args += (["--bidirectional"] if bidirectional else []) + (
+        ["--reveal", "prefix", "--all-mask-share", "0.4"] if reveal else []
+    )
     assert main(args) == 0
     record = json.loads((out / "training_record.json").read_text())
     evals = [h for h in record["history"] if "heldout_loss" in h]
@@ -125,15 +168,37 @@ def test_short_training_run_lowers_loss_and_yields_a_loadable_head(tmp_path, tin
 def test_init_head_fine_tunes_from_a_head_and_refuses_another_shape(tmp_path, tiny_target):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("\n".join(json.dumps({"prompt": f"def function_{i}(x):\n    return"}) for i in range(8)) + "\n")
-    common = ["train", "--target", str(tiny_target), "--prompts", str(prompts), "--data-dir", str(tmp_path / "data"), "--max-new-tokens", "16",
-              "--regen-batch-size", "4", "--block-size", "6", "--taps", "2", "--warmup-steps", "2", "--save-dtype", "fp32"]
+    common = [
+        "train",
+        "--target",
+        str(tiny_target),
+        "--prompts",
+        str(prompts),
+        "--data-dir",
+        str(tmp_path / "data"),
+        "--max-new-tokens",
+        "16",
+        "--regen-batch-size",
+        "4",
+        "--block-size",
+        "6",
+        "--taps",
+        "2",
+        "--warmup-steps",
+        "2",
+        "--save-dtype",
+        "fp32",
+    ]
     first, second = tmp_path / "first", tmp_path / "second"
     assert main(common + ["--out", str(first), "--steps", "6", "--eval-every", "6"]) == 0
     # zero further steps: the fine-tuned head is the head it started from, and its record names it
     assert main(common + ["--out", str(second), "--steps", "0", "--init-head", str(first)]) == 0
     assert (second / "model.safetensors").read_bytes() == (first / "model.safetensors").read_bytes()
     record = json.loads((second / "training_record.json").read_text())
-    assert record["init_head"] == {"dir": str(first), "model_sha256": record_of(first)["files_sha256"]["model.safetensors"]}
+    assert record["init_head"] == {
+        "dir": str(first),
+        "model_sha256": record_of(first)["files_sha256"]["model.safetensors"],
+    }
     with pytest.raises(SystemExit, match="--init-head .*num_hidden_layers=1 vs 2.*--layers"):
         main(common + ["--out", str(tmp_path / "third"), "--steps", "0", "--layers", "2", "--init-head", str(first)])
 
@@ -143,15 +208,31 @@ def record_of(head_dir):
 
 
 def test_prompt_sets_are_named_once_each_and_share_no_data_dir(tmp_path):
-    with pytest.raises(SystemExit, match="--prompt-set default,nope: name each of default, code-mix, chat at most once"):
+    with pytest.raises(
+        SystemExit, match="--prompt-set default,nope: name each of default, code-mix, chat at most once"
+    ):
         main(["train", "--target", "smollm2", "--out", str(tmp_path / "h"), "--prompt-set", "default,nope"])
     with pytest.raises(SystemExit, match="--data-dir names one directory for 2 prompt sets"):
-        main(["train", "--target", "smollm2", "--out", str(tmp_path / "h"), "--prompt-set", "default,chat", "--data-dir", str(tmp_path)])
+        main(
+            [
+                "train",
+                "--target",
+                "smollm2",
+                "--out",
+                str(tmp_path / "h"),
+                "--prompt-set",
+                "default,chat",
+                "--data-dir",
+                str(tmp_path),
+            ]
+        )
 
 
 def test_reveal_is_refused_for_a_bidirectional_head(tmp_path, capsys):
     with pytest.raises(SystemExit, match="--reveal prefix needs a causal head"):
-        main(["train", "--target", str(tmp_path), "--out", str(tmp_path / "h"), "--bidirectional", "--reveal", "prefix"])
+        main(
+            ["train", "--target", str(tmp_path), "--out", str(tmp_path / "h"), "--bidirectional", "--reveal", "prefix"]
+        )
 
 
 def test_conditioned_chain_accept_in_one_pass_equals_one_pass_per_revealed_prefix(tmp_path):
@@ -160,16 +241,41 @@ def test_conditioned_chain_accept_in_one_pass_equals_one_pass_per_revealed_prefi
     from sglang_jetspec.train.trainer import TrainConfig, Trainer
 
     vocab, hidden = 12, 16  # a tiny vocabulary: argmax hits at several depths, so the runs have length
-    cfg = HeadConfig(hidden_size=hidden, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=8,
-                     intermediate_size=32, vocab_size=vocab, block_size=5, target_layer_ids=(0,), mask_token_id=vocab - 1)
+    cfg = HeadConfig(
+        hidden_size=hidden,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=8,
+        intermediate_size=32,
+        vocab_size=vocab,
+        block_size=5,
+        target_layer_ids=(0,),
+        mask_token_id=vocab - 1,
+    )
     gen = torch.Generator().manual_seed(0)
     # mostly token 0, which a biased lm_head mostly predicts: chains of varied length
-    seqs = [Sequence((torch.rand(30, generator=gen) < 0.2).long(), 4, torch.randn(30, hidden, generator=gen), torch.randn(30, hidden, generator=gen))
-            for _ in range(3)]
+    seqs = [
+        Sequence(
+            (torch.rand(30, generator=gen) < 0.2).long(),
+            4,
+            torch.randn(30, hidden, generator=gen),
+            torch.randn(30, hidden, generator=gen),
+        )
+        for _ in range(3)
+    ]
     lm_head = torch.nn.Linear(hidden, vocab)
     with torch.no_grad():
         lm_head.bias.copy_(torch.tensor([3.0] + [0.0] * (vocab - 1)))
-    trainer = Trainer(cfg, TrainConfig(reveal="prefix"), torch.nn.Embedding(vocab, hidden), lm_head, seqs, tmp_path, torch.device("cpu"))
+    trainer = Trainer(
+        cfg,
+        TrainConfig(reveal="prefix"),
+        torch.nn.Embedding(vocab, hidden),
+        lm_head,
+        seqs,
+        tmp_path,
+        torch.device("cpu"),
+    )
     with torch.no_grad():
         for p in trainer.head.parameters():
             p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
@@ -194,15 +300,38 @@ def test_a_padded_batch_trains_each_sequence_as_if_alone(tmp_path):
     from sglang_jetspec.train.trainer import TrainConfig, Trainer
 
     vocab, hidden = 12, 16
-    cfg = HeadConfig(hidden_size=hidden, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=8,
-                     intermediate_size=32, vocab_size=vocab, block_size=4, target_layer_ids=(0,), mask_token_id=vocab - 1)
+    cfg = HeadConfig(
+        hidden_size=hidden,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=8,
+        intermediate_size=32,
+        vocab_size=vocab,
+        block_size=4,
+        target_layer_ids=(0,),
+        mask_token_id=vocab - 1,
+    )
     gen = torch.Generator().manual_seed(1)
-    seqs = [Sequence(torch.randint(0, vocab - 1, (n,), generator=gen), 3, torch.randn(n, hidden, generator=gen), torch.randn(n, hidden, generator=gen))
-            for n in (9, 30, 17)]
-    anchors = [torch.tensor([2, 5, 7]), torch.tensor([2, 8, 13, 20, 26, 28]), torch.tensor([4, 15])]  # the last blocks run out of tokens
+    seqs = [
+        Sequence(
+            torch.randint(0, vocab - 1, (n,), generator=gen),
+            3,
+            torch.randn(n, hidden, generator=gen),
+            torch.randn(n, hidden, generator=gen),
+        )
+        for n in (9, 30, 17)
+    ]
+    anchors = [
+        torch.tensor([2, 5, 7]),
+        torch.tensor([2, 8, 13, 20, 26, 28]),
+        torch.tensor([4, 15]),
+    ]  # the last blocks run out of tokens
     revealed = [torch.tensor([0, 1, 0]), torch.tensor([0, 2, 1, 0, 2, 0]), torch.tensor([1, 0])]
     embed, lm_head = torch.nn.Embedding(vocab, hidden), torch.nn.Linear(hidden, vocab)
-    trainer = Trainer(cfg, TrainConfig(position_decay=2.0, reveal="prefix"), embed, lm_head, seqs, tmp_path, torch.device("cpu"))
+    trainer = Trainer(
+        cfg, TrainConfig(position_decay=2.0, reveal="prefix"), embed, lm_head, seqs, tmp_path, torch.device("cpu")
+    )
     with torch.no_grad():
         for p in [*trainer.head.parameters(), *embed.parameters(), *lm_head.parameters()]:
             p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
@@ -215,7 +344,9 @@ def test_a_padded_batch_trains_each_sequence_as_if_alone(tmp_path):
     losses, argmax, labels, distance = trainer.batch_loss(seqs, anchors, revealed)
     alone = [trainer.batch_loss([s], [a], [r]) for s, a, r in zip(seqs, anchors, revealed)]
     assert torch.allclose(losses.detach(), torch.stack([one[0][0] for one in alone]).detach(), atol=1e-5)
-    assert torch.equal(argmax, torch.cat([one[1] for one in alone])) and torch.equal(labels, torch.cat([one[2] for one in alone]))
+    assert torch.equal(argmax, torch.cat([one[1] for one in alone])) and torch.equal(
+        labels, torch.cat([one[2] for one in alone])
+    )
     assert torch.equal(distance, torch.cat([one[3] for one in alone]))
     batched = grads(losses.mean())
     separate = [grads(one[0][0]) for one in alone]

@@ -10,9 +10,15 @@ import torch
 from sglang_jetspec.cli import main
 from sglang_jetspec.reference.target import Segment, TargetModel
 from sglang_jetspec.train.code_prompts import code_completion_records, code_mix_prompt_records
-from sglang_jetspec.train.doc_sources import HUMANEVAL_ENTRY_POINTS
 from sglang_jetspec.train.command import default_data_dir
-from sglang_jetspec.train.data import RegenerationConfig, load_sequences, read_responses, regenerate_with_features, same_regeneration
+from sglang_jetspec.train.data import (
+    RegenerationConfig,
+    load_sequences,
+    read_responses,
+    regenerate_with_features,
+    same_regeneration,
+)
+from sglang_jetspec.train.doc_sources import HUMANEVAL_ENTRY_POINTS
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +60,9 @@ def test_completions_have_humaneval_shape(stdlib_completions):
         prompt = record["prompt"]
         module = ast.parse(prompt + "    pass\n")  # a valid module: imports, then one function stub
         *imports, stub = module.body
-        assert isinstance(stub, ast.FunctionDef) and all(isinstance(node, (ast.Import, ast.ImportFrom)) for node in imports)
+        assert isinstance(stub, ast.FunctionDef) and all(
+            isinstance(node, (ast.Import, ast.ImportFrom)) for node in imports
+        )
         assert ast.get_docstring(stub) and [type(n) for n in stub.body] == [ast.Expr, ast.Pass]
         assert prompt.endswith('\n    """\n') and "\ndef " in "\n" + prompt
         if imports:
@@ -83,16 +91,24 @@ def test_code_mix_is_deterministic_and_mixed(code_mix):
     assert len(completions) == 420
     assert all(len(r["messages"]) == 1 and r["messages"][0]["role"] == "user" for r in code_mix if "prompt" not in r)
     assert {r["source"].split(":")[0] for r in code_mix} >= {"code-stdlib", "stdlib-chat", "general"}
-    assert not any(re.search(r" at 0x[0-9a-f]+", json.dumps(r)) for r in code_mix)  # no object reprs: stable across runs
+    assert not any(
+        re.search(r" at 0x[0-9a-f]+", json.dumps(r)) for r in code_mix
+    )  # no object reprs: stable across runs
 
 
 def test_generation_features_equal_a_teacher_forced_pass(tmp_path, tiny_target):
     target = TargetModel(tiny_target)
-    records = [{"prompt": f"def function_{i}(x):\n    return"} for i in range(5)] + [{"messages": [{"role": "user", "content": "hi"}]}]
-    cfg = RegenerationConfig(max_new_tokens=12, sampled_share=0.5, batch_size=3, features="generation", tap_layers=(1, 3))
+    records = [{"prompt": f"def function_{i}(x):\n    return"} for i in range(5)] + [
+        {"messages": [{"role": "user", "content": "hi"}]}
+    ]
+    cfg = RegenerationConfig(
+        max_new_tokens=12, sampled_share=0.5, batch_size=3, features="generation", tap_layers=(1, 3)
+    )
     feature_dir = regenerate_with_features(target, records, tmp_path, cfg, shard_size=4)
     responses = read_responses(tmp_path)
-    assert sorted(r["id"] for r in responses) == sorted([f"{i}:greedy" for i in range(6)] + [f"{i}:sampled" for i in (0, 2, 4)])
+    assert sorted(r["id"] for r in responses) == sorted(
+        [f"{i}:greedy" for i in range(6)] + [f"{i}:sampled" for i in (0, 2, 4)]
+    )
     sequences = load_sequences(feature_dir)
     assert len(sequences) == 9 and len(list(feature_dir.glob("shard-*.safetensors"))) == 3
     by_ids = {tuple(r["prompt_ids"] + r["output_ids"]): r for r in responses}
@@ -101,8 +117,12 @@ def test_generation_features_equal_a_teacher_forced_pass(tmp_path, tiny_target):
         assert tuple(ids) in by_ids and seq.prompt_len == len(by_ids[tuple(ids)]["prompt_ids"])
         out = target.forward(target.new_cache(lanes=1, capacity=len(ids)), [Segment.chain(ids, 0)], (1, 3))
         # every row but the newest token's (never fed back, never read in training) matches the one-pass features
-        torch.testing.assert_close(seq.taps[:-1].float(), out.taps[0, :-1].to(torch.bfloat16).float(), atol=0.05, rtol=0.02)
-        torch.testing.assert_close(seq.final[:-1].float(), out.hidden[0, :-1].to(torch.bfloat16).float(), atol=0.05, rtol=0.02)
+        torch.testing.assert_close(
+            seq.taps[:-1].float(), out.taps[0, :-1].to(torch.bfloat16).float(), atol=0.05, rtol=0.02
+        )
+        torch.testing.assert_close(
+            seq.final[:-1].float(), out.hidden[0, :-1].to(torch.bfloat16).float(), atol=0.05, rtol=0.02
+        )
         assert seq.taps.shape == (len(ids), 2 * 64) and seq.final.shape == (len(ids), 64) and not seq.taps[-1].any()
     # resuming regenerates nothing
     regenerate_with_features(target, records, tmp_path, cfg)
@@ -113,9 +133,14 @@ def test_regeneration_configs_get_their_own_data_dirs(tmp_path):
     default = RegenerationConfig()
     bf16 = RegenerationConfig(dtype="bf16")
     gen = RegenerationConfig(dtype="bf16", features="generation", tap_layers=(1, 2))
-    dirs = {default_data_dir(tmp_path / "smollm2", "default", c) for c in (default, bf16, gen, RegenerationConfig(dtype="bf16", features="generation", tap_layers=(1, 3)))}
+    dirs = {
+        default_data_dir(tmp_path / "smollm2", "default", c)
+        for c in (default, bf16, gen, RegenerationConfig(dtype="bf16", features="generation", tap_layers=(1, 3)))
+    }
     assert len(dirs) == 4
-    assert default_data_dir(tmp_path / "smollm2", "default", default).name == "smollm2-default"  # the pre-existing cache path
+    assert (
+        default_data_dir(tmp_path / "smollm2", "default", default).name == "smollm2-default"
+    )  # the pre-existing cache path
     # a manifest written before dtype/features existed describes the default config only
     old = {"max_new_tokens": 96, "sampled_share": 0.25, "temperature": 0.8, "batch_size": 16, "seed": 0}
     assert same_regeneration(old, default) and not same_regeneration(old, bf16)
@@ -127,17 +152,61 @@ def test_bf16_generation_run_records_its_dtype_and_refuses_another(tmp_path, tin
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("\n".join(json.dumps({"prompt": f"def function_{i}(x):\n    return"}) for i in range(8)) + "\n")
     out, data = tmp_path / "head", tmp_path / "data"
-    args = ["train", "--target", str(tiny_target), "--device", "cpu", "--out", str(out), "--prompts", str(prompts), "--data-dir", str(data),
-            "--max-new-tokens", "16", "--regen-batch-size", "4", "--block-size", "6", "--taps", "2", "--steps", "6", "--eval-every", "3",
-            "--warmup-steps", "2", "--layers", "2", "--init-from-target-layers", "4,5", "--regen-dtype", "bf16", "--features", "generation"]
+    args = [
+        "train",
+        "--target",
+        str(tiny_target),
+        "--device",
+        "cpu",
+        "--out",
+        str(out),
+        "--prompts",
+        str(prompts),
+        "--data-dir",
+        str(data),
+        "--max-new-tokens",
+        "16",
+        "--regen-batch-size",
+        "4",
+        "--block-size",
+        "6",
+        "--taps",
+        "2",
+        "--steps",
+        "6",
+        "--eval-every",
+        "3",
+        "--warmup-steps",
+        "2",
+        "--layers",
+        "2",
+        "--init-from-target-layers",
+        "4,5",
+        "--regen-dtype",
+        "bf16",
+        "--features",
+        "generation",
+    ]
     assert main(args) == 0
     record = json.loads((out / "training_record.json").read_text())
     regen = record["data_manifest"]["regeneration"]
-    assert regen["dtype"] == "bf16" and regen["features"] == "generation" and regen["tap_layers"] == record["head_config"]["dflash_config"]["target_layer_ids"]
-    assert record["teacher_features"] == {"dir": f"features-{'-'.join(map(str, regen['tap_layers']))}-bf16-gen", "mode": "generation",
-                                          "computed_dtype": "bf16", "stored_dtype": "bf16", "shards": 1}
+    assert (
+        regen["dtype"] == "bf16"
+        and regen["features"] == "generation"
+        and regen["tap_layers"] == record["head_config"]["dflash_config"]["target_layer_ids"]
+    )
+    assert record["teacher_features"] == {
+        "dir": f"features-{'-'.join(map(str, regen['tap_layers']))}-bf16-gen",
+        "mode": "generation",
+        "computed_dtype": "bf16",
+        "stored_dtype": "bf16",
+        "shards": 1,
+    }
     assert json.loads((data / "manifest.json").read_text())["regeneration"]["dtype"] == "bf16"
-    assert record["train_config"]["init_from_target_layers"] == [4, 5] and record["init_from_target"]["copied"] == 2 * 9 + 1
+    assert (
+        record["train_config"]["init_from_target_layers"] == [4, 5]
+        and record["init_from_target"]["copied"] == 2 * 9 + 1
+    )
     with pytest.raises(SystemExit, match="regen-dtype"):
         main([a if a != "bf16" else "fp32" for a in args])
 
@@ -148,17 +217,46 @@ def test_init_from_target_layers_copies_exact_weights(tmp_path, tiny_target):
     from sglang_jetspec.train.trainer import TrainConfig, Trainer
 
     target = TargetModel(tiny_target)
-    cfg = HeadConfig(hidden_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=128,
-                     vocab_size=49152, block_size=4, target_layer_ids=(1, 3), mask_token_id=0)
+    cfg = HeadConfig(
+        hidden_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        intermediate_size=128,
+        vocab_size=49152,
+        block_size=4,
+        target_layer_ids=(1, 3),
+        mask_token_id=0,
+    )
     seqs = [Sequence(torch.arange(20), 5, torch.randn(20, 128), torch.randn(20, 64)) for _ in range(2)]
-    random_trainer = Trainer(cfg, TrainConfig(), target.embed_tokens, target.lm_head, seqs, tmp_path, torch.device("cpu"))
-    trainer = Trainer(cfg, TrainConfig(init_from_target_layers=(5, 2)), target.embed_tokens, target.lm_head, seqs, tmp_path, torch.device("cpu"),
-                      target_model=target.model)
+    random_trainer = Trainer(
+        cfg, TrainConfig(), target.embed_tokens, target.lm_head, seqs, tmp_path, torch.device("cpu")
+    )
+    trainer = Trainer(
+        cfg,
+        TrainConfig(init_from_target_layers=(5, 2)),
+        target.embed_tokens,
+        target.lm_head,
+        seqs,
+        tmp_path,
+        torch.device("cpu"),
+        target_model=target.model,
+    )
     layers = target.model.model.layers
     for i, source in ((0, layers[5]), (1, layers[2])):
         head_layer = trainer.head.layers[i]
-        for name in ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
-                     "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight", "input_layernorm.weight", "post_attention_layernorm.weight"):
+        for name in (
+            "self_attn.q_proj.weight",
+            "self_attn.k_proj.weight",
+            "self_attn.v_proj.weight",
+            "self_attn.o_proj.weight",
+            "mlp.gate_proj.weight",
+            "mlp.up_proj.weight",
+            "mlp.down_proj.weight",
+            "input_layernorm.weight",
+            "post_attention_layernorm.weight",
+        ):
             assert torch.equal(head_layer.get_parameter(name), source.get_parameter(name)), (i, name)
         # a Llama layer has no q_norm / k_norm: the head's keep their initialisation
         assert torch.equal(head_layer.self_attn.q_norm.weight, random_trainer.head.layers[i].self_attn.q_norm.weight)
@@ -169,4 +267,12 @@ def test_init_from_target_layers_copies_exact_weights(tmp_path, tiny_target):
             assert torch.equal(param, random_trainer.head.get_parameter(name)), name
     assert len(trainer.copied_from_target) == 2 * 9 + 1
     with pytest.raises(ValueError, match="needs the target model"):
-        Trainer(cfg, TrainConfig(init_from_target_layers=(1,)), target.embed_tokens, target.lm_head, seqs, tmp_path, torch.device("cpu"))
+        Trainer(
+            cfg,
+            TrainConfig(init_from_target_layers=(1,)),
+            target.embed_tokens,
+            target.lm_head,
+            seqs,
+            tmp_path,
+            torch.device("cpu"),
+        )

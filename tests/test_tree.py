@@ -8,7 +8,15 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sglang_jetspec.core.tree import DraftTree, TreeSpec, build_tree, fanout_caps, kept_nodes, root_only_tree, top_k_per_depth
+from sglang_jetspec.core.tree import (
+    DraftTree,
+    TreeSpec,
+    build_tree,
+    fanout_caps,
+    kept_nodes,
+    root_only_tree,
+    top_k_per_depth,
+)
 
 
 def brute_force_paths(top_logprobs: torch.Tensor, spec: TreeSpec) -> list[tuple[int, ...]]:
@@ -40,7 +48,10 @@ def draft_and_spec(draw):
     vocab = draw(st.integers(2, 9))
     width = draw(st.integers(1, vocab))
     # coarse logits make exact ties in cumulative log-prob likely, which the ordering must handle
-    logits = torch.tensor(draw(st.lists(st.lists(st.integers(-3, 3), min_size=vocab, max_size=vocab), min_size=depth, max_size=depth)), dtype=torch.float32)
+    logits = torch.tensor(
+        draw(st.lists(st.lists(st.integers(-3, 3), min_size=vocab, max_size=vocab), min_size=depth, max_size=depth)),
+        dtype=torch.float32,
+    )
     # some candidates impossible (-inf), as a lookup draft without a match produces
     logits = logits.masked_fill(logits == -3, -math.inf)
     logits[:, 0] = logits[:, 0].nan_to_num(neginf=0.0)
@@ -78,7 +89,11 @@ def test_tree_tensors_are_consistent(case):
         assert 0 <= p < i, "parents precede children"
         assert depths[i] == depths[p] + 1
         assert int(tree.tokens[i]) == int(tokens[depths[i] - 1, tree.ranks[i]])
-        assert math.isclose(float(tree.cum_logprobs[i]), float(tree.cum_logprobs[p] + logprobs[depths[i] - 1, tree.ranks[i]]), abs_tol=1e-5)
+        assert math.isclose(
+            float(tree.cum_logprobs[i]),
+            float(tree.cum_logprobs[p] + logprobs[depths[i] - 1, tree.ranks[i]]),
+            abs_tol=1e-5,
+        )
     for i in range(tree.size):
         path = set(tree.path_to(i))
         assert {j for j in range(tree.size) if anc[i, j]} == path
@@ -124,9 +139,13 @@ def test_kept_nodes_drop_a_node_with_its_subtree_and_renumber_parents():
     #      1   2
     #     3 4   5
     #     6
-    tree = DraftTree(torch.tensor([10, 11, 12, 13, 14, 15, 16]), torch.tensor([-1, 0, 0, 1, 1, 2, 3]),
-                     torch.tensor([0, 1, 1, 2, 2, 2, 3]), torch.tensor([0, 0, 1, 0, 1, 0, 0]),
-                     torch.tensor([0.0, -0.1, -0.2, -0.3, -0.4, -0.5, -0.6]))
+    tree = DraftTree(
+        torch.tensor([10, 11, 12, 13, 14, 15, 16]),
+        torch.tensor([-1, 0, 0, 1, 1, 2, 3]),
+        torch.tensor([0, 1, 1, 2, 2, 2, 3]),
+        torch.tensor([0, 0, 1, 0, 1, 0, 0]),
+        torch.tensor([0.0, -0.1, -0.2, -0.3, -0.4, -0.5, -0.6]),
+    )
     kept, index = kept_nodes(tree, [False, True, True, False, True, True, True])  # drop 3 (and so 6); the root stays
     assert index.tolist() == [0, 1, 2, 4, 5]
     assert kept.tokens.tolist() == [10, 11, 12, 14, 15]
@@ -137,4 +156,6 @@ def test_kept_nodes_drop_a_node_with_its_subtree_and_renumber_parents():
     same, index = kept_nodes(tree, [True] * 7)
     assert same is tree and index.tolist() == list(range(7))
     with pytest.raises(ValueError, match="drawn children"):
-        kept_nodes(DraftTree(tree.tokens, tree.parents, tree.depths, tree.ranks, tree.cum_logprobs, drawn=object()), [True] * 7)
+        kept_nodes(
+            DraftTree(tree.tokens, tree.parents, tree.depths, tree.ranks, tree.cum_logprobs, drawn=object()), [True] * 7
+        )

@@ -17,16 +17,34 @@ from sglang_jetspec.core.drafting import TreeDraft, draft_trees
 from sglang_jetspec.core.head import block_mask, tree_causal_mask
 from sglang_jetspec.core.head_config import HeadConfig, HeadConfigError
 from sglang_jetspec.core.head_io import init_head
-from sglang_jetspec.core.tree import Candidates, DraftTree, TreeSpec, build_tree, candidate_lists, fanout_caps, top_k_per_depth
+from sglang_jetspec.core.tree import (
+    Candidates,
+    DraftTree,
+    TreeSpec,
+    build_tree,
+    candidate_lists,
+    fanout_caps,
+    top_k_per_depth,
+)
 
 VOCAB, HIDDEN, TAPS = 50, 32, 2
 REVEAL = {"scheme": "prefix", "all_mask_share": 0.5}
 
 
 def tiny_drafter(reveal=REVEAL, seed=0) -> HeadDrafter:
-    cfg = HeadConfig(hidden_size=HIDDEN, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-                     intermediate_size=64, vocab_size=VOCAB, block_size=6, target_layer_ids=(0, 1), mask_token_id=VOCAB - 1,
-                     draft_reveal=reveal)
+    cfg = HeadConfig(
+        hidden_size=HIDDEN,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        intermediate_size=64,
+        vocab_size=VOCAB,
+        block_size=6,
+        target_layer_ids=(0, 1),
+        mask_token_id=VOCAB - 1,
+        draft_reveal=reveal,
+    )
     # a large init gives peaked, varied draft distributions, so top-K and trees are not degenerate
     head = init_head(cfg, seed=seed, std=0.3)
     gen = torch.Generator().manual_seed(seed + 1)
@@ -60,8 +78,12 @@ def sequential_child_logits(drafter: HeadDrafter, lane: FakeLane, path: tuple[in
     length = lane.draft_cache.length
     ids = torch.tensor([[lane.root_token, *path, drafter.head.config.mask_token_id]])
     positions = length + torch.arange(ids.shape[1]).unsqueeze(0)
-    hidden = drafter.head(drafter.embed_tokens(ids), positions, lane.draft_cache.layers,
-                          block_mask(torch.ones(1, length, dtype=torch.bool), ids.shape[1], True))
+    hidden = drafter.head(
+        drafter.embed_tokens(ids),
+        positions,
+        lane.draft_cache.layers,
+        block_mask(torch.ones(1, length, dtype=torch.bool), ids.shape[1], True),
+    )
     return drafter.lm_head(hidden[0, -1])
 
 
@@ -75,16 +97,33 @@ def marginal_tree(drafter: HeadDrafter, lane: FakeLane, spec: TreeSpec) -> Draft
 
 def test_tree_causal_mask_matches_the_papers_figure_with_padding():
     # tree of the paper's Figure 3: Root; A, B under Root; C, D under A; E under B -- and a 2-node tree padded to 6
-    big = DraftTree(torch.arange(6), torch.tensor([-1, 0, 0, 1, 1, 2]), torch.tensor([0, 1, 1, 2, 2, 2]), torch.zeros(6, dtype=torch.long), torch.zeros(6))
-    small = DraftTree(torch.arange(2), torch.tensor([-1, 0]), torch.tensor([0, 1]), torch.zeros(2, dtype=torch.long), torch.zeros(2))
+    big = DraftTree(
+        torch.arange(6),
+        torch.tensor([-1, 0, 0, 1, 1, 2]),
+        torch.tensor([0, 1, 1, 2, 2, 2]),
+        torch.zeros(6, dtype=torch.long),
+        torch.zeros(6),
+    )
+    small = DraftTree(
+        torch.arange(2), torch.tensor([-1, 0]), torch.tensor([0, 1]), torch.zeros(2, dtype=torch.long), torch.zeros(2)
+    )
     ancestors = torch.zeros(2, 6, 6, dtype=torch.bool)
     ancestors[0] = big.ancestor_mask()
     ancestors[1, :2, :2] = small.ancestor_mask()
     valid = torch.tensor([[True, True, True], [True, False, False]])
     mask = tree_causal_mask(valid, ancestors)[:, 0]
     assert mask.shape == (2, 12, 3 + 12)
-    figure = torch.tensor([[1, 0, 0, 0, 0, 0], [1, 1, 0, 0, 0, 0], [1, 0, 1, 0, 0, 0],
-                           [1, 1, 0, 1, 0, 0], [1, 1, 0, 0, 1, 0], [1, 0, 1, 0, 0, 1]], dtype=torch.bool)
+    figure = torch.tensor(
+        [
+            [1, 0, 0, 0, 0, 0],
+            [1, 1, 0, 0, 0, 0],
+            [1, 0, 1, 0, 0, 0],
+            [1, 1, 0, 1, 0, 0],
+            [1, 1, 0, 0, 1, 0],
+            [1, 0, 1, 0, 0, 1],
+        ],
+        dtype=torch.bool,
+    )
     assert torch.equal(mask[0, :6, 3:9], figure) and not mask[0, :6, 9:].any()  # node rows see no slot
     assert torch.equal(mask[0, 6:, 3:9], figure)  # slot i sees node i's ancestors-or-self ...
     assert torch.equal(mask[0, 6:, 9:], torch.eye(6, dtype=torch.bool))  # ... and itself only
@@ -114,7 +153,9 @@ def test_root_slot_is_the_marginal_depth_one_row():
     drafter = tiny_drafter()
     batch = lanes((4, 6))
     tree = marginal_tree(drafter, batch[0], TreeSpec(6, 3, 2))
-    torch.testing.assert_close(drafter.propose_children(batch, [tree])[0][0], drafter.propose(batch, 1)[0, 0], atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        drafter.propose_children(batch, [tree])[0][0], drafter.propose(batch, 1)[0, 0], atol=2e-5, rtol=1e-5
+    )
 
 
 def test_children_depend_on_the_real_path_not_on_other_branches():
@@ -155,7 +196,10 @@ def brute_force(root, top_tokens, top_logprobs, spec, conditioned):
     as (rank path, token path)."""
     depth_limit = min(spec.max_depth, top_tokens.shape[0])
     caps = fanout_caps(top_logprobs[:depth_limit, : spec.width], spec)
-    marginal = [Candidates(t[: spec.width], lp[: spec.width], c) for t, lp, c in zip(top_tokens.tolist(), top_logprobs.double().tolist(), caps)]
+    marginal = [
+        Candidates(t[: spec.width], lp[: spec.width], c)
+        for t, lp, c in zip(top_tokens.tolist(), top_logprobs.double().tolist(), caps)
+    ]
     nodes = []
 
     def visit(ranks, tokens, cum):
@@ -180,13 +224,26 @@ def conditioned_case(draw):
     width = draw(st.integers(1, vocab))
     coarse = st.lists(st.lists(st.integers(-3, 3), min_size=vocab, max_size=vocab), min_size=depth, max_size=depth)
     marginal_logits = torch.tensor(draw(coarse), dtype=torch.float32)
-    spec = TreeSpec(budget=draw(st.integers(1, 40)), max_depth=draw(st.integers(0, depth + 1)), width=width,
-                    fanout=draw(st.sampled_from(["uniform", "top2gap"])))
+    spec = TreeSpec(
+        budget=draw(st.integers(1, 40)),
+        max_depth=draw(st.integers(0, depth + 1)),
+        width=width,
+        fanout=draw(st.sampled_from(["uniform", "top2gap"])),
+    )
     tokens, logprobs = top_k_per_depth(marginal_logits, width)
     # conditioned candidates for a random subset of the token paths the marginal tree can reach
-    paths = [()] + [p for d in range(1, depth) for p in itertools.product(*[tokens[i].tolist()[:width] for i in range(d)])]
+    paths = [()] + [
+        p for d in range(1, depth) for p in itertools.product(*[tokens[i].tolist()[:width] for i in range(d)])
+    ]
     chosen = draw(st.lists(st.sampled_from(paths), max_size=6, unique=True))
-    rows = torch.tensor(draw(st.lists(st.lists(st.integers(-3, 3), min_size=vocab, max_size=vocab), min_size=len(chosen), max_size=len(chosen))), dtype=torch.float32)
+    rows = torch.tensor(
+        draw(
+            st.lists(
+                st.lists(st.integers(-3, 3), min_size=vocab, max_size=vocab), min_size=len(chosen), max_size=len(chosen)
+            )
+        ),
+        dtype=torch.float32,
+    )
     conditioned = dict(zip(chosen, candidate_lists(rows.reshape(len(chosen), vocab), spec))) if chosen else {}
     return tokens, logprobs, spec, conditioned
 
@@ -216,7 +273,9 @@ def test_conditioned_candidates_replace_the_marginal_only_below_their_own_path()
     tree = build_tree(0, tokens, logprobs, replace(spec, budget=5), conditioned)
     # (2,) was not evaluated: its child keeps the marginal score 0.4 * 0.9; (1, 7) scores 0.6 * 0.5
     assert tree.token_paths() == [(), (1,), (2,), (2, 5), (1, 7)]
-    assert tree.cum_logprobs.tolist() == pytest.approx([0.0, math.log(0.6), math.log(0.4), math.log(0.36), math.log(0.3)])
+    assert tree.cum_logprobs.tolist() == pytest.approx(
+        [0.0, math.log(0.6), math.log(0.4), math.log(0.36), math.log(0.3)]
+    )
 
 
 # --- rounds -----------------------------------------------------------------------------------

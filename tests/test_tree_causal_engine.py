@@ -5,20 +5,25 @@ rank-1 branch gap read from the verify logits."""
 import pytest
 
 from sglang_jetspec.core.sampling import SamplingParams
-from sglang_jetspec.reference.prompts import encode, humaneval_prompts
 from sglang_jetspec.reference.engine import EngineConfig, ReferenceEngine, Request
 from sglang_jetspec.reference.oracle import OracleDrafter
+from sglang_jetspec.reference.prompts import encode, humaneval_prompts
 
 
 def humaneval_requests(tokenizer, count, max_new_tokens):
-    return [Request(encode(p, tokenizer), SamplingParams(max_new_tokens=max_new_tokens), str(i)) for i, p in enumerate(humaneval_prompts()[:count])]
+    return [
+        Request(encode(p, tokenizer), SamplingParams(max_new_tokens=max_new_tokens), str(i))
+        for i, p in enumerate(humaneval_prompts()[:count])
+    ]
 
 
 @pytest.mark.parametrize("rounds, batch", [(1, 4), (2, 1)])
 def test_greedy_output_with_draft_rounds_equals_autoregressive(smollm2, reveal_drafter, single_thread, rounds, batch):
     requests = humaneval_requests(smollm2.tokenizer, 4 if batch == 4 else 2, 16)
     rounds_seen = []
-    engine = ReferenceEngine(smollm2, reveal_drafter, EngineConfig(max_batch_size=batch, draft_rounds=rounds, check_invariants=True))
+    engine = ReferenceEngine(
+        smollm2, reveal_drafter, EngineConfig(max_batch_size=batch, draft_rounds=rounds, check_invariants=True)
+    )
     spec = engine.generate(requests, budget=16, on_step=lambda r: rounds_seen.append(len(r.draft_round_s)))
     ar = ReferenceEngine(smollm2, None, EngineConfig(max_batch_size=4)).generate(requests, 0)
     assert [o.output_ids for o in spec] == [o.output_ids for o in ar]
@@ -37,11 +42,15 @@ def test_rank1_gap_is_zero_when_the_draft_is_the_target_itself(smollm2, single_t
     # the oracle drafts with the target's own logits along the greedy continuation: the rank-1 branch is
     # that continuation and its draft log-prob is the target's, so the gap read from verify logits is ~0
     requests = humaneval_requests(smollm2.tokenizer, 1, 24)
-    reference = ReferenceEngine(smollm2, None).generate([Request(r.prompt_ids, SamplingParams(max_new_tokens=40)) for r in requests], 0)
+    reference = ReferenceEngine(smollm2, None).generate(
+        [Request(r.prompt_ids, SamplingParams(max_new_tokens=40)) for r in requests], 0
+    )
     oracle = OracleDrafter(smollm2, max_depth=7)
     oracle.add_reference(requests[0].prompt_ids, reference[0].output_ids)
     gaps = []
-    ReferenceEngine(smollm2, oracle, EngineConfig(rank1_gap=True)).generate(requests, budget=8, on_step=lambda r: gaps.extend(r.rank1_gaps))
+    ReferenceEngine(smollm2, oracle, EngineConfig(rank1_gap=True)).generate(
+        requests, budget=8, on_step=lambda r: gaps.extend(r.rank1_gaps)
+    )
     assert len(gaps) >= 3 and all(g.depth >= 1 for g in gaps) and max(g.depth for g in gaps) == 7
     assert all(abs(g.gap) < 1e-3 for g in gaps)
     assert min(g.target_logprob for g in gaps) < -0.5  # not trivially zero: the branches carry real uncertainty
@@ -65,8 +74,29 @@ def test_gap_command_writes_records_markdown_and_plot(tmp_path, smollm2_dir, sin
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(json.dumps({"prompt": "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n"}) + "\n")
     out, md, png = tmp_path / "gap.json", tmp_path / "gap.md", tmp_path / "gap.png"
-    code = main(["gap", "--target", str(smollm2_dir), "--prompts", str(prompts), "--draft-rounds", "0", "--budgets", "4,16",
-                 "--max-new-tokens", "10", "--threads", "1", "--json", str(out), "--markdown", str(md), "--plot", str(png)])
+    code = main(
+        [
+            "gap",
+            "--target",
+            str(smollm2_dir),
+            "--prompts",
+            str(prompts),
+            "--draft-rounds",
+            "0",
+            "--budgets",
+            "4,16",
+            "--max-new-tokens",
+            "10",
+            "--threads",
+            "1",
+            "--json",
+            str(out),
+            "--markdown",
+            str(md),
+            "--plot",
+            str(png),
+        ]
+    )
     assert code == 0
     report = json.loads(out.read_text())
     assert [(r["method"], r["budget"]) for r in report["records"]] == [("jetspec", 4), ("jetspec", 16)]
@@ -76,8 +106,22 @@ def test_gap_command_writes_records_markdown_and_plot(tmp_path, smollm2_dir, sin
         assert r["gap_quantiles"]["p10"] <= r["gap_quantiles"]["p50"] <= r["gap_quantiles"]["p90"]
     assert "| jetspec | 4 |" in md.read_text() and png.stat().st_size > 0
     # rounds need a head trained with revealed tokens: the shipped head is refused, naming the flag
-    assert main(["gap", "--target", str(smollm2_dir), "--prompts", str(prompts), "--draft-rounds", "0,1",
-                 "--json", str(out)]) == 2
+    assert (
+        main(
+            [
+                "gap",
+                "--target",
+                str(smollm2_dir),
+                "--prompts",
+                str(prompts),
+                "--draft-rounds",
+                "0,1",
+                "--json",
+                str(out),
+            ]
+        )
+        == 2
+    )
 
 
 def test_a_step_takes_its_draft_rounds_from_the_caller(smollm2, reveal_drafter, untrained_drafter, single_thread):

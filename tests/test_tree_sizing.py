@@ -5,13 +5,22 @@ import math
 import pytest
 import torch
 
-from sglang_jetspec.core.sampling import SamplingParams
-from sglang_jetspec.core.tree import DraftTree, TreeSpec, build_tree
 from sglang_jetspec.core.drafting import headless_trees
 from sglang_jetspec.core.prompt_lookup import LookupMerge
-from sglang_jetspec.core.tree_sizing import (AcceptCalibration, BandedCalibration, DraftGate, TreeSizer, VerifyCost,
-                                             calibrated_probabilities, conditional_probabilities, relative_costs,
-                                             size_trees, truncate)
+from sglang_jetspec.core.sampling import SamplingParams
+from sglang_jetspec.core.tree import DraftTree, TreeSpec, build_tree
+from sglang_jetspec.core.tree_sizing import (
+    AcceptCalibration,
+    BandedCalibration,
+    DraftGate,
+    TreeSizer,
+    VerifyCost,
+    calibrated_probabilities,
+    conditional_probabilities,
+    relative_costs,
+    size_trees,
+    truncate,
+)
 from sglang_jetspec.reference import engine as reference_engine
 from sglang_jetspec.reference.engine import EngineConfig, ReferenceEngine, Request
 from sglang_jetspec.reference.oracle import OracleDrafter
@@ -22,8 +31,13 @@ def chain(probabilities: list[float], root: int = 0) -> DraftTree:
     """A chain whose node i is accepted with path probability probabilities[i] (non-increasing)."""
     n = len(probabilities) + 1
     cums = [0.0] + [math.log(p) for p in probabilities]
-    return DraftTree(torch.arange(root, root + n), torch.arange(-1, n - 1), torch.arange(n), torch.zeros(n, dtype=torch.long),
-                     torch.tensor(cums))
+    return DraftTree(
+        torch.arange(root, root + n),
+        torch.arange(-1, n - 1),
+        torch.arange(n),
+        torch.zeros(n, dtype=torch.long),
+        torch.tensor(cums),
+    )
 
 
 LINEAR = VerifyCost((1, 2), (1.0, 2.0), unit_s=0.1)  # every extra node costs a whole step
@@ -36,7 +50,12 @@ SMOLLM2_FP32 = VerifyCost((1, 4, 16, 64), (1.0, 1.54, 2.17, 4.35), unit_s=0.05)
 def test_verify_cost_interpolates_and_extrapolates_linearly():
     cost = relative_costs({1: 0.1, 4: 0.15, 16: 0.3})
     assert cost.unit_s == 0.1 and cost.relative == pytest.approx((1.0, 1.5, 3.0))
-    assert cost(1) == 1.0 and cost(4) == pytest.approx(1.5) and cost(10) == pytest.approx(2.25) and cost(28) == pytest.approx(4.5)
+    assert (
+        cost(1) == 1.0
+        and cost(4) == pytest.approx(1.5)
+        and cost(10) == pytest.approx(2.25)
+        and cost(28) == pytest.approx(4.5)
+    )
     with pytest.raises(ValueError, match="count 1"):
         relative_costs({2: 0.1, 4: 0.2})
 
@@ -176,7 +195,9 @@ def test_a_node_whose_parent_was_rejected_teaches_nothing():
 
 
 def test_headless_steps_learn_their_own_calibration():
-    sizer = TreeSizer(FREE, BandedCalibration(decay=0.0, prior=1.0), headless_calibration=BandedCalibration(decay=0.0, prior=1.0))
+    sizer = TreeSizer(
+        FREE, BandedCalibration(decay=0.0, prior=1.0), headless_calibration=BandedCalibration(decay=0.0, prior=1.0)
+    )
     sizer.size([chain([0.9, 0.9])], draft_s=0.0)
     sizer.observe([[0]])  # the head's two sure nodes: both rejected
     sizer.size([chain([0.9, 0.81])], draft_s=0.0, drafted=False)
@@ -192,17 +213,23 @@ def test_an_unknown_sizing_is_refused():
 @pytest.fixture(scope="module")
 def workload(smollm2):
     params = SamplingParams(max_new_tokens=24, ignore_eos=True)
-    return [Request(smollm2.tokenizer(p)["input_ids"], params, str(i)) for i, p in enumerate(humaneval_prompts(range(3)))]
+    return [
+        Request(smollm2.tokenizer(p)["input_ids"], params, str(i)) for i, p in enumerate(humaneval_prompts(range(3)))
+    ]
 
 
 @pytest.fixture(scope="module")
 def autoregressive(smollm2, workload):
-    return [o.output_ids for o in ReferenceEngine(smollm2, config=EngineConfig(max_batch_size=2)).generate(workload, budget=0)]
+    return [
+        o.output_ids
+        for o in ReferenceEngine(smollm2, config=EngineConfig(max_batch_size=2)).generate(workload, budget=0)
+    ]
 
 
 @pytest.mark.parametrize("drafter", ["untrained", "oracle"])
-def test_adaptive_sizing_is_greedy_exact_and_sizes_by_confidence(smollm2, untrained_drafter, workload, autoregressive, drafter,
-                                                                 monkeypatch):
+def test_adaptive_sizing_is_greedy_exact_and_sizes_by_confidence(
+    smollm2, untrained_drafter, workload, autoregressive, drafter, monkeypatch
+):
     monkeypatch.setattr(reference_engine, "verify_cost", lambda target, taps=(): SMOLLM2_FP32)
     if drafter == "oracle":
         draft = OracleDrafter(smollm2, max_depth=15)
@@ -210,7 +237,9 @@ def test_adaptive_sizing_is_greedy_exact_and_sizes_by_confidence(smollm2, untrai
             draft.add_reference(request.prompt_ids, output)
     else:
         draft = untrained_drafter
-    engine = ReferenceEngine(smollm2, draft, EngineConfig(tree_width=4, max_batch_size=2, tree_sizing="adaptive", check_invariants=True))
+    engine = ReferenceEngine(
+        smollm2, draft, EngineConfig(tree_width=4, max_batch_size=2, tree_sizing="adaptive", check_invariants=True)
+    )
     records = []
     outputs = engine.generate(workload, budget=16, on_step=records.append)
     assert [o.output_ids for o in outputs] == autoregressive
@@ -224,8 +253,9 @@ def test_adaptive_sizing_is_greedy_exact_and_sizes_by_confidence(smollm2, untrai
         assert nodes_per_lane < 3 and skipped > len(records) / 2
 
 
-def test_a_policy_step_can_size_adaptively_on_an_engine_started_fixed(smollm2, untrained_drafter, workload, autoregressive,
-                                                                       monkeypatch):
+def test_a_policy_step_can_size_adaptively_on_an_engine_started_fixed(
+    smollm2, untrained_drafter, workload, autoregressive, monkeypatch
+):
     """A cohort's tree_sizing reaches the reference engine per step (serving/engine_worker.py passes the
     plan's): its first adaptive step builds the sizer; output stays the autoregressive one."""
     monkeypatch.setattr(reference_engine, "verify_cost", lambda target, taps=(): SMOLLM2_FP32)
@@ -254,7 +284,9 @@ def test_the_engine_sizes_with_the_verify_cost_its_own_steps_teach(smollm2, untr
     # absurdly slow, at odd row counts that two lanes' padded verifies never compute
     seeded = VerifyCost((1, 3, 63), (1.0, 1.5, 4.35), unit_s=10.0)
     monkeypatch.setattr(reference_engine, "verify_cost", lambda target, taps=(): seeded)
-    engine = ReferenceEngine(smollm2, untrained_drafter, EngineConfig(tree_width=4, max_batch_size=2, tree_sizing="adaptive"))
+    engine = ReferenceEngine(
+        smollm2, untrained_drafter, EngineConfig(tree_width=4, max_batch_size=2, tree_sizing="adaptive")
+    )
     assert engine.sizer.cost is None and engine.verify_costs.seconds == pytest.approx([10.0, 15.0, 43.5])
     engine.generate(workload[:2], budget=16)
     learned = dict(zip(engine.verify_costs.rows, engine.verify_costs.seconds))

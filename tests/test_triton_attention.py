@@ -9,7 +9,6 @@ in the parent run they are skipped and test_kernel_checks_pass_under_the_interpr
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 
@@ -33,7 +32,12 @@ def kernels():
 def sdpa(query, key, value, allowed, scale):
     group = query.shape[1] // key.shape[1]
     return torch.nn.functional.scaled_dot_product_attention(
-        query, key.repeat_interleave(group, 1), value.repeat_interleave(group, 1), attn_mask=allowed[:, None], scale=scale)
+        query,
+        key.repeat_interleave(group, 1),
+        value.repeat_interleave(group, 1),
+        attn_mask=allowed[:, None],
+        scale=scale,
+    )
 
 
 def tree_mask(parents: list[int]) -> torch.Tensor:
@@ -44,11 +48,14 @@ def tree_mask(parents: list[int]) -> torch.Tensor:
 
 
 @interpreted_only
-@pytest.mark.parametrize("heads, kv_heads, dim, prefix, parents", [
-    (9, 3, 64, 37, [-1, 0, 0, 1, 1, 2, 3, 6]),              # SmolLM2's head shape, a small tree
-    (4, 4, 24, 5, [-1] + [i // 2 for i in range(19)]),      # head dim not a power of 2; more rows than a block
-    (2, 1, 16, 70, [-1, 0, 1, 2, 3]),                        # a chain, slots spanning several key blocks
-])
+@pytest.mark.parametrize(
+    "heads, kv_heads, dim, prefix, parents",
+    [
+        (9, 3, 64, 37, [-1, 0, 0, 1, 1, 2, 3, 6]),  # SmolLM2's head shape, a small tree
+        (4, 4, 24, 5, [-1] + [i // 2 for i in range(19)]),  # head dim not a power of 2; more rows than a block
+        (2, 1, 16, 70, [-1, 0, 1, 2, 3]),  # a chain, slots spanning several key blocks
+    ],
+)
 def test_kernel_equals_sdpa_under_tree_masks(kernels, heads, kv_heads, dim, prefix, parents):
     torch.manual_seed(0)
     lanes, nodes = 2, len(parents)
@@ -59,11 +66,11 @@ def test_kernel_equals_sdpa_under_tree_masks(kernels, heads, kv_heads, dim, pref
     allowed[:, :, :prefix] = True
     allowed[:, :, prefix : prefix + nodes] = tree_mask(parents)
     allowed[1, :, prefix - 2 : prefix] = False  # lanes differ: the second one's prefix is shorter
-    out = kernels.masked_attention(query, key, value, allowed, dim ** -0.5)
-    expected = sdpa(query, key, value, allowed, dim ** -0.5)
+    out = kernels.masked_attention(query, key, value, allowed, dim**-0.5)
+    expected = sdpa(query, key, value, allowed, dim**-0.5)
     assert torch.allclose(out, expected, atol=1e-5, rtol=1e-5), (out - expected).abs().max()
     # the mask is what makes them agree: attending over everything gives a different answer
-    assert not torch.allclose(sdpa(query, key, value, torch.ones_like(allowed), dim ** -0.5), out, atol=1e-3)
+    assert not torch.allclose(sdpa(query, key, value, torch.ones_like(allowed), dim**-0.5), out, atol=1e-3)
 
 
 @interpreted_only
@@ -88,7 +95,9 @@ def test_tree_verify_logits_of_the_target_equal_sdpa(kernels, smollm2_dir, singl
         depth = torch.tensor([0, 1, 1, 2, 2, 2])
         out = target.forward(cache, [Segment(tree, len(prompt) - 1 + depth, tree_mask(parents))])
         outputs[attention] = target.logits(out.hidden)[0]
-    assert torch.allclose(outputs["triton"], outputs["sdpa"], atol=1e-3), (outputs["triton"] - outputs["sdpa"]).abs().max()
+    assert torch.allclose(outputs["triton"], outputs["sdpa"], atol=1e-3), (
+        (outputs["triton"] - outputs["sdpa"]).abs().max()
+    )
     assert torch.equal(outputs["triton"].argmax(-1), outputs["sdpa"].argmax(-1))
 
 

@@ -22,8 +22,14 @@ def assert_interpreted_child_passes(test_file: str) -> None:
     parent-only check skip there)."""
     if INTERPRETED:
         pytest.skip("this is the child run")
-    child = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test_file],
-                           env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True, timeout=1800)
+    child = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test_file],
+        env={**os.environ, "TRITON_INTERPRET": "1"},
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     summary = child.stdout.strip().splitlines()[-1] if child.stdout.strip() else child.stderr[-2000:]
-    assert child.returncode == 0 and " passed" in summary and "skipped" in summary, \
+    assert child.returncode == 0 and " passed" in summary and "skipped" in summary, (
         child.stdout[-4000:] + child.stderr[-2000:]
+    )

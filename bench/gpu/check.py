@@ -21,14 +21,16 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from sglang_jetspec.bench.setup import select_prompts  # noqa: E402
+from sglang_jetspec.cli.args import (
+    add_target_arguments,  # noqa: E402
+    positive_int,  # noqa: E402
+)
 from sglang_jetspec.cli.bench import budget_list, prompt_range  # noqa: E402
-from sglang_jetspec.cli.args import positive_int  # noqa: E402
-from sglang_jetspec.cli.args import add_target_arguments  # noqa: E402
 from sglang_jetspec.core.sampling import SamplingParams  # noqa: E402
-from sglang_jetspec.reference.loading import load_drafter, load_target  # noqa: E402
-from sglang_jetspec.reference.prompts import encode  # noqa: E402
 from sglang_jetspec.reference.divergence import first_difference as first_divergence  # noqa: E402
 from sglang_jetspec.reference.engine import EngineConfig, ReferenceEngine, Request  # noqa: E402
+from sglang_jetspec.reference.loading import load_drafter, load_target  # noqa: E402
+from sglang_jetspec.reference.prompts import encode  # noqa: E402
 
 
 @torch.no_grad()
@@ -43,8 +45,10 @@ def check(args) -> dict:
     target = load_target(args.target, args.dtype, args.device, args.attention)
     drafter, head = load_drafter(target, args.head)
     prompts, indices = select_prompts(args.prompts, args.prompt_range)
-    requests = [Request(encode(p, target.tokenizer), SamplingParams(max_new_tokens=args.max_new_tokens), str(i))
-                for i, p in zip(indices, prompts)]
+    requests = [
+        Request(encode(p, target.tokenizer), SamplingParams(max_new_tokens=args.max_new_tokens), str(i))
+        for i, p in zip(indices, prompts)
+    ]
     config = EngineConfig(max_batch_size=args.batch_size)
     ar = ReferenceEngine(target, None, config).generate(requests, 0)
     cells = []
@@ -57,23 +61,51 @@ def check(args) -> dict:
                 margin = top2_margin(target, request.prompt_ids + a.output_ids[:at])
                 mismatches.append({"request": request.request_id, "position": at, "margin": margin})
         accept = [n for o in spec for n in o.accept_lengths]
-        cells.append({"budget": budget, "requests": len(requests), "mismatches": mismatches,
-                      "mismatch_rate": len(mismatches) / len(requests), "mean_accept_length": sum(accept) / len(accept)})
-        print(f"{args.dtype} {args.attention} budget {budget}: {len(mismatches)}/{len(requests)} outputs differ "
-              f"from autoregressive; margins {[round(m['margin'], 4) for m in mismatches]}", flush=True)
+        cells.append(
+            {
+                "budget": budget,
+                "requests": len(requests),
+                "mismatches": mismatches,
+                "mismatch_rate": len(mismatches) / len(requests),
+                "mean_accept_length": sum(accept) / len(accept),
+            }
+        )
+        print(
+            f"{args.dtype} {args.attention} budget {budget}: {len(mismatches)}/{len(requests)} outputs differ "
+            f"from autoregressive; margins {[round(m['margin'], 4) for m in mismatches]}",
+            flush=True,
+        )
     device = torch.cuda.get_device_name(target.device) if target.device.type == "cuda" else args.device
-    return {"device": device, "dtype": args.dtype, "attention": args.attention, "head": head, "prompts": args.prompts,
-            "prompt_range": f"{indices.start}:{indices.stop}", "max_new_tokens": args.max_new_tokens,
-            "batch_size": args.batch_size, "cells": cells}
+    return {
+        "device": device,
+        "dtype": args.dtype,
+        "attention": args.attention,
+        "head": head,
+        "prompts": args.prompts,
+        "prompt_range": f"{indices.start}:{indices.stop}",
+        "max_new_tokens": args.max_new_tokens,
+        "batch_size": args.batch_size,
+        "cells": cells,
+    }
 
 
 def markdown(report: dict) -> str:
-    rows = [f"| {report['device']} | {report['dtype']} | {report['attention']} | {c['budget']} | {c['requests']} | "
-            f"{len(c['mismatches'])} ({100 * c['mismatch_rate']:.0f}%) | "
-            f"{max((m['margin'] for m in c['mismatches']), default=0):.4f} | {c['mean_accept_length']:.2f} |"
-            for c in report["cells"]]
-    return "\n".join(["| device | dtype | attention | budget | requests | outputs differing | largest margin at divergence (nats) | accept length |",
-                      "|---|---|---|---|---|---|---|---|", *rows]) + "\n"
+    rows = [
+        f"| {report['device']} | {report['dtype']} | {report['attention']} | {c['budget']} | {c['requests']} | "
+        f"{len(c['mismatches'])} ({100 * c['mismatch_rate']:.0f}%) | "
+        f"{max((m['margin'] for m in c['mismatches']), default=0):.4f} | {c['mean_accept_length']:.2f} |"
+        for c in report["cells"]
+    ]
+    return (
+        "\n".join(
+            [
+                "| device | dtype | attention | budget | requests | outputs differing | largest margin at divergence (nats) | accept length |",
+                "|---|---|---|---|---|---|---|---|",
+                *rows,
+            ]
+        )
+        + "\n"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

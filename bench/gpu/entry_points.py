@@ -14,6 +14,9 @@ project = tomllib.loads(pathlib.Path("pyproject.toml").read_text())["project"]
 info = pathlib.Path(sys.argv[1]) / f"sglang_jetspec-{project['version']}.dist-info"
 info.mkdir(parents=True, exist_ok=True)
 (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {project['name']}\nVersion: {project['version']}\n")
-(info / "entry_points.txt").write_text("".join(
-    f"[{group}]\n" + "".join(f"{name} = {target}\n" for name, target in points.items())
-    for group, points in project["entry-points"].items()))
+(info / "entry_points.txt").write_text(
+    "".join(
+        f"[{group}]\n" + "".join(f"{name} = {target}\n" for name, target in points.items())
+        for group, points in project["entry-points"].items()
+    )
+)

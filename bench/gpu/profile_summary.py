@@ -28,8 +28,12 @@ from pathlib import Path
 # a with_stack event name: "<path>/<file>.py(<line>): <function>"
 _FRAME = re.compile(r"(?P<path>[^\s(]+)\.py\((?P<line>\d+)\): (?P<function>[\w<>]+)$")
 # regions outside the plugin worth a row: the target's forward and the scheduler's step around the worker
-_SGLANG_REGIONS = {("tp_worker", "forward_batch_generation"), ("scheduler", "run_batch"),
-                   ("scheduler", "process_batch_result"), ("scheduler", "get_next_batch_to_run")}
+_SGLANG_REGIONS = {
+    ("tp_worker", "forward_batch_generation"),
+    ("scheduler", "run_batch"),
+    ("scheduler", "process_batch_result"),
+    ("scheduler", "get_next_batch_to_run"),
+}
 STEP_FUNCTION = "adapter/worker:_verify"
 # names several classes of one module define (nn.Module.forward, comprehensions)
 _AMBIGUOUS = {"forward", "<listcomp>", "<genexpr>", "<lambda>", "__init__", "__post_init__"}
@@ -67,6 +71,7 @@ class Region:
 @dataclass
 class _Track:
     """One thread's events of one kind, by start time, with prefix sums for range queries."""
+
     starts: list[float] = field(default_factory=list)
     values: list[float] = field(default_factory=list)
 
@@ -145,7 +150,9 @@ def summarize(events: list[dict]) -> Profile:
         region.wall_us += dur
         for kind in ("ops", "launches", "syncs", "sync_us", "d2h", "kernel_us"):
             value = tracks.get((kind, *thread), empty).within(ts, ts + dur)
-            setattr(region, kind, getattr(region, kind) + (int(value) if kind not in ("sync_us", "kernel_us") else value))
+            setattr(
+                region, kind, getattr(region, kind) + (int(value) if kind not in ("sync_us", "kernel_us") else value)
+            )
     steps = totals[STEP_FUNCTION].calls if STEP_FUNCTION in totals else 0
     return Profile(steps, dict(totals), _ops_in_steps(ops, [r for r in regions if r[0] == STEP_FUNCTION]))
 
@@ -170,16 +177,26 @@ def summary_markdown(profile: Profile, top: int = 30, top_ops: int = 12) -> str:
     steps, totals = profile.steps, profile.regions
     per = max(1, steps)
     rows = sorted(totals.items(), key=lambda kv: -kv[1].wall_us)[:top]
-    lines = [f"{steps} verify steps profiled; per step, inclusive (a row contains its callees'):", "",
-             "| function | calls | wall ms | aten ops | launches | syncs (ms waiting) | D2H copies | kernel ms |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"{steps} verify steps profiled; per step, inclusive (a row contains its callees'):",
+        "",
+        "| function | calls | wall ms | aten ops | launches | syncs (ms waiting) | D2H copies | kernel ms |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for label, r in rows:
-        lines.append(f"| {label} | {r.calls / per:.1f} | {r.wall_us / per / 1e3:.2f} | {r.ops / per:.0f} | "
-                     f"{r.launches / per:.0f} | {r.syncs / per:.1f} ({r.sync_us / per / 1e3:.2f}) | {r.d2h / per:.1f} | "
-                     f"{r.kernel_us / per / 1e3:.2f} |")
+        lines.append(
+            f"| {label} | {r.calls / per:.1f} | {r.wall_us / per / 1e3:.2f} | {r.ops / per:.0f} | "
+            f"{r.launches / per:.0f} | {r.syncs / per:.1f} ({r.sync_us / per / 1e3:.2f}) | {r.d2h / per:.1f} | "
+            f"{r.kernel_us / per / 1e3:.2f} |"
+        )
     ops = sorted(profile.ops.items(), key=lambda kv: -kv[1][1])[:top_ops]
-    lines += ["", "Aten ops inside the verify steps by host time per step (inclusive: an op contains the ops it calls):", "",
-              "| aten op | calls | host ms |", "|---|---|---|"]
+    lines += [
+        "",
+        "Aten ops inside the verify steps by host time per step (inclusive: an op contains the ops it calls):",
+        "",
+        "| aten op | calls | host ms |",
+        "|---|---|---|",
+    ]
     lines += [f"| {name} | {calls / per:.1f} | {us / per / 1e3:.2f} |" for name, (calls, us) in ops]
     return "\n".join(lines) + "\n"
 

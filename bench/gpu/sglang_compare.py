@@ -44,6 +44,7 @@ SYNC = ["--disable-overlap-schedule", "--disable-decode-cuda-graph", "--disable-
 
 # ---- pure parts (unit-tested on CPU) ----
 
+
 def first_divergence(reference: list[int], candidate: list[int]) -> int | None:
     """Index of the first differing token (a length difference counts), None if identical."""
     for i, (a, b) in enumerate(zip(reference, candidate)):
@@ -52,8 +53,9 @@ def first_divergence(reference: list[int], candidate: list[int]) -> int | None:
     return None if len(reference) == len(candidate) else min(len(reference), len(candidate))
 
 
-def divergence_margin(top_logprobs: list[dict[int, float]], position: int, reference_token: int,
-                      candidate_token: int) -> float | None:
+def divergence_margin(
+    top_logprobs: list[dict[int, float]], position: int, reference_token: int, candidate_token: int
+) -> float | None:
     """Target logprob margin at `position`: logprob(reference token) - logprob(candidate token).
 
     `top_logprobs[position]` maps token -> logprob for the target's top tokens there. A candidate
@@ -74,7 +76,9 @@ class IdentityRow:
     tokens: int
 
 
-def identity_rows(plain: list[list[int]], jetspec: list[list[int]], plain_top: list[list[dict[int, float]]]) -> list[IdentityRow]:
+def identity_rows(
+    plain: list[list[int]], jetspec: list[list[int]], plain_top: list[list[dict[int, float]]]
+) -> list[IdentityRow]:
     rows = []
     for i, (ref, cand, top) in enumerate(zip(plain, jetspec, plain_top)):
         at = first_divergence(ref, cand)
@@ -108,23 +112,37 @@ def parse_servers(text: str, default_dtype: str) -> list[tuple[str, str]]:
     return out
 
 
-def results_markdown(identity: dict[str, list[IdentityRow]], throughput: dict[str, dict[int, Speed]], meta: dict) -> str:
+def results_markdown(
+    identity: dict[str, list[IdentityRow]], throughput: dict[str, dict[int, Speed]], meta: dict
+) -> str:
     """`identity`: per dtype, JETSPEC vs plain rows; `throughput`: per server label (name@dtype)."""
-    lines = [f"# SGLang GPU comparison ({meta.get('device', '?')}, SGLang {meta.get('sglang', '?')})", "",
-             f"Model {meta.get('model', '?')}, head {meta.get('head', '?')}; the first {meta.get('prompts', '?')} HumanEval "
-             f"prompts greedy for identity, then {meta.get('throughput_prompts', '?')} new ones per timed pass; max_new_tokens "
-             f"{meta.get('max_new_tokens', '?')}, attention {meta.get('attention_backend', '?')}, torch {meta.get('torch', '?')}.", ""]
+    lines = [
+        f"# SGLang GPU comparison ({meta.get('device', '?')}, SGLang {meta.get('sglang', '?')})",
+        "",
+        f"Model {meta.get('model', '?')}, head {meta.get('head', '?')}; the first {meta.get('prompts', '?')} HumanEval "
+        f"prompts greedy for identity, then {meta.get('throughput_prompts', '?')} new ones per timed pass; max_new_tokens "
+        f"{meta.get('max_new_tokens', '?')}, attention {meta.get('attention_backend', '?')}, torch {meta.get('torch', '?')}.",
+        "",
+    ]
     for dtype, rows in identity.items():
         exact = sum(r.exact for r in rows)
-        lines += [f"Greedy identity JETSPEC vs plain, {dtype}: {exact}/{len(rows)} exact ({exact / max(1, len(rows)):.0%}).", ""]
+        lines += [
+            f"Greedy identity JETSPEC vs plain, {dtype}: {exact}/{len(rows)} exact ({exact / max(1, len(rows)):.0%}).",
+            "",
+        ]
         diverged = [r for r in rows if not r.exact]
         if diverged:
             lines += ["| prompt | first divergence | target logprob margin |", "|---|---|---|"]
-            lines += [f"| {r.prompt} | {r.first_divergence} | {'n/a' if r.margin is None else f'{r.margin:.4f}'} |" for r in diverged]
+            lines += [
+                f"| {r.prompt} | {r.first_divergence} | {'n/a' if r.margin is None else f'{r.margin:.4f}'} |"
+                for r in diverged
+            ]
             lines.append("")
     batch_sizes = sorted({bs for by_bs in throughput.values() for bs in by_bs})
-    lines += ["| server | " + " | ".join(f"bs {bs} tok/s (x plain), accept" for bs in batch_sizes) + " |",
-              "|---|" + "---|" * len(batch_sizes)]
+    lines += [
+        "| server | " + " | ".join(f"bs {bs} tok/s (x plain), accept" for bs in batch_sizes) + " |",
+        "|---|" + "---|" * len(batch_sizes),
+    ]
     for label, by_bs in throughput.items():
         plain = throughput.get(server_label("plain", label.partition("@")[2]), {})
         cells = []
@@ -137,27 +155,49 @@ def results_markdown(identity: dict[str, list[IdentityRow]], throughput: dict[st
             accept = "" if speed.accept_length is None else f", {speed.accept_length:.2f}"
             cells.append(f"{speed.tok_s:.1f}{ratio}{accept}")
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    phased = [(label, bs, speed) for label, by_bs in throughput.items() for bs, speed in sorted(by_bs.items()) if speed.phases_ms]
+    phased = [
+        (label, bs, speed)
+        for label, by_bs in throughput.items()
+        for bs, speed in sorted(by_bs.items())
+        if speed.phases_ms
+    ]
     if phased:
-        lines += ["", "ms per verify step, by worker phase (the worker waits for the device at each boundary):", "",
-                  "| server | bs | " + " | ".join(WORKER_PHASES) + " |", "|---|---|" + "---|" * len(WORKER_PHASES)]
-        lines += [f"| {label} | {bs} | " + " | ".join(f"{speed.phases_ms.get(p, 0.0):.2f}" for p in WORKER_PHASES) + " |"
-                  for label, bs, speed in phased]
+        lines += [
+            "",
+            "ms per verify step, by worker phase (the worker waits for the device at each boundary):",
+            "",
+            "| server | bs | " + " | ".join(WORKER_PHASES) + " |",
+            "|---|---|" + "---|" * len(WORKER_PHASES),
+        ]
+        lines += [
+            f"| {label} | {bs} | " + " | ".join(f"{speed.phases_ms.get(p, 0.0):.2f}" for p in WORKER_PHASES) + " |"
+            for label, bs, speed in phased
+        ]
     return "\n".join(lines) + "\n"
 
 
-def write_results(out_dir: Path, identity: dict[str, list[IdentityRow]], throughput: dict[str, dict[int, Speed]],
-                  meta: dict) -> Path:
+def write_results(
+    out_dir: Path, identity: dict[str, list[IdentityRow]], throughput: dict[str, dict[int, Speed]], meta: dict
+) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "sglang_gpu_compare.json").write_text(json.dumps(
-        {"meta": meta, "identity": {dtype: [asdict(r) for r in rows] for dtype, rows in identity.items()},
-         "throughput": {k: {str(bs): asdict(v) for bs, v in by.items()} for k, by in throughput.items()}}, indent=2) + "\n")
+    (out_dir / "sglang_gpu_compare.json").write_text(
+        json.dumps(
+            {
+                "meta": meta,
+                "identity": {dtype: [asdict(r) for r in rows] for dtype, rows in identity.items()},
+                "throughput": {k: {str(bs): asdict(v) for bs, v in by.items()} for k, by in throughput.items()},
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     path = out_dir / "sglang_gpu_compare.md"
     path.write_text(results_markdown(identity, throughput, meta))
     return path
 
 
 # ---- servers and requests (GPU only) ----
+
 
 def _post(url: str, payload: dict, timeout: float = 600.0) -> bytes:
     request = urllib.request.Request(url, json.dumps(payload).encode(), {"Content-Type": "application/json"})
@@ -170,8 +210,9 @@ class Server:
         self.name, self.url = name, f"http://127.0.0.1:{port}"
         cmd = [sys.executable, "-m", "sglang.launch_server", "--port", str(port), *args]
         self.log = open(log_dir / f"server-{name}.log", "w")
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            cmd, stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, start_new_session=True
+        )
 
     def log_tail(self, lines: int = 60) -> str:
         self.log.flush()
@@ -181,14 +222,17 @@ class Server:
         deadline = time.time() + timeout_s
         while time.time() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} server exited ({self.proc.returncode}); {self.log.name} ends:\n"
-                                   + self.log_tail())
+                raise RuntimeError(
+                    f"{self.name} server exited ({self.proc.returncode}); {self.log.name} ends:\n" + self.log_tail()
+                )
             try:
                 urllib.request.urlopen(self.url + "/health_generate", timeout=30).read()
                 return
             except OSError:
                 time.sleep(2)
-        raise TimeoutError(f"{self.name} server not ready after {timeout_s}s; {self.log.name} ends:\n" + self.log_tail())
+        raise TimeoutError(
+            f"{self.name} server not ready after {timeout_s}s; {self.log.name} ends:\n" + self.log_tail()
+        )
 
     def generate(self, prompt: str, max_new_tokens: int, logprobs: bool = False) -> dict:
         payload = {"text": prompt, "sampling_params": {"temperature": 0.0, "max_new_tokens": max_new_tokens}}
@@ -261,10 +305,13 @@ def pass_slices(available: int, identity: int, per_pass: int, batch_sizes: list[
     twice would be answered by copying the first answer."""
     need = identity + per_pass * len(batch_sizes)
     if need > available:
-        raise SystemExit(f"--prompts {identity} + --throughput-prompts {per_pass} x {len(batch_sizes)} batch sizes "
-                         f"= {need} prompts; HumanEval has {available}")
-    return slice(0, identity), {bs: slice(identity + i * per_pass, identity + (i + 1) * per_pass)
-                                for i, bs in enumerate(batch_sizes)}
+        raise SystemExit(
+            f"--prompts {identity} + --throughput-prompts {per_pass} x {len(batch_sizes)} batch sizes "
+            f"= {need} prompts; HumanEval has {available}"
+        )
+    return slice(0, identity), {
+        bs: slice(identity + i * per_pass, identity + (i + 1) * per_pass) for i, bs in enumerate(batch_sizes)
+    }
 
 
 def throughput(server: Server, prompts: list[str], concurrency: int, max_new_tokens: int) -> Speed:
@@ -276,8 +323,11 @@ def throughput(server: Server, prompts: list[str], concurrency: int, max_new_tok
         start = time.perf_counter()
         responses = list(pool.map(lambda p: server.generate(p, max_new_tokens), prompts))
     wall = time.perf_counter() - start
-    return Speed(sum(r["meta_info"]["completion_tokens"] for r in responses) / wall, mean_accept_length(responses),
-                 phases_per_step(before, worker_seconds(server.url)))
+    return Speed(
+        sum(r["meta_info"]["completion_tokens"] for r in responses) / wall,
+        mean_accept_length(responses),
+        phases_per_step(before, worker_seconds(server.url)),
+    )
 
 
 # KV tokens of a server started beside others: 16 requests of a few hundred tokens each, with JETSPEC's
@@ -292,19 +342,35 @@ def server_configs(servers: list[tuple[str, str]], args) -> dict[str, list[str]]
     with three servers) and share the device through a KV cap instead."""
     configs = {}
     for name, dtype in servers:
-        base = ["--model-path", args.model, "--device", args.device, "--attention-backend", args.attention_backend,
-                "--dtype", dtype, *COMMON, "--mem-fraction-static", "0.6", "--sleep-on-idle"]
+        base = [
+            "--model-path",
+            args.model,
+            "--device",
+            args.device,
+            "--attention-backend",
+            args.attention_backend,
+            "--dtype",
+            dtype,
+            *COMMON,
+            "--mem-fraction-static",
+            "0.6",
+            "--sleep-on-idle",
+        ]
         if args.together:
             base += ["--max-total-tokens", str(TOGETHER_MAX_TOTAL_TOKENS)]
         jetspec = SYNC + ["--speculative-algorithm", "JETSPEC", "--speculative-draft-model-path", args.head]
         # the phase split needs the worker's metrics, and with them it waits for the device at every
         # phase boundary: on a GPU that costs the host/device overlap, so speed comes from `jetspec`
         # and the split from a separate `jetspec+phases` server
-        extra = {"jetspec": jetspec, "jetspec+phases": jetspec + ["--enable-metrics"], "jetspec+profile": jetspec,
-                 "plain": SYNC,
-                 "plain+defaults": [],
-                 "ngram": SYNC + ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens",
-                                  str(args.ngram_draft_tokens)]}
+        extra = {
+            "jetspec": jetspec,
+            "jetspec+phases": jetspec + ["--enable-metrics"],
+            "jetspec+profile": jetspec,
+            "plain": SYNC,
+            "plain+defaults": [],
+            "ngram": SYNC
+            + ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", str(args.ngram_draft_tokens)],
+        }
         if name not in extra:
             raise SystemExit(f"--servers: unknown server {name!r} (one of {', '.join(extra)})")
         configs[server_label(name, dtype)] = base + extra[name] + list(args.server_arg)
@@ -322,8 +388,15 @@ def profile(server: Server, label: str, args, prompts: list[str], bs: int) -> Pa
     activities = ["CPU", "GPU"] if args.device == "cuda" else ["CPU"]
     with ThreadPoolExecutor(bs) as pool:
         list(pool.map(lambda _: server.generate(WARMUP_TEXT, 8), range(bs)))
-        _post(server.url + "/start_profile", {"output_dir": str(trace_dir), "num_steps": args.profile_steps,
-                                              "activities": activities, "profile_id": "jetspec"})
+        _post(
+            server.url + "/start_profile",
+            {
+                "output_dir": str(trace_dir),
+                "num_steps": args.profile_steps,
+                "activities": activities,
+                "profile_id": "jetspec",
+            },
+        )
         list(pool.map(lambda p: server.generate(p, args.max_new_tokens), prompts[:bs]))
 
     def wait_trace(seconds: float) -> Path | None:
@@ -342,21 +415,31 @@ def profile(server: Server, label: str, args, prompts: list[str], bs: int) -> Pa
         raise TimeoutError(f"[{label}] no profiler trace in {trace_dir} after 130 s")
     profiled = summarize(load_trace(trace))
     out = args.out / f"profile-{label.replace('@', '-')}-bs{bs}.md"
-    out.write_text(f"# {label}, batch {bs}: at most {args.profile_steps} profiled forwards ({trace.name})\n\n"
-                   + summary_markdown(profiled))
+    out.write_text(
+        f"# {label}, batch {bs}: at most {args.profile_steps} profiled forwards ({trace.name})\n\n"
+        + summary_markdown(profiled)
+    )
     return out
 
 
-def measure(server: Server, label: str, args, prompts: list[str], slices: tuple[slice, dict[int, slice]],
-            greedy: dict, speeds: dict) -> None:
+def measure(
+    server: Server,
+    label: str,
+    args,
+    prompts: list[str],
+    slices: tuple[slice, dict[int, slice]],
+    greedy: dict,
+    speeds: dict,
+) -> None:
     identity, passes = slices
     if label.startswith("jetspec+profile@"):  # profiled steps only: the profiler's own cost spoils speed
         for bs in args.batch_sizes:
             print(profile(server, label, args, prompts[passes[bs]], bs).read_text(), flush=True)
         return
     if label.partition("@")[0] in ("plain", "jetspec"):
-        greedy[label] = [server.generate(q, args.max_new_tokens, logprobs=label.startswith("plain@"))
-                         for q in prompts[identity]]
+        greedy[label] = [
+            server.generate(q, args.max_new_tokens, logprobs=label.startswith("plain@")) for q in prompts[identity]
+        ]
         print(f"[{label}] greedy done; mean accept length {mean_accept_length(greedy[label])}", flush=True)
     speeds[label] = {}
     for bs in args.batch_sizes:
@@ -371,27 +454,53 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompts", type=int, default=50, help="HumanEval prompts of the greedy identity pass")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 16])
-    p.add_argument("--throughput-prompts", type=int, default=32,
-                   help="prompts per timed pass; each batch size gets its own, after the identity pass's")
+    p.add_argument(
+        "--throughput-prompts",
+        type=int,
+        default=32,
+        help="prompts per timed pass; each batch size gets its own, after the identity pass's",
+    )
     p.add_argument("--ngram-draft-tokens", type=int, default=8)
-    p.add_argument("--attention-backend", default="flashinfer", choices=["flashinfer", "triton", "intel_amx"],
-                   help="attention backend of every server (JETSPEC's tree verify runs through it)")
-    p.add_argument("--device", default="cuda",
-                   help="SGLang --device; `cpu` with intel_amx smoke-tests this script on the CPU harness "
-                        "(bench/GPU.md: the CPU smoke run)")
+    p.add_argument(
+        "--attention-backend",
+        default="flashinfer",
+        choices=["flashinfer", "triton", "intel_amx"],
+        help="attention backend of every server (JETSPEC's tree verify runs through it)",
+    )
+    p.add_argument(
+        "--device",
+        default="cuda",
+        help="SGLang --device; `cpu` with intel_amx smoke-tests this script on the CPU harness "
+        "(bench/GPU.md: the CPU smoke run)",
+    )
     p.add_argument("--dtype", default="bfloat16", help="SGLang --dtype of a server named without @dtype")
-    p.add_argument("--servers", default="jetspec,plain,plain+defaults,ngram",
-                   help="servers to run, in order, each name[@dtype] (identity needs jetspec and plain of one dtype)")
-    p.add_argument("--together", action="store_true",
-                   help="start every server at once (their start-ups overlap; each KV cache capped at "
-                        f"{TOGETHER_MAX_TOTAL_TOKENS} tokens), then measure them one at a time, stopping each when done")
-    p.add_argument("--server-arg", action="append", default=[], metavar="ARG",
-                   help="one more argument for every server (repeat it; e.g. --server-arg=--disable-cuda-graph)")
+    p.add_argument(
+        "--servers",
+        default="jetspec,plain,plain+defaults,ngram",
+        help="servers to run, in order, each name[@dtype] (identity needs jetspec and plain of one dtype)",
+    )
+    p.add_argument(
+        "--together",
+        action="store_true",
+        help="start every server at once (their start-ups overlap; each KV cache capped at "
+        f"{TOGETHER_MAX_TOTAL_TOKENS} tokens), then measure them one at a time, stopping each when done",
+    )
+    p.add_argument(
+        "--server-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="one more argument for every server (repeat it; e.g. --server-arg=--disable-cuda-graph)",
+    )
     p.add_argument("--port", type=int, default=31000)
     p.add_argument("--deadline-s", type=float, default=None, help="measure no server after this many seconds")
     p.add_argument("--server-budget-s", type=float, default=90.0, help="expected seconds per server (for --deadline-s)")
-    p.add_argument("--profile-steps", type=int, default=12,
-                   help="forwards a jetspec+profile server runs under the torch profiler, per batch size")
+    p.add_argument(
+        "--profile-steps",
+        type=int,
+        default=12,
+        help="forwards a jetspec+profile server runs under the torch profiler, per batch size",
+    )
     p.add_argument("--profile-dir", type=Path, default=Path("/tmp/jetspec-profile"), help="where its traces go")
     p.add_argument("--out", type=Path, default=Path("bench/results"))
     args = p.parse_args(argv)
@@ -399,7 +508,9 @@ def main(argv: list[str] | None = None) -> int:
     from sglang_jetspec.reference.prompts import humaneval_prompts
 
     prompts = humaneval_prompts(range(164))  # sliced per pass: pass_slices
-    slices = pass_slices(len(prompts), args.prompts, args.throughput_prompts, args.batch_sizes)  # before any server starts
+    slices = pass_slices(
+        len(prompts), args.prompts, args.throughput_prompts, args.batch_sizes
+    )  # before any server starts
     configs = server_configs(parse_servers(args.servers, args.dtype), args)
     args.out.mkdir(parents=True, exist_ok=True)
     greedy: dict[str, list[dict]] = {}
@@ -411,7 +522,9 @@ def main(argv: list[str] | None = None) -> int:
 
     path = save()
     ports = {label: args.port + i for i, label in enumerate(configs)}
-    launched = {label: Server(label, cmd, ports[label], args.out) for label, cmd in configs.items()} if args.together else {}
+    launched = (
+        {label: Server(label, cmd, ports[label], args.out) for label, cmd in configs.items()} if args.together else {}
+    )
     try:
         # every start-up finishes before the first measurement: a neighbour capturing its CUDA graphs
         # beside a timed pass slowed it (bench/results/gpu-sglang/2026-11-27-h200-run3, call 2)
@@ -453,8 +566,9 @@ def identity_of(greedy: dict[str, list[dict]]) -> dict[str, list[IdentityRow]]:
         name, _, dtype = label.partition("@")
         jetspec = greedy.get(server_label("jetspec", dtype))
         if name == "plain" and jetspec is not None:
-            out[dtype] = identity_rows([output_ids(r) for r in plain], [output_ids(r) for r in jetspec],
-                                       [top_logprob_maps(r) for r in plain])
+            out[dtype] = identity_rows(
+                [output_ids(r) for r in plain], [output_ids(r) for r in jetspec], [top_logprob_maps(r) for r in plain]
+            )
     return out
 
 
@@ -462,13 +576,21 @@ def run_meta(args, prompts: list[str], configs: dict, greedy: dict[str, list[dic
     import sglang
     import torch
 
-    return {"device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
-            "sglang": sglang.__version__, "torch": torch.__version__, "model": args.model, "head": args.head,
-            "prompts": args.prompts, "max_new_tokens": args.max_new_tokens,
-            "throughput_prompts": args.throughput_prompts,
-            "jetspec_mean_accept_length": {label: mean_accept_length(rs) for label, rs in greedy.items()
-                                           if label.startswith("jetspec@")},
-            "attention_backend": args.attention_backend, "servers": configs}
+    return {
+        "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+        "sglang": sglang.__version__,
+        "torch": torch.__version__,
+        "model": args.model,
+        "head": args.head,
+        "prompts": args.prompts,
+        "max_new_tokens": args.max_new_tokens,
+        "throughput_prompts": args.throughput_prompts,
+        "jetspec_mean_accept_length": {
+            label: mean_accept_length(rs) for label, rs in greedy.items() if label.startswith("jetspec@")
+        },
+        "attention_backend": args.attention_backend,
+        "servers": configs,
+    }
 
 
 if __name__ == "__main__":

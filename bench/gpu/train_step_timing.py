@@ -26,8 +26,14 @@ def synthetic_sequences(count: int = 200) -> list[Sequence]:
     seqs = []
     for i in range(count):
         n = random.Random(i).randint(150, 400)
-        seqs.append(Sequence(torch.randint(0, VOCAB - 100, (n,), generator=gen), n - 128,
-                             torch.randn(n, TAPS * HIDDEN, generator=gen).bfloat16(), torch.randn(n, HIDDEN, generator=gen).bfloat16()))
+        seqs.append(
+            Sequence(
+                torch.randint(0, VOCAB - 100, (n,), generator=gen),
+                n - 128,
+                torch.randn(n, TAPS * HIDDEN, generator=gen).bfloat16(),
+                torch.randn(n, HIDDEN, generator=gen).bfloat16(),
+            )
+        )
     return seqs
 
 
@@ -45,10 +51,28 @@ def mean_ms(step, device: torch.device, runs: int = 5) -> float:
 def main() -> None:
     device = torch.device("cuda")
     seqs = load_sequences(Path(sys.argv[1])) if len(sys.argv) > 1 else synthetic_sequences()
-    cfg = HeadConfig(hidden_size=HIDDEN, num_hidden_layers=1, num_attention_heads=9, num_key_value_heads=3, head_dim=64, intermediate_size=1536,
-                     vocab_size=VOCAB, block_size=16, target_layer_ids=(1, 10, 18, 27), mask_token_id=16)
+    cfg = HeadConfig(
+        hidden_size=HIDDEN,
+        num_hidden_layers=1,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        head_dim=64,
+        intermediate_size=1536,
+        vocab_size=VOCAB,
+        block_size=16,
+        target_layer_ids=(1, 10, 18, 27),
+        mask_token_id=16,
+    )
     embed, lm_head = torch.nn.Embedding(VOCAB, HIDDEN).to(device), torch.nn.Linear(HIDDEN, VOCAB, bias=False).to(device)
-    trainer = Trainer(cfg, TrainConfig(seqs_per_step=16, blocks_per_seq=32, position_decay=5.0), embed, lm_head, seqs, Path("/tmp/step-timing"), device)
+    trainer = Trainer(
+        cfg,
+        TrainConfig(seqs_per_step=16, blocks_per_seq=32, position_decay=5.0),
+        embed,
+        lm_head,
+        seqs,
+        Path("/tmp/step-timing"),
+        device,
+    )
 
     def one_pass_per_sequence() -> None:
         trainer.optimizer.zero_grad()

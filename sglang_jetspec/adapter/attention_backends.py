@@ -27,29 +27,46 @@ def verify_attention_backend(cfg) -> tuple[str, str | None]:
     """(flag, backend) that runs TARGET_VERIFY: the prefill or decode backend per
     --speculative-attention-mode, falling back to --attention-backend."""
     if cfg.speculative_attention_mode == "decode":
-        return ("--decode-attention-backend", cfg.decode_attention_backend) if cfg.decode_attention_backend else ("--attention-backend", cfg.attention_backend)
-    return ("--prefill-attention-backend", cfg.prefill_attention_backend) if cfg.prefill_attention_backend else ("--attention-backend", cfg.attention_backend)
+        return (
+            ("--decode-attention-backend", cfg.decode_attention_backend)
+            if cfg.decode_attention_backend
+            else ("--attention-backend", cfg.attention_backend)
+        )
+    return (
+        ("--prefill-attention-backend", cfg.prefill_attention_backend)
+        if cfg.prefill_attention_backend
+        else ("--attention-backend", cfg.attention_backend)
+    )
 
 
 def tree_mask_layout(backend: str | None) -> MaskLayout:
     try:
         return TREE_MASK_LAYOUTS[backend]
     except KeyError:
-        raise ValueError(f"attention backend {backend!r} cannot verify a token tree; use one of "
-                         f"{', '.join(TREE_MASK_LAYOUTS)}") from None
+        raise ValueError(
+            f"attention backend {backend!r} cannot verify a token tree; use one of {', '.join(TREE_MASK_LAYOUTS)}"
+        ) from None
 
 
 def backend_problems(cfg) -> list[str]:
     """What is wrong with the verify backend for this device, each problem naming the flag and the fix."""
     flag, backend = verify_attention_backend(cfg)
     on_cpu = cfg.device == "cpu"
-    fix = "pass --attention-backend intel_amx (SGLang's CPU backend)" if on_cpu else "pass --attention-backend flashinfer (or triton)"
+    fix = (
+        "pass --attention-backend intel_amx (SGLang's CPU backend)"
+        if on_cpu
+        else "pass --attention-backend flashinfer (or triton)"
+    )
     if backend not in TREE_MASK_LAYOUTS:
-        why = ("this attention backend ignores the tree mask in target verification (fa3, the Hopper default, and "
-               "trtllm_mha take the causal path; torch_native has no verify path)")
+        why = (
+            "this attention backend ignores the tree mask in target verification (fa3, the Hopper default, and "
+            "trtllm_mha take the causal path; torch_native has no verify path)"
+        )
         if backend == "torch_native" and on_cpu:
-            why += ("; SGLang falls back from intel_amx to torch_native when the platform reports no AMX, so run with "
-                    "SGLANG_USE_CPU_ENGINE=1 on a CPU with AMX and sgl-kernel's CPU build")
+            why += (
+                "; SGLang falls back from intel_amx to torch_native when the platform reports no AMX, so run with "
+                "SGLANG_USE_CPU_ENGINE=1 on a CPU with AMX and sgl-kernel's CPU build"
+            )
         return [f"{flag} {backend}: {why}; {fix}"]
     if (backend in CPU_BACKENDS) != on_cpu:
         where = "a CPU-only backend" if backend in CPU_BACKENDS else "a GPU backend"

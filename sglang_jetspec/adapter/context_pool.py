@@ -52,9 +52,14 @@ def allocate_context_pool(cfg: HeadConfig, allocator, dtype: torch.dtype, device
         raise RuntimeError(
             f"JETSPEC cannot allocate the head's context pool ({num_slots} slots x {per_token} bytes = "
             f"{num_slots * per_token / 2**20:.1f} MiB beside the target's KV pool): {exc}. Lower "
-            "--mem-fraction-static or --max-total-tokens so both pools fit") from exc
-    log.info("JETSPEC context pool: %d slots x %d bytes = %.1f MiB (the target's KV slots)", num_slots, per_token,
-             pool.nbytes() / 2**20)
+            "--mem-fraction-static or --max-total-tokens so both pools fit"
+        ) from exc
+    log.info(
+        "JETSPEC context pool: %d slots x %d bytes = %.1f MiB (the target's KV slots)",
+        num_slots,
+        per_token,
+        pool.nbytes() / 2**20,
+    )
     free = allocator.free
 
     def free_with_context(free_index) -> None:

@@ -49,8 +49,10 @@ def jetspec_architecture(architecture: str) -> str:
     try:
         return _JETSPEC_FOR[architecture]
     except KeyError:
-        raise ValueError(f"draft head architecture {architecture!r} is not a JetSpec/DFlash head: "
-                         f"expected one of {sorted(_JETSPEC_FOR)} in config.json 'architectures'") from None
+        raise ValueError(
+            f"draft head architecture {architecture!r} is not a JetSpec/DFlash head: "
+            f"expected one of {sorted(_JETSPEC_FOR)} in config.json 'architectures'"
+        ) from None
 
 
 def register_draft_models() -> None:

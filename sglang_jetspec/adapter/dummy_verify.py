@@ -13,14 +13,21 @@ from __future__ import annotations
 TARGET = "sglang.srt.speculative.spec_info.create_dummy_verify_input"
 
 
-def after_create_dummy_verify_input(result, spec_algorithm, custom_mask, num_tokens_per_req, is_draft_worker,
-                                    *args, **kwargs):
+def after_create_dummy_verify_input(
+    result, spec_algorithm, custom_mask, num_tokens_per_req, is_draft_worker, *args, **kwargs
+):
     from sglang_jetspec.adapter.spec_algo import JetSpecAlgo
 
     if result is not None or is_draft_worker or not isinstance(spec_algorithm, JetSpecAlgo):
         return result
     from sglang_jetspec.adapter.spec_inputs import JetSpecVerifyInput
 
-    return JetSpecVerifyInput(draft_token=None, custom_mask=custom_mask, positions=None, retrieve_index=None,
-                              retrieve_next_token=None, retrieve_next_sibling=None,
-                              draft_token_num=num_tokens_per_req)
+    return JetSpecVerifyInput(
+        draft_token=None,
+        custom_mask=custom_mask,
+        positions=None,
+        retrieve_index=None,
+        retrieve_next_token=None,
+        retrieve_next_sibling=None,
+        draft_token_num=num_tokens_per_req,
+    )

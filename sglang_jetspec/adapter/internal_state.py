@@ -19,7 +19,6 @@ import logging
 import time
 
 from policies.control_api import POLICY_KEY
-
 from sglang_jetspec.adapter.policy import is_policy_key
 
 log = logging.getLogger(__name__)
@@ -54,7 +53,9 @@ def around_set_internal_state(original, controller, recv_req):
             return SetInternalStateReqOutput(updated=False)
         problems = control.push(ours, time.time())
     if problems:  # one line per refused push, whatever it held
-        log.warning("rejected %s push, nothing changed (%d problems): %s", POLICY_KEY, len(problems), "; ".join(problems))
+        log.warning(
+            "rejected %s push, nothing changed (%d problems): %s", POLICY_KEY, len(problems), "; ".join(problems)
+        )
         return SetInternalStateReqOutput(updated=False)
     log.info("applied pushed %s table: %s", POLICY_KEY, control.readback(time.time())["table"])
     return SetInternalStateReqOutput(updated=True)
@@ -71,5 +72,6 @@ def after_get_internal_state(result, controller, recv_req):
         result.internal_state[CONTEXT_POOL_KEY] = worker.context_pool_state()
         # every tensor-parallel rank's own view (SGLang hands this request to every rank's scheduler)
         result.internal_state[RANKS_KEY] = worker.ranks.gather(
-            {"live_draft_states": worker.live_draft_states(), "policy_table": control.readback(time.time())["table"]})
+            {"live_draft_states": worker.live_draft_states(), "policy_table": control.readback(time.time())["table"]}
+        )
     return result

@@ -17,8 +17,17 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from policies import (ActivePolicy, HeadCapacity, Policy, PolicyError, PolicyState, PolicyTable, StepPlan, load_policy,
-                      read_head_capacity)
+from policies import (
+    ActivePolicy,
+    HeadCapacity,
+    Policy,
+    PolicyError,
+    PolicyState,
+    PolicyTable,
+    StepPlan,
+    load_policy,
+    read_head_capacity,
+)
 from policies.control_api import FLAT_PREFIX, policy_readback, table_from_flat_args
 
 log = logging.getLogger(__name__)

@@ -4,8 +4,14 @@ device, because SGLang runs it in every one of its processes."""
 
 from __future__ import annotations
 
-from sglang_jetspec.adapter import (attention_backends, context_pool, dummy_verify, internal_state, kv_reserve,
-                                    scheduler_hooks)
+from sglang_jetspec.adapter import (
+    attention_backends,
+    context_pool,
+    dummy_verify,
+    internal_state,
+    kv_reserve,
+    scheduler_hooks,
+)
 
 # (dotted target, hook, HookType member name): every SGLang function the plugin patches.
 HOOKS = (
@@ -38,7 +44,10 @@ def register() -> None:
 
     if get_spec(NAME) is None:
         SpeculativeAlgorithm.register(
-            NAME, supports_overlap=False, validate_server_args=validate_server_args, spec_class=JetSpecAlgo,
+            NAME,
+            supports_overlap=False,
+            validate_server_args=validate_server_args,
+            spec_class=JetSpecAlgo,
         )(_worker_class)
     for target, hook, kind in HOOKS:
         if not any(registered is hook for _, registered, _ in HookRegistry._hooks.get(target, ())):

@@ -24,13 +24,15 @@ TOP_K_ALL = 1 << 30
 
 def core_sampling_params(sp, vocab_size: int) -> SamplingParams:
     """`sp`: a normalised sglang.srt.sampling.sampling_params.SamplingParams (read by attribute)."""
-    common = dict(seed=sp.sampling_seed, max_new_tokens=sp.max_new_tokens or UNLIMITED_NEW_TOKENS,
-                  ignore_eos=bool(sp.ignore_eos))
+    common = dict(
+        seed=sp.sampling_seed, max_new_tokens=sp.max_new_tokens or UNLIMITED_NEW_TOKENS, ignore_eos=bool(sp.ignore_eos)
+    )
     if sp.top_k == 1:
         return SamplingParams(temperature=0.0, **common)
     top_k = -1 if sp.top_k < 1 or sp.top_k >= vocab_size else int(sp.top_k)
-    return SamplingParams(temperature=float(sp.temperature), top_p=float(sp.top_p), top_k=top_k,
-                          min_p=float(sp.min_p), **common)
+    return SamplingParams(
+        temperature=float(sp.temperature), top_p=float(sp.top_p), top_k=top_k, min_p=float(sp.min_p), **common
+    )
 
 
 # constrained decoding is served (adapter.tree_grammar); a refused request drops these before SGLang compiles them
@@ -45,11 +47,15 @@ def unsupported_feature(req) -> str | None:
     if getattr(req, "custom_logit_processor", None):
         return "custom_logit_processor is not supported by --speculative-algorithm JETSPEC; remove it"
     if getattr(req, "return_hidden_states", False):
-        return ("return_hidden_states is not supported by --speculative-algorithm JETSPEC (its forward captures "
-                "the draft head's tap layers instead); remove it")
+        return (
+            "return_hidden_states is not supported by --speculative-algorithm JETSPEC (its forward captures "
+            "the draft head's tap layers instead); remove it"
+        )
     if getattr(req, "return_sampling_mask", False):
-        return ("return_sampling_mask is not supported by --speculative-algorithm JETSPEC (its acceptance does not "
-                "record the sampler's support); remove it")
+        return (
+            "return_sampling_mask is not supported by --speculative-algorithm JETSPEC (its acceptance does not "
+            "record the sampler's support); remove it"
+        )
     return None
 
 
@@ -82,18 +88,25 @@ def crashing_input(req, vocab_size: int) -> str | None:
     low, high = min(ids), max(ids)
     if low < 0 or high >= vocab_size:
         bad = low if low < 0 else high
-        return (f"input_ids: token id {bad} is outside the model's vocabulary [0, {vocab_size}) -- send token ids "
-                "the model's tokenizer produced")
+        return (
+            f"input_ids: token id {bad} is outside the model's vocabulary [0, {vocab_size}) -- send token ids "
+            "the model's tokenizer produced"
+        )
     stops = [t for t in (req.sampling_params.stop_token_ids or ()) if not 0 <= t < vocab_size]
     if stops:  # min_new_tokens scatters every stop id into a vocabulary-sized row
-        return (f"sampling_params.stop_token_ids: {stops[0]} is outside the model's vocabulary [0, {vocab_size}) -- "
-                "send token ids the model's tokenizer produced")
+        return (
+            f"sampling_params.stop_token_ids: {stops[0]} is outside the model's vocabulary [0, {vocab_size}) -- "
+            "send token ids the model's tokenizer produced"
+        )
     top_k = req.sampling_params.top_k
     if top_k != TOP_K_ALL and (top_k != int(top_k) or top_k > vocab_size):
-        return (f"sampling_params.top_k {top_k} is not a whole number of tokens up to the vocabulary size {vocab_size} "
-                "-- send -1 for no top-k, or 1..vocabulary size")
+        return (
+            f"sampling_params.top_k {top_k} is not a whole number of tokens up to the vocabulary size {vocab_size} "
+            "-- send -1 for no top-k, or 1..vocabulary size"
+        )
     top_logprobs = getattr(getattr(req, "logprob", None), "top_logprobs_num", 0) or 0  # Req.logprob: a ReqLogprob
     if top_logprobs > vocab_size:
-        return (f"top_logprobs_num {top_logprobs} is above the vocabulary size {vocab_size} -- ask for at most "
-                f"{vocab_size}")
+        return (
+            f"top_logprobs_num {top_logprobs} is above the vocabulary size {vocab_size} -- ask for at most {vocab_size}"
+        )
     return None

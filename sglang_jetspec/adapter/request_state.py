@@ -71,8 +71,11 @@ class DraftStateStore:
         if state is None:
             state = self._states[rid] = RequestDraftState(rid, params)
         if not prefix_held and not state.blind:
-            log.info("request %s: the head's context of its cached prefix is not in the pool (written while "
-                     "speculation was off); it decodes without speculation", rid)
+            log.info(
+                "request %s: the head's context of its cached prefix is not in the pool (written while "
+                "speculation was off); it decodes without speculation",
+                rid,
+            )
             state.blind = True
         return state
 

@@ -24,8 +24,10 @@ SCHEDULER = "sglang.srt.managers.scheduler.Scheduler"
 ADMISSION_TARGET = "sglang.srt.constrained.grammar_manager.GrammarManager.process_req_with_grammar"
 ABORT_RELEASE_TARGET = f"{SCHEDULER}._release_aborted_request"
 IDLE_TARGET = f"{SCHEDULER}.on_idle"
-PREFILL_RESULT_TARGET = ("sglang.srt.managers.scheduler_components.batch_result_processor."
-                         "SchedulerBatchResultProcessor.process_batch_result_prefill")
+PREFILL_RESULT_TARGET = (
+    "sglang.srt.managers.scheduler_components.batch_result_processor."
+    "SchedulerBatchResultProcessor.process_batch_result_prefill"
+)
 
 
 def jetspec_worker(owner):

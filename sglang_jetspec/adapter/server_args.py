@@ -11,12 +11,12 @@ import logging
 from pathlib import Path
 
 from policies import PolicyError, read_head_capacity
-
 from sglang_jetspec.adapter.attention_backends import backend_problems
 from sglang_jetspec.adapter.policy import POLICY_ENV, load_runtime_policy, max_budget, policy_path
 from sglang_jetspec.core.head_config import HeadConfigError, TargetInfo
 
 log = logging.getLogger(__name__)
+
 
 class JetSpecArgsError(ValueError):
     def __init__(self, problems: list[str]):
@@ -28,15 +28,18 @@ def target_info(model_path: str, trust_remote_code: bool = False) -> TargetInfo:
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code).get_text_config()
-    return TargetInfo(hidden_size=config.hidden_size, vocab_size=config.vocab_size,
-                      num_hidden_layers=config.num_hidden_layers)
+    return TargetInfo(
+        hidden_size=config.hidden_size, vocab_size=config.vocab_size, num_hidden_layers=config.num_hidden_layers
+    )
 
 
 def _head_problems(cfg) -> list[str]:
     draft = cfg.speculative_draft_model_path
     if draft is None:
-        return ["--speculative-draft-model-path is missing: pass the directory of a JetSpec/DFlash draft head "
-                "(config.json + model.safetensors), e.g. sglang_jetspec/heads/smollm2-135m-instruct"]
+        return [
+            "--speculative-draft-model-path is missing: pass the directory of a JetSpec/DFlash draft head "
+            "(config.json + model.safetensors), e.g. sglang_jetspec/heads/smollm2-135m-instruct"
+        ]
     if not Path(draft).is_dir():
         return [f"--speculative-draft-model-path {draft}: not a local directory; pass a downloaded head directory"]
     from sglang_jetspec.core.head_io import read_head_config  # imports the head module: only when validating
@@ -60,44 +63,64 @@ def _runtime_problems(cfg) -> list[str]:
 
     problems = backend_problems(cfg)
     if cfg.speculative_use_rejection_sampling:
-        problems.append("--speculative-use-rejection-sampling: JETSPEC accepts with its own lossless rules for each "
-                        "request's sampling parameters; remove the flag")
+        problems.append(
+            "--speculative-use-rejection-sampling: JETSPEC accepts with its own lossless rules for each "
+            "request's sampling parameters; remove the flag"
+        )
     if cfg.speculative_use_block_verification:
         problems.append("--speculative-use-block-verification is not supported by JETSPEC; remove the flag")
     if cfg.pp_size > 1:
         problems.append(f"--pp-size {cfg.pp_size}: pipeline parallelism is not supported by JETSPEC; use --pp-size 1")
     if attn_dp_enabled_of(cfg):
-        problems.append(f"attention data parallelism (--attn-dp-size {cfg.attn_dp_size}, or the deprecated "
-                        "--enable-dp-attention) is not supported by JETSPEC; remove the flag")
+        problems.append(
+            f"attention data parallelism (--attn-dp-size {cfg.attn_dp_size}, or the deprecated "
+            "--enable-dp-attention) is not supported by JETSPEC; remove the flag"
+        )
     if cfg.enable_mixed_chunk:
-        problems.append("--enable-mixed-chunk is not supported by JETSPEC (prefill and verify cannot share a batch); "
-                        "remove the flag")
+        problems.append(
+            "--enable-mixed-chunk is not supported by JETSPEC (prefill and verify cannot share a batch); "
+            "remove the flag"
+        )
     if not cfg.disable_overlap_schedule:
-        problems.append("the overlap scheduler is on: JETSPEC runs synchronously (its tree and acceptance need the "
-                        "previous step's tokens on the host); pass --disable-overlap-schedule")
+        problems.append(
+            "the overlap scheduler is on: JETSPEC runs synchronously (its tree and acceptance need the "
+            "previous step's tokens on the host); pass --disable-overlap-schedule"
+        )
     if cfg.cuda_graph_config.decode.backend != "disabled":
-        problems.append("decode CUDA graphs are on: JETSPEC's verify width changes with the policy budget and SGLang "
-                        "cannot capture a plugin's verify input; pass --disable-decode-cuda-graph")
+        problems.append(
+            "decode CUDA graphs are on: JETSPEC's verify width changes with the policy budget and SGLang "
+            "cannot capture a plugin's verify input; pass --disable-decode-cuda-graph"
+        )
     if cfg.page_size != 1:
-        problems.append(f"--page-size {cfg.page_size}: JETSPEC compacts accepted tree nodes slot by slot and keeps the "
-                        "head's context per slot; use --page-size 1")
+        problems.append(
+            f"--page-size {cfg.page_size}: JETSPEC compacts accepted tree nodes slot by slot and keeps the "
+            "head's context per slot; use --page-size 1"
+        )
     # The radix cache works: the head's context lives per KV slot (adapter.context_pool). KV that
     # reaches a slot without passing a forward of this worker would come without it:
     if cfg.enable_hierarchical_cache:
-        problems.append("--enable-hierarchical-cache: KV loaded back from host memory or storage arrives without the "
-                        "head's context, which lives only beside the device KV pool; remove the flag")
+        problems.append(
+            "--enable-hierarchical-cache: KV loaded back from host memory or storage arrives without the "
+            "head's context, which lives only beside the device KV pool; remove the flag"
+        )
     if cfg.enable_lmcache:
         problems.append("--enable-lmcache: KV loaded from LMCache arrives without the head's context; remove the flag")
     if cfg.disaggregation_mode != "null":
-        problems.append(f"--disaggregation-mode {cfg.disaggregation_mode}: a decode server would receive requests "
-                        "without the tap rows the head drafts from; run JETSPEC without PD disaggregation")
+        problems.append(
+            f"--disaggregation-mode {cfg.disaggregation_mode}: a decode server would receive requests "
+            "without the tap rows the head drafts from; run JETSPEC without PD disaggregation"
+        )
     if cfg.grammar_backend == "outlines":
-        problems.append("--grammar-backend outlines: JETSPEC masks each draft tree node by walking the request's grammar "
-                        "forward and back, and outlines' grammar objects cannot roll back; use --grammar-backend "
-                        "xgrammar (the default) or llguidance")
+        problems.append(
+            "--grammar-backend outlines: JETSPEC masks each draft tree node by walking the request's grammar "
+            "forward and back, and outlines' grammar objects cannot roll back; use --grammar-backend "
+            "xgrammar (the default) or llguidance"
+        )
     if cfg.speculative_eagle_topk not in (None, 1):
-        problems.append(f"--speculative-eagle-topk {cfg.speculative_eagle_topk}: JETSPEC's tree width comes from the "
-                        "head (tree_width in its config.json, default 8); remove the flag")
+        problems.append(
+            f"--speculative-eagle-topk {cfg.speculative_eagle_topk}: JETSPEC's tree width comes from the "
+            "head (tree_width in its config.json, default 8); remove the flag"
+        )
     return problems
 
 
@@ -116,6 +139,10 @@ def resolve_speculative_shape(cfg) -> tuple[int, int, int]:
     widest = max_budget(load_runtime_policy(draft))
     requested = cfg.speculative_num_draft_tokens
     if requested is not None and requested < widest:
-        raise JetSpecArgsError([f"--speculative-num-draft-tokens {requested} is below the policy's largest budget "
-                                f"{widest} ({POLICY_ENV}={policy_path()}); remove the flag or raise it to {widest}"])
+        raise JetSpecArgsError(
+            [
+                f"--speculative-num-draft-tokens {requested} is below the policy's largest budget "
+                f"{widest} ({POLICY_ENV}={policy_path()}); remove the flag or raise it to {widest}"
+            ]
+        )
     return depth, 1, requested or widest

@@ -34,8 +34,9 @@ class JetSpecAlgo(CustomSpecAlgo):
     def has_draft_kv(self) -> bool:
         return False  # the head keeps its context K/V itself, outside SGLang's KV pools
 
-    def create_future_map(self, device, req_to_token_pool, needs_cpu_seq_lens: bool = True,
-                          needs_confidence_relay: bool = False):
+    def create_future_map(
+        self, device, req_to_token_pool, needs_cpu_seq_lens: bool = True, needs_confidence_relay: bool = False
+    ):
         from sglang.srt.managers.overlap_utils import FutureMap
 
         return FutureMap(device, self, req_to_token_pool, needs_cpu_seq_lens, needs_confidence_relay)
@@ -49,8 +50,11 @@ class JetSpecAlgo(CustomSpecAlgo):
         if graphs.prefill.backend != "disabled":
             # JETSPEC's prefill asks for FULL hidden-state capture (the head's tap rows), which SGLang's
             # prefill graph runner does not replay: the graphs would be captured, never used, and hold memory.
-            log.warning("JETSPEC: prefill CUDA graphs (%s) switched off: JETSPEC's prefill captures the full hidden "
-                        "states, which SGLang's prefill graphs do not replay", graphs.prefill.backend)
+            log.warning(
+                "JETSPEC: prefill CUDA graphs (%s) switched off: JETSPEC's prefill captures the full hidden "
+                "states, which SGLang's prefill graphs do not replay",
+                graphs.prefill.backend,
+            )
             server_args.cuda_graph_config = replace(graphs, prefill=replace(graphs.prefill, backend="disabled"))
 
     def resolve_max_speculative_num_draft_tokens(self, server_args):

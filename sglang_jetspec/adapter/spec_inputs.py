@@ -21,7 +21,6 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
-
 from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_func
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
 from sglang.srt.speculative.ngram_info import NgramVerifyInput
@@ -42,9 +41,14 @@ def bind_verify_batch(batch, tensors, seq_lens: list[int], num_nodes: int, mask_
     batch.forward_mode = ForwardMode.TARGET_VERIFY
     batch.input_ids = draft_token
     batch.out_cache_loc = assign_extend_cache_locs_func(
-        req_pool_indices=batch.req_pool_indices, req_to_token=batch.req_to_token_pool.req_to_token,
-        start_offset=batch.seq_lens, end_offset=batch.seq_lens + num_nodes, batch_size=len(seq_lens),
-        draft_token_num=num_nodes, device=device)
+        req_pool_indices=batch.req_pool_indices,
+        req_to_token=batch.req_to_token_pool.req_to_token,
+        start_offset=batch.seq_lens,
+        end_offset=batch.seq_lens + num_nodes,
+        batch_size=len(seq_lens),
+        draft_token_num=num_nodes,
+        device=device,
+    )
     batch.spec_info = JetSpecVerifyInput(
         draft_token=draft_token,
         custom_mask=tensors.custom_mask(mask_layout, seq_lens, device),
@@ -52,7 +56,8 @@ def bind_verify_batch(batch, tensors, seq_lens: list[int], num_nodes: int, mask_
         retrieve_index=tensors.retrieve_index.to(device, non_blocking=True),
         retrieve_next_token=tensors.retrieve_next_token.to(device, non_blocking=True),
         retrieve_next_sibling=tensors.retrieve_next_sibling.to(device, non_blocking=True),
-        draft_token_num=num_nodes)
+        draft_token_num=num_nodes,
+    )
 
 
 def bind_decode_batch(batch, root_tokens: torch.Tensor, device) -> None:
@@ -64,8 +69,14 @@ def bind_decode_batch(batch, root_tokens: torch.Tensor, device) -> None:
     batch.forward_mode = ForwardMode.DECODE
     batch.input_ids = root_tokens.to(device, non_blocking=True)
     batch.out_cache_loc = assign_extend_cache_locs_func(
-        req_pool_indices=batch.req_pool_indices, req_to_token=batch.req_to_token_pool.req_to_token,
-        start_offset=seq_lens, end_offset=seq_lens + 1, batch_size=len(root_tokens), draft_token_num=1, device=device)
+        req_pool_indices=batch.req_pool_indices,
+        req_to_token=batch.req_to_token_pool.req_to_token,
+        start_offset=seq_lens,
+        end_offset=seq_lens + 1,
+        batch_size=len(root_tokens),
+        draft_token_num=1,
+        device=device,
+    )
     batch.seq_lens = seq_lens + 1
     if batch.seq_lens_cpu is not None:
         batch.seq_lens_cpu = batch.seq_lens_cpu + 1
@@ -80,8 +91,9 @@ class JetSpecDraftState(SpecInput):
     hidden_states = None
     draft_probs = None
 
-    def __init__(self, bonus_tokens: torch.Tensor, new_seq_lens: torch.Tensor,
-                 future_indices: Optional[torch.Tensor] = None) -> None:
+    def __init__(
+        self, bonus_tokens: torch.Tensor, new_seq_lens: torch.Tensor, future_indices: Optional[torch.Tensor] = None
+    ) -> None:
         super().__init__(SpecInputType.NGRAM_VERIFY)
         self.bonus_tokens = bonus_tokens  # [bs] the last committed token of each request
         self.new_seq_lens = new_seq_lens

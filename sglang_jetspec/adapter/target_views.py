@@ -54,8 +54,10 @@ def target_tables(model, vocab_size: int, ranks) -> tuple[TargetEmbedding, Targe
     """The head's embedding and lm_head over the target's: live views with one rank; under tensor
     parallelism the full tables on the drafting rank (a collective: every rank calls this at start-up)."""
     if ranks.size == 1:
-        return (TargetEmbedding(lambda: model.get_input_embeddings().weight),
-                TargetLMHead(lambda: model.lm_head.weight, vocab_size))
+        return (
+            TargetEmbedding(lambda: model.get_input_embeddings().weight),
+            TargetLMHead(lambda: model.lm_head.weight, vocab_size),
+        )
     embedding = model.get_input_embeddings()
     embed = ranks.full_vocab_rows(embedding.weight)
     head = embed if model.lm_head is embedding else ranks.full_vocab_rows(model.lm_head.weight)  # tied tables

@@ -71,9 +71,11 @@ class TensorParallelRanks:
         extremes = torch.tensor([checksum, -checksum], dtype=torch.int64)
         torch.distributed.all_reduce(extremes, op=torch.distributed.ReduceOp.MAX, group=self.group.cpu_group)
         if int(extremes[0]) != -int(extremes[1]):
-            raise RankDesyncError(f"JETSPEC tensor-parallel ranks disagree on this step's {what} (rank {self.rank} "
-                                  f"checksum {checksum}, highest {int(extremes[0])}, lowest {-int(extremes[1])}); "
-                                  "stopping before the KV cache diverges")
+            raise RankDesyncError(
+                f"JETSPEC tensor-parallel ranks disagree on this step's {what} (rank {self.rank} "
+                f"checksum {checksum}, highest {int(extremes[0])}, lowest {-int(extremes[1])}); "
+                "stopping before the KV cache diverges"
+            )
 
     def full_vocab_rows(self, weight: torch.Tensor) -> torch.Tensor:
         """A vocabulary-parallel table's rows from every rank, in vocabulary order (a collective: every

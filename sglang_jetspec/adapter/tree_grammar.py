@@ -19,7 +19,6 @@ A batch without a constrained request builds nothing here.
 from __future__ import annotations
 
 import torch
-
 from sglang.srt.constrained.base_grammar_backend import GrammarMask
 from sglang.srt.speculative.spec_utils import traverse_tree
 

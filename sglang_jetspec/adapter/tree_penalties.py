@@ -36,8 +36,12 @@ class RequestPenalties:
 
     @property
     def active(self) -> bool:
-        return (self.frequency != 0.0 or self.presence != 0.0 or self.repetition != 1.0
-                or (self.min_new_tokens > 0 and bool(self.stop_ids)))
+        return (
+            self.frequency != 0.0
+            or self.presence != 0.0
+            or self.repetition != 1.0
+            or (self.min_new_tokens > 0 and bool(self.stop_ids))
+        )
 
 
 def request_penalties(req) -> RequestPenalties:
@@ -50,9 +54,13 @@ def request_penalties(req) -> RequestPenalties:
         stops |= set(getattr(tokenizer, "additional_stop_token_ids", None) or ())
         if getattr(tokenizer, "eos_token_id", None) is not None:
             stops.add(tokenizer.eos_token_id)
-    return RequestPenalties(frequency=float(sp.frequency_penalty), presence=float(sp.presence_penalty),
-                            repetition=float(sp.repetition_penalty), min_new_tokens=int(sp.min_new_tokens or 0),
-                            stop_ids=tuple(sorted(t for t in stops if t is not None)))
+    return RequestPenalties(
+        frequency=float(sp.frequency_penalty),
+        presence=float(sp.presence_penalty),
+        repetition=float(sp.repetition_penalty),
+        min_new_tokens=int(sp.min_new_tokens or 0),
+        stop_ids=tuple(sorted(t for t in stops if t is not None)),
+    )
 
 
 def _path_levels(tree: DraftTree) -> list[tuple[list[int], list[int]]]:
@@ -63,12 +71,15 @@ def _path_levels(tree: DraftTree) -> list[tuple[list[int], list[int]]]:
     for node in range(1, len(parents)):  # a parent precedes its children
         paths[node] = paths[parents[node]] + [tokens[node]]
     depth = max(len(p) for p in paths)
-    return [([n for n, p in enumerate(paths) if len(p) > level], [p[level] for p in paths if len(p) > level])
-            for level in range(depth)]
+    return [
+        ([n for n, p in enumerate(paths) if len(p) > level], [p[level] for p in paths if len(p) > level])
+        for level in range(depth)
+    ]
 
 
-def _occurrence_rows(vocab: int, output: torch.Tensor, levels, n: int, value: float, accumulate: bool,
-                     fill: float, device) -> torch.Tensor:
+def _occurrence_rows(
+    vocab: int, output: torch.Tensor, levels, n: int, value: float, accumulate: bool, fill: float, device
+) -> torch.Tensor:
     """[n, V]: `fill`, then `value` added per occurrence (accumulate) or set where a token occurred,
     over the output tokens and then, level by level, each node's path."""
     row = torch.full((vocab,), fill, dtype=torch.float32, device=device)
@@ -80,14 +91,21 @@ def _occurrence_rows(vocab: int, output: torch.Tensor, levels, n: int, value: fl
     for nodes, toks in levels:
         index = (torch.tensor(nodes, device=device), torch.tensor(toks, device=device))
         if accumulate:  # one occurrence per row per level: each add is one rounding, as in SGLang
-            rows.index_put_(index, torch.full((len(nodes),), value, dtype=torch.float32, device=device), accumulate=True)
+            rows.index_put_(
+                index, torch.full((len(nodes),), value, dtype=torch.float32, device=device), accumulate=True
+            )
         else:
             rows[index] = value
     return rows
 
 
-def apply_tree_penalties(logits: torch.Tensor, penalties: list[RequestPenalties], outputs: list[list[int]],
-                         trees: list[DraftTree], num_nodes: int) -> None:
+def apply_tree_penalties(
+    logits: torch.Tensor,
+    penalties: list[RequestPenalties],
+    outputs: list[list[int]],
+    trees: list[DraftTree],
+    num_nodes: int,
+) -> None:
     """Penalise `logits` ([bs*num_nodes, V], request b's node i at row b*num_nodes + i) in place.
     `outputs[b]`: request b's committed output token ids (its last one is the tree's root).
     Padding rows past a tree's size are left as they are (no acceptance reads them)."""

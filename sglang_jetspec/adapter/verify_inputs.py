@@ -37,7 +37,9 @@ class VerifyTensors:
     num_nodes: int  # N, the uniform width per request
     max_depth: int  # deepest tree level in the batch
 
-    def custom_mask(self, layout: MaskLayout, seq_lens: list[int], device: torch.device | str | None = None) -> torch.Tensor:
+    def custom_mask(
+        self, layout: MaskLayout, seq_lens: list[int], device: torch.device | str | None = None
+    ) -> torch.Tensor:
         """The flattened tree mask in the layout the verify attention backend reads
         (attention_backends.tree_mask_layout), built on `device` (default: where qlen_mask is)."""
         if layout == MaskLayout.QLEN_ONLY:
@@ -56,8 +58,12 @@ class VerifyTensors:
         starts = torch.cumsum(n * widths, 0) - n * widths  # offset of each request's first row
         rows = torch.arange(n, device=qlen.device)
         # entry (b, i, j) of the tree part sits at starts_b + i * width_b + seq_len_b + j
-        index = (starts.view(-1, 1, 1) + rows.view(1, -1, 1) * widths.view(-1, 1, 1)
-                 + lens.view(-1, 1, 1) + rows.view(1, 1, -1))
+        index = (
+            starts.view(-1, 1, 1)
+            + rows.view(1, -1, 1) * widths.view(-1, 1, 1)
+            + lens.view(-1, 1, 1)
+            + rows.view(1, 1, -1)
+        )
         mask = torch.ones(int((n * widths).sum()), dtype=torch.bool, device=qlen.device)
         mask[index.flatten()] = qlen.flatten()
         return mask
@@ -90,7 +96,9 @@ def build_verify_tensors(trees: list[DraftTree], seq_lens: list[int], num_nodes:
     width = num_nodes if num_nodes is not None else max(t.size for t in trees)
     too_big = [b for b, t in enumerate(trees) if t.size > width]
     if too_big:
-        raise ValueError(f"trees {too_big} have more than num_nodes={width} nodes: raise num_nodes to the step's budget")
+        raise ValueError(
+            f"trees {too_big} have more than num_nodes={width} nodes: raise num_nodes to the step's budget"
+        )
     bs = len(trees)
     tokens = torch.empty(bs, width, dtype=torch.long)
     positions = torch.empty(bs, width, dtype=torch.long)

@@ -28,7 +28,6 @@ import logging
 import time
 
 import torch
-
 from sglang.srt.arg_groups.overrides import resolving_view
 from sglang.srt.layers.logprob_processor import compute_spec_logprobs
 from sglang.srt.managers.utils import GenerationBatchResult
@@ -54,8 +53,13 @@ from sglang_jetspec.adapter.tensor_parallel import perturbed, sglang_ranks
 from sglang_jetspec.adapter.tree_grammar import TreeGrammar
 from sglang_jetspec.adapter.tree_penalties import apply_logit_bias, apply_tree_penalties, request_penalties
 from sglang_jetspec.adapter.verify_inputs import build_verify_tensors
-from sglang_jetspec.adapter.worker_observability import (WorkerShadow, step_tracer, trace_step, worker_metrics,
-                                                          xgrammar_options)
+from sglang_jetspec.adapter.worker_observability import (
+    WorkerShadow,
+    step_tracer,
+    trace_step,
+    worker_metrics,
+    xgrammar_options,
+)
 from sglang_jetspec.core.context_pool import SlotContextPool
 from sglang_jetspec.core.draft_vocab import load_draft_vocab
 from sglang_jetspec.core.drafter import HeadDrafter
@@ -63,8 +67,8 @@ from sglang_jetspec.core.drafting import draft_trees, headless_trees, sampled_dr
 from sglang_jetspec.core.head_io import load_head
 from sglang_jetspec.core.learned_verify_cost import LearnedVerifyCost
 from sglang_jetspec.core.prompt_lookup import LookupMerge
-from sglang_jetspec.core.suffix_store import RECENT_OUTPUT_TOKENS, SuffixStore, load_draft_corpus
 from sglang_jetspec.core.step_record import StepRecord
+from sglang_jetspec.core.suffix_store import RECENT_OUTPUT_TOKENS, SuffixStore, load_draft_corpus
 from sglang_jetspec.core.tree import DraftTree, TreeSpec, root_only_tree
 from sglang_jetspec.core.tree_sizing import TreeSizer
 
@@ -98,16 +102,22 @@ class JetSpecWorker(BaseSpecWorker):
         self.tree_width = capacity.tree_width
         model = self.model_runner.model
         if not hasattr(model, "set_dflash_layers_to_capture"):
-            raise JetSpecArgsError([f"--model-path {cfg.model_path}: SGLang's {type(model).__name__} cannot "
-                                    "capture the tap layers' hidden states (no set_dflash_layers_to_capture); JETSPEC "
-                                    "needs a target whose SGLang model class has that hook (Llama, Qwen3, Qwen3-MoE, ...; not "
-                                    "Qwen2 in SGLang 0.5.23)"])
+            raise JetSpecArgsError(
+                [
+                    f"--model-path {cfg.model_path}: SGLang's {type(model).__name__} cannot "
+                    "capture the tap layers' hidden states (no set_dflash_layers_to_capture); JETSPEC "
+                    "needs a target whose SGLang model class has that hook (Llama, Qwen3, Qwen3-MoE, ...; not "
+                    "Qwen2 in SGLang 0.5.23)"
+                ]
+            )
         # The target's backends and graphs are not built yet, so every forward from now on captures.
         model.set_dflash_layers_to_capture(list(self.head.config.target_layer_ids))
         vocab = self.head.config.vocab_size
         # under tensor parallelism rank 0 drafts and the others follow (adapter.tensor_parallel)
         self.ranks = sglang_ranks()
-        self.drafter = HeadDrafter(self.head, *target_tables(model, vocab, self.ranks), load_draft_vocab(draft_path, vocab))
+        self.drafter = HeadDrafter(
+            self.head, *target_tables(model, vocab, self.ranks), load_draft_vocab(draft_path, vocab)
+        )
         self.vocab_size = vocab
         self.states = DraftStateStore()
         self.context_pool: SlotContextPool | None = None  # built with the target's pools (alloc_memory_pool)
@@ -115,19 +125,32 @@ class JetSpecWorker(BaseSpecWorker):
         self.metrics = worker_metrics(cfg.enable_metrics and self.ranks.drafts)  # the drafting rank reports
         policy = load_runtime_policy(draft_path)
         self.policy_control = PolicyControl(  # read by adapter.internal_state's /set_internal_state hooks
-            policy, admin_key_configured=cfg.admin_api_key is not None,
-            on_change=self.metrics.show_policy if self.metrics is not None else None, head=capacity)
+            policy,
+            admin_key_configured=cfg.admin_api_key is not None,
+            on_change=self.metrics.show_policy if self.metrics is not None else None,
+            head=capacity,
+        )
         # for cohorts whose drafter is hybrid: prompt lookup, the head's draft corpus, and what this
         # worker's finished requests wrote
-        self.hybrid = LookupMerge.from_policy(policy.lookup, load_draft_corpus(draft_path, vocab) or SuffixStore(),
-                                              SuffixStore(max_tokens=RECENT_OUTPUT_TOKENS))
+        self.hybrid = LookupMerge.from_policy(
+            policy.lookup,
+            load_draft_corpus(draft_path, vocab) or SuffixStore(),
+            SuffixStore(max_tokens=RECENT_OUTPUT_TOKENS),
+        )
         # adaptive tree sizing (cohorts whose policy asks for it): one calibration and draft gate for the
         # worker, as the reference engine keeps one per engine, and the verify cost it has timed
         self.sizer = TreeSizer()
         self.verify_costs = LearnedVerifyCost()
-        self.shadow = WorkerShadow.from_env(policy.shadow.sample_rate, model=cfg.served_model_name
-                                            or cfg.model_path, head=str(draft_path),
-                                            grammar=xgrammar_options(cfg)) if self.ranks.drafts else None
+        self.shadow = (
+            WorkerShadow.from_env(
+                policy.shadow.sample_rate,
+                model=cfg.served_model_name or cfg.model_path,
+                head=str(draft_path),
+                grammar=xgrammar_options(cfg),
+            )
+            if self.ranks.drafts
+            else None
+        )
 
     # ---- lifecycle (scheduler.py init_memory_pools / init_all_* / result processor) ----
 
@@ -135,8 +158,9 @@ class JetSpecWorker(BaseSpecWorker):
         # As NGRAMWorker: the verify writes the target's own pools. Beside them, the head's context
         # per KV slot, addressed by the same slot indices.
         self.req_to_token_pool, self.token_to_kv_pool_allocator = self._target_worker.get_memory_pool()
-        self.context_pool = allocate_context_pool(self.head.config, self.token_to_kv_pool_allocator,
-                                                  self.model_runner.dtype, self.device)
+        self.context_pool = allocate_context_pool(
+            self.head.config, self.token_to_kv_pool_allocator, self.model_runner.dtype, self.device
+        )
         self.drafter.context = self.context_pool
 
     def _draft_model_runners(self) -> tuple:
@@ -175,8 +199,9 @@ class JetSpecWorker(BaseSpecWorker):
 
     # ---- forward ----
 
-    def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None,
-                                 pp_proxy_tensors=None) -> GenerationBatchResult:
+    def forward_batch_generation(
+        self, batch, on_publish=None, grammar_barrier=None, pp_proxy_tensors=None
+    ) -> GenerationBatchResult:
         record_stream_for_v2_verify(batch, None, torch.get_device_module(self.device).current_stream())
         self.retire_finished()
         if batch.forward_mode.is_decode():
@@ -223,8 +248,8 @@ class JetSpecWorker(BaseSpecWorker):
         NGRAMWorker); FULL capture returns the tap rows of every computed position."""
         is_extend = batch.forward_mode.is_extend()
         result = self._target_worker.forward_batch_generation(
-            batch, pp_proxy_tensors=pp_proxy_tensors,
-            capture_hidden_mode=CaptureHiddenMode.FULL if is_extend else None)
+            batch, pp_proxy_tensors=pp_proxy_tensors, capture_hidden_mode=CaptureHiddenMode.FULL if is_extend else None
+        )
         logits_output = result.logits_output
         if is_extend:
             self._store_prefill_rows(batch, logits_output.hidden_states)
@@ -260,16 +285,23 @@ class JetSpecWorker(BaseSpecWorker):
             offset += extend_len
         if keep and self.ranks.drafts:
             rows, device = torch.cat(keep).to(self.device), self.device
-            self.context_pool.write(self.drafter.head, taps[rows], torch.cat(positions).to(device),
-                                    batch.out_cache_loc[rows])
+            self.context_pool.write(
+                self.drafter.head, taps[rows], torch.cat(positions).to(device), batch.out_cache_loc[rows]
+            )
 
     @staticmethod
     def _attach(state: RequestDraftState, req) -> None:
         state.req = req  # the live Req: its finish reason and token ids for the sweep and the shadow
         state.penalties = request_penalties(req)
 
-    def _trees(self, lanes: list[RequestDraftState], plan: StepPlan, budget: int, sizer: TreeSizer | None,
-               grammar: TreeGrammar | None) -> tuple[list[DraftTree], float, float, bool]:
+    def _trees(
+        self,
+        lanes: list[RequestDraftState],
+        plan: StepPlan,
+        budget: int,
+        sizer: TreeSizer | None,
+        grammar: TreeGrammar | None,
+    ) -> tuple[list[DraftTree], float, float, bool]:
         """Each request's tree (root-only for budget <= 1 and for blind requests), head and tree seconds,
         and whether `sizer` cut the trees (adaptive sizing; not on a step that times a missing end of
         the verify cost curve). A constrained request's tree loses the nodes its grammar forbids before
@@ -282,7 +314,9 @@ class JetSpecWorker(BaseSpecWorker):
         if not drafting or probe == 1:  # probe 1: time an ordinary step, without draft work
             return trees, 0.0, 0.0, False
         # a tree of `budget` nodes is at most budget-1 deep: never pay for deeper draft rows
-        spec = TreeSpec(budget=budget, max_depth=min(self.drafter.max_depth, budget - 1), width=plan.tree_width or self.tree_width)
+        spec = TreeSpec(
+            budget=budget, max_depth=min(self.drafter.max_depth, budget - 1), width=plan.tree_width or self.tree_width
+        )
         lookup = self.hybrid if plan.drafter == "hybrid" else None
         sizing = sizer is not None and probe is None
         head_runs = not sizing or sizer.gate.should_draft()
@@ -291,8 +325,9 @@ class JetSpecWorker(BaseSpecWorker):
         if head_runs:
             draws = sampled_draws(drafting_lanes, plan.sampled_children == "drawn", plan.draft_rounds)
             roots = [grammar.root_allowed(b) for b in drafting] if grammar is not None else None
-            drafted, timing = draft_trees(self.drafter, drafting_lanes, spec, plan.draft_rounds, lookup, draws,
-                                          root_allowed=roots)
+            drafted, timing = draft_trees(
+                self.drafter, drafting_lanes, spec, plan.draft_rounds, lookup, draws, root_allowed=roots
+            )
             draft_s, tree_s = timing.draft_s, timing.tree_s
         else:  # the head has not been paying: the looked-up trees alone (or the roots)
             drafted, draft_s, tree_s = headless_trees(drafting_lanes, spec, lookup), 0.0, 0.0
@@ -317,8 +352,15 @@ class JetSpecWorker(BaseSpecWorker):
         self.ranks.agree("trees", [t for tree in trees for t in (tree.tokens, tree.parents)])
         return trees
 
-    def _keep_context(self, lanes: list[RequestDraftState], taps: torch.Tensor, out, seq_lens: list[int],
-                      out_cache_loc: torch.Tensor, num_nodes: int) -> None:
+    def _keep_context(
+        self,
+        lanes: list[RequestDraftState],
+        taps: torch.Tensor,
+        out,
+        seq_lens: list[int],
+        out_cache_loc: torch.Tensor,
+        num_nodes: int,
+    ) -> None:
         """The head's context of the committed tokens (root + accepted nodes) of each drafting request:
         their verify rows' taps, at positions kv_len + i and the slots the KV mover put their target KV
         in (the first ones of the request's verify window). Rejected nodes' slots are left invalid."""
@@ -332,8 +374,12 @@ class JetSpecWorker(BaseSpecWorker):
         positions = (torch.tensor(seq_lens)[lane_of_row] + offset)[drafting]
         window = (lane_of_row * num_nodes + offset)[drafting]
         device = self.device
-        self.context_pool.write(self.drafter.head, taps[out.row_index[drafting].to(device)], positions.to(device),
-                                out_cache_loc[window.to(device)])
+        self.context_pool.write(
+            self.drafter.head,
+            taps[out.row_index[drafting].to(device)],
+            positions.to(device),
+            out_cache_loc[window.to(device)],
+        )
 
     def _sync(self, observed: bool) -> float:
         """A phase boundary. When metrics or traces read the phase timings, wait for the device so they
@@ -358,8 +404,9 @@ class JetSpecWorker(BaseSpecWorker):
         for req, kv_len in zip(batch.reqs, seq_lens):
             state = self.states.get(req.rid)
             if state is None:  # not prefilled through this worker (e.g. after clear_cache_pool): no context
-                state = self.states.extended(req.rid, core_sampling_params(req.sampling_params, self.vocab_size),
-                                             prefix_held=False)
+                state = self.states.extended(
+                    req.rid, core_sampling_params(req.sampling_params, self.vocab_size), prefix_held=False
+                )
                 self._attach(state, req)
             state.root_token = int(req.output_ids[-1])  # sync scheduler: the last committed token
             if not plan.keep_draft_context:
@@ -371,8 +418,9 @@ class JetSpecWorker(BaseSpecWorker):
         set_time_batch(batch.reqs, "set_spec_draft_start_time", trace_only=True)
         sizer = self.sizer if plan.tree_sizing == "adaptive" and num_nodes > 1 else None
         grammar = TreeGrammar.of_batch(batch)
-        trees, draft_s, tree_s, sized = self._trees(lanes, plan, num_nodes, sizer, grammar) if self.ranks.drafts \
-            else ([], 0.0, 0.0, False)
+        trees, draft_s, tree_s, sized = (
+            self._trees(lanes, plan, num_nodes, sizer, grammar) if self.ranks.drafts else ([], 0.0, 0.0, False)
+        )
         if self.ranks.size > 1:
             trees = self._agree_on_trees(trees, lanes)
         set_time_batch(batch.reqs, "set_spec_draft_end_time", trace_only=True)
@@ -388,23 +436,26 @@ class JetSpecWorker(BaseSpecWorker):
         if decode:
             bind_decode_batch(batch, torch.tensor([lane.root_token for lane in lanes]), device)
         else:
-            bind_verify_batch(batch, build_verify_tensors(trees, seq_lens, num_nodes), seq_lens, num_nodes,
-                              self.mask_layout, device)
+            bind_verify_batch(
+                batch, build_verify_tensors(trees, seq_lens, num_nodes), seq_lens, num_nodes, self.mask_layout, device
+            )
         grammar_mask = grammar.mask(trees, num_nodes, device) if grammar is not None else None
         t_verify = self._sync(timed)
         tree_s += t_verify - t_bind  # the verify tensors and grammar masks are part of building the trees
         drafting = self.ranks.drafts and any(not lane.blind for lane in lanes)
         capture = CaptureHiddenMode.FULL if drafting else CaptureHiddenMode.NULL
         result = self._target_worker.forward_batch_generation(
-            batch, is_verify=True, capture_hidden_mode=capture if decode else None)
+            batch, is_verify=True, capture_hidden_mode=capture if decode else None
+        )
         logits_output = result.logits_output
         taps = logits_output.hidden_states  # [bs*N, taps*H]: every node's tap rows
         logits = logits_output.next_token_logits
         # each node's row penalised as a plain decode at its output position (not SGLang's relaxed
         # per-step penalties), masked to what the request's grammar allows after the node's path, then
         # the request's logit bias: the order of SGLang's own sampler
-        apply_tree_penalties(logits, [lane.penalties for lane in lanes], [lane.req.output_ids for lane in lanes],
-                             trees, num_nodes)
+        apply_tree_penalties(
+            logits, [lane.penalties for lane in lanes], [lane.req.output_ids for lane in lanes], trees, num_nodes
+        )
         if grammar_mask is not None:
             grammar_mask.apply(logits)
         apply_logit_bias(logits, batch.sampling_info.logit_bias, num_nodes)
@@ -412,8 +463,14 @@ class JetSpecWorker(BaseSpecWorker):
         if timed:
             self.verify_costs.observe(bs * num_nodes, t_accept - t_verify)
 
-        acceptance = accept_step(trees, logits, num_nodes, [lane.params for lane in lanes],
-                                 [lane.generator for lane in lanes], "draw" if plan.sampled_children == "drawn" else "match")
+        acceptance = accept_step(
+            trees,
+            logits,
+            num_nodes,
+            [lane.params for lane in lanes],
+            [lane.generator for lane in lanes],
+            "draw" if plan.sampled_children == "drawn" else "match",
+        )
         if sized:
             self.sizer.observe([result.path for result in acceptance.results])
         out = step_outputs(acceptance, num_nodes)
@@ -442,9 +499,18 @@ class JetSpecWorker(BaseSpecWorker):
 
         if observed:
             record = StepRecord(
-                batch_size=bs, budget=budget, committed_tokens=sum(out.row_counts), accept_lengths=out.row_counts,
-                draft_s=draft_s, tree_s=tree_s, verify_s=t_accept - t_verify, accept_s=t_end - t_accept,
-                commit_s=t_end - t_commit, wall_s=t_end - t_start, verified_nodes=sum(tree.size for tree in trees))
+                batch_size=bs,
+                budget=budget,
+                committed_tokens=sum(out.row_counts),
+                accept_lengths=out.row_counts,
+                draft_s=draft_s,
+                tree_s=tree_s,
+                verify_s=t_accept - t_verify,
+                accept_s=t_end - t_accept,
+                commit_s=t_end - t_commit,
+                wall_s=t_end - t_start,
+                verified_nodes=sum(tree.size for tree in trees),
+            )
             if self.metrics is not None:
                 self.metrics.record_step(cohort, record)
             if tracer is not None:

@@ -24,8 +24,12 @@ SHADOW_SPOOL_ENV = "JETSPEC_SHADOW_SPOOL"
 
 # SGLang finish-reason classes (managers/schedule_batch.py) -> the shadow record's finish_reason.
 # Aborts are absent on purpose: an aborted request says nothing about the target distribution.
-FINISH_REASONS = {"FINISH_MATCHED_TOKEN": "eos", "FINISH_LENGTH": "length", "FINISH_MATCHED_STR": "stop",
-                  "FINISHED_MATCHED_REGEX": "stop"}
+FINISH_REASONS = {
+    "FINISH_MATCHED_TOKEN": "eos",
+    "FINISH_LENGTH": "length",
+    "FINISH_MATCHED_STR": "stop",
+    "FINISHED_MATCHED_REGEX": "stop",
+}
 
 
 def worker_metrics(enable_metrics: bool):
@@ -78,8 +82,8 @@ class WorkerShadow:
             return None
         from prometheus_client import CollectorRegistry
 
-        from sglang_jetspec.spool.writer import SpoolWriter
         from sglang_jetspec.spool.tee import ShadowTee
+        from sglang_jetspec.spool.writer import SpoolWriter
 
         return cls(ShadowTee(SpoolWriter(spool), sample_rate, CollectorRegistry()).start(), model, head, grammar)
 
@@ -108,8 +112,10 @@ def xgrammar_options(server_args) -> dict | None:
     the same flags), or None when it runs another grammar backend: the checker rebuilds xgrammar's only."""
     if server_args.grammar_backend != "xgrammar":
         return None
-    return {"any_whitespace": not server_args.constrained_json_disable_any_whitespace,
-            "max_whitespace_cnt": server_args.constrained_json_max_whitespace_cnt}
+    return {
+        "any_whitespace": not server_args.constrained_json_disable_any_whitespace,
+        "max_whitespace_cnt": server_args.constrained_json_max_whitespace_cnt,
+    }
 
 
 def record_constraint(req, options: dict | None):
@@ -131,8 +137,15 @@ def shadow_record(req, state: RequestDraftState, finish_reason: str, model: str,
     from sglang_jetspec.spool.record import RecordSampling, ShadowRecord, SpecStats
 
     return ShadowRecord(
-        request_id=str(req.rid), model=model, head=head,
-        prompt_ids=list(req.origin_input_ids), output_ids=list(req.output_ids),
-        sampling=RecordSampling.of(state.params), finish_reason=finish_reason,
+        request_id=str(req.rid),
+        model=model,
+        head=head,
+        prompt_ids=list(req.origin_input_ids),
+        output_ids=list(req.output_ids),
+        sampling=RecordSampling.of(state.params),
+        finish_reason=finish_reason,
         spec=SpecStats(budgets=list(state.budgets), accept_lengths=list(state.accept_lengths)),
-        started_at=state.started_at, finished_at=time.time(), constraint=constraint)
+        started_at=state.started_at,
+        finished_at=time.time(),
+        constraint=constraint,
+    )

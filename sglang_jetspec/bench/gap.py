@@ -17,13 +17,13 @@ from pathlib import Path
 
 import torch
 
-from .setup import BenchError, jetspec_label, make_requests, run_command, run_header, select_prompts
-from .report import markdown_table, run_summary_lines
 from ..core.branch_gap import BranchGap
 from ..core.head_config import HeadConfigError
+from ..reference.engine import EngineConfig, ReferenceEngine
 from ..reference.loading import load_drafter, load_target
 from ..reference.prompts import encode
-from ..reference.engine import EngineConfig, ReferenceEngine
+from .report import markdown_table, run_summary_lines
+from .setup import BenchError, jetspec_label, make_requests, run_command, run_header, select_prompts
 
 THRESHOLDS = (5.0, 10.0, 20.0)  # nats; the paper's catastrophic failures are >= +80
 
@@ -65,24 +65,44 @@ def gap(args) -> dict:
     except HeadConfigError as exc:
         raise BenchError(f"--head {args.head}: {exc}") from exc
     if max(args.draft_rounds) > 0 and not drafter.reads_tree_tokens:
-        raise BenchError(f"--draft-rounds {','.join(map(str, args.draft_rounds))}: --head {args.head or '(shipped head)'} was not trained "
-                         "with revealed tokens (config.json dflash_config.draft_reveal); train one with `jetspec train --reveal prefix`")
+        raise BenchError(
+            f"--draft-rounds {','.join(map(str, args.draft_rounds))}: --head {args.head or '(shipped head)'} was not trained "
+            "with revealed tokens (config.json dflash_config.draft_reveal); train one with `jetspec train --reveal prefix`"
+        )
     requests = make_requests([encode(p, target.tokenizer) for p in prompts], 0.0, args.max_new_tokens, args.seed)
     records, first_outputs, raw = [], None, {}
     for rounds in args.draft_rounds:
         for budget in args.budgets:
-            config = EngineConfig(tree_width=args.tree_width, fanout=args.fanout, max_batch_size=args.batch_size, draft_rounds=rounds, rank1_gap=True)
+            config = EngineConfig(
+                tree_width=args.tree_width,
+                fanout=args.fanout,
+                max_batch_size=args.batch_size,
+                draft_rounds=rounds,
+                rank1_gap=True,
+            )
             gaps: list[BranchGap] = []
-            outputs = ReferenceEngine(target, drafter, config).generate(requests, budget, on_step=lambda r: gaps.extend(g for g in r.rank1_gaps if g.depth))
+            outputs = ReferenceEngine(target, drafter, config).generate(
+                requests, budget, on_step=lambda r: gaps.extend(g for g in r.rank1_gaps if g.depth)
+            )
             first_outputs = first_outputs or [o.output_ids for o in outputs]
             lengths = [n for o in outputs for n in o.accept_lengths]
-            record = GapRecord(jetspec_label(rounds), rounds, budget, len(gaps), sum(lengths) / max(1, len(lengths)),
-                               greedy_mismatches=sum(o.output_ids != f for o, f in zip(outputs, first_outputs)), **summarize_gaps(gaps))
+            record = GapRecord(
+                jetspec_label(rounds),
+                rounds,
+                budget,
+                len(gaps),
+                sum(lengths) / max(1, len(lengths)),
+                greedy_mismatches=sum(o.output_ids != f for o, f in zip(outputs, first_outputs)),
+                **summarize_gaps(gaps),
+            )
             raw[f"{record.method}@{budget}"] = [round(g.gap, 4) for g in gaps]
             records.append(record)
-            print(f"{record.method:<12} budget {budget:>4}: accept {record.mean_accept_length:5.2f}  gap p50 {record.gap_quantiles.get('p50', float('nan')):7.2f}  "
-                  f"p90 {record.gap_quantiles.get('p90', float('nan')):7.2f}  share >= 10 nats {record.share_at_least.get('10', float('nan')):.3f}  "
-                  f"mismatches {record.greedy_mismatches}", flush=True)
+            print(
+                f"{record.method:<12} budget {budget:>4}: accept {record.mean_accept_length:5.2f}  gap p50 {record.gap_quantiles.get('p50', float('nan')):7.2f}  "
+                f"p90 {record.gap_quantiles.get('p90', float('nan')):7.2f}  share >= 10 nats {record.share_at_least.get('10', float('nan')):.3f}  "
+                f"mismatches {record.greedy_mismatches}",
+                flush=True,
+            )
     header = run_header(args, target, {"head": head_label}, indices) | {"batch_size": args.batch_size}
     report = {"header": header, "records": [asdict(r) for r in records], "gaps": raw}
     Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
@@ -100,12 +120,32 @@ def markdown_gap(report: dict) -> str:
         "",
         *run_summary_lines(h),
     ]
-    rows = [[r["method"], str(r["budget"]), f"{r['mean_accept_length']:.2f}", f"{r['mean_branch_depth']:.1f}", f"{r['gap_mean']:.2f}",
-             *(f"{r['gap_quantiles'].get(q, float('nan')):.2f}" for q in ("p10", "p50", "p90", "p99")),
-             *(f"{r['share_at_least'].get(f'{t:g}', float('nan')):.3f}" for t in THRESHOLDS), str(r["greedy_mismatches"])]
-            for r in report["records"]]
-    columns = ["method", "budget", "accept", "branch depth", "gap mean", "p10", "p50", "p90", "p99",
-               *(f"share >= {t:g}" for t in THRESHOLDS), "mismatches"]
+    rows = [
+        [
+            r["method"],
+            str(r["budget"]),
+            f"{r['mean_accept_length']:.2f}",
+            f"{r['mean_branch_depth']:.1f}",
+            f"{r['gap_mean']:.2f}",
+            *(f"{r['gap_quantiles'].get(q, float('nan')):.2f}" for q in ("p10", "p50", "p90", "p99")),
+            *(f"{r['share_at_least'].get(f'{t:g}', float('nan')):.3f}" for t in THRESHOLDS),
+            str(r["greedy_mismatches"]),
+        ]
+        for r in report["records"]
+    ]
+    columns = [
+        "method",
+        "budget",
+        "accept",
+        "branch depth",
+        "gap mean",
+        "p10",
+        "p50",
+        "p90",
+        "p99",
+        *(f"share >= {t:g}" for t in THRESHOLDS),
+        "mismatches",
+    ]
     return "\n".join(lines + markdown_table(columns, rows)) + "\n"
 
 

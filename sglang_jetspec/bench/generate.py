@@ -14,11 +14,12 @@ from dataclasses import asdict, dataclass
 import torch
 
 from ..core.sampling import SamplingParams
-from ..reference.loading import load_engine_drafter, load_target
-from ..reference.prompts import load_prompt_ids
-from ..reference.divergence import describe as describe_divergence, greedy_divergences
+from ..reference.divergence import describe as describe_divergence
+from ..reference.divergence import greedy_divergences
 from ..reference.engine import EngineConfig, ReferenceEngine, Request, RequestOutput
+from ..reference.loading import load_engine_drafter, load_target
 from ..reference.precision import cpu_model
+from ..reference.prompts import load_prompt_ids
 
 
 @dataclass
@@ -30,7 +31,9 @@ class RunFigures:
     seconds: float
     tokens_per_s: float
     mean_accept_length: float
-    draft_round_s: list[float]  # mean draft head seconds per verify step, by round: [marginal pass, tree-causal round 1, ...]
+    draft_round_s: list[
+        float
+    ]  # mean draft head seconds per verify step, by round: [marginal pass, tree-causal round 1, ...]
     phase_ms: dict[str, float]  # mean milliseconds per verify step of each phase (STEP_PHASES)
 
 
@@ -62,10 +65,22 @@ class RunTally:
         steps = max(1, len(records))
         per_round = [sum(col) / steps for col in zip(*(r.draft_round_s for r in records))]
         phase_ms = {phase: 1000 * sum(getattr(r, f"{phase}_s") for r in records) / steps for phase in STEP_PHASES}
-        return RunFigures(self.mode, self.budget, len(outputs), tokens, self.seconds, tokens / self.seconds, accept, per_round, phase_ms)
+        return RunFigures(
+            self.mode,
+            self.budget,
+            len(outputs),
+            tokens,
+            self.seconds,
+            tokens / self.seconds,
+            accept,
+            per_round,
+            phase_ms,
+        )
 
 
-def timed_run(engine: ReferenceEngine, requests: list[Request], budget: int, mode: str) -> tuple[RunFigures, list[RequestOutput]]:
+def timed_run(
+    engine: ReferenceEngine, requests: list[Request], budget: int, mode: str
+) -> tuple[RunFigures, list[RequestOutput]]:
     tally = RunTally(mode, budget)
     tally.run(engine, requests)
     return tally.figures(), tally.outputs
@@ -76,16 +91,33 @@ def run(args) -> dict:
     target = load_target(args.target, args.dtype, args.device, args.attention)
     chosen = load_engine_drafter(target, args)
     prompt_ids = load_prompt_ids(args.prompts, target.tokenizer, limit=args.num_prompts)
-    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p, seed=args.seed, max_new_tokens=args.max_new_tokens)
+    params = SamplingParams(
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        min_p=args.min_p,
+        seed=args.seed,
+        max_new_tokens=args.max_new_tokens,
+    )
     requests = [Request(ids, params, str(i)) for i, ids in enumerate(prompt_ids)]
     plain = ReferenceEngine(target, None, EngineConfig(max_batch_size=args.batch_size))
     timed_run(plain, requests[:1], 0, "warmup")  # first calls pay one-off allocation costs
     ar, ar_out = timed_run(plain, requests, 0, "autoregressive")
     # A separate engine: the hybrid drafter looks up its engine's finished outputs, and the
     # autoregressive answers to these very prompts must not be among them.
-    engine = ReferenceEngine(target, chosen.drafter, EngineConfig(tree_width=chosen.tree_width, fanout=args.fanout, acceptance=args.acceptance, max_batch_size=args.batch_size,
-                                                        draft_rounds=args.draft_rounds, lookup=chosen.lookup,
-                                                        tree_sizing=args.tree_sizing))
+    engine = ReferenceEngine(
+        target,
+        chosen.drafter,
+        EngineConfig(
+            tree_width=chosen.tree_width,
+            fanout=args.fanout,
+            acceptance=args.acceptance,
+            max_batch_size=args.batch_size,
+            draft_rounds=args.draft_rounds,
+            lookup=chosen.lookup,
+            tree_sizing=args.tree_sizing,
+        ),
+    )
     # the speculative run keeps the report key "jetspec"; its mode names the drafter that ran
     spec, spec_out = timed_run(engine, requests, args.budget, {"head": "jetspec"}.get(args.drafter, args.drafter))
     divergences = greedy_divergences(target, ar_out, spec_out) if params.greedy else None
@@ -97,8 +129,14 @@ def run(args) -> dict:
         "batch_size": args.batch_size,
         "max_new_tokens": args.max_new_tokens,
         "sampling": asdict(params),
-        "tree": {"budget": args.budget, "width": chosen.tree_width, "fanout": args.fanout, "max_depth": chosen.drafter.max_depth, "draft_rounds": args.draft_rounds,
-                 "sizing": args.tree_sizing},
+        "tree": {
+            "budget": args.budget,
+            "width": chosen.tree_width,
+            "fanout": args.fanout,
+            "max_depth": chosen.drafter.max_depth,
+            "draft_rounds": args.draft_rounds,
+            "sizing": args.tree_sizing,
+        },
         "device": f"{args.device} ({cpu_model()}, {torch.get_num_threads()} threads), {target.precision[0]} ({target.precision[1]})",
         "autoregressive": asdict(ar),
         "jetspec": asdict(spec),
@@ -125,10 +163,14 @@ def format_report(r: dict) -> str:
     ]
     for key in ("autoregressive", "jetspec"):
         f = r[key]
-        lines.append(f"{f['mode']:<16}{f['tokens']:>8}{f['seconds']:>10.2f}{f['tokens_per_s']:>10.2f}{f['mean_accept_length']:>12.2f}")
+        lines.append(
+            f"{f['mode']:<16}{f['tokens']:>8}{f['seconds']:>10.2f}{f['tokens_per_s']:>10.2f}{f['mean_accept_length']:>12.2f}"
+        )
     lines.append(f"speedup {r['speedup']:.2f}x")
     if r["greedy_outputs_differing"] is not None:
-        lines.append(f"greedy outputs differing from autoregressive: {r['greedy_outputs_differing']} of {r['num_prompts']}")
+        lines.append(
+            f"greedy outputs differing from autoregressive: {r['greedy_outputs_differing']} of {r['num_prompts']}"
+        )
         for d in r["greedy_divergences"]:
             lines.append(f"  request {d['request']}: {describe_divergence(d)}")
     return "\n".join(lines)

@@ -22,8 +22,6 @@ from pathlib import Path
 
 import torch
 
-from .setup import load_run, make_requests, run_command, run_header
-from .report import markdown_table, run_summary_lines, speculative_by_method, style_budget_axes
 from ..core.context_cache import ContextCache
 from ..core.drafting import TreeDraft, refine
 from ..core.prompt_lookup import LookupMerge, lookup_guesses
@@ -31,6 +29,8 @@ from ..core.suffix_store import RECENT_OUTPUT_TOKENS, SuffixStore
 from ..core.tree import DraftTree, TreeSpec, top_k_per_depth
 from ..reference.engine import Drafter, EngineConfig, ReferenceEngine, RequestOutput
 from ..reference.target import Segment, TargetModel
+from .report import markdown_table, run_summary_lines, speculative_by_method, style_budget_axes
+from .setup import load_run, make_requests, run_command, run_header
 
 
 @dataclass
@@ -86,10 +86,14 @@ class DraftMemo:
         if committed not in self._marginal:
             self.lane.committed = committed
             logits = self.drafter.propose([self.lane], min(self.depth, self.drafter.max_depth))[0]
-            self._marginal[committed] = top_k_per_depth(logits, self.tree_width, getattr(self.drafter, "draft_vocab", None))
+            self._marginal[committed] = top_k_per_depth(
+                logits, self.tree_width, getattr(self.drafter, "draft_vocab", None)
+            )
         return self._marginal[committed]
 
-    def tree(self, committed: int, budget: int, fanout: str, rounds: int = 0, lookup: LookupMerge | None = None) -> DraftTree:
+    def tree(
+        self, committed: int, budget: int, fanout: str, rounds: int = 0, lookup: LookupMerge | None = None
+    ) -> DraftTree:
         """The tree the engine drafts at this position: the marginal tree (with the prompt-lookup guess
         merged in for the hybrid drafter), then `rounds` tree-causal rounds."""
         key = (committed, budget, fanout, lookup)
@@ -97,8 +101,14 @@ class DraftMemo:
             tokens, logprobs = self.at(committed)
             spec = TreeSpec(budget, min(budget - 1, tokens.shape[0]), self.tree_width, fanout)
             self.lane.committed = committed
-            draft = TreeDraft(self.lane.root_token, tokens, logprobs, spec, guesses=lookup_guesses(self.lane.committed_ids, spec, lookup),
-                              vocab=getattr(self.drafter, "draft_vocab", None))
+            draft = TreeDraft(
+                self.lane.root_token,
+                tokens,
+                logprobs,
+                spec,
+                guesses=lookup_guesses(self.lane.committed_ids, spec, lookup),
+                vocab=getattr(self.drafter, "draft_vocab", None),
+            )
             self._rounds[key] = (draft, [draft.tree])
         draft, trees = self._rounds[key]
         while len(trees) <= rounds:
@@ -108,8 +118,9 @@ class DraftMemo:
         return trees[rounds]
 
 
-def replay_request(memo: DraftMemo, output: RequestOutput, budget: int, fanout: str, rounds: int = 0,
-                   lookup: LookupMerge | None = None) -> list[int]:
+def replay_request(
+    memo: DraftMemo, output: RequestOutput, budget: int, fanout: str, rounds: int = 0, lookup: LookupMerge | None = None
+) -> list[int]:
     """Accept lengths (bonus included) of each step when `memo`'s drafter drafts at `budget` with `rounds`
     (and `lookup`'s merge, for the hybrid drafter)."""
     prompt_len, total = len(output.prompt_ids), len(output.prompt_ids) + len(output.output_ids)
@@ -138,11 +149,18 @@ def replay(args) -> dict:
     target, contenders = loaded.target, loaded.contenders
     requests = make_requests(loaded.prompt_ids, 0.0, args.max_new_tokens, args.seed)
     outputs = ReferenceEngine(target, None, EngineConfig(max_batch_size=args.ar_batch_size)).generate(requests, 0)
-    print(f"autoregressive outputs: {sum(len(o.output_ids) for o in outputs)} tokens over {len(outputs)} prompts", flush=True)
+    print(
+        f"autoregressive outputs: {sum(len(o.output_ids) for o in outputs)} tokens over {len(outputs)} prompts",
+        flush=True,
+    )
     depth = max(args.budgets) - 1
     # as in the engine, a hybrid with a draft corpus also looks up the outputs of the requests before
-    contenders = [replace(c, lookup=replace(c.lookup, recent=SuffixStore(max_tokens=RECENT_OUTPUT_TOKENS)))
-                  if c.lookup is not None and c.lookup.corpus is not None else c for c in contenders]
+    contenders = [
+        replace(c, lookup=replace(c.lookup, recent=SuffixStore(max_tokens=RECENT_OUTPUT_TOKENS)))
+        if c.lookup is not None and c.lookup.corpus is not None
+        else c
+        for c in contenders
+    ]
     steps = {(c.method, b): [] for c in contenders for b in args.budgets}
     for i, output in enumerate(outputs):
         # one memo per (drafter, width) and request: jetspec at several --draft-rounds shares it
@@ -151,20 +169,34 @@ def replay(args) -> dict:
         for contender in contenders:
             taps = tuple(getattr(contender.drafter, "tap_layers", ()))
             if taps not in rows_by_taps:
-                rows_by_taps[taps] = tapped_rows(target, output.prompt_ids + output.output_ids, taps) if taps else torch.zeros(0)
+                rows_by_taps[taps] = (
+                    tapped_rows(target, output.prompt_ids + output.output_ids, taps) if taps else torch.zeros(0)
+                )
             key = (id(contender.drafter), contender.tree_width)
             if key not in memos:
-                memos[key] = DraftMemo(contender.drafter, contender.tree_width, ReplayLane(output.prompt_ids, output.output_ids, rows_by_taps[taps]), depth)
+                memos[key] = DraftMemo(
+                    contender.drafter,
+                    contender.tree_width,
+                    ReplayLane(output.prompt_ids, output.output_ids, rows_by_taps[taps]),
+                    depth,
+                )
             for budget in args.budgets:
-                steps[contender.method, budget].append(replay_request(memos[key], output, budget, args.fanout, contender.draft_rounds,
-                                                                      contender.lookup))
+                steps[contender.method, budget].append(
+                    replay_request(memos[key], output, budget, args.fanout, contender.draft_rounds, contender.lookup)
+                )
         for contender in contenders:
             if contender.lookup is not None and contender.lookup.recent is not None:
                 contender.lookup.recent.add(output.output_ids)
         print(f"request {i + 1}/{len(outputs)} replayed", flush=True)
     for contender in contenders:
-        print(f"{contender.method}: " + "  ".join(f"{b}: {_mean(steps[contender.method, b]):.2f}" for b in args.budgets), flush=True)
-    records = [ReplayRecord(m, b, len(runs), sum(map(len, runs)), sum(map(sum, runs)), _mean(runs)) for (m, b), runs in steps.items()]
+        print(
+            f"{contender.method}: " + "  ".join(f"{b}: {_mean(steps[contender.method, b]):.2f}" for b in args.budgets),
+            flush=True,
+        )
+    records = [
+        ReplayRecord(m, b, len(runs), sum(map(len, runs)), sum(map(sum, runs)), _mean(runs))
+        for (m, b), runs in steps.items()
+    ]
     header = run_header(args, target, loaded.head_labels, loaded.indices) | {"ar_batch_size": args.ar_batch_size}
     report = {"header": header, "records": [asdict(r) for r in records]}
     Path(args.json).write_text(json.dumps(report, indent=2) + "\n")

@@ -34,14 +34,16 @@ def summarize(records: list[dict]) -> list[dict]:
         for method, cells in speculative_by_method(group).items():
             best = max(cells, key=lambda c: c["speedup_vs_ar"])
             paying = [c["budget"] for c in cells if c["speedup_vs_ar"] >= 1.0]
-            summary.append({
-                "batch_size": batch_size,
-                "temperature": temperature,
-                "method": method,
-                "best_budget": best["budget"],
-                "best_speedup": best["speedup_vs_ar"],
-                "pays_up_to_budget": max(paying) if paying else None,
-            })
+            summary.append(
+                {
+                    "batch_size": batch_size,
+                    "temperature": temperature,
+                    "method": method,
+                    "best_budget": best["budget"],
+                    "best_speedup": best["speedup_vs_ar"],
+                    "pays_up_to_budget": max(paying) if paying else None,
+                }
+            )
     return summary
 
 
@@ -68,7 +70,9 @@ def run_summary_lines(h: dict) -> list[str]:
 
 
 def markdown_table(columns: list[str], rows: list[list[str]]) -> list[str]:
-    return ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)] + ["| " + " | ".join(row) + " |" for row in rows]
+    return ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)] + [
+        "| " + " | ".join(row) + " |" for row in rows
+    ]
 
 
 def _digests(sha256: dict[str, str] | None) -> str:
@@ -80,7 +84,9 @@ def _lookup_line(lookup: dict | None) -> list[str]:
     if not lookup:
         return []
     corpus = ", ".join(lookup.get("draft_corpus") or ["none recorded"])
-    return [f"- lookup: n-grams {lookup['min_ngram']}-{lookup['max_ngram']}, accept {lookup['accept']}, hybrid draft corpus {corpus}"]
+    return [
+        f"- lookup: n-grams {lookup['min_ngram']}-{lookup['max_ngram']}, accept {lookup['accept']}, hybrid draft corpus {corpus}"
+    ]
 
 
 def markdown_report(report: dict) -> str:
@@ -100,28 +106,76 @@ def markdown_report(report: dict) -> str:
         "## Results",
         "",
     ]
-    columns = ["batch", "temperature", "method", "budget", "tokens/s", "accept length", "speedup vs AR", "greedy mismatches"]
+    columns = [
+        "batch",
+        "temperature",
+        "method",
+        "budget",
+        "tokens/s",
+        "accept length",
+        "speedup vs AR",
+        "greedy mismatches",
+    ]
     rows = [
-        [str(r["batch_size"]), f"{r['temperature']:g}", r["method"], str(r["budget"]), f"{r['tokens_per_s']:.2f}",
-         f"{r['mean_accept_length']:.2f}", f"{r['speedup_vs_ar']:.2f}x", "-" if r["greedy_mismatches"] is None else str(r["greedy_mismatches"])]
+        [
+            str(r["batch_size"]),
+            f"{r['temperature']:g}",
+            r["method"],
+            str(r["budget"]),
+            f"{r['tokens_per_s']:.2f}",
+            f"{r['mean_accept_length']:.2f}",
+            f"{r['speedup_vs_ar']:.2f}x",
+            "-" if r["greedy_mismatches"] is None else str(r["greedy_mismatches"]),
+        ]
         for r in report["records"]
     ]
     lines += markdown_table(columns, rows) + ["", "## Summary", ""]
     columns = ["batch", "temperature", "method", "best budget", "best speedup", "pays up to budget"]
     rows = [
-        [str(s["batch_size"]), f"{s['temperature']:g}", s["method"], str(s["best_budget"]), f"{s['best_speedup']:.2f}x",
-         "never pays" if s["pays_up_to_budget"] is None else str(s["pays_up_to_budget"])]
+        [
+            str(s["batch_size"]),
+            f"{s['temperature']:g}",
+            s["method"],
+            str(s["best_budget"]),
+            f"{s['best_speedup']:.2f}x",
+            "never pays" if s["pays_up_to_budget"] is None else str(s["pays_up_to_budget"]),
+        ]
         for s in report["summary"]
     ]
-    lines += markdown_table(columns, rows) + ["", "## Per-step phases (mean ms per verify step)", "",
-                                              "c = (T_draft / N) / T_verify with N = budget nodes (the JetSpec seeds' Appendix G cost).", ""]
-    columns = ["batch", "temperature", "method", "budget", "draft ms (by round)", "tree ms", "verify ms", "accept ms", "c"]
+    lines += markdown_table(columns, rows) + [
+        "",
+        "## Per-step phases (mean ms per verify step)",
+        "",
+        "c = (T_draft / N) / T_verify with N = budget nodes (the JetSpec seeds' Appendix G cost).",
+        "",
+    ]
+    columns = [
+        "batch",
+        "temperature",
+        "method",
+        "budget",
+        "draft ms (by round)",
+        "tree ms",
+        "verify ms",
+        "accept ms",
+        "c",
+    ]
     rows = [
-        [str(r["batch_size"]), f"{r['temperature']:g}", r["method"], str(r["budget"]),
-         f"{phases['draft']:.1f} ({', '.join(f'{1000 * s:.1f}' for s in r['draft_round_s'])})" if r["draft_round_s"] else f"{phases['draft']:.1f}",
-         f"{phases['tree']:.1f}", f"{phases['verify']:.1f}", f"{phases['accept']:.1f}",
-         "-" if r["draft_token_cost"] is None else f"{100 * r['draft_token_cost']:.2f}%"]
-        for r in report["records"] if (phases := r.get("phase_ms"))  # reports written before phases were kept have none
+        [
+            str(r["batch_size"]),
+            f"{r['temperature']:g}",
+            r["method"],
+            str(r["budget"]),
+            f"{phases['draft']:.1f} ({', '.join(f'{1000 * s:.1f}' for s in r['draft_round_s'])})"
+            if r["draft_round_s"]
+            else f"{phases['draft']:.1f}",
+            f"{phases['tree']:.1f}",
+            f"{phases['verify']:.1f}",
+            f"{phases['accept']:.1f}",
+            "-" if r["draft_token_cost"] is None else f"{100 * r['draft_token_cost']:.2f}%",
+        ]
+        for r in report["records"]
+        if (phases := r.get("phase_ms"))  # reports written before phases were kept have none
     ]
     return "\n".join(lines + markdown_table(columns, rows)) + "\n"
 
@@ -140,7 +194,10 @@ def plot_report(records: list[dict], path: str | Path) -> None:
             speedup_ax.plot(budgets, [c["speedup_vs_ar"] for c in cells], marker="o", label=method)
         speedup_ax.axhline(1.0, color="grey", linestyle="--", label=AUTOREGRESSIVE)
         budgets = sorted({c["budget"] for c in group if c["method"] != AUTOREGRESSIVE})
-        for ax, what in ((accept_ax, "mean accept length (tokens / verify)"), (speedup_ax, "speedup vs autoregressive")):
+        for ax, what in (
+            (accept_ax, "mean accept length (tokens / verify)"),
+            (speedup_ax, "speedup vs autoregressive"),
+        ):
             style_budget_axes(ax, budgets, what)
             ax.set_title(f"batch {batch_size}, temperature {temperature:g}")
     fig.savefig(path, dpi=100)

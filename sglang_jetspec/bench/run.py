@@ -18,12 +18,13 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .report import AUTOREGRESSIVE, format_summary, markdown_report, plot_report, summarize
-from .generate import RunFigures, RunTally, timed_run
-from .setup import Contender, load_run, make_requests, run_command, run_header
-from ..reference.divergence import describe as describe_divergence, greedy_divergences
+from ..reference.divergence import describe as describe_divergence
+from ..reference.divergence import greedy_divergences
 from ..reference.engine import EngineConfig, ReferenceEngine, Request, RequestOutput
 from ..reference.target import TargetModel
+from .generate import RunFigures, RunTally, timed_run
+from .report import AUTOREGRESSIVE, format_summary, markdown_report, plot_report, summarize
+from .setup import Contender, load_run, make_requests, run_command, run_header
 
 WARMUP_TOKENS = 8
 # Cells run interleaved, this many batches' worth of requests per cell per round: a shared machine's
@@ -69,40 +70,72 @@ class GridRunner:
     def engine(self, batch_size: int, contender: Contender | None = None) -> ReferenceEngine:
         """An engine for one cell: autoregressive without a contender."""
         c = contender or Contender(AUTOREGRESSIVE, None, 1)
-        config = EngineConfig(tree_width=c.tree_width, fanout=self.args.fanout, acceptance=c.acceptance, max_batch_size=batch_size,
-                              draft_rounds=c.draft_rounds, lookup=c.lookup, tree_sizing=c.tree_sizing)
+        config = EngineConfig(
+            tree_width=c.tree_width,
+            fanout=self.args.fanout,
+            acceptance=c.acceptance,
+            max_batch_size=batch_size,
+            draft_rounds=c.draft_rounds,
+            lookup=c.lookup,
+            tree_sizing=c.tree_sizing,
+        )
         return ReferenceEngine(self.target, c.drafter, config)
 
     def warm_up(self, prompt_ids: list[list[int]], batch_size: int) -> None:
         """A short run at this batch size, so one-off allocation costs do not land in the first measurement."""
-        requests = make_requests(prompt_ids[:batch_size], 0.0, min(WARMUP_TOKENS, self.args.max_new_tokens), self.args.seed)
+        requests = make_requests(
+            prompt_ids[:batch_size], 0.0, min(WARMUP_TOKENS, self.args.max_new_tokens), self.args.seed
+        )
         timed_run(self.engine(batch_size), requests, 0, "warmup")
 
-    def group(self, contenders: list[Contender], requests: list[Request], batch_size: int, temperature: float) -> list[BenchRecord]:
+    def group(
+        self, contenders: list[Contender], requests: list[Request], batch_size: int, temperature: float
+    ) -> list[BenchRecord]:
         """Autoregressive and every method x budget on the same requests, interleaved: each round
         runs the next ROUND_BATCHES batches of requests through every cell, autoregressive first.
         Each cell keeps one engine for the whole run (its adaptive sizing and finished outputs carry over)."""
         cells = [(RunTally(AUTOREGRESSIVE, 0), self.engine(batch_size))]
-        cells += [(RunTally(c.method, budget), self.engine(batch_size, c)) for c in contenders for budget in self.args.budgets]
+        cells += [
+            (RunTally(c.method, budget), self.engine(batch_size, c)) for c in contenders for budget in self.args.budgets
+        ]
         per_round = ROUND_BATCHES * batch_size
         rounds = -(-len(requests) // per_round)
         for i, start in enumerate(range(0, len(requests), per_round), start=1):
             chunk = requests[start : start + per_round]
             for tally, engine in cells:
                 tally.run(engine, chunk)
-            print(f"batch {batch_size} T={temperature:g}: round {i}/{rounds} done ({len(cells)} cells x {len(chunk)} requests)", flush=True)
+            print(
+                f"batch {batch_size} T={temperature:g}: round {i}/{rounds} done ({len(cells)} cells x {len(chunk)} requests)",
+                flush=True,
+            )
         baseline, baseline_outputs = cells[0][0].figures(), cells[0][0].outputs
 
         def record(run: RunFigures, outputs: list[RequestOutput]) -> BenchRecord:
             # sampled outputs legitimately differ from autoregressive ones: only greedy runs are compared
             divergences = greedy_divergences(self.target, baseline_outputs, outputs) if temperature == 0 else None
-            cell = BenchRecord(run.mode, run.budget, batch_size, temperature, run.requests, run.tokens, run.seconds, run.tokens_per_s,
-                               run.mean_accept_length, run.tokens_per_s / baseline.tokens_per_s,
-                               None if divergences is None else len(divergences), divergences, run.draft_round_s,
-                               run.phase_ms, draft_token_cost(run.phase_ms, run.budget))
-            print(f"batch {batch_size} T={temperature:g} {cell.method:<15} budget {cell.budget:>4}: {cell.tokens_per_s:8.2f} tok/s  "
-                  f"accept {cell.mean_accept_length:5.2f}  speedup {cell.speedup_vs_ar:5.2f}x  "
-                  f"draft ms/step by round {[round(1000 * s, 1) for s in cell.draft_round_s]}", flush=True)
+            cell = BenchRecord(
+                run.mode,
+                run.budget,
+                batch_size,
+                temperature,
+                run.requests,
+                run.tokens,
+                run.seconds,
+                run.tokens_per_s,
+                run.mean_accept_length,
+                run.tokens_per_s / baseline.tokens_per_s,
+                None if divergences is None else len(divergences),
+                divergences,
+                run.draft_round_s,
+                run.phase_ms,
+                draft_token_cost(run.phase_ms, run.budget),
+            )
+            print(
+                f"batch {batch_size} T={temperature:g} {cell.method:<15} budget {cell.budget:>4}: {cell.tokens_per_s:8.2f} tok/s  "
+                f"accept {cell.mean_accept_length:5.2f}  speedup {cell.speedup_vs_ar:5.2f}x  "
+                f"draft ms/step by round {[round(1000 * s, 1) for s in cell.draft_round_s]}",
+                flush=True,
+            )
             for d in divergences or []:
                 print(f"    greedy mismatch, request {d['request']}: {describe_divergence(d)}", flush=True)
             return cell

@@ -13,14 +13,21 @@ import transformers
 
 from ..core.head_config import HeadConfigError
 from ..core.head_io import read_head_config
-from ..core.sampling import SamplingParams
 from ..core.prompt_lookup import LookupMerge
-from ..reference.loading import (DrafterOptionError, check_lookup_options, load_corpus, load_drafter, load_target, lookup_drafter,
-                                 lookup_merge)
+from ..core.sampling import SamplingParams
 from ..models.fetch import sha256_file
-from ..reference.prompts import HUMANEVAL, PromptError, encode, humaneval_prompts, read_prompt_file, refuse_constraints
-from ..reference.precision import cpu_model
 from ..reference.engine import Drafter, Request
+from ..reference.loading import (
+    DrafterOptionError,
+    check_lookup_options,
+    load_corpus,
+    load_drafter,
+    load_target,
+    lookup_drafter,
+    lookup_merge,
+)
+from ..reference.precision import cpu_model
+from ..reference.prompts import HUMANEVAL, PromptError, encode, humaneval_prompts, read_prompt_file, refuse_constraints
 from ..reference.target import TargetModel
 
 
@@ -63,14 +70,20 @@ def check_options(args) -> None:
     methods = set(args.methods)
     if "dflash" in methods:
         if not args.dflash_head:
-            raise BenchError("--methods includes dflash but --dflash-head is missing: pass a bidirectional (DFlash-style) head directory, or drop dflash from --methods")
+            raise BenchError(
+                "--methods includes dflash but --dflash-head is missing: pass a bidirectional (DFlash-style) head directory, or drop dflash from --methods"
+            )
         if _head_is_causal("--dflash-head", args.dflash_head):
             raise BenchError(
                 f"--dflash-head {args.dflash_head}: config.json has dflash_config.causal_head true, a causal (JetSpec) head; "
                 "dflash needs a bidirectional head (causal_head false). Pass this head as --head instead"
             )
     # --head unset or 'untrained' means the shipped or a fresh head, both causal
-    if methods & {"jetspec", "chain", "hybrid"} and args.head not in (None, "untrained") and not _head_is_causal("--head", args.head):
+    if (
+        methods & {"jetspec", "chain", "hybrid"}
+        and args.head not in (None, "untrained")
+        and not _head_is_causal("--head", args.head)
+    ):
         raise BenchError(
             f"--head {args.head}: config.json has dflash_config.causal_head false, a bidirectional head; "
             "jetspec, chain and hybrid need a causal head. Pass this head as --dflash-head instead"
@@ -99,7 +112,9 @@ def select_prompts(source: str, selection: slice | None) -> tuple[list, range]:
     if source == HUMANEVAL:
         records: list = humaneval_prompts()
     elif not Path(source).is_file():
-        raise BenchError(f"--prompts {source}: no such file; pass 'humaneval' or a JSONL file with a prompt or messages field per line")
+        raise BenchError(
+            f"--prompts {source}: no such file; pass 'humaneval' or a JSONL file with a prompt or messages field per line"
+        )
     else:
         try:
             records = read_prompt_file(source)
@@ -108,7 +123,9 @@ def select_prompts(source: str, selection: slice | None) -> tuple[list, range]:
             raise BenchError(f"--prompts {exc}") from exc
     indices = range(len(records))[selection or slice(None)]
     if not indices:
-        raise BenchError(f"--prompt-range selects none of the {len(records)} prompts in {source}; pick start:stop within 0:{len(records)}")
+        raise BenchError(
+            f"--prompt-range selects none of the {len(records)} prompts in {source}; pick start:stop within 0:{len(records)}"
+        )
     return [records[i] for i in indices], indices
 
 
@@ -135,9 +152,17 @@ def load_contenders(args, target: TargetModel) -> tuple[list[Contender], dict[st
             contenders += [Contender(jetspec_label(r), head, args.tree_width, r) for r in args.draft_rounds]
         elif method == "hybrid":
             corpus = load_corpus(target, args.head) if "head" in args.draft_corpus else None
-            contenders += [Contender(hybrid_label(p, len(args.lookup_accept), c, len(args.draft_corpus)), head, args.tree_width, 0,
-                                     lookup_merge(p, args, corpus if c == "head" else None))
-                           for c in args.draft_corpus for p in args.lookup_accept]
+            contenders += [
+                Contender(
+                    hybrid_label(p, len(args.lookup_accept), c, len(args.draft_corpus)),
+                    head,
+                    args.tree_width,
+                    0,
+                    lookup_merge(p, args, corpus if c == "head" else None),
+                )
+                for c in args.draft_corpus
+                for p in args.lookup_accept
+            ]
         else:
             contenders.append(Contender(method, *drafting[method]))
     # replay measures fixed trees only (it has no --tree-sizing)
@@ -154,7 +179,10 @@ def variant(contender: Contender, sizing: str, acceptance: str) -> Contender:
 
 def make_requests(prompt_ids: list[list[int]], temperature: float, max_new_tokens: int, seed: int) -> list[Request]:
     """One request per prompt; sampled requests get their own seed so every method sees the same streams."""
-    return [Request(ids, SamplingParams(temperature=temperature, seed=seed + i, max_new_tokens=max_new_tokens), str(i)) for i, ids in enumerate(prompt_ids)]
+    return [
+        Request(ids, SamplingParams(temperature=temperature, seed=seed + i, max_new_tokens=max_new_tokens), str(i))
+        for i, ids in enumerate(prompt_ids)
+    ]
 
 
 def describe_head(label: str) -> dict:
@@ -162,7 +190,10 @@ def describe_head(label: str) -> dict:
     path = Path(label)
     if not path.is_dir():
         return {"source": label, "sha256": None}
-    return {"source": str(path.resolve()), "sha256": {f.name: sha256_file(f) for f in sorted(path.iterdir()) if f.is_file()}}
+    return {
+        "source": str(path.resolve()),
+        "sha256": {f.name: sha256_file(f) for f in sorted(path.iterdir()) if f.is_file()},
+    }
 
 
 def run_header(args, target: TargetModel, head_labels: dict[str, str], indices: range) -> dict:
@@ -186,8 +217,15 @@ def run_header(args, target: TargetModel, head_labels: dict[str, str], indices: 
         "acceptance": args.acceptance,
         "seed": args.seed,
         # commands without the lookup method's flags (jetspec gap) record none
-        "lookup": {"min_ngram": args.lookup_min_ngram, "max_ngram": args.lookup_max_ngram, "max_depth": args.lookup_depth,
-                   "accept": args.lookup_accept, "draft_corpus": args.draft_corpus} if hasattr(args, "lookup_depth") else None,
+        "lookup": {
+            "min_ngram": args.lookup_min_ngram,
+            "max_ngram": args.lookup_max_ngram,
+            "max_depth": args.lookup_depth,
+            "accept": args.lookup_accept,
+            "draft_corpus": args.draft_corpus,
+        }
+        if hasattr(args, "lookup_depth")
+        else None,
     }
 
 

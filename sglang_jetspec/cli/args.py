@@ -14,7 +14,9 @@ from ..core.tree_sizing import SIZINGS
 from ..reference.precision import DTYPE_CHOICES
 
 
-def comma_list(convert: Callable[[str], object], allowed: Callable[[object], bool], what: str, example: str) -> Callable[[str], list]:
+def comma_list(
+    convert: Callable[[str], object], allowed: Callable[[object], bool], what: str, example: str
+) -> Callable[[str], list]:
     """An argparse type for `a,b,c`: each part converted by `convert` and checked by `allowed`."""
 
     def parse(text: str) -> list:
@@ -57,37 +59,63 @@ def _cuda() -> bool:
 def add_target_arguments(parser: argparse.ArgumentParser) -> None:
     """--target/--head/--dtype/--device/--attention, shared by every command that runs the reference engine."""
     parser.add_argument("--target", default="smollm2", help="'smollm2' or a local HF Llama/Qwen3 checkpoint directory")
-    parser.add_argument("--head", help="head directory (default: the shipped head for the target; 'untrained' for random weights)")
-    parser.add_argument("--dtype", choices=DTYPE_CHOICES, default="fp32",
-                        help="target and head dtype; auto: bf16 on a GPU or a CPU with AMX-BF16 / AVX512-BF16, else fp32 "
-                             "(reference/precision.py; the choice and its reason are printed)")
+    parser.add_argument(
+        "--head", help="head directory (default: the shipped head for the target; 'untrained' for random weights)"
+    )
+    parser.add_argument(
+        "--dtype",
+        choices=DTYPE_CHOICES,
+        default="fp32",
+        help="target and head dtype; auto: bf16 on a GPU or a CPU with AMX-BF16 / AVX512-BF16, else fp32 "
+        "(reference/precision.py; the choice and its reason are printed)",
+    )
     parser.add_argument("--device", default="cuda" if _cuda() else "cpu")
-    parser.add_argument("--attention", choices=["sdpa", "triton"], default="sdpa",
-                        help="target attention: PyTorch SDPA with the engine's mask, or the Triton masked-attention kernel "
-                             "(reference/triton_attention.py; for CUDA devices, or CPU under TRITON_INTERPRET=1)")
+    parser.add_argument(
+        "--attention",
+        choices=["sdpa", "triton"],
+        default="sdpa",
+        help="target attention: PyTorch SDPA with the engine's mask, or the Triton masked-attention kernel "
+        "(reference/triton_attention.py; for CUDA devices, or CPU under TRITON_INTERPRET=1)",
+    )
 
 
 def add_lookup_arguments(parser: argparse.ArgumentParser) -> None:
     """The prompt-lookup drafter's n-gram flags (sglang_jetspec/core/prompt_lookup.py)."""
-    parser.add_argument("--lookup-min-ngram", type=positive_int, default=1, help="shortest suffix n-gram the lookup drafter matches")
+    parser.add_argument(
+        "--lookup-min-ngram", type=positive_int, default=1, help="shortest suffix n-gram the lookup drafter matches"
+    )
     parser.add_argument("--lookup-max-ngram", type=positive_int, default=4, help="longest suffix n-gram tried first")
-    parser.add_argument("--lookup-depth", type=positive_int, default=15, help="longest chain the lookup drafter proposes")
-    parser.add_argument("--lookup-accept", type=probability_list, default=[DEFAULT_LOOKUP_ACCEPT],
-                        help="hybrid drafter: calibrated chance that a looked-up token is accepted given its parent was; "
-                             "it scores the guess against the head's candidates (bench/replay take a list, one hybrid per value)")
-    parser.add_argument("--draft-corpus", type=corpus_list, default=["head"],
-                        help="hybrid drafter: head (default): also look continuations up in the head directory's draft corpus "
-                             "(text the target wrote, draft_corpus.safetensors, from `jetspec draft-corpus`) and in the outputs "
-                             "of requests already finished; none: the request's own tokens only (bench/replay take a list, "
-                             "e.g. head,none: one hybrid per value; serve and generate use the first)")
+    parser.add_argument(
+        "--lookup-depth", type=positive_int, default=15, help="longest chain the lookup drafter proposes"
+    )
+    parser.add_argument(
+        "--lookup-accept",
+        type=probability_list,
+        default=[DEFAULT_LOOKUP_ACCEPT],
+        help="hybrid drafter: calibrated chance that a looked-up token is accepted given its parent was; "
+        "it scores the guess against the head's candidates (bench/replay take a list, one hybrid per value)",
+    )
+    parser.add_argument(
+        "--draft-corpus",
+        type=corpus_list,
+        default=["head"],
+        help="hybrid drafter: head (default): also look continuations up in the head directory's draft corpus "
+        "(text the target wrote, draft_corpus.safetensors, from `jetspec draft-corpus`) and in the outputs "
+        "of requests already finished; none: the request's own tokens only (bench/replay take a list, "
+        "e.g. head,none: one hybrid per value; serve and generate use the first)",
+    )
 
 
 def add_drafter_arguments(parser: argparse.ArgumentParser, default: str = "head") -> None:
     """--drafter and the lookup flags, for the commands that run one drafter (serve, generate)."""
-    parser.add_argument("--drafter", choices=["head", "hybrid", "lookup"], default=default,
-                        help=f"(default {default}) head: the draft head from --head, trees of --tree-width; hybrid: the same "
-                             "trees with the prompt-lookup guess merged in (scored by --lookup-accept); lookup: prompt lookup "
-                             "alone, no model, one chain copied from the request's own tokens (tree width 1; pays on copy-heavy text)")
+    parser.add_argument(
+        "--drafter",
+        choices=["head", "hybrid", "lookup"],
+        default=default,
+        help=f"(default {default}) head: the draft head from --head, trees of --tree-width; hybrid: the same "
+        "trees with the prompt-lookup guess merged in (scored by --lookup-accept); lookup: prompt lookup "
+        "alone, no model, one chain copied from the request's own tokens (tree width 1; pays on copy-heavy text)",
+    )
     add_lookup_arguments(parser)
 
 
@@ -109,9 +137,13 @@ def draft_rounds_list(text: str) -> list[int]:
 
 
 ACCEPTANCE_RULES = ("match", "residual", "draw")
-ACCEPTANCE_HELP = ("lossless rule for sampled requests; draw: the head's children are drawn from its "
-                   "distribution and accepted against it (core/drawn_children.py)")
-acceptance_list = comma_list(str, lambda v: v in ACCEPTANCE_RULES, f"one of {', '.join(ACCEPTANCE_RULES)}", "match,draw")
+ACCEPTANCE_HELP = (
+    "lossless rule for sampled requests; draw: the head's children are drawn from its "
+    "distribution and accepted against it (core/drawn_children.py)"
+)
+acceptance_list = comma_list(
+    str, lambda v: v in ACCEPTANCE_RULES, f"one of {', '.join(ACCEPTANCE_RULES)}", "match,draw"
+)
 
 
 def add_tree_arguments(parser: argparse.ArgumentParser, rounds: str | None = "one", acceptances: str = "one") -> None:
@@ -121,33 +153,52 @@ def add_tree_arguments(parser: argparse.ArgumentParser, rounds: str | None = "on
     parser.add_argument("--tree-width", type=int, default=8, help="top-K candidates per depth")
     parser.add_argument("--fanout", choices=["uniform", "top2gap"], default="uniform")
     if acceptances == "several":
-        parser.add_argument("--acceptance", type=acceptance_list, default=["match"],
-                            help=ACCEPTANCE_HELP + "; comma-separated, e.g. match,draw: each method once per rule "
-                                                   "(other than match, labelled method+rule)")
+        parser.add_argument(
+            "--acceptance",
+            type=acceptance_list,
+            default=["match"],
+            help=ACCEPTANCE_HELP + "; comma-separated, e.g. match,draw: each method once per rule "
+            "(other than match, labelled method+rule)",
+        )
     else:
         parser.add_argument("--acceptance", choices=ACCEPTANCE_RULES, default="match", help=ACCEPTANCE_HELP)
-    rounds_help = ("tree-causal draft rounds after the marginal tree: each re-drafts every node's children conditioned on its "
-                   "real path and rebuilds the tree within the same budget (needs a head trained with --reveal prefix; 0 = off)")
+    rounds_help = (
+        "tree-causal draft rounds after the marginal tree: each re-drafts every node's children conditioned on its "
+        "real path and rebuilds the tree within the same budget (needs a head trained with --reveal prefix; 0 = off)"
+    )
     if rounds == "several":
-        parser.add_argument("--draft-rounds", type=draft_rounds_list, default=[0],
-                            help=rounds_help + "; comma-separated, e.g. 0,1,2: the jetspec method once per value (jetspec, jetspec-r1, ...)")
+        parser.add_argument(
+            "--draft-rounds",
+            type=draft_rounds_list,
+            default=[0],
+            help=rounds_help
+            + "; comma-separated, e.g. 0,1,2: the jetspec method once per value (jetspec, jetspec-r1, ...)",
+        )
     elif rounds == "one":
         parser.add_argument("--draft-rounds", type=draft_rounds_value, default=0, help=rounds_help)
 
 
-SIZING_HELP = ("fixed: verify the whole tree of --budget nodes; adaptive: each step verifies only the nodes whose "
-               "draft probability pays for their share of the verify pass, by the target's verify cost measured on this "
-               "machine at start-up and refined by every verify pass after it (core/tree_sizing.py; down to the roots alone, "
-               "an ordinary decoding step), and the draft "
-               "head sits out steps while it does not pay (prompt lookup still proposes)")
+SIZING_HELP = (
+    "fixed: verify the whole tree of --budget nodes; adaptive: each step verifies only the nodes whose "
+    "draft probability pays for their share of the verify pass, by the target's verify cost measured on this "
+    "machine at start-up and refined by every verify pass after it (core/tree_sizing.py; down to the roots alone, "
+    "an ordinary decoding step), and the draft "
+    "head sits out steps while it does not pay (prompt lookup still proposes)"
+)
 sizing_list = comma_list(str, lambda v: v in SIZINGS, f"one of {', '.join(SIZINGS)}", ",".join(SIZINGS))
 
 
 def add_sizing_argument(parser: argparse.ArgumentParser, several: bool = False, default: str = "fixed") -> None:
     """--tree-sizing: one value, or (several=True: bench) a list, each speculative method run once per value."""
     if several:
-        parser.add_argument("--tree-sizing", type=sizing_list, default=[default],
-                            help=SIZING_HELP + "; comma-separated, e.g. fixed,adaptive: each method once per value "
-                                               "(adaptive ones labelled +adaptive)")
+        parser.add_argument(
+            "--tree-sizing",
+            type=sizing_list,
+            default=[default],
+            help=SIZING_HELP + "; comma-separated, e.g. fixed,adaptive: each method once per value "
+            "(adaptive ones labelled +adaptive)",
+        )
     else:
-        parser.add_argument("--tree-sizing", choices=SIZINGS, default=default, help=f"(default {default}) " + SIZING_HELP)
+        parser.add_argument(
+            "--tree-sizing", choices=SIZINGS, default=default, help=f"(default {default}) " + SIZING_HELP
+        )

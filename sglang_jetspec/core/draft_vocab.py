@@ -30,7 +30,9 @@ class DraftVocabError(ValueError):
     """A draft vocabulary that cannot serve this head or target; the message names the file and the fix."""
 
 
-def rank_tokens(sequences: Iterable[Iterable[int]], size: int, vocab_size: int, always: Iterable[int] = ()) -> torch.Tensor:
+def rank_tokens(
+    sequences: Iterable[Iterable[int]], size: int, vocab_size: int, always: Iterable[int] = ()
+) -> torch.Tensor:
     """The `size` most frequent token ids over `sequences` (ties: lower id first), with the ids in
     `always` (end-of-sequence tokens: a draft must be able to propose the end) included first."""
     if not 0 < size <= vocab_size:
@@ -68,7 +70,11 @@ def coverage(token_ids: torch.Tensor, sequences: Iterable[Iterable[int]]) -> flo
 
 def save_draft_vocab(head_dir: str | Path, token_ids: torch.Tensor, metadata: dict[str, str]) -> Path:
     path = Path(head_dir) / DRAFT_VOCAB_FILE
-    save_file({"token_ids": token_ids.to(torch.long).contiguous()}, str(path), metadata={k: str(v) for k, v in metadata.items()})
+    save_file(
+        {"token_ids": token_ids.to(torch.long).contiguous()},
+        str(path),
+        metadata={k: str(v) for k, v in metadata.items()},
+    )
     return path
 
 
@@ -79,11 +85,15 @@ def load_draft_vocab(head_dir: str | Path, vocab_size: int) -> torch.Tensor | No
         return None
     ids = read_head_file_tensor(path, "token_ids", DraftVocabError, "jetspec draft-vocab")
     if ids.dim() != 1 or ids.numel() == 0 or ids.dtype not in (torch.int32, torch.int64):
-        raise DraftVocabError(f"{path}: token_ids must be a non-empty 1-D integer tensor, got {tuple(ids.shape)} {ids.dtype}")
+        raise DraftVocabError(
+            f"{path}: token_ids must be a non-empty 1-D integer tensor, got {tuple(ids.shape)} {ids.dtype}"
+        )
     ids = ids.long()
     if int(ids.min()) < 0 or int(ids.max()) >= vocab_size:
-        raise DraftVocabError(f"{path}: token ids outside the target's vocabulary 0..{vocab_size - 1}; it was built for another "
-                              "target: rebuild it with `jetspec draft-vocab`")
+        raise DraftVocabError(
+            f"{path}: token ids outside the target's vocabulary 0..{vocab_size - 1}; it was built for another "
+            "target: rebuild it with `jetspec draft-vocab`"
+        )
     if ids.unique().numel() != ids.numel():
         raise DraftVocabError(f"{path}: token_ids repeats ids; rebuild it with `jetspec draft-vocab`")
     return ids

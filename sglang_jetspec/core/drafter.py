@@ -39,14 +39,24 @@ class HeadDrafter:
     With a `draft_vocab` (core/draft_vocab.py: target ids, [V_d]) the logits cover only those tokens:
     column j is token draft_vocab[j]; callers map candidates back with it (tree.top_k_per_depth)."""
 
-    def __init__(self, head: DraftHead, embed_tokens: nn.Module, lm_head: nn.Module, draft_vocab: torch.Tensor | None = None,
-                 context: ContextSource | None = None) -> None:
+    def __init__(
+        self,
+        head: DraftHead,
+        embed_tokens: nn.Module,
+        lm_head: nn.Module,
+        draft_vocab: torch.Tensor | None = None,
+        context: ContextSource | None = None,
+    ) -> None:
         self.head = head
         self.context = context if context is not None else LaneCaches()
         self.embed_tokens = embed_tokens
         self.lm_head = lm_head
-        self.draft_vocab = None if draft_vocab is None else draft_vocab.to(device=head.fc.weight.device, dtype=torch.long)
-        self._rows: tuple[tuple, torch.Tensor] | None = None  # (key of the lm_head weight it came from, its draft_vocab rows)
+        self.draft_vocab = (
+            None if draft_vocab is None else draft_vocab.to(device=head.fc.weight.device, dtype=torch.long)
+        )
+        self._rows: tuple[tuple, torch.Tensor] | None = (
+            None  # (key of the lm_head weight it came from, its draft_vocab rows)
+        )
         self._packed_rows = PackedWeight()
 
     @property
@@ -103,8 +113,10 @@ class HeadDrafter:
         head was trained on (path tokens revealed, the next row masked). Only slot rows pay for the lm_head.
         """
         if not self.reads_tree_tokens:
-            raise ValueError("propose_children needs a head trained with revealed tokens (config.json dflash_config.draft_reveal; "
-                             "`jetspec train --reveal prefix`); this head drafts per-depth marginals only")
+            raise ValueError(
+                "propose_children needs a head trained with revealed tokens (config.json dflash_config.draft_reveal; "
+                "`jetspec train --reveal prefix`); this head drafts per-depth marginals only"
+            )
         cfg = self.head.config
         context, valid, lengths = self.context.padded(self.head, lanes)
         device, n = valid.device, max(t.size for t in trees)

@@ -106,16 +106,26 @@ def headless_trees(lanes: list, spec: TreeSpec, lookup: LookupMerge | None) -> l
     if lookup is None:
         return [root_only_tree(lane.root_token) for lane in lanes]
     no_head = torch.zeros(spec.max_depth, 0)  # no marginal candidates at any depth
-    return [TreeDraft(lane.root_token, no_head.long(), no_head, spec, guesses=lookup_guesses(lane.committed_ids, spec, lookup)).tree
-            for lane in lanes]
+    return [
+        TreeDraft(
+            lane.root_token, no_head.long(), no_head, spec, guesses=lookup_guesses(lane.committed_ids, spec, lookup)
+        ).tree
+        for lane in lanes
+    ]
 
 
 Draw = tuple[float, torch.Generator]  # a sampled request's temperature and random stream
 
 
-def draft_trees(drafter: TreeDrafter, lanes: list, spec: TreeSpec, rounds: int = 0,
-                lookup: LookupMerge | None = None, draws: list[Draw | None] | None = None,
-                root_allowed: list[torch.Tensor | None] | None = None) -> tuple[list[DraftTree], DraftTiming]:
+def draft_trees(
+    drafter: TreeDrafter,
+    lanes: list,
+    spec: TreeSpec,
+    rounds: int = 0,
+    lookup: LookupMerge | None = None,
+    draws: list[Draw | None] | None = None,
+    root_allowed: list[torch.Tensor | None] | None = None,
+) -> tuple[list[DraftTree], DraftTiming]:
     """Every lane's tree after the marginal pass and `rounds` tree-causal rounds (0 = marginal only),
     with each lane's prompt-lookup guess merged in when `lookup` is given (the hybrid drafter). With
     `draws`, the marginal children of each lane that has one are drawn from the head's distribution at
@@ -139,8 +149,17 @@ def draft_trees(drafter: TreeDrafter, lanes: list, spec: TreeSpec, rounds: int =
     # copy per request would stall a GPU once per request
     tokens, logprobs = (t.cpu() for t in top_k_per_depth(depth_logits, spec.width, vocab))
     # lanes need committed_ids only when something is looked up
-    drafts = [TreeDraft(lane.root_token, tokens[b], logprobs[b], spec, guesses=lookup_guesses(lane.committed_ids, spec, lookup) if lookup else {},
-                        vocab=vocab) for b, lane in enumerate(lanes)]
+    drafts = [
+        TreeDraft(
+            lane.root_token,
+            tokens[b],
+            logprobs[b],
+            spec,
+            guesses=lookup_guesses(lane.committed_ids, spec, lookup) if lookup else {},
+            vocab=vocab,
+        )
+        for b, lane in enumerate(lanes)
+    ]
     timing = DraftTiming([t1 - t0], time.perf_counter() - t1)
     for _ in range(rounds):
         head_s, tree_s = refine(drafter, lanes, drafts)

@@ -44,8 +44,13 @@ def _columns(tokens: set[int], vocab: torch.Tensor | None) -> list[int]:
     return (vocab.unsqueeze(1) == torch.tensor(sorted(tokens))).any(1).nonzero().flatten().tolist()
 
 
-def draw_children(tree: DraftTree, fixed: dict[tuple[int, ...], set[int]], proposals: torch.Tensor,
-                  vocab: torch.Tensor | None, generator: torch.Generator) -> DraftTree:
+def draw_children(
+    tree: DraftTree,
+    fixed: dict[tuple[int, ...], set[int]],
+    proposals: torch.Tensor,
+    vocab: torch.Tensor | None,
+    generator: torch.Generator,
+) -> DraftTree:
     """`tree` with the tokens of its marginal children redrawn (the module docstring), `tree.drawn` set.
 
     `fixed` maps a node's token path to the tokens looked up for its children (the hybrid drafter's
@@ -69,5 +74,11 @@ def draw_children(tree: DraftTree, fixed: dict[tuple[int, ...], set[int]], propo
         for j, (child, column) in enumerate(zip(slots, columns)):
             drawn[child] = (column, banned + columns[:j])
             tokens[child] = column if vocab is None else int(vocab[column])
-    return DraftTree(torch.tensor(tokens, dtype=torch.long), tree.parents, tree.depths, tree.ranks, tree.cum_logprobs,
-                     drawn=DrawnChildren(proposals, vocab, drawn) if drawn else None)
+    return DraftTree(
+        torch.tensor(tokens, dtype=torch.long),
+        tree.parents,
+        tree.depths,
+        tree.ranks,
+        tree.cum_logprobs,
+        drawn=DrawnChildren(proposals, vocab, drawn) if drawn else None,
+    )

@@ -36,7 +36,9 @@ def rope_inv_freq(head_dim: int, theta: float, device: torch.device) -> torch.Te
     return 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
 
 
-def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_cos_sin(
+    positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin tables [..., head_dim] for integer positions (`inv_freq`: rope_inv_freq's), in the HF
     rotate-half convention."""
     angles = positions.float().unsqueeze(-1) * inv_freq
@@ -63,7 +65,11 @@ class DraftAttention(nn.Module):
     def __init__(self, cfg: HeadConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+        )
         bias = cfg.attention_bias
         self.q_proj = PackedLinear(cfg.hidden_size, self.num_heads * self.head_dim, bias=bias)
         self.k_proj = PackedLinear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
@@ -81,7 +87,9 @@ class DraftAttention(nn.Module):
         k = apply_rope(self.k_norm(self._heads(self.k_proj(x), self.num_kv_heads)), cos, sin)
         return LayerContext(k, self._heads(self.v_proj(x), self.num_kv_heads))
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, context: LayerContext, mask: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, context: LayerContext, mask: torch.Tensor
+    ) -> torch.Tensor:
         """x: block rows [B, S, H]; mask: bool [B, 1, S, L+S], True where a query may attend."""
         q = apply_rope(self.q_norm(self._heads(self.q_proj(x), self.num_heads)), cos, sin)
         own = self.project_kv(x, cos, sin)
@@ -142,7 +150,9 @@ class DraftHead(nn.Module):
         cos, sin = self.rope(positions, fused.dtype)
         return [layer.self_attn.project_kv(fused, cos, sin) for layer in self.layers]
 
-    def forward(self, block_embeds: torch.Tensor, positions: torch.Tensor, context: list[LayerContext], mask: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, block_embeds: torch.Tensor, positions: torch.Tensor, context: list[LayerContext], mask: torch.Tensor
+    ) -> torch.Tensor:
         """Final-normed hidden states for block rows [B, S, H] at positions [B, S].
 
         mask: bool [B, 1, S, L+S] over [context keys ; block keys].

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from dataclasses import MISSING, asdict, dataclass, field, fields
 
-
 _NOT_QWEN3_KEYS = ("target_layer_ids", "mask_token_id", "causal_head", "draft_reveal", "extra")
 REVEAL_SCHEMES = ("prefix",)
 
@@ -60,7 +59,15 @@ class HeadConfig:
     extra: dict = field(default_factory=dict, compare=False)  # unknown keys, kept for round trips
 
     def __post_init__(self) -> None:
-        for name in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size", "vocab_size"):
+        for name in (
+            "hidden_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "intermediate_size",
+            "vocab_size",
+        ):
             if getattr(self, name) < 1:
                 raise HeadConfigError(f"{name}={getattr(self, name)}: must be a positive integer")
         if self.block_size < 2:
@@ -72,14 +79,20 @@ class HeadConfig:
         if not self.target_layer_ids:
             raise HeadConfigError("dflash_config.target_layer_ids is empty: list the target layers the head reads")
         if not 0 <= self.mask_token_id < self.vocab_size:
-            raise HeadConfigError(f"dflash_config.mask_token_id={self.mask_token_id}: must be a token id below vocab_size={self.vocab_size}")
+            raise HeadConfigError(
+                f"dflash_config.mask_token_id={self.mask_token_id}: must be a token id below vocab_size={self.vocab_size}"
+            )
         if self.draft_reveal is not None:
             scheme = self.draft_reveal.get("scheme") if isinstance(self.draft_reveal, dict) else None
             if scheme not in REVEAL_SCHEMES:
-                raise HeadConfigError(f"dflash_config.draft_reveal={self.draft_reveal!r}: scheme must be one of {list(REVEAL_SCHEMES)}")
+                raise HeadConfigError(
+                    f"dflash_config.draft_reveal={self.draft_reveal!r}: scheme must be one of {list(REVEAL_SCHEMES)}"
+                )
             if not self.causal_head:
-                raise HeadConfigError("dflash_config.draft_reveal is set on a bidirectional head (causal_head false): "
-                                      "revealed tokens need a causal head; drop draft_reveal or set causal_head true")
+                raise HeadConfigError(
+                    "dflash_config.draft_reveal is set on a bidirectional head (causal_head false): "
+                    "revealed tokens need a causal head; drop draft_reveal or set causal_head true"
+                )
 
     @property
     def num_taps(self) -> int:
@@ -98,7 +111,11 @@ class HeadConfig:
     def to_json_dict(self) -> dict:
         d = {k: v for k, v in asdict(self).items() if k not in _NOT_QWEN3_KEYS}
         d.update(self.extra)
-        dflash = {"target_layer_ids": list(self.target_layer_ids), "mask_token_id": self.mask_token_id, "causal_head": self.causal_head}
+        dflash = {
+            "target_layer_ids": list(self.target_layer_ids),
+            "mask_token_id": self.mask_token_id,
+            "causal_head": self.causal_head,
+        }
         if self.draft_reveal is not None:
             dflash["draft_reveal"] = dict(self.draft_reveal)
         d.update(
@@ -125,13 +142,17 @@ class HeadConfig:
         taps = dflash.get("target_layer_ids")
         if taps is None:
             if "num_target_layers" not in raw:
-                raise HeadConfigError("config.json: neither dflash_config.target_layer_ids nor num_target_layers is given")
+                raise HeadConfigError(
+                    "config.json: neither dflash_config.target_layer_ids nor num_target_layers is given"
+                )
             taps = default_tap_layers(raw["num_target_layers"], raw["num_hidden_layers"])
         own = [f for f in fields(cls) if f.name not in _NOT_QWEN3_KEYS]
         known = {f.name for f in own}
         if "head_dim" not in raw and "hidden_size" in raw and "num_attention_heads" in raw:
             raw["head_dim"] = raw["hidden_size"] // raw["num_attention_heads"]  # implied, as in HF configs
-        missing = sorted(f.name for f in own if f.name not in raw and f.default is MISSING and f.default_factory is MISSING)
+        missing = sorted(
+            f.name for f in own if f.name not in raw and f.default is MISSING and f.default_factory is MISSING
+        )
         if missing:
             raise HeadConfigError(f"config.json: missing fields {missing}")
         values = {k: raw.pop(k) for k in list(raw) if k in known}
@@ -186,10 +207,12 @@ def check_tap_layers(taps: tuple[int, ...] | list[int], num_target_layers: int) 
     if any(b <= a for a, b in zip(taps, taps[1:])):
         repeated = sorted({t for t in taps if list(taps).count(t) > 1})
         what = f"layers {repeated} are repeated" if repeated else "they are not in ascending order"
-        fix = (f"list each layer once, in ascending order ({sorted(set(taps))}), and retrain the head"
-               if repeated else
-               f"list them in ascending order ({sorted(taps)}) and permute the head's fc.weight input blocks to match "
-               "(or retrain it)")
+        fix = (
+            f"list each layer once, in ascending order ({sorted(set(taps))}), and retrain the head"
+            if repeated
+            else f"list them in ascending order ({sorted(taps)}) and permute the head's fc.weight input blocks to match "
+            "(or retrain it)"
+        )
         raise HeadConfigError(
             f"{field}: {what}; the target captures tap layers once each and packs them in ascending layer order, "
             f"so the head's fc would read permuted features: {fix}"

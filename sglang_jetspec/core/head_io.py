@@ -60,7 +60,12 @@ def _read_weights(head_dir: Path) -> dict[str, torch.Tensor]:
     raise HeadConfigError(f"{head_dir}: no {WEIGHTS_FILE} or {INDEX_FILE}")
 
 
-def load_head(head_dir: str | Path, target: TargetInfo | None = None, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> DraftHead:
+def load_head(
+    head_dir: str | Path,
+    target: TargetInfo | None = None,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+) -> DraftHead:
     """Load a head; with `target`, refuse one whose hidden size, vocabulary or taps do not fit it."""
     head_dir = Path(head_dir)
     cfg = read_head_config(head_dir)
@@ -76,10 +81,14 @@ def load_head(head_dir: str | Path, target: TargetInfo | None = None, dtype: tor
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
     if missing or unexpected:
-        raise HeadConfigError(f"{head_dir}: weights do not match config.json (missing {missing[:5]}, unexpected {unexpected[:5]})")
+        raise HeadConfigError(
+            f"{head_dir}: weights do not match config.json (missing {missing[:5]}, unexpected {unexpected[:5]})"
+        )
     for key, value in state.items():
         if value.shape != expected[key].shape:
-            raise HeadConfigError(f"{head_dir}: weight {key} has shape {tuple(value.shape)}, config.json implies {tuple(expected[key].shape)}")
+            raise HeadConfigError(
+                f"{head_dir}: weight {key} has shape {tuple(value.shape)}, config.json implies {tuple(expected[key].shape)}"
+            )
     head.load_state_dict(state)
     return head.to(device=device, dtype=dtype).eval()
 

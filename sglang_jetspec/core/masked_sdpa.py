@@ -17,10 +17,12 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 _WITHOUT_CUDNN = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]
 
 
-def masked_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor,
-                scale: float | None = None) -> torch.Tensor:
+def masked_sdpa(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor, scale: float | None = None
+) -> torch.Tensor:
     """query [B, H, N, D], key/value [B, H_kv, S, D] (grouped-query heads read as they are), mask
     broadcastable to [B, H, N, S] (bool: True where a query may attend, or additive)."""
     with sdpa_kernel(_WITHOUT_CUDNN):
-        return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale,
-                                              enable_gqa=query.shape[1] != key.shape[1])
+        return F.scaled_dot_product_attention(
+            query, key, value, attn_mask=mask, scale=scale, enable_gqa=query.shape[1] != key.shape[1]
+        )

@@ -96,7 +96,9 @@ class LookupMerge:
         if not self.logprob < 0:
             raise ValueError(f"lookup logprob={self.logprob}: must be < 0 (a log-probability below 1)")
         if not 1 <= self.min_ngram <= self.max_ngram:
-            raise ValueError(f"min_ngram={self.min_ngram}, max_ngram={self.max_ngram}: need 1 <= min_ngram <= max_ngram")
+            raise ValueError(
+                f"min_ngram={self.min_ngram}, max_ngram={self.max_ngram}: need 1 <= min_ngram <= max_ngram"
+            )
 
 
 def noisy_or(a: float, b: float) -> float:
@@ -173,8 +175,12 @@ def lookup_guesses(committed_ids: list[int], spec: TreeSpec, merge: LookupMerge 
     guesses = context_guesses(committed_ids, spec, merge)
     for store in (merge.corpus, merge.recent):
         if store is not None:
-            combine_guesses(guesses, store_guesses(committed_ids, store, spec.max_depth, spec.budget - 1,
-                                                   guess_logprob(merge.logprob, STORE_FACTOR)))
+            combine_guesses(
+                guesses,
+                store_guesses(
+                    committed_ids, store, spec.max_depth, spec.budget - 1, guess_logprob(merge.logprob, STORE_FACTOR)
+                ),
+            )
     return guesses
 
 
@@ -184,8 +190,13 @@ def with_guesses(base: Candidates, tokens: dict[int, float]) -> Candidates:
     return base
 
 
-def merge_guesses(conditioned: dict[tuple[int, ...], Candidates], guesses: Guesses, top_tokens: torch.Tensor,
-                  top_logprobs: torch.Tensor, spec: TreeSpec) -> None:
+def merge_guesses(
+    conditioned: dict[tuple[int, ...], Candidates],
+    guesses: Guesses,
+    top_tokens: torch.Tensor,
+    top_logprobs: torch.Tensor,
+    spec: TreeSpec,
+) -> None:
     """File `guesses` into `conditioned`, down to the depth the draft reaches; a node without candidates
     of its own gets its depth's marginal ones ([D, K] top tokens and log-probs; K may be 0) plus the guesses."""
     depth = min(spec.max_depth, top_tokens.shape[0])
@@ -194,4 +205,6 @@ def merge_guesses(conditioned: dict[tuple[int, ...], Candidates], guesses: Guess
     for path, guessed in guesses.items():
         i = len(path)
         if i < depth:
-            conditioned[path] = with_guesses(conditioned.get(path) or Candidates(tokens[i], logprobs[i], caps[i]), guessed)
+            conditioned[path] = with_guesses(
+                conditioned.get(path) or Candidates(tokens[i], logprobs[i], caps[i]), guessed
+            )

@@ -22,6 +22,12 @@ class StepRecord:
     accept_s: float
     wall_s: float
     commit_s: float = 0.0  # the part of accept_s spent committing tokens, KV and hidden rows (trace spans)
-    draft_round_s: list[float] = field(default_factory=list)  # draft_s by round: [marginal pass, tree-causal round 1, ...]
-    rank1_gaps: list[BranchGap] | None = None  # per lane, with EngineConfig.rank1_gap (the paper's coherence diagnostic)
-    verified_nodes: int = 0  # tree nodes the verify pass ran, roots included (below batch x budget under adaptive sizing)
+    draft_round_s: list[float] = field(
+        default_factory=list
+    )  # draft_s by round: [marginal pass, tree-causal round 1, ...]
+    rank1_gaps: list[BranchGap] | None = (
+        None  # per lane, with EngineConfig.rank1_gap (the paper's coherence diagnostic)
+    )
+    verified_nodes: int = (
+        0  # tree nodes the verify pass ran, roots included (below batch x budget under adaptive sizing)
+    )

@@ -38,9 +38,13 @@ class DraftCorpusError(ValueError):
 class SuffixStore:
     """Token sequences indexed by their n-grams (n = 1..max_ngram), appendable."""
 
-    def __init__(self, max_ngram: int = 4, max_occurrences: int = MAX_OCCURRENCES, max_tokens: int | None = None) -> None:
+    def __init__(
+        self, max_ngram: int = 4, max_occurrences: int = MAX_OCCURRENCES, max_tokens: int | None = None
+    ) -> None:
         if max_ngram < 1 or max_occurrences < 1 or (max_tokens is not None and max_tokens < 1):
-            raise ValueError(f"max_ngram={max_ngram}, max_occurrences={max_occurrences}, max_tokens={max_tokens}: each must be >= 1")
+            raise ValueError(
+                f"max_ngram={max_ngram}, max_occurrences={max_occurrences}, max_tokens={max_tokens}: each must be >= 1"
+            )
         # max_tokens bounds a store that learns while serving: past it, the oldest sequences go first
         self.max_ngram, self.max_occurrences, self.max_tokens = max_ngram, max_occurrences, max_tokens
         self._chunks: list[np.ndarray] = []
@@ -113,8 +117,9 @@ class SuffixStore:
         return {}, 0
 
 
-def context_continuations(context: list[int], depth: int, min_ngram: int, max_ngram: int,
-                          max_occurrences: int = MAX_OCCURRENCES) -> tuple[dict[tuple[int, ...], int], int, int]:
+def context_continuations(
+    context: list[int], depth: int, min_ngram: int, max_ngram: int, max_occurrences: int = MAX_OCCURRENCES
+) -> tuple[dict[tuple[int, ...], int], int, int]:
     """A request's own tokens as a store: counts of every continuation path (up to `depth` tokens) after
     the most recent occurrences (at most `max_occurrences`) of the longest suffix of `context` (n from
     `max_ngram` down to `min_ngram`) that occurred earlier with something after it, the number of
@@ -164,7 +169,11 @@ def save_draft_corpus(head_dir: str | Path, sequences: list[list[int]], metadata
     """`draft_corpus.safetensors`: `tokens` int32, the sequences joined with -1 between them."""
     joined = [t for seq in sequences for t in (*seq, _SEPARATOR)]
     path = Path(head_dir) / DRAFT_CORPUS_FILE
-    save_file({"tokens": torch.tensor(joined, dtype=torch.int32)}, str(path), metadata={k: str(v) for k, v in metadata.items()})
+    save_file(
+        {"tokens": torch.tensor(joined, dtype=torch.int32)},
+        str(path),
+        metadata={k: str(v) for k, v in metadata.items()},
+    )
     return path
 
 
@@ -178,8 +187,10 @@ def _corpus_tokens(head_dir: str | Path, vocab_size: int) -> np.ndarray | None:
         raise DraftCorpusError(f"{path}: tokens must be a 1-D integer tensor, got {tuple(tokens.shape)} {tokens.dtype}")
     values = tokens.long().numpy()
     if values.size and (values.min() < _SEPARATOR or values.max() >= vocab_size):
-        raise DraftCorpusError(f"{path}: token ids outside the target's vocabulary 0..{vocab_size - 1}; it was built for "
-                               "another target: rebuild it with `jetspec draft-corpus`")
+        raise DraftCorpusError(
+            f"{path}: token ids outside the target's vocabulary 0..{vocab_size - 1}; it was built for "
+            "another target: rebuild it with `jetspec draft-corpus`"
+        )
     return values
 
 

@@ -161,10 +161,14 @@ def kept_nodes(tree: DraftTree, keep: list[bool]) -> tuple[DraftTree, torch.Tens
     renumber[index] = torch.arange(len(index))
     new_parents = tree.parents[index].clone()
     new_parents[1:] = renumber[new_parents[1:]]
-    return DraftTree(tree.tokens[index], new_parents, tree.depths[index], tree.ranks[index], tree.cum_logprobs[index]), index
+    return DraftTree(
+        tree.tokens[index], new_parents, tree.depths[index], tree.ranks[index], tree.cum_logprobs[index]
+    ), index
 
 
-def top_k_per_depth(depth_logits: torch.Tensor, width: int, vocab: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def top_k_per_depth(
+    depth_logits: torch.Tensor, width: int, vocab: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-`width` tokens and their log-probs (over the logits' own vocabulary) for each depth row:
     [D, K] each. `vocab` maps logit columns to token ids (a reduced draft vocabulary, core/draft_vocab.py)."""
     # impossible tokens (logit -inf) stay exactly -inf: log_softmax would give NaN or finfo.min
@@ -206,14 +210,21 @@ def candidate_lists(logits: torch.Tensor, spec: TreeSpec, vocab: torch.Tensor | 
     return [Candidates(t, lp, cap) for t, lp, cap in zip(tokens.tolist(), logprobs.double().tolist(), caps)]
 
 
-def build_tree(root_token: int, top_tokens: torch.Tensor, top_logprobs: torch.Tensor, spec: TreeSpec,
-               conditioned: Mapping[tuple[int, ...], Candidates] | None = None) -> DraftTree:
+def build_tree(
+    root_token: int,
+    top_tokens: torch.Tensor,
+    top_logprobs: torch.Tensor,
+    spec: TreeSpec,
+    conditioned: Mapping[tuple[int, ...], Candidates] | None = None,
+) -> DraftTree:
     """Best-first tree from per-depth top-K candidates ([D, K] tokens and log-probs, D >= max_depth),
     where `conditioned` (token path from the root -> that node's own candidates) overrides them."""
     depth_limit = min(spec.max_depth, top_tokens.shape[0])
     caps = fanout_caps(top_logprobs[:depth_limit, : spec.width], spec)
-    marginal = [Candidates(t[: spec.width], lp[: spec.width], cap)
-                for t, lp, cap in zip(top_tokens[:depth_limit].tolist(), top_logprobs[:depth_limit].double().tolist(), caps)]
+    marginal = [
+        Candidates(t[: spec.width], lp[: spec.width], cap)
+        for t, lp, cap in zip(top_tokens[:depth_limit].tolist(), top_logprobs[:depth_limit].double().tolist(), caps)
+    ]
     conditioned = conditioned or {}
 
     tokens, parents, depths, ranks, cums = [root_token], [-1], [0], [0], [0.0]
@@ -234,7 +245,9 @@ def build_tree(root_token: int, top_tokens: torch.Tensor, top_logprobs: torch.Te
         option = options[parent]
         # -inf marks "no candidate" (e.g. a lookup draft that found nothing): never a node
         if option is not None and rank < min(option.cap, len(option.tokens)) and option.logprobs[rank] != -math.inf:
-            heapq.heappush(frontier, (-(cums[parent] + option.logprobs[rank]), depths[parent] + 1, paths[parent] + (rank,), parent))
+            heapq.heappush(
+                frontier, (-(cums[parent] + option.logprobs[rank]), depths[parent] + 1, paths[parent] + (rank,), parent)
+            )
 
     options.append(candidates_of(0))
     push_child(0, 0)

@@ -48,7 +48,9 @@ class VerifyCost:
 
     def __post_init__(self) -> None:
         if len(self.nodes) < 2 or len(self.nodes) != len(self.relative) or list(self.nodes) != sorted(set(self.nodes)):
-            raise ValueError(f"nodes={self.nodes}, relative={self.relative}: need >= 2 increasing node counts, one cost each")
+            raise ValueError(
+                f"nodes={self.nodes}, relative={self.relative}: need >= 2 increasing node counts, one cost each"
+            )
         if self.unit_s <= 0:
             raise ValueError(f"unit_s={self.unit_s}: must be > 0")
 
@@ -83,8 +85,9 @@ class BandedCalibration:
     """One AcceptCalibration per band of a draft probability (band edges `edges`, descending):
     p -> p x the factor of p's band, learned from which nodes of that band the target accepted."""
 
-    def __init__(self, edges: tuple[float, ...] = (0.8, 0.5, 0.2), decay: float = 0.95, prior: float = 2.0,
-                 floor: float = 0.1) -> None:
+    def __init__(
+        self, edges: tuple[float, ...] = (0.8, 0.5, 0.2), decay: float = 0.95, prior: float = 2.0, floor: float = 0.1
+    ) -> None:
         if list(edges) != sorted(edges, reverse=True) or not all(0 < e < 1 for e in edges):
             raise ValueError(f"edges={edges}: need descending probabilities in (0, 1)")
         self.edges = torch.tensor(edges, dtype=torch.float64)
@@ -113,7 +116,14 @@ def truncate(tree: DraftTree, size: int) -> DraftTree:
     """The tree's first `size` nodes (a tree: parents precede their children)."""
     if size >= tree.size:
         return tree
-    return DraftTree(tree.tokens[:size], tree.parents[:size], tree.depths[:size], tree.ranks[:size], tree.cum_logprobs[:size], tree.drawn)
+    return DraftTree(
+        tree.tokens[:size],
+        tree.parents[:size],
+        tree.depths[:size],
+        tree.ranks[:size],
+        tree.cum_logprobs[:size],
+        tree.drawn,
+    )
 
 
 def conditional_probabilities(tree: DraftTree) -> torch.Tensor:
@@ -141,8 +151,12 @@ class SizedTrees:
     pays: bool  # the kept trees' expected rate, draft cost included, beats roots alone with no draft at all
 
 
-def size_trees(trees: list[DraftTree], cost: VerifyCost, draft_steps: float,
-               calibrate: Callable[[torch.Tensor], torch.Tensor] = lambda p: p) -> SizedTrees:
+def size_trees(
+    trees: list[DraftTree],
+    cost: VerifyCost,
+    draft_steps: float,
+    calibrate: Callable[[torch.Tensor], torch.Tensor] = lambda p: p,
+) -> SizedTrees:
     """Every tree cut to its first n nodes (a smaller tree keeps all of its own), n common to the batch
     because a batched verify pads every lane to the longest tree (the reference engine's forward and
     SGLang's verify alike): n maximises expected committed tokens per unit of step cost,
@@ -189,8 +203,13 @@ class TreeSizer:
     does not pay, and one calibration per kind of step: drafted trees (head, with any lookup guess
     merged in) and headless ones (prompt lookup alone)."""
 
-    def __init__(self, cost: VerifyCost | None = None, calibration: BandedCalibration | None = None, gate: DraftGate | None = None,
-                 headless_calibration: BandedCalibration | None = None) -> None:
+    def __init__(
+        self,
+        cost: VerifyCost | None = None,
+        calibration: BandedCalibration | None = None,
+        gate: DraftGate | None = None,
+        headless_calibration: BandedCalibration | None = None,
+    ) -> None:
         self.cost = cost
         self.calibration = calibration or BandedCalibration()
         self.headless_calibration = headless_calibration or BandedCalibration()
@@ -198,7 +217,9 @@ class TreeSizer:
         self._kept: list[DraftTree] = []
         self._last = self.calibration
 
-    def size(self, trees: list[DraftTree], draft_s: float, drafted: bool = True, cost: VerifyCost | None = None) -> list[DraftTree]:
+    def size(
+        self, trees: list[DraftTree], draft_s: float, drafted: bool = True, cost: VerifyCost | None = None
+    ) -> list[DraftTree]:
         """The trees cut to what pays; `drafted`: the head ran for them (only such steps teach the gate);
         `cost`: this step's verify cost when it is learned while serving (else the sizer's own)."""
         cost = cost or self.cost
@@ -225,7 +246,9 @@ class TreeSizer:
 def relative_costs(seconds: dict[int, float]) -> VerifyCost:
     """A VerifyCost from measured seconds per node count (the count 1 must be among them)."""
     if 1 not in seconds:
-        raise ValueError(f"measured node counts {sorted(seconds)}: the count 1 (one ordinary step) is the unit and must be measured")
+        raise ValueError(
+            f"measured node counts {sorted(seconds)}: the count 1 (one ordinary step) is the unit and must be measured"
+        )
     unit = seconds[1]
     nodes = tuple(sorted(seconds))
     return VerifyCost(nodes, tuple(seconds[n] / unit for n in nodes), unit)

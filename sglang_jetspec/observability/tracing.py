@@ -28,8 +28,7 @@ from typing import TYPE_CHECKING
 from opentelemetry import trace
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import (BatchSpanProcessor, ConsoleSpanExporter, SimpleSpanProcessor,
-                                            SpanExporter)
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SimpleSpanProcessor, SpanExporter
 from opentelemetry.trace import Link, Span, SpanContext, Tracer
 
 if TYPE_CHECKING:
@@ -58,16 +57,17 @@ def otlp_exporter(endpoint: str | None = None) -> SpanExporter:
     """An OTLP span exporter over the protocol the environment names (default gRPC).
     `endpoint` (the traces endpoint, as OTEL_EXPORTER_OTLP_TRACES_ENDPOINT: host:port for gRPC, the
     full URL with /v1/traces for HTTP) overrides the environment; None leaves it to the exporter."""
-    variable = next((v for v in ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL")
-                     if _env(v)), None)
+    variable = next((v for v in ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL") if _env(v)), None)
     protocol = _env(variable) if variable else "grpc"
     if protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
     elif protocol == "http/protobuf":
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     else:
-        raise TracingConfigError(f"{variable}={protocol}: use one of {', '.join(PROTOCOLS)} "
-                                 "(http/json is not supported by the Python exporters)")
+        raise TracingConfigError(
+            f"{variable}={protocol}: use one of {', '.join(PROTOCOLS)} "
+            "(http/json is not supported by the Python exporters)"
+        )
     return OTLPSpanExporter(endpoint=endpoint) if endpoint else OTLPSpanExporter()
 
 
@@ -81,8 +81,9 @@ def exporters_from_env(endpoint: str | None = None) -> list[SpanExporter]:
     names = [n.strip() for n in (_env("OTEL_TRACES_EXPORTER") or "otlp").split(",") if n.strip()]
     unknown = [n for n in names if n not in EXPORTERS]
     if unknown:
-        raise TracingConfigError(f"OTEL_TRACES_EXPORTER={','.join(names)}: unknown {', '.join(unknown)}; "
-                                 f"use {', '.join(EXPORTERS)}")
+        raise TracingConfigError(
+            f"OTEL_TRACES_EXPORTER={','.join(names)}: unknown {', '.join(unknown)}; use {', '.join(EXPORTERS)}"
+        )
     exporters: list[SpanExporter] = []
     if "otlp" in names:
         exporters.append(otlp_exporter(endpoint))
@@ -122,15 +123,17 @@ def request_span_attributes(model: str, params: SamplingParams, prompt_tokens: i
 def finish_request_span(span: Span, model: str, output: RequestOutput) -> None:
     """GenAI response attributes plus JetSpec's: verify steps and mean committed tokens per verify."""
     steps = len(output.accept_lengths)
-    span.set_attributes({
-        "gen_ai.response.id": output.request_id,
-        "gen_ai.response.model": model,
-        # SGLang reports EOS as a "stop" finish too; "length" and "stop" (stop string) are kept.
-        "gen_ai.response.finish_reasons": ["stop" if output.finish_reason == "eos" else output.finish_reason],
-        "gen_ai.usage.output_tokens": len(output.output_ids),
-        "jetspec.verify_steps": steps,
-        "jetspec.accept_length": sum(output.accept_lengths) / steps if steps else 0.0,
-    })
+    span.set_attributes(
+        {
+            "gen_ai.response.id": output.request_id,
+            "gen_ai.response.model": model,
+            # SGLang reports EOS as a "stop" finish too; "length" and "stop" (stop string) are kept.
+            "gen_ai.response.finish_reasons": ["stop" if output.finish_reason == "eos" else output.finish_reason],
+            "gen_ai.usage.output_tokens": len(output.output_ids),
+            "jetspec.verify_steps": steps,
+            "jetspec.accept_length": sum(output.accept_lengths) / steps if steps else 0.0,
+        }
+    )
 
 
 def step_links(contexts: Sequence[SpanContext]) -> list[Link]:
@@ -140,13 +143,15 @@ def step_links(contexts: Sequence[SpanContext]) -> list[Link]:
 def record_step_phases(tracer: Tracer, step: Span, cohort: str, record: StepRecord) -> None:
     """Attributes of a finished step and its phase children, laid end to end from the step's start:
     draft and tree first, verify, accept and commit ending when the engine's step ended."""
-    step.set_attributes({
-        "jetspec.cohort": cohort,
-        "jetspec.budget": record.budget,
-        "jetspec.batch_size": record.batch_size,
-        "jetspec.committed_tokens": record.committed_tokens,
-        "jetspec.accept_lengths": list(record.accept_lengths),
-    })
+    step.set_attributes(
+        {
+            "jetspec.cohort": cohort,
+            "jetspec.budget": record.budget,
+            "jetspec.batch_size": record.batch_size,
+            "jetspec.committed_tokens": record.committed_tokens,
+            "jetspec.accept_lengths": list(record.accept_lengths),
+        }
+    )
     if not step.is_recording():
         return
     start = step.start_time
@@ -154,13 +159,21 @@ def record_step_phases(tracer: Tracer, step: Span, cohort: str, record: StepReco
     end = start + ns(record.wall_s)
     phases = []
     if record.budget > 1:  # budget 0 and 1 draft nothing: no draft or tree phase to show
-        phases += [("jetspec.draft", start, start + ns(record.draft_s)),
-                   ("jetspec.tree", start + ns(record.draft_s), start + ns(record.draft_s + record.tree_s))]
-    phases += [("jetspec.verify", end - ns(record.accept_s + record.verify_s), end - ns(record.accept_s)),
-               ("jetspec.accept", end - ns(record.accept_s), end - ns(record.commit_s)),
-               ("jetspec.commit", end - ns(record.commit_s), end)]
+        phases += [
+            ("jetspec.draft", start, start + ns(record.draft_s)),
+            ("jetspec.tree", start + ns(record.draft_s), start + ns(record.draft_s + record.tree_s)),
+        ]
+    phases += [
+        ("jetspec.verify", end - ns(record.accept_s + record.verify_s), end - ns(record.accept_s)),
+        ("jetspec.accept", end - ns(record.accept_s), end - ns(record.commit_s)),
+        ("jetspec.commit", end - ns(record.commit_s), end),
+    ]
     parent = trace.set_span_in_context(step)
     for name, begin, finish in phases:
-        child = tracer.start_span(name, context=parent, start_time=begin,
-                                  attributes={"jetspec.budget": record.budget, "jetspec.cohort": cohort})
+        child = tracer.start_span(
+            name,
+            context=parent,
+            start_time=begin,
+            attributes={"jetspec.budget": record.budget, "jetspec.cohort": cohort},
+        )
         child.end(end_time=finish)

@@ -18,7 +18,9 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
 
 
 @torch.no_grad()
-def first_divergence(target: TargetModel, prompt_ids: list[int], reference: list[int], speculative: list[int]) -> dict | None:
+def first_divergence(
+    target: TargetModel, prompt_ids: list[int], reference: list[int], speculative: list[int]
+) -> dict | None:
     """None when the outputs are equal; else the index of the first differing token, both tokens, and
     the target's logit margins there (scored on the common prefix, in the target's own dtype):
     `top2_margin` = top-1 minus top-2 logit, `chosen_gap` = logit of the reference's token minus that of
@@ -43,9 +45,11 @@ def first_divergence(target: TargetModel, prompt_ids: list[int], reference: list
 
 def describe(divergence: dict) -> str:
     gap = divergence["chosen_gap"]
-    return (f"token {divergence['index']}: autoregressive {divergence['autoregressive_token']} vs speculative "
-            f"{divergence['speculative_token']}, top-1/top-2 logit margin {divergence['top2_margin']:.4f}"
-            + (f", gap between the two {gap:.4f}" if gap is not None else ""))
+    return (
+        f"token {divergence['index']}: autoregressive {divergence['autoregressive_token']} vs speculative "
+        f"{divergence['speculative_token']}, top-1/top-2 logit margin {divergence['top2_margin']:.4f}"
+        + (f", gap between the two {gap:.4f}" if gap is not None else "")
+    )
 
 
 def greedy_divergences(target: TargetModel, reference: list, outputs: list) -> list[dict]:

@@ -18,12 +18,12 @@ import torch
 from ..core.acceptance import AcceptResult, accept_batch
 from ..core.branch_gap import rank1_branch_gap
 from ..core.context_cache import ContextCache
-from ..core.sampling import SamplingParams, make_generator
-from ..core.step_record import StepRecord
-from ..core.suffix_store import RECENT_OUTPUT_TOKENS, SuffixStore
 from ..core.drafting import draft_trees, headless_trees, sampled_draws, settled_clock
 from ..core.learned_verify_cost import LearnedVerifyCost
 from ..core.prompt_lookup import LookupMerge
+from ..core.sampling import SamplingParams, make_generator
+from ..core.step_record import StepRecord
+from ..core.suffix_store import RECENT_OUTPUT_TOKENS, SuffixStore
 from ..core.tree import DraftTree, TreeSpec, root_only_tree
 from ..core.tree_sizing import SIZINGS, TreeSizer
 from .invariants import check_invariants
@@ -82,7 +82,9 @@ class Lane:
     """A running request: its committed tokens, its random stream and its tapped hidden rows (all of
     them: the engine's invariant checks compare them with a fresh prefill)."""
 
-    def __init__(self, request: Request, tokenizer, eos_ids: frozenset[int], tap_width: int, device: torch.device) -> None:
+    def __init__(
+        self, request: Request, tokenizer, eos_ids: frozenset[int], tap_width: int, device: torch.device
+    ) -> None:
         self.request = request
         self.generator = make_generator(request.params.seed)
         self.output_ids: list[int] = []
@@ -137,7 +139,14 @@ class Lane:
         if self.finish_reason == "stop":
             cut = min((text.find(s) for s in self.params.stop if s in text), default=len(text))
             text = text[:cut]
-        return RequestOutput(self.request.request_id, self.request.prompt_ids, list(self.output_ids), self.finish_reason or "length", self.accept_lengths, text)
+        return RequestOutput(
+            self.request.request_id,
+            self.request.prompt_ids,
+            list(self.output_ids),
+            self.finish_reason or "length",
+            self.accept_lengths,
+            text,
+        )
 
 
 class ReferenceEngine:
@@ -149,7 +158,9 @@ class ReferenceEngine:
         self.tap_width = target.info.hidden_size * len(self.tap_layers)
         self.check_draft_rounds(self.config.draft_rounds)
         self.sizer: TreeSizer | None = None
-        self.verify_costs: LearnedVerifyCost | None = None  # with the sizer: its verify cost, refined by every sized step
+        self.verify_costs: LearnedVerifyCost | None = (
+            None  # with the sizer: its verify cost, refined by every sized step
+        )
         if self.config.tree_sizing == "adaptive":
             self.sizer_for("adaptive")  # measured before the first request, so no request pays for it
         # what this engine's finished requests wrote: the hybrid drafter looks its continuations up too
@@ -181,7 +192,12 @@ class ReferenceEngine:
         self.live = RunningBatch(self)  # the running state, for inspection between steps
         return self.live
 
-    def generate(self, requests: list[Request], budget: int | Callable[[int], int] = 0, on_step: Callable[[StepRecord], None] | None = None) -> list[RequestOutput]:
+    def generate(
+        self,
+        requests: list[Request],
+        budget: int | Callable[[int], int] = 0,
+        on_step: Callable[[StepRecord], None] | None = None,
+    ) -> list[RequestOutput]:
         """Run every request to completion; `budget` is fixed or chosen per step from the batch size."""
         budget_for = budget if callable(budget) else (lambda _batch, b=budget: b)
         waiting = list(enumerate(requests))
@@ -214,24 +230,38 @@ class ReferenceEngine:
         if out.taps is not None:
             lane.append_rows(out.taps[0, :n])
         last = self.target.logits(out.hidden[:, n - 1 : n])
-        first = accept_batch([root_only_tree(request.prompt_ids[-1])], last, [request.params], [lane.generator], self.config.acceptance)[0]
+        first = accept_batch(
+            [root_only_tree(request.prompt_ids[-1])], last, [request.params], [lane.generator], self.config.acceptance
+        )[0]
         lane.commit(first.tokens)
         return lane, cache
 
-    def _trees(self, lanes: list[Lane], budget: int, draft_rounds: int, tree_width: int,
-               lookup: LookupMerge | None, sizer: TreeSizer | None, acceptance: str) -> tuple[list[DraftTree], list[float], float]:
+    def _trees(
+        self,
+        lanes: list[Lane],
+        budget: int,
+        draft_rounds: int,
+        tree_width: int,
+        lookup: LookupMerge | None,
+        sizer: TreeSizer | None,
+        acceptance: str,
+    ) -> tuple[list[DraftTree], list[float], float]:
         """Each lane's tree (cut to what pays by `sizer`, if any), the draft head seconds per round and the
         tree-building seconds."""
         if budget <= 1 or self.drafter is None:
             if budget > 1:
-                raise ValueError(f"budget={budget} needs a drafter; pass a head (or use budget 0 for ordinary decoding)")
+                raise ValueError(
+                    f"budget={budget} needs a drafter; pass a head (or use budget 0 for ordinary decoding)"
+                )
             return [root_only_tree(lane.root_token) for lane in lanes], [], 0.0
         # a tree of `budget` nodes is at most budget-1 deep: never pay for deeper draft rows
         depth = min(self.drafter.max_depth, budget - 1)
         spec = TreeSpec(budget=budget, max_depth=depth, width=tree_width, fanout=self.config.fanout)
         if sizer is not None and not sizer.gate.should_draft():  # the head has not been paying
             start = time.perf_counter()
-            trees = sizer.size(headless_trees(lanes, spec, lookup), 0.0, drafted=False, cost=self.verify_costs.curve(len(lanes)))
+            trees = sizer.size(
+                headless_trees(lanes, spec, lookup), 0.0, drafted=False, cost=self.verify_costs.curve(len(lanes))
+            )
             return trees, [], time.perf_counter() - start
         draws = sampled_draws(lanes, acceptance == "draw", draft_rounds)
         trees, timing = draft_trees(self.drafter, lanes, spec, draft_rounds, lookup, draws)
@@ -241,13 +271,23 @@ class ReferenceEngine:
             timing.tree_s += time.perf_counter() - start
         return trees, timing.round_s, timing.tree_s
 
-    def _step(self, cache: SlotKVCache, lanes: list[Lane], budget: int, draft_rounds: int, tree_width: int,
-              lookup: LookupMerge | None, sizer: TreeSizer | None, acceptance: str) -> StepRecord:
+    def _step(
+        self,
+        cache: SlotKVCache,
+        lanes: list[Lane],
+        budget: int,
+        draft_rounds: int,
+        tree_width: int,
+        lookup: LookupMerge | None,
+        sizer: TreeSizer | None,
+        acceptance: str,
+    ) -> StepRecord:
         t_start = time.perf_counter()
         trees, draft_round_s, tree_s = self._trees(lanes, budget, draft_rounds, tree_width, lookup, sizer, acceptance)
         t_verify = time.perf_counter()
         segments = [
-            Segment(tree.tokens, tree.positions(int(cache.lengths[b])), tree.ancestor_mask()) for b, tree in enumerate(trees)
+            Segment(tree.tokens, tree.positions(int(cache.lengths[b])), tree.ancestor_mask())
+            for b, tree in enumerate(trees)
         ]
         out = self.target.forward(cache, segments, self.tap_layers)
         logits = self.target.logits(out.hidden)
@@ -272,12 +312,16 @@ class ReferenceEngine:
             wall_s=t_end - t_start,
             commit_s=t_end - t_commit,
             draft_round_s=draft_round_s,
-            rank1_gaps=[rank1_branch_gap(tree, logits[b]) for b, tree in enumerate(trees)] if self.config.rank1_gap else None,
+            rank1_gaps=[rank1_branch_gap(tree, logits[b]) for b, tree in enumerate(trees)]
+            if self.config.rank1_gap
+            else None,
             verified_nodes=sum(tree.size for tree in trees),
         )
         return record
 
-    def _commit(self, cache: SlotKVCache, lanes: list[Lane], results: list[AcceptResult], taps: torch.Tensor | None) -> int:
+    def _commit(
+        self, cache: SlotKVCache, lanes: list[Lane], results: list[AcceptResult], taps: torch.Tensor | None
+    ) -> int:
         committed = 0
         for b, (lane, result) in enumerate(zip(lanes, results)):
             # a request that stops mid-path (EOS, max tokens, stop string) keeps only what it committed
@@ -320,9 +364,15 @@ class RunningBatch:
         return None
 
     @torch.inference_mode()
-    def step(self, budget: int, draft_rounds: int | None = None, tree_width: int | None = None,
-             lookup: LookupMerge | None | str = FROM_CONFIG,
-             tree_sizing: str | None = None, acceptance: str | None = None) -> tuple[StepRecord, list[tuple[Request, RequestOutput]]]:
+    def step(
+        self,
+        budget: int,
+        draft_rounds: int | None = None,
+        tree_width: int | None = None,
+        lookup: LookupMerge | None | str = FROM_CONFIG,
+        tree_sizing: str | None = None,
+        acceptance: str | None = None,
+    ) -> tuple[StepRecord, list[tuple[Request, RequestOutput]]]:
         """One verify step for every lane (`draft_rounds`, `tree_width`, `lookup`, the hybrid drafter's
         merge or None for the head alone, `tree_sizing` and `acceptance`, the rule for sampled requests,
         override the engine config's, e.g. from a policy table); finished requests leave the batch and are returned."""
@@ -330,11 +380,14 @@ class RunningBatch:
         self.engine.check_draft_rounds(rounds)
         width = self.engine.config.tree_width if tree_width is None else tree_width
         merge = self.engine.config.lookup if lookup is FROM_CONFIG else lookup
-        if merge is not None and merge.corpus is not None:  # a merge without a corpus looks up the request's own tokens only
+        if (
+            merge is not None and merge.corpus is not None
+        ):  # a merge without a corpus looks up the request's own tokens only
             merge = replace(merge, recent=self.engine.recent_outputs)
         sizer = self.engine.sizer_for(tree_sizing or self.engine.config.tree_sizing)
-        record = self.engine._step(self.cache, self.lanes, budget, rounds, width, merge, sizer,
-                                   acceptance or self.engine.config.acceptance)
+        record = self.engine._step(
+            self.cache, self.lanes, budget, rounds, width, merge, sizer, acceptance or self.engine.config.acceptance
+        )
         if self.engine.config.check_invariants:
             check_invariants(self.cache, self.lanes)
         finished = [(lane.request, lane.output()) for lane in self.lanes if lane.finish_reason]

@@ -18,9 +18,16 @@ from ..core.masked_sdpa import masked_sdpa
 ATTN_IMPLEMENTATION = "jetspec_sdpa_gqa"
 
 
-def gqa_sdpa_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                     attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
-                     **kwargs) -> tuple[torch.Tensor, None]:
+def gqa_sdpa_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
     """transformers' attention-function contract: query [B, H, N, D], key/value [B, H_kv, S, D];
     returns [B, N, H, D] and no weights. Without a mask (not the engine's calls): transformers' own sdpa."""
     if attention_mask is None:

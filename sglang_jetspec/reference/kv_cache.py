@@ -26,7 +26,9 @@ class SlotLayer(CacheLayerMixin):
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.owner.allocate(key_states, value_states)
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         owner = self.owner
@@ -77,8 +79,10 @@ class SlotKVCache(Cache):
         """Zeroed storage for every layer, shaped after one layer's new keys/values [lanes, H_kv, n, D]."""
         lanes, heads, _, dim = key_states.shape
         shape = (len(self.layers), lanes, heads, self.capacity, dim)
-        self._bind(torch.zeros(shape, dtype=key_states.dtype, device=key_states.device),
-                   torch.zeros(shape, dtype=value_states.dtype, device=value_states.device))
+        self._bind(
+            torch.zeros(shape, dtype=key_states.dtype, device=key_states.device),
+            torch.zeros(shape, dtype=value_states.dtype, device=value_states.device),
+        )
 
     def _bind(self, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Adopt new storage and point every layer's views at it."""

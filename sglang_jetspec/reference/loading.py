@@ -32,7 +32,9 @@ def resolve_target_dir(spec: str) -> Path:
         return fetch(spec)
     path = Path(spec)
     if not path.is_dir():
-        raise SystemExit(f"--target {spec}: not a directory and not one of {sorted(MODELS)}; pass a HF checkpoint directory or 'smollm2'")
+        raise SystemExit(
+            f"--target {spec}: not a directory and not one of {sorted(MODELS)}; pass a HF checkpoint directory or 'smollm2'"
+        )
     return path
 
 
@@ -86,7 +88,10 @@ def load_drafter(target: TargetModel, head: str | None) -> tuple[HeadDrafter, st
     else:
         head_dir = resolve_head_dir(target.path, head)
         if head_dir is None:
-            model, label = init_head(untrained_head_config(target)), "untrained head (no trained head ships for this target yet)"
+            model, label = (
+                init_head(untrained_head_config(target)),
+                "untrained head (no trained head ships for this target yet)",
+            )
         else:
             model, label = load_head(head_dir, target.info), str(head_dir)
             vocab = load_draft_vocab(head_dir, target.info.vocab_size)
@@ -102,8 +107,10 @@ class DrafterOptionError(ValueError):
 
 def check_lookup_options(args: Namespace) -> None:
     if args.lookup_min_ngram > args.lookup_max_ngram:
-        raise DrafterOptionError(f"--lookup-min-ngram {args.lookup_min_ngram} is above --lookup-max-ngram "
-                                 f"{args.lookup_max_ngram}; lower the first or raise the second")
+        raise DrafterOptionError(
+            f"--lookup-min-ngram {args.lookup_min_ngram} is above --lookup-max-ngram "
+            f"{args.lookup_max_ngram}; lower the first or raise the second"
+        )
 
 
 def check_drafter_options(args: Namespace) -> None:
@@ -116,8 +123,9 @@ def check_drafter_options(args: Namespace) -> None:
     if args.head is not None:
         raise DrafterOptionError(f"--head {args.head} is for --drafter head; drop it or use --drafter head")
     if getattr(args, "draft_rounds", 0):  # serve has no --draft-rounds: its policy checks rounds
-        raise DrafterOptionError(f"--draft-rounds {args.draft_rounds} needs a head; --drafter lookup drafts one chain, "
-                                 "use --draft-rounds 0")
+        raise DrafterOptionError(
+            f"--draft-rounds {args.draft_rounds} needs a head; --drafter lookup drafts one chain, use --draft-rounds 0"
+        )
 
 
 def load_corpus(target: TargetModel, head: str | None) -> SuffixStore:
@@ -156,14 +164,24 @@ def load_engine_drafter(target: TargetModel, args: Namespace) -> EngineDrafter:
     into its trees; lookup: prompt lookup alone, one chain (width 1)."""
     check_drafter_options(args)
     if args.drafter == "lookup":
-        label = (f"prompt lookup (n-grams {args.lookup_min_ngram}-{args.lookup_max_ngram}, "
-                 f"chains of <= {args.lookup_depth} tokens)")
+        label = (
+            f"prompt lookup (n-grams {args.lookup_min_ngram}-{args.lookup_max_ngram}, "
+            f"chains of <= {args.lookup_depth} tokens)"
+        )
         return EngineDrafter(lookup_drafter(target.info.vocab_size, args), label, tree_width=1)
     drafter, label = load_drafter(target, args.head)
     if args.drafter == "hybrid":
         accept, stores = args.lookup_accept[0], args.draft_corpus[0] == "head"
         corpus = load_corpus(target, args.head) if stores else None
-        looked_up = f"prompt lookup + draft corpus of {corpus.num_tokens} tokens + finished outputs" if stores else "prompt lookup"
-        return EngineDrafter(drafter, f"{label} + {looked_up} (hybrid, accept {accept:g})", args.tree_width,
-                             lookup_merge(accept, args, corpus))
+        looked_up = (
+            f"prompt lookup + draft corpus of {corpus.num_tokens} tokens + finished outputs"
+            if stores
+            else "prompt lookup"
+        )
+        return EngineDrafter(
+            drafter,
+            f"{label} + {looked_up} (hybrid, accept {accept:g})",
+            args.tree_width,
+            lookup_merge(accept, args, corpus),
+        )
     return EngineDrafter(drafter, label, args.tree_width)

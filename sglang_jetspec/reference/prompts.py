@@ -40,11 +40,12 @@ def read_prompt_file(path: str | Path) -> list[dict]:
         except json.JSONDecodeError as exc:
             raise PromptError(f"{path}:{lineno}: not valid JSON ({exc.msg}) -- write one JSON object per line") from exc
         if not isinstance(record, dict) or not ({"prompt", "messages"} & record.keys()):
-            raise PromptError(f'{path}:{lineno}: needs a "prompt" string or a "messages" list -- e.g. {{"prompt": "def add(a, b):"}}')
+            raise PromptError(
+                f'{path}:{lineno}: needs a "prompt" string or a "messages" list -- e.g. {{"prompt": "def add(a, b):"}}'
+            )
         given = sorted(set(record) & set(CONSTRAINTS))
         if len(given) > 1:
-            raise PromptError(f"{path}:{lineno}: carries {given} -- give at most one of "
-                              f"{', '.join(CONSTRAINTS)}")
+            raise PromptError(f"{path}:{lineno}: carries {given} -- give at most one of {', '.join(CONSTRAINTS)}")
         records.append(record)
     if not records:
         raise PromptError(f"{path}: no prompts -- add JSON lines with a prompt or messages field")
@@ -56,7 +57,11 @@ def encode(record: dict | str, tokenizer) -> list[int]:
     if isinstance(record, str):
         return tokenizer(record)["input_ids"]
     if "messages" in record:
-        return list(tokenizer.apply_chat_template(record["messages"], add_generation_prompt=True, tokenize=True, return_dict=False))
+        return list(
+            tokenizer.apply_chat_template(
+                record["messages"], add_generation_prompt=True, tokenize=True, return_dict=False
+            )
+        )
     return tokenizer(record["prompt"])["input_ids"]
 
 
@@ -64,8 +69,11 @@ def constraint_params(record: dict | str) -> dict[str, str]:
     """The SGLang sampling parameters of a line's constraint ({} for free text); a JSON schema as text."""
     if isinstance(record, str):
         return {}
-    return {name: value if isinstance(value, str) else json.dumps(value)
-            for name, value in record.items() if name in CONSTRAINTS}
+    return {
+        name: value if isinstance(value, str) else json.dumps(value)
+        for name, value in record.items()
+        if name in CONSTRAINTS
+    }
 
 
 def load_prompt_records(source: str) -> list:
@@ -77,9 +85,11 @@ def refuse_constraints(source: str, records: list) -> None:
     """PromptError when a record carries a constraint: the reference engine would decode it unconstrained."""
     constrained = [r for r in records if constraint_params(r)]
     if constrained:
-        raise PromptError(f"{source}: {len(constrained)} prompts carry a constraint ({', '.join(CONSTRAINTS)}), which "
-                          "the reference engine does not decode under -- measure them inside SGLang with "
-                          "bench/sglang_cpu_compare.py")
+        raise PromptError(
+            f"{source}: {len(constrained)} prompts carry a constraint ({', '.join(CONSTRAINTS)}), which "
+            "the reference engine does not decode under -- measure them inside SGLang with "
+            "bench/sglang_cpu_compare.py"
+        )
 
 
 def load_prompt_ids(source: str, tokenizer, limit: int | None = None) -> list[list[int]]:

@@ -50,17 +50,27 @@ class ForwardOutput:
 def read_target_config(target_dir: str | Path) -> dict:
     path = Path(target_dir) / "config.json"
     if not path.is_file():
-        raise TargetError(f"{target_dir}: no config.json; pass a Hugging Face checkpoint directory (or run `jetspec model fetch smollm2`)")
+        raise TargetError(
+            f"{target_dir}: no config.json; pass a Hugging Face checkpoint directory (or run `jetspec model fetch smollm2`)"
+        )
     cfg = json.loads(path.read_text())
     model_type = cfg.get("model_type")
     if model_type not in SUPPORTED_MODEL_TYPES:
-        raise TargetError(f"{path}: model_type={model_type!r} is not supported; use a Llama- or Qwen3-family model ({', '.join(SUPPORTED_MODEL_TYPES)})")
+        raise TargetError(
+            f"{path}: model_type={model_type!r} is not supported; use a Llama- or Qwen3-family model ({', '.join(SUPPORTED_MODEL_TYPES)})"
+        )
     return cfg
 
 
 class TargetModel:
-    def __init__(self, target_dir: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
-                 attention: str = "sdpa", packed_linears: bool | None = None) -> None:
+    def __init__(
+        self,
+        target_dir: str | Path,
+        dtype: torch.dtype = torch.float32,
+        device: str | torch.device = "cpu",
+        attention: str = "sdpa",
+        packed_linears: bool | None = None,
+    ) -> None:
         """`packed_linears`: run the linears on oneDNN-packed weights (core/packed_linear.py); by default
         for a bf16 target on a CPU, never for fp32, the oracle of the identity tests."""
         self.path = Path(target_dir)
@@ -75,18 +85,29 @@ class TargetModel:
             from .gqa_attention import register
         implementation = register()
         self.attention = attention
-        self.model = AutoModelForCausalLM.from_pretrained(str(self.path), dtype=dtype, attn_implementation=implementation).to(self.device).eval()
+        self.model = (
+            AutoModelForCausalLM.from_pretrained(str(self.path), dtype=dtype, attn_implementation=implementation)
+            .to(self.device)
+            .eval()
+        )
         if packed_linears is None:
             packed_linears = dtype == torch.bfloat16 and self.device.type == "cpu"
         # only where the packed path will run: elsewhere padding the forward would buy nothing
-        self.packed_linears = bool(packed_linears) and available(self.model.get_input_embeddings().weight) and pack_linears(self.model) > 0
+        self.packed_linears = (
+            bool(packed_linears)
+            and available(self.model.get_input_embeddings().weight)
+            and pack_linears(self.model) > 0
+        )
         self.tokenizer = AutoTokenizer.from_pretrained(str(self.path))
         cfg = self.model.config
         self.info = TargetInfo(
             hidden_size=cfg.hidden_size,
             vocab_size=cfg.vocab_size,
             num_hidden_layers=cfg.num_hidden_layers,
-            rope_theta=float(getattr(cfg, "rope_theta", None) or (getattr(cfg, "rope_parameters", None) or {}).get("rope_theta", 10000.0)),
+            rope_theta=float(
+                getattr(cfg, "rope_theta", None)
+                or (getattr(cfg, "rope_parameters", None) or {}).get("rope_theta", 10000.0)
+            ),
             max_position_embeddings=cfg.max_position_embeddings,
         )
         self.eos_token_ids = self._eos_ids()
@@ -117,8 +138,10 @@ class TargetModel:
         """Keep each decoder layer's output (HF hidden_states[L + 1]) for the duration of one forward,
         so every caller names its own taps and no engine's choice leaks into another's."""
         for index, layer in enumerate(self.model.model.layers):
+
             def capture(_module, _inputs, output, index=index):
                 self._captured[index] = output[0] if isinstance(output, tuple) else output
+
             layer.register_forward_hook(capture)
 
     def new_cache(self, lanes: int = 1, capacity: int = 256) -> SlotKVCache:

@@ -27,10 +27,39 @@ BLOCK_S = 32  # key slots per inner step
 
 @triton.jit
 def _masked_attention_kernel(
-    Q, K, V, M, O, scale,
-    sqb, sqh, sqn, sqd, skb, skh, sks, skd, svb, svh, svs, svd, smb, smn, sms, sob, soh, son, sod,
-    H, N, S,
-    GROUP: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr,
+    Q,
+    K,
+    V,
+    M,
+    O,
+    scale,
+    sqb,
+    sqh,
+    sqn,
+    sqd,
+    skb,
+    skh,
+    sks,
+    skd,
+    svb,
+    svh,
+    svs,
+    svd,
+    smb,
+    smn,
+    sms,
+    sob,
+    soh,
+    son,
+    sod,
+    H,
+    N,
+    S,
+    GROUP: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_S: tl.constexpr,
     IEEE: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
@@ -42,20 +71,33 @@ def _masked_attention_kernel(
     dims = tl.arange(0, BLOCK_D)
     row_ok = rows < N
     dim_ok = dims < D
-    q = tl.load(Q + b * sqb + h * sqh + rows[:, None] * sqn + dims[None, :] * sqd,
-                mask=row_ok[:, None] & dim_ok[None, :], other=0.0)
+    q = tl.load(
+        Q + b * sqb + h * sqh + rows[:, None] * sqn + dims[None, :] * sqd,
+        mask=row_ok[:, None] & dim_ok[None, :],
+        other=0.0,
+    )
     m_i = tl.full([BLOCK_N], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_N], tl.float32)
     acc = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     for start in range(0, S, BLOCK_S):
         cols = start + tl.arange(0, BLOCK_S)
         col_ok = cols < S
-        k = tl.load(K + b * skb + kv_h * skh + cols[:, None] * sks + dims[None, :] * skd,
-                    mask=col_ok[:, None] & dim_ok[None, :], other=0.0)
-        v = tl.load(V + b * svb + kv_h * svh + cols[:, None] * svs + dims[None, :] * svd,
-                    mask=col_ok[:, None] & dim_ok[None, :], other=0.0)
-        allowed = tl.load(M + b * smb + rows[:, None] * smn + cols[None, :] * sms,
-                          mask=row_ok[:, None] & col_ok[None, :], other=0) != 0
+        k = tl.load(
+            K + b * skb + kv_h * skh + cols[:, None] * sks + dims[None, :] * skd,
+            mask=col_ok[:, None] & dim_ok[None, :],
+            other=0.0,
+        )
+        v = tl.load(
+            V + b * svb + kv_h * svh + cols[:, None] * svs + dims[None, :] * svd,
+            mask=col_ok[:, None] & dim_ok[None, :],
+            other=0.0,
+        )
+        allowed = (
+            tl.load(
+                M + b * smb + rows[:, None] * smn + cols[None, :] * sms, mask=row_ok[:, None] & col_ok[None, :], other=0
+            )
+            != 0
+        )
         if IEEE:
             scores = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
         else:
@@ -72,12 +114,16 @@ def _masked_attention_kernel(
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # padding rows (past N) have l = 0 and are not stored
-    tl.store(O + b * sob + h * soh + rows[:, None] * son + dims[None, :] * sod, out.to(O.dtype.element_ty),
-             mask=row_ok[:, None] & dim_ok[None, :])
+    tl.store(
+        O + b * sob + h * soh + rows[:, None] * son + dims[None, :] * sod,
+        out.to(O.dtype.element_ty),
+        mask=row_ok[:, None] & dim_ok[None, :],
+    )
 
 
-def masked_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, allowed: torch.Tensor,
-                     scale: float) -> torch.Tensor:
+def masked_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, allowed: torch.Tensor, scale: float
+) -> torch.Tensor:
     """softmax(q k^T * scale, where `allowed`) v.
 
     query [B, H, N, D]; key, value [B, H_kv, S, D] (H a multiple of H_kv); allowed [B, N, S] bool,
@@ -86,28 +132,54 @@ def masked_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     batch, heads, rows, dim = query.shape
     kv_heads, slots = key.shape[1], key.shape[2]
     if heads % kv_heads or allowed.shape != (batch, rows, slots) or allowed.dtype != torch.bool:
-        raise ValueError(f"masked_attention: query {tuple(query.shape)}, key {tuple(key.shape)}, mask "
-                         f"{tuple(allowed.shape)} {allowed.dtype}: want H % H_kv == 0 and a bool mask [B, N, S]")
+        raise ValueError(
+            f"masked_attention: query {tuple(query.shape)}, key {tuple(key.shape)}, mask "
+            f"{tuple(allowed.shape)} {allowed.dtype}: want H % H_kv == 0 and a bool mask [B, N, S]"
+        )
     out = torch.empty_like(query)
     mask = allowed.view(torch.uint8)  # same storage, readable by the kernel
     grid = (triton.cdiv(rows, BLOCK_N), batch * heads)
     _masked_attention_kernel[grid](
-        query, key, value, mask, out, scale,
-        *query.stride(), *key.stride(), *value.stride(), *mask.stride(), *out.stride(),
-        heads, rows, slots,
-        GROUP=heads // kv_heads, D=dim, BLOCK_D=max(16, triton.next_power_of_2(dim)), BLOCK_N=BLOCK_N, BLOCK_S=BLOCK_S,
+        query,
+        key,
+        value,
+        mask,
+        out,
+        scale,
+        *query.stride(),
+        *key.stride(),
+        *value.stride(),
+        *mask.stride(),
+        *out.stride(),
+        heads,
+        rows,
+        slots,
+        GROUP=heads // kv_heads,
+        D=dim,
+        BLOCK_D=max(16, triton.next_power_of_2(dim)),
+        BLOCK_N=BLOCK_N,
+        BLOCK_S=BLOCK_S,
         IEEE=query.dtype == torch.float32,
     )
     return out
 
 
-def masked_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                             attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
-                             **kwargs) -> tuple[torch.Tensor, None]:
+def masked_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
     """transformers' attention-function contract: [B, N, H, D] out, no weights."""
     if attention_mask is None or attention_mask.dtype != torch.bool or attention_mask.dim() != 4:
-        raise ValueError(f"{ATTN_IMPLEMENTATION} attention needs the reference engine's boolean [B, 1, N, S] mask, "
-                         f"got {None if attention_mask is None else (attention_mask.dtype, tuple(attention_mask.shape))}")
+        raise ValueError(
+            f"{ATTN_IMPLEMENTATION} attention needs the reference engine's boolean [B, 1, N, S] mask, "
+            f"got {None if attention_mask is None else (attention_mask.dtype, tuple(attention_mask.shape))}"
+        )
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     out = masked_attention(query, key, value, attention_mask[:, 0], scale)
     return out.transpose(1, 2).contiguous(), None

@@ -20,8 +20,13 @@ NODE_COUNTS = (1, 2, 4, 8, 16, 32, 64)
 
 
 @torch.inference_mode()  # as the engine's steps run: the same per-op cost
-def measure_verify_cost(target: TargetModel, taps: tuple[int, ...] = (), context: int = 256,
-                        node_counts: tuple[int, ...] = NODE_COUNTS, repeats: int = 2) -> VerifyCost:
+def measure_verify_cost(
+    target: TargetModel,
+    taps: tuple[int, ...] = (),
+    context: int = 256,
+    node_counts: tuple[int, ...] = NODE_COUNTS,
+    repeats: int = 2,
+) -> VerifyCost:
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(0, target.info.vocab_size, (context + max(node_counts),), generator=generator).tolist()
     cache = target.new_cache(lanes=1, capacity=len(ids) + 1)

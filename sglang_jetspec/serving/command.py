@@ -26,10 +26,14 @@ def _load_policy(args: argparse.Namespace, target_dir: Path):
     from ..reference.loading import resolve_head_dir
 
     if args.drafter == "hybrid":
-        raise ValueError("--drafter hybrid: a server picks its drafter per cohort from the policy; keep --drafter head "
-                         "and set `drafter: hybrid` on the cohorts that should merge prompt lookup")
+        raise ValueError(
+            "--drafter hybrid: a server picks its drafter per cohort from the policy; keep --drafter head "
+            "and set `drafter: hybrid` on the cohorts that should merge prompt lookup"
+        )
     if args.drafter == "lookup":  # one chain of up to --lookup-depth tokens: a larger budget buys nothing
-        capacity = HeadCapacity(f"prompt lookup (--lookup-depth {args.lookup_depth})", args.lookup_depth + 1, tree_width=1)
+        capacity = HeadCapacity(
+            f"prompt lookup (--lookup-depth {args.lookup_depth})", args.lookup_depth + 1, tree_width=1
+        )
     else:
         head_dir = resolve_head_dir(target_dir, args.head)
         capacity = read_head_capacity(head_dir) if head_dir else None
@@ -53,9 +57,8 @@ def run(args: argparse.Namespace) -> int:
     from policies import PolicyError
 
     from ..observability.tracing import TracingConfigError
-
-    from ..reference.loading import DTYPES, check_drafter_options, load_engine_drafter, resolve_target_dir
     from ..reference.engine import EngineConfig, ReferenceEngine
+    from ..reference.loading import DTYPES, check_drafter_options, load_engine_drafter, resolve_target_dir
     from ..reference.target import TargetModel
     from .server import JetspecServer
 
@@ -80,24 +83,44 @@ def run(args: argparse.Namespace) -> int:
         return 2
     target = TargetModel(target_dir, dtype=DTYPES[args.dtype], device=args.device, attention=args.attention)
     chosen = load_engine_drafter(target, args)
-    config = EngineConfig(tree_width=chosen.tree_width, fanout=args.fanout, acceptance=args.acceptance,
-                          max_batch_size=args.max_batch_size, tree_sizing=args.tree_sizing)
+    config = EngineConfig(
+        tree_width=chosen.tree_width,
+        fanout=args.fanout,
+        acceptance=args.acceptance,
+        max_batch_size=args.max_batch_size,
+        tree_sizing=args.tree_sizing,
+    )
     engine = ReferenceEngine(target, chosen.drafter, config)
     admin_key = os.environ.get(args.admin_api_key_env) or None
     if admin_key is None:
-        print(f"jetspec serve: ${args.admin_api_key_env} is not set: policy pushes will be refused (403)", file=sys.stderr)
+        print(
+            f"jetspec serve: ${args.admin_api_key_env} is not set: policy pushes will be refused (403)", file=sys.stderr
+        )
     try:
-        server = JetspecServer(engine, policy, admin_key, args.host, args.port,
-                               shadow_spool=args.shadow_spool, head=chosen.label, head_capacity=capacity)
+        server = JetspecServer(
+            engine,
+            policy,
+            admin_key,
+            args.host,
+            args.port,
+            shadow_spool=args.shadow_spool,
+            head=chosen.label,
+            head_capacity=capacity,
+        )
     except OSError as exc:
-        print(f"jetspec serve: cannot listen on {args.host}:{args.port} ({exc.strerror}) -- pick another --port", file=sys.stderr)
+        print(
+            f"jetspec serve: cannot listen on {args.host}:{args.port} ({exc.strerror}) -- pick another --port",
+            file=sys.stderr,
+        )
         return 1
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     server.start()
-    print(f"jetspec serve: {target.path} with {chosen.label}, policy {args.policy}, batch <= {args.max_batch_size}",
-          file=sys.stderr)
+    print(
+        f"jetspec serve: {target.path} with {chosen.label}, policy {args.policy}, batch <= {args.max_batch_size}",
+        file=sys.stderr,
+    )
     print(server.url, flush=True)
     stop.wait()
     print("jetspec serve: stopping (finishing running requests)", file=sys.stderr)

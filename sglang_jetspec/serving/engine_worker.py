@@ -23,9 +23,9 @@ from opentelemetry.trace import SpanContext, Tracer
 from policies.runtime import ActivePolicy
 
 from ..core.prompt_lookup import LookupMerge
-from ..reference.engine import ReferenceEngine, Request, RequestOutput, RunningBatch
 from ..observability.metrics import JetspecMetrics
 from ..observability.tracing import STEP_SPAN, WORKER_TRACER, record_step_phases, step_links
+from ..reference.engine import ReferenceEngine, Request, RequestOutput, RunningBatch
 
 if TYPE_CHECKING:
     from .shadow_hook import EngineTee
@@ -38,9 +38,16 @@ class ServerClosing(RuntimeError):
 
 
 class EngineWorker:
-    def __init__(self, engine: ReferenceEngine, active: ActivePolicy, metrics: JetspecMetrics,
-                 clock: Callable[[], float] = time.time, idle_poll_s: float = 0.05, tracer: Tracer | None = None,
-                 shadow: EngineTee | None = None):
+    def __init__(
+        self,
+        engine: ReferenceEngine,
+        active: ActivePolicy,
+        metrics: JetspecMetrics,
+        clock: Callable[[], float] = time.time,
+        idle_poll_s: float = 0.05,
+        tracer: Tracer | None = None,
+        shadow: EngineTee | None = None,
+    ):
         self._engine = engine
         self._shadow = shadow  # tees a sampled share of finished requests to the shadow spool
         self._tracer = tracer if tracer is not None else trace.get_tracer(WORKER_TRACER)
@@ -57,7 +64,7 @@ class EngineWorker:
         # thread's final sweep of the queue resolves every future.
         self._submit_lock = threading.Lock()
         self._closing = threading.Event()  # refuse new requests, finish queued and running ones
-        self._stop = threading.Event()     # leave now, failing whatever is left
+        self._stop = threading.Event()  # leave now, failing whatever is left
         self._thread = threading.Thread(target=self._run, name="jetspec-engine", daemon=True)
 
     @property
@@ -115,8 +122,9 @@ class EngineWorker:
         while batch.has_room():
             try:
                 # Idle: wait briefly for work (and notice stop/close); busy: never delay the next step.
-                request, future, span_context = (self._queue.get_nowait() if len(batch)
-                                                 else self._queue.get(timeout=self._idle_poll_s))
+                request, future, span_context = (
+                    self._queue.get_nowait() if len(batch) else self._queue.get(timeout=self._idle_poll_s)
+                )
             except queue.Empty:
                 return
             if self._shadow:
@@ -144,9 +152,14 @@ class EngineWorker:
         if self._shadow:
             self._shadow.stepped([lane.request for lane in batch.lanes], budget)
         with self._tracer.start_as_current_span(STEP_SPAN, links=links) as span:
-            record, finished = batch.step(budget, plan.draft_rounds, plan.tree_width or None,
-                                          self._hybrid if plan.drafter == "hybrid" else None, plan.tree_sizing,
-                                          "draw" if plan.sampled_children == "drawn" else None)
+            record, finished = batch.step(
+                budget,
+                plan.draft_rounds,
+                plan.tree_width or None,
+                self._hybrid if plan.drafter == "hybrid" else None,
+                plan.tree_sizing,
+                "draw" if plan.sampled_children == "drawn" else None,
+            )
             record_step_phases(self._tracer, span, cohort, record)
         self._metrics.record_step(cohort, record)
         for request, output in finished:

@@ -21,8 +21,16 @@ from ..core.sampling import SamplingParams
 from ..reference.engine import Request, RequestOutput
 
 # SGLang's SamplingParams defaults for the fields we support.
-SGLANG_DEFAULTS = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "max_new_tokens": 128,
-                   "stop": (), "seed": None, "ignore_eos": False}
+SGLANG_DEFAULTS = {
+    "temperature": 1.0,
+    "top_p": 1.0,
+    "top_k": -1,
+    "min_p": 0.0,
+    "max_new_tokens": 128,
+    "stop": (),
+    "seed": None,
+    "ignore_eos": False,
+}
 TOP_LEVEL_FIELDS = ("text", "input_ids", "sampling_params")
 
 
@@ -62,8 +70,14 @@ def _stop_strings(field: str, value: Any) -> tuple[str, ...]:
 
 
 SAMPLING_FIELDS: dict[str, Callable[[str, Any], Any]] = {
-    "temperature": _number, "top_p": _number, "top_k": _integer, "min_p": _number,
-    "max_new_tokens": _integer, "stop": _stop_strings, "seed": _optional_integer, "ignore_eos": _flag,
+    "temperature": _number,
+    "top_p": _number,
+    "top_k": _integer,
+    "min_p": _number,
+    "max_new_tokens": _integer,
+    "stop": _stop_strings,
+    "seed": _optional_integer,
+    "ignore_eos": _flag,
 }
 
 
@@ -118,8 +132,10 @@ def parse_generate_request(body: bytes, tokenizer, vocab_size: int, max_position
     params = parse_sampling_params(payload.get("sampling_params"))
     prompt_ids = _prompt_ids(payload, tokenizer, vocab_size)
     if len(prompt_ids) + params.max_new_tokens > max_positions:
-        raise BadRequest(f"sampling_params.max_new_tokens: {params.max_new_tokens} new tokens after a "
-                         f"{len(prompt_ids)}-token prompt exceed the model's {max_positions} positions -- lower it")
+        raise BadRequest(
+            f"sampling_params.max_new_tokens: {params.max_new_tokens} new tokens after a "
+            f"{len(prompt_ids)}-token prompt exceed the model's {max_positions} positions -- lower it"
+        )
     return Request(prompt_ids, params, request_id)
 
 

@@ -21,8 +21,8 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -35,11 +35,11 @@ from policies.head import HeadCapacity
 from policies.runtime import ActivePolicy
 from policies.schema import Policy
 
-from .engine_worker import EngineWorker, ServerClosing
-from .generate_api import BadRequest, generate_response, parse_generate_request
-from ..reference.engine import ReferenceEngine
 from ..observability.metrics import JetspecMetrics
 from ..observability.tracing import WORKER_TRACER, finish_request_span, request_span_attributes
+from ..reference.engine import ReferenceEngine
+from .engine_worker import EngineWorker, ServerClosing
+from .generate_api import BadRequest, generate_response, parse_generate_request
 
 log = logging.getLogger(__name__)
 
@@ -68,26 +68,37 @@ def check_budgets_runnable(policy: Policy, has_drafter: bool) -> None:
     for i, cohort in enumerate(policy.cohorts):
         for budget in cohort.budgets:
             if budget > 1:
-                raise ValueError(f"policy cohorts[{i}] '{cohort.name}' lists budget {budget}, which needs a draft "
-                                 "head, but the server has none -- load a head or list only budgets 0 and 1")
+                raise ValueError(
+                    f"policy cohorts[{i}] '{cohort.name}' lists budget {budget}, which needs a draft "
+                    "head, but the server has none -- load a head or list only budgets 0 and 1"
+                )
 
 
 def _shadow_tee(spool: str | Path | None, policy: Policy, registry: CollectorRegistry, model: str, head: str):
     """The tee of shadow verification (shadow/README.md): policy shadow.sample_rate of finished requests."""
     if spool is None:
         return None
-    from .shadow_hook import EngineTee
-    from ..spool.writer import SpoolWriter
     from ..spool.tee import ShadowTee
+    from ..spool.writer import SpoolWriter
+    from .shadow_hook import EngineTee
 
     return EngineTee(ShadowTee(SpoolWriter(spool), policy.shadow.sample_rate, registry).start(), model, head)
 
 
 class JetspecServer:
-    def __init__(self, engine: ReferenceEngine, policy: Policy, admin_key: str | None = None,
-                 host: str = "127.0.0.1", port: int = 0, clock: Callable[[], float] = time.time,
-                 tracer: Tracer | None = None, shadow_spool: str | Path | None = None, head: str = "",
-                 head_capacity: HeadCapacity | None = None):
+    def __init__(
+        self,
+        engine: ReferenceEngine,
+        policy: Policy,
+        admin_key: str | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        clock: Callable[[], float] = time.time,
+        tracer: Tracer | None = None,
+        shadow_spool: str | Path | None = None,
+        head: str = "",
+        head_capacity: HeadCapacity | None = None,
+    ):
         check_budgets_runnable(policy, engine.drafter is not None)
         self.registry = CollectorRegistry()
         self.metrics = JetspecMetrics(self.registry)
@@ -109,8 +120,9 @@ class JetspecServer:
             ("GET", "/server_info"): self._server_info,
         }
         self._httpd = _HTTPServer((host, port), self)
-        self._serving = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.1},
-                                         name="jetspec-http", daemon=True)
+        self._serving = threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.1}, name="jetspec-http", daemon=True
+        )
 
     @property
     def url(self) -> str:
@@ -149,8 +161,9 @@ class JetspecServer:
 
     def _generate(self, headers: Mapping[str, str], body: bytes) -> Reply:
         # The request span continues the caller's trace when it sent a W3C traceparent header.
-        with self._tracer.start_as_current_span(f"generate {self._model}", context=propagate.extract(headers),
-                                                kind=SpanKind.SERVER, record_exception=False) as span:
+        with self._tracer.start_as_current_span(
+            f"generate {self._model}", context=propagate.extract(headers), kind=SpanKind.SERVER, record_exception=False
+        ) as span:
             reply, error_type = self._generate_traced(span, body)
             if error_type is not None:
                 span.set_attribute("error.type", error_type)
@@ -161,8 +174,13 @@ class JetspecServer:
         """The reply, and the error type for the span (None on success)."""
         target = self._engine.target
         try:
-            request = parse_generate_request(body, target.tokenizer, target.info.vocab_size,
-                                             target.info.max_position_embeddings, str(next(self._request_ids)))
+            request = parse_generate_request(
+                body,
+                target.tokenizer,
+                target.info.vocab_size,
+                target.info.max_position_embeddings,
+                str(next(self._request_ids)),
+            )
             span.set_attributes(request_span_attributes(self._model, request.params, len(request.prompt_ids)))
             output = self._worker.submit(request).result()
         except BadRequest as exc:
@@ -186,8 +204,9 @@ class JetspecServer:
 
     def _set_internal_state(self, headers: Mapping[str, str], body: bytes) -> Reply:
         now = self._clock()
-        status, payload = handle_set_internal_state(self.active, body, headers.get("Authorization"),
-                                                    self._admin_key, now)
+        status, payload = handle_set_internal_state(
+            self.active, body, headers.get("Authorization"), self._admin_key, now
+        )
         if status == 200:
             self.metrics.show_policy(self.active.state(now))
         return _json(status, payload)

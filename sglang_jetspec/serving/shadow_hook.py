@@ -32,12 +32,20 @@ class EngineTee:
         budgets = self._budgets.pop(request.request_id, [])
         if not self.tee.sampled():
             return
-        self.tee.offer(ShadowRecord(
-            request_id=request.request_id, model=self._model, head=self._head,
-            prompt_ids=list(request.prompt_ids), output_ids=list(output.output_ids),
-            sampling=RecordSampling.of(request.params), finish_reason=output.finish_reason,
-            spec=SpecStats(budgets=budgets, accept_lengths=list(output.accept_lengths)),
-            started_at=started, finished_at=now))
+        self.tee.offer(
+            ShadowRecord(
+                request_id=request.request_id,
+                model=self._model,
+                head=self._head,
+                prompt_ids=list(request.prompt_ids),
+                output_ids=list(output.output_ids),
+                sampling=RecordSampling.of(request.params),
+                finish_reason=output.finish_reason,
+                spec=SpecStats(budgets=budgets, accept_lengths=list(output.accept_lengths)),
+                started_at=started,
+                finished_at=now,
+            )
+        )
 
     def clear(self) -> None:
         """The engine failed its batch: forget the requests that will never finish."""

@@ -32,14 +32,27 @@ class RecordSampling(_Model):
 
     @classmethod
     def of(cls, params: SamplingParams) -> RecordSampling:
-        return cls(temperature=params.temperature, top_p=params.top_p, top_k=params.top_k, min_p=params.min_p,
-                   seed=params.seed, max_new_tokens=params.max_new_tokens, ignore_eos=params.ignore_eos)
+        return cls(
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_k=params.top_k,
+            min_p=params.min_p,
+            seed=params.seed,
+            max_new_tokens=params.max_new_tokens,
+            ignore_eos=params.ignore_eos,
+        )
 
     def params(self) -> SamplingParams:
         """The core's SamplingParams, so the checker applies exactly the transforms decoding applied."""
-        return SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
-                              min_p=self.min_p, seed=self.seed, max_new_tokens=self.max_new_tokens,
-                              ignore_eos=self.ignore_eos)
+        return SamplingParams(
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            min_p=self.min_p,
+            seed=self.seed,
+            max_new_tokens=self.max_new_tokens,
+            ignore_eos=self.ignore_eos,
+        )
 
     @property
     def greedy(self) -> bool:
@@ -58,8 +71,9 @@ class RecordConstraint(_Model):
     what the checker needs to rebuild the allowed tokens at every output position (shadow/constraints.py)."""
 
     kind: Literal["json", "regex", "ebnf", "structural_tag"] = Field(description="SGLang's grammar dispatch type")
-    value: str = Field(description="the grammar's key string: a JSON schema ('$$ANY$$' = any JSON), regex, EBNF "
-                                   "or structural tag")
+    value: str = Field(
+        description="the grammar's key string: a JSON schema ('$$ANY$$' = any JSON), regex, EBNF or structural tag"
+    )
     any_whitespace: bool = Field(True, description="JSON whitespace: not --constrained-json-disable-any-whitespace")
     max_whitespace_cnt: int | None = Field(None, description="--constrained-json-max-whitespace-cnt")
     stop_token_ids: list[int] = Field(description="the stop tokens the compiled grammar ends with")

@@ -34,16 +34,28 @@ _STOP = object()
 class SpoolMetrics:
     def __init__(self, registry: CollectorRegistry | None):
         self.spooled = Counter("jetspec_shadow_spooled", "Shadow records written to the spool", registry=registry)
-        self.dropped = Counter("jetspec_shadow_spool_dropped",
-                               "Shadow records dropped (queue full or spool write failed)", registry=registry)
-        self.unchecked = Counter("jetspec_shadow_unchecked",
-                                 "Finished requests never teed: the checker cannot rebuild their distribution",
-                                 ["reason"], registry=registry)
+        self.dropped = Counter(
+            "jetspec_shadow_spool_dropped",
+            "Shadow records dropped (queue full or spool write failed)",
+            registry=registry,
+        )
+        self.unchecked = Counter(
+            "jetspec_shadow_unchecked",
+            "Finished requests never teed: the checker cannot rebuild their distribution",
+            ["reason"],
+            registry=registry,
+        )
 
 
 class ShadowTee:
-    def __init__(self, writer: SpoolWriter, sample_rate: float, registry: CollectorRegistry | None = None,
-                 capacity: int = 1024, rng: random.Random | None = None):
+    def __init__(
+        self,
+        writer: SpoolWriter,
+        sample_rate: float,
+        registry: CollectorRegistry | None = None,
+        capacity: int = 1024,
+        rng: random.Random | None = None,
+    ):
         if not 0.0 <= sample_rate <= 1.0:
             raise ValueError(f"sample_rate={sample_rate}: must be in [0, 1] (policy shadow.sample_rate)")
         self._writer = writer

@@ -54,7 +54,7 @@ class SpoolWriter:
         self._sequence += 1
         self._fd = os.open(self.directory / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
         self._size = 0
-        for old in spool_files(self.directory)[:-self._max_files]:
+        for old in spool_files(self.directory)[: -self._max_files]:
             old.unlink(missing_ok=True)
 
 

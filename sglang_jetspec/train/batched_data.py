@@ -20,7 +20,15 @@ from safetensors.torch import save_file
 
 from ..reference.prompts import encode
 from ..reference.target import TargetModel
-from .data import RESPONSES, RegenerationConfig, finished_job_ids, jobs_for, read_responses, response_line, teacher_feature_dir
+from .data import (
+    RESPONSES,
+    RegenerationConfig,
+    finished_job_ids,
+    jobs_for,
+    read_responses,
+    response_line,
+    teacher_feature_dir,
+)
 
 
 def _pad_id(target: TargetModel) -> int:
@@ -53,19 +61,26 @@ def _batches(todo: list, size: int) -> list[list]:
     prompt lengths together so little of each batch is padding."""
     batches = []
     for temperature in sorted({job[3].temperature for job in todo}):
-        group = sorted((job for job in todo if job[3].temperature == temperature), key=lambda job: (len(job[4]), job[0]))
+        group = sorted(
+            (job for job in todo if job[3].temperature == temperature), key=lambda job: (len(job[4]), job[0])
+        )
         batches += [group[i : i + size] for i in range(0, len(group), size)]
     return batches
 
 
-def regenerate_batched(target: TargetModel, records: list[dict], out_dir: Path, cfg: RegenerationConfig, log_every_s: float = 30.0) -> Path:
+def regenerate_batched(
+    target: TargetModel, records: list[dict], out_dir: Path, cfg: RegenerationConfig, log_every_s: float = 30.0
+) -> Path:
     """Answer every job of `records` (greedy, plus cfg's sampled share) with `generate`, cfg.batch_size
     prompts per call, left-padded; resumable (finished jobs are skipped)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / RESPONSES
     done = finished_job_ids(path)
-    todo = [(index, job_id, record, params, encode(record, target.tokenizer))
-            for index, (job_id, record, params) in enumerate(jobs_for(records, cfg)) if job_id not in done]
+    todo = [
+        (index, job_id, record, params, encode(record, target.tokenizer))
+        for index, (job_id, record, params) in enumerate(jobs_for(records, cfg))
+        if job_id not in done
+    ]
     pad, eos = _pad_id(target), target.eos_token_ids
     model = target.model
     previous = model.config._attn_implementation
@@ -83,8 +98,14 @@ def regenerate_batched(target: TargetModel, records: list[dict], out_dir: Path, 
                 else:
                     sampling = {"do_sample": False}
                 with torch.no_grad():
-                    out = model.generate(input_ids=ids.to(target.device), attention_mask=mask.to(target.device), max_new_tokens=cfg.max_new_tokens,
-                                         eos_token_id=sorted(eos), pad_token_id=pad, **sampling)
+                    out = model.generate(
+                        input_ids=ids.to(target.device),
+                        attention_mask=mask.to(target.device),
+                        max_new_tokens=cfg.max_new_tokens,
+                        eos_token_id=sorted(eos),
+                        pad_token_id=pad,
+                        **sampling,
+                    )
                 for row, (index, job_id, record, params, prompt_ids) in enumerate(batch):
                     output_ids = _trim_at_eos(out[row, width:].tolist(), eos)
                     tokens += len(output_ids)
@@ -93,14 +114,23 @@ def regenerate_batched(target: TargetModel, records: list[dict], out_dir: Path, 
                 finished += len(batch)
                 if time.time() - last_log >= log_every_s:
                     last_log = time.time()
-                    print(f"[regenerate] {finished}/{len(todo)} sequences, {tokens} response tokens, {tokens / (last_log - start):.0f} tok/s", flush=True)
+                    print(
+                        f"[regenerate] {finished}/{len(todo)} sequences, {tokens} response tokens, {tokens / (last_log - start):.0f} tok/s",
+                        flush=True,
+                    )
     finally:
         model.set_attn_implementation(previous)
     return path
 
 
-def featurize_batched(target: TargetModel, out_dir: Path, tap_layers: tuple[int, ...], batch_size: int, shard_size: int = 512,
-                      dtype: torch.dtype = torch.bfloat16) -> Path:
+def featurize_batched(
+    target: TargetModel,
+    out_dir: Path,
+    tap_layers: tuple[int, ...],
+    batch_size: int,
+    shard_size: int = 512,
+    dtype: torch.dtype = torch.bfloat16,
+) -> Path:
     """Teacher features of every response (the `featurize` layout: features-<taps>/shard-*.safetensors,
     keyed by response index), from right-padded teacher-forced passes of `batch_size` sequences;
     resumable by shard. Right padding never changes a real row: each attends only to itself and earlier ones."""
@@ -112,15 +142,19 @@ def featurize_batched(target: TargetModel, out_dir: Path, tap_layers: tuple[int,
         shard_path = feature_dir / f"shard-{shard_start // shard_size:05d}.safetensors"
         if shard_path.exists():
             continue
-        chunk = sorted(range(shard_start, min(shard_start + shard_size, len(responses))),
-                       key=lambda i: len(responses[i]["prompt_ids"]) + len(responses[i]["output_ids"]))
+        chunk = sorted(
+            range(shard_start, min(shard_start + shard_size, len(responses))),
+            key=lambda i: len(responses[i]["prompt_ids"]) + len(responses[i]["output_ids"]),
+        )
         tensors = {}
         for first in range(0, len(chunk), batch_size):
             keys = chunk[first : first + batch_size]
             seqs = [responses[i]["prompt_ids"] + responses[i]["output_ids"] for i in keys]
             ids, mask = _padded(seqs, pad, left=False)
             with torch.no_grad():
-                out = target.model.model(input_ids=ids.to(target.device), attention_mask=mask.to(target.device), output_hidden_states=True)
+                out = target.model.model(
+                    input_ids=ids.to(target.device), attention_mask=mask.to(target.device), output_hidden_states=True
+                )
             # hidden_states[L + 1] is decoder layer L's output: the taps the engine reads
             taps = torch.cat([out.hidden_states[layer + 1] for layer in tap_layers], dim=-1).to(dtype).cpu()
             final = out.last_hidden_state.to(dtype).cpu()

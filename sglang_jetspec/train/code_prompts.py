@@ -30,8 +30,17 @@ from __future__ import annotations
 import random
 import re
 
-from .doc_sources import (HUMANEVAL_ENTRY_POINTS, STDLIB_CLASSES, STDLIB_CODE_MODULES, THIRD_PARTY_CLASSES, THIRD_PARTY_MODULES,
-                          DocFunction, clean_doc, doc_summary, harvest)
+from .doc_sources import (
+    HUMANEVAL_ENTRY_POINTS,
+    STDLIB_CLASSES,
+    STDLIB_CODE_MODULES,
+    THIRD_PARTY_CLASSES,
+    THIRD_PARTY_MODULES,
+    DocFunction,
+    clean_doc,
+    doc_summary,
+    harvest,
+)
 from .stubs import completion_prompt, descriptive_name, safe_name, signature_text
 
 MAX_PROMPT_CHARS = 1500
@@ -54,7 +63,11 @@ def code_completion_records(seed: int = 0, variants: int = 2, include_third_part
         if descriptive:
             names.append(descriptive)
         short = fn.module.split(".")[-1]
-        names.append(rng.choice((f"{short}_{fn.name}", f"my_{fn.name}", f"{fn.name}_impl", f"custom_{fn.name}", f"{fn.name}_simple")))
+        names.append(
+            rng.choice(
+                (f"{short}_{fn.name}", f"my_{fn.name}", f"{fn.name}_impl", f"custom_{fn.name}", f"{fn.name}_simple")
+            )
+        )
         styles = list(STYLES)
         rng.shuffle(styles)
         made = 0
@@ -65,7 +78,9 @@ def code_completion_records(seed: int = 0, variants: int = 2, include_third_part
             for style in styles[k:] + styles[:k]:
                 prompt = completion_prompt(fn, name, rng, style)
                 if prompt and _stable(prompt):
-                    records.append({"prompt": prompt, "source": f"code-{fn.origin}:{fn.module}.{fn.qualname}:{name}:{style}"})
+                    records.append(
+                        {"prompt": prompt, "source": f"code-{fn.origin}:{fn.module}.{fn.qualname}:{name}:{style}"}
+                    )
                     taken.add(name)
                     made += 1
                     break
@@ -92,8 +107,9 @@ def code_chat_records(functions: list[DocFunction], seed: int = 0) -> list[dict]
         name = safe_name(descriptive_name(fn) or f"my_{fn.name}", set())
         params, _ = signature_text(fn, False, rng)
         qual = f"{fn.module}.{fn.qualname}" if fn.module != "builtins" else fn.qualname
-        text = CHAT_TEMPLATES[i % len(CHAT_TEMPLATES)].format(name=name, params=params, summary=summary,
-                                                              summary_lower=summary[:1].lower() + summary[1:], qual=qual)
+        text = CHAT_TEMPLATES[i % len(CHAT_TEMPLATES)].format(
+            name=name, params=params, summary=summary, summary_lower=summary[:1].lower() + summary[1:], qual=qual
+        )
         records.append({"messages": [{"role": "user", "content": text}], "source": f"code-chat:{qual}"})
     return records
 
@@ -123,7 +139,9 @@ def code_mix_prompt_records(seed: int = 0, total: int = 4000, code_share: float 
     rng.shuffle(chat)
     n_chat = total - len(code)
     if len(chat) < n_chat:
-        functions = harvest(STDLIB_CODE_MODULES, STDLIB_CLASSES, "stdlib") + harvest(THIRD_PARTY_MODULES, THIRD_PARTY_CLASSES, "thirdparty")
+        functions = harvest(STDLIB_CODE_MODULES, STDLIB_CLASSES, "stdlib") + harvest(
+            THIRD_PARTY_MODULES, THIRD_PARTY_CLASSES, "thirdparty"
+        )
         extra = code_chat_records(functions, seed)
         rng.shuffle(extra)
         chat += extra

@@ -20,7 +20,16 @@ from ..core.head_config import default_tap_layers
 from ..models.fetch import cache_root, sha256_file
 from ..reference.prompts import read_prompt_file
 from .batched_data import featurize_batched, regenerate_batched
-from .data import MANIFEST, RegenerationConfig, featurize, load_sequences, regenerate, regenerate_with_features, same_regeneration, write_manifest
+from .data import (
+    MANIFEST,
+    RegenerationConfig,
+    featurize,
+    load_sequences,
+    regenerate,
+    regenerate_with_features,
+    same_regeneration,
+    write_manifest,
+)
 from .prompt_sources import default_prompt_records
 from .trainer import TrainConfig, Trainer
 
@@ -39,24 +48,41 @@ def run(args) -> int:
     from ..reference.loading import load_target, untrained_head_config
 
     if args.reveal != "none" and args.bidirectional:
-        raise SystemExit(f"jetspec train: --reveal {args.reveal} needs a causal head (revealed tokens would leak into earlier "
-                         "rows of a bidirectional block); drop --bidirectional or use --reveal none")
+        raise SystemExit(
+            f"jetspec train: --reveal {args.reveal} needs a causal head (revealed tokens would leak into earlier "
+            "rows of a bidirectional block); drop --bidirectional or use --reveal none"
+        )
     if not 0.0 <= args.all_mask_share <= 1.0:
         raise SystemExit(f"jetspec train: --all-mask-share {args.all_mask_share}: must be within [0, 1]")
     init_layers = tuple(int(t) for t in args.init_from_target_layers.split(",")) if args.init_from_target_layers else ()
     if len(init_layers) > args.layers:
-        raise SystemExit(f"jetspec train: --init-from-target-layers names {len(init_layers)} layers for a {args.layers}-layer head")
+        raise SystemExit(
+            f"jetspec train: --init-from-target-layers names {len(init_layers)} layers for a {args.layers}-layer head"
+        )
     sources = prompt_records(args)
     if args.data_dir and len(sources) > 1:
-        raise SystemExit(f"jetspec train: --data-dir names one directory for {len(sources)} prompt sets; drop it (each set gets its own "
-                         "directory under the cache) or train on one set")
+        raise SystemExit(
+            f"jetspec train: --data-dir names one directory for {len(sources)} prompt sets; drop it (each set gets its own "
+            "directory under the cache) or train on one set"
+        )
     target = load_target(args.target, args.regen_dtype, args.device, args.attention)
     head_cfg = untrained_head_config(target, layers=args.layers, block_size=args.block_size, taps=args.taps)
-    taps = tuple(int(t) for t in args.tap_layers.split(",")) if args.tap_layers else tuple(default_tap_layers(target.info.num_hidden_layers, args.taps))
+    taps = (
+        tuple(int(t) for t in args.tap_layers.split(","))
+        if args.tap_layers
+        else tuple(default_tap_layers(target.info.num_hidden_layers, args.taps))
+    )
     try:
-        regen = RegenerationConfig(max_new_tokens=args.max_new_tokens, sampled_share=args.sampled_share, batch_size=args.regen_batch_size, seed=args.seed,
-                                   dtype=args.regen_dtype, features=args.features, tap_layers=taps if args.features == "generation" else (),
-                                   backend=args.regen_backend)
+        regen = RegenerationConfig(
+            max_new_tokens=args.max_new_tokens,
+            sampled_share=args.sampled_share,
+            batch_size=args.regen_batch_size,
+            seed=args.seed,
+            dtype=args.regen_dtype,
+            features=args.features,
+            tap_layers=taps if args.features == "generation" else (),
+            backend=args.regen_backend,
+        )
     except ValueError as err:
         raise SystemExit(f"jetspec train: {err} (flags --regen-backend, --features, --sampled-share)") from None
     data, sequences = [], []
@@ -72,10 +98,19 @@ def run(args) -> int:
             regenerate(target, records, data_dir, regen)
             feature_dir = featurize(target, data_dir, taps)
         manifest = write_manifest(data_dir, records, regen, target.path, feature_dir)
-        print(f"data: {data_dir} ({manifest['responses']} responses, {manifest['response_tokens']} response tokens)", flush=True)
+        print(
+            f"data: {data_dir} ({manifest['responses']} responses, {manifest['response_tokens']} response tokens)",
+            flush=True,
+        )
         if not args.data_only:
             sequences += load_sequences(feature_dir)
-        data.append({"data_dir": str(data_dir), "data_manifest": manifest, "data_manifest_sha256": sha256_file(data_dir / MANIFEST)})
+        data.append(
+            {
+                "data_dir": str(data_dir),
+                "data_manifest": manifest,
+                "data_manifest_sha256": sha256_file(data_dir / MANIFEST),
+            }
+        )
     if args.data_only:
         return 0
     if target.dtype != torch.float32:  # distillation reads the fp32 embedding / lm_head (and target layers)
@@ -84,18 +119,45 @@ def run(args) -> int:
     from dataclasses import replace
 
     reveal = {"scheme": args.reveal, "all_mask_share": args.all_mask_share} if args.reveal != "none" else None
-    head_cfg = replace(head_cfg, target_layer_ids=taps, causal_head=not args.bidirectional, mask_token_id=pick_mask_token_id(target.tokenizer),
-                       draft_reveal=reveal)
+    head_cfg = replace(
+        head_cfg,
+        target_layer_ids=taps,
+        causal_head=not args.bidirectional,
+        mask_token_id=pick_mask_token_id(target.tokenizer),
+        draft_reveal=reveal,
+    )
     head_cfg.check_fits(target.info)
 
-    train_cfg = TrainConfig(steps=args.steps, lr=args.lr, seqs_per_step=args.seqs_per_step, blocks_per_seq=args.blocks_per_seq, warmup_steps=args.warmup_steps,
-                            loss=args.loss, kd_temperature=args.kd_temperature, position_decay=args.position_decay, eval_every=args.eval_every,
-                            save_every=args.eval_every, seed=args.seed, bf16=args.bf16, reveal=args.reveal, all_mask_share=args.all_mask_share,
-                            init_from_target_layers=init_layers,
-                            time_budget_s=args.time_budget_min * 60 if args.time_budget_min else None)
+    train_cfg = TrainConfig(
+        steps=args.steps,
+        lr=args.lr,
+        seqs_per_step=args.seqs_per_step,
+        blocks_per_seq=args.blocks_per_seq,
+        warmup_steps=args.warmup_steps,
+        loss=args.loss,
+        kd_temperature=args.kd_temperature,
+        position_decay=args.position_decay,
+        eval_every=args.eval_every,
+        save_every=args.eval_every,
+        seed=args.seed,
+        bf16=args.bf16,
+        reveal=args.reveal,
+        all_mask_share=args.all_mask_share,
+        init_from_target_layers=init_layers,
+        time_budget_s=args.time_budget_min * 60 if args.time_budget_min else None,
+    )
     torch.manual_seed(args.seed)
     out = Path(args.out)
-    trainer = Trainer(head_cfg, train_cfg, target.embed_tokens, target.lm_head, sequences, out, target.device, target_model=target.model)
+    trainer = Trainer(
+        head_cfg,
+        train_cfg,
+        target.embed_tokens,
+        target.lm_head,
+        sequences,
+        out,
+        target.device,
+        target_model=target.model,
+    )
     if args.resume and trainer.load_checkpoint():
         print(f"resumed from step {trainer.step}")
     elif args.init_head:
@@ -111,8 +173,12 @@ def run(args) -> int:
         **data[0],
         "more_data": data[1:],  # further prompt sets, each with its own data directory
         "teacher_features": data[0]["data_manifest"].get("features"),
-        "init_head": {"dir": args.init_head, "model_sha256": sha256_file(Path(args.init_head) / "model.safetensors")} if args.init_head else None,
-        "init_from_target": {"layers": list(init_layers), "copied": len(trainer.copied_from_target)} if init_layers else None,
+        "init_head": {"dir": args.init_head, "model_sha256": sha256_file(Path(args.init_head) / "model.safetensors")}
+        if args.init_head
+        else None,
+        "init_from_target": {"layers": list(init_layers), "copied": len(trainer.copied_from_target)}
+        if init_layers
+        else None,
         "train_sequences": len(trainer.train),
         "heldout_sequences": len(trainer.heldout),
         "steps": trainer.step,
@@ -120,7 +186,9 @@ def run(args) -> int:
         "machine": f"{platform.machine()} {platform.processor()}, {torch.get_num_threads()} threads, torch {torch.__version__}, {target.device}",
         "final": next((h for h in reversed(history) if "heldout_loss" in h), None),
         "history": [h for h in history if "heldout_loss" in h or h["step"] == 1 or h["step"] % 50 == 0],
-        "files_sha256": {p.name: sha256_file(p) for p in sorted(out.iterdir()) if p.name in ("config.json", "model.safetensors")},
+        "files_sha256": {
+            p.name: sha256_file(p) for p in sorted(out.iterdir()) if p.name in ("config.json", "model.safetensors")
+        },
     }
     (out / RECORD).write_text(json.dumps(record, indent=2) + "\n")
     print(f"head written to {out}: {json.dumps(record['final'])}")
@@ -132,8 +200,10 @@ def _check_same_regeneration(data_dir: Path, regen: RegenerationConfig) -> None:
     if manifest.exists():
         previous = json.loads(manifest.read_text()).get("regeneration")
         if previous and not same_regeneration(previous, regen):
-            raise SystemExit(f"{data_dir} was generated with {previous}; pass the same --max-new-tokens/--sampled-share/--regen-batch-size/"
-                             "--regen-dtype/--features/--seed (and taps, for --features generation) or a new --data-dir")
+            raise SystemExit(
+                f"{data_dir} was generated with {previous}; pass the same --max-new-tokens/--sampled-share/--regen-batch-size/"
+                "--regen-dtype/--features/--seed (and taps, for --features generation) or a new --data-dir"
+            )
 
 
 def start_from_head(trainer: Trainer, head_dir: Path, target_info) -> None:
@@ -144,9 +214,11 @@ def start_from_head(trainer: Trainer, head_dir: Path, target_info) -> None:
     theirs, ours = loaded.config.to_json_dict(), trainer.head_cfg.to_json_dict()
     differ = sorted(k for k in {**theirs, **ours} if theirs.get(k) != ours.get(k))
     if differ:
-        raise SystemExit(f"jetspec train: --init-head {head_dir}: its {', '.join(differ)} differ from the head being trained "
-                         f"({', '.join(f'{k}={theirs.get(k)!r} vs {ours.get(k)!r}' for k in differ)}); pass the matching "
-                         "--layers/--block-size/--tap-layers or train from scratch")
+        raise SystemExit(
+            f"jetspec train: --init-head {head_dir}: its {', '.join(differ)} differ from the head being trained "
+            f"({', '.join(f'{k}={theirs.get(k)!r} vs {ours.get(k)!r}' for k in differ)}); pass the matching "
+            "--layers/--block-size/--tap-layers or train from scratch"
+        )
     trainer.head.load_state_dict({k: v.to(torch.float32) for k, v in loaded.state_dict().items()})
 
 
@@ -160,7 +232,9 @@ def prompt_records(args) -> list[tuple[list[dict], str]]:
     names = args.prompt_set.split(",")
     unknown = [n for n in names if n not in PROMPT_SETS]
     if unknown or len(set(names)) != len(names):
-        raise SystemExit(f"jetspec train: --prompt-set {args.prompt_set}: name each of {', '.join(PROMPT_SETS)} at most once")
+        raise SystemExit(
+            f"jetspec train: --prompt-set {args.prompt_set}: name each of {', '.join(PROMPT_SETS)} at most once"
+        )
     return [_prompt_set(name, args) for name in names]
 
 

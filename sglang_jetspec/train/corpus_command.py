@@ -70,5 +70,10 @@ def write_draft_corpus(head_dir: Path, data_dir: Path, max_tokens: int, append: 
 def run(args) -> int:
     if args.max_tokens < 1:
         raise SystemExit(f"jetspec draft-corpus: --max-tokens {args.max_tokens}: must be >= 1")
-    return run_head_file_command(args, "draft-corpus", DRAFT_CORPUS_FILE, "draft_corpus",
-                                 lambda head_dir, data_dir: write_draft_corpus(head_dir, data_dir, args.max_tokens, args.append))
+    return run_head_file_command(
+        args,
+        "draft-corpus",
+        DRAFT_CORPUS_FILE,
+        "draft_corpus",
+        lambda head_dir, data_dir: write_draft_corpus(head_dir, data_dir, args.max_tokens, args.append),
+    )

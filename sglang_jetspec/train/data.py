@@ -25,8 +25,8 @@ from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
 from ..core.sampling import SamplingParams
-from ..reference.prompts import encode
 from ..reference.engine import EngineConfig, ReferenceEngine, Request
+from ..reference.prompts import encode
 from ..reference.target import Segment, TargetModel
 
 RESPONSES = "responses.jsonl"
@@ -43,7 +43,9 @@ class RegenerationConfig:
     dtype: str = "fp32"  # the target's dtype while regenerating and computing teacher features
     features: str = "teacher-forced"  # or "generation": features captured while generating
     tap_layers: tuple[int, ...] = ()  # with features="generation": the taps captured (fixed per data dir)
-    backend: str = "engine"  # or "hf-generate": batched transformers generate + padded feature passes (train/batched_data.py)
+    backend: str = (
+        "engine"  # or "hf-generate": batched transformers generate + padded feature passes (train/batched_data.py)
+    )
 
     def __post_init__(self) -> None:
         if self.features not in FEATURE_MODES:
@@ -53,9 +55,13 @@ class RegenerationConfig:
         if self.backend not in REGEN_BACKENDS:
             raise ValueError(f"backend={self.backend!r}: choose one of {REGEN_BACKENDS}")
         if self.backend == "hf-generate" and self.features != "teacher-forced":
-            raise ValueError("backend='hf-generate' computes teacher-forced features; generation features come from the engine backend")
+            raise ValueError(
+                "backend='hf-generate' computes teacher-forced features; generation features come from the engine backend"
+            )
         if self.sampled_share > 1 and self.sampled_share != int(self.sampled_share):
-            raise ValueError(f"sampled_share={self.sampled_share}: above 1 it is a whole number of sampled responses per prompt")
+            raise ValueError(
+                f"sampled_share={self.sampled_share}: above 1 it is a whole number of sampled responses per prompt"
+            )
         if self.features == "generation" and not self.tap_layers:
             raise ValueError("features='generation' needs tap_layers (the taps are captured while generating)")
 
@@ -90,19 +96,38 @@ def jobs_for(records: list[dict], cfg: RegenerationConfig) -> list[tuple[str, di
         jobs.append((f"{i}:greedy", record, SamplingParams(max_new_tokens=cfg.max_new_tokens)))
         for k in range(1 if every and i % every == 0 else extra):
             # the first sample keeps its historical id and seed
-            jobs.append((f"{i}:sampled" + (f"-{k}" if k else ""), record,
-                         SamplingParams(temperature=cfg.temperature, seed=cfg.seed + i + k * 1_000_003, max_new_tokens=cfg.max_new_tokens)))
+            jobs.append(
+                (
+                    f"{i}:sampled" + (f"-{k}" if k else ""),
+                    record,
+                    SamplingParams(
+                        temperature=cfg.temperature,
+                        seed=cfg.seed + i + k * 1_000_003,
+                        max_new_tokens=cfg.max_new_tokens,
+                    ),
+                )
+            )
     return jobs
 
 
 def finished_job_ids(path: Path) -> set[str]:
     """Job ids already in a responses.jsonl (a resumed run skips them)."""
-    return {json.loads(line)["id"] for line in path.read_text().splitlines() if line.strip()} if path.exists() else set()
+    return (
+        {json.loads(line)["id"] for line in path.read_text().splitlines() if line.strip()} if path.exists() else set()
+    )
 
 
-def response_line(job_id: str, record: dict, params: SamplingParams, prompt_ids: list[int], output_ids: list[int]) -> dict:
+def response_line(
+    job_id: str, record: dict, params: SamplingParams, prompt_ids: list[int], output_ids: list[int]
+) -> dict:
     """One responses.jsonl line."""
-    return {"id": job_id, "source": record.get("source", ""), "temperature": params.temperature, "prompt_ids": prompt_ids, "output_ids": output_ids}
+    return {
+        "id": job_id,
+        "source": record.get("source", ""),
+        "temperature": params.temperature,
+        "prompt_ids": prompt_ids,
+        "output_ids": output_ids,
+    }
 
 
 def teacher_feature_dir(out_dir: Path, tap_layers: tuple[int, ...]) -> Path:
@@ -142,8 +167,15 @@ def generation_feature_dir(out_dir: Path, cfg: RegenerationConfig) -> Path:
     return out_dir / ("features-" + "-".join(map(str, cfg.tap_layers)) + f"-{cfg.dtype}-gen")
 
 
-def regenerate_with_features(target: TargetModel, records: list[dict], out_dir: Path, cfg: RegenerationConfig, shard_size: int = 128,
-                             dtype: torch.dtype = torch.bfloat16, log_every_s: float = 60.0) -> Path:
+def regenerate_with_features(
+    target: TargetModel,
+    records: list[dict],
+    out_dir: Path,
+    cfg: RegenerationConfig,
+    shard_size: int = 128,
+    dtype: torch.dtype = torch.bfloat16,
+    log_every_s: float = 60.0,
+) -> Path:
     """Regenerate responses and keep their teacher features from the same forward passes.
 
     Writes shards of `shard_size` finished sequences (keyed by job index) into the feature directory,
@@ -172,7 +204,15 @@ def regenerate_with_features(target: TargetModel, records: list[dict], out_dir: 
     shard_index = len(list(feature_dir.glob("shard-*.safetensors")))
     start, tokens, finished_count, last_log = time.time(), 0, 0, time.time()
 
-    def sequence(index: int, job_id: str, record: dict, params: SamplingParams, prompt_ids: list[int], output_ids: list[int], rows: torch.Tensor | None):
+    def sequence(
+        index: int,
+        job_id: str,
+        record: dict,
+        params: SamplingParams,
+        prompt_ids: list[int],
+        output_ids: list[int],
+        rows: torch.Tensor | None,
+    ):
         line = response_line(job_id, record, params, prompt_ids, output_ids)
         tensors = {}
         length = len(prompt_ids) + len(output_ids)
@@ -183,9 +223,12 @@ def regenerate_with_features(target: TargetModel, records: list[dict], out_dir: 
                 final = norm(rows[:, final_col : final_col + hidden].to(target.dtype))
             pad = lambda t: torch.cat([t.to(dtype), t.new_zeros(1, t.shape[1], dtype=dtype)]).cpu().contiguous()  # noqa: E731
             key = str(index)
-            tensors = {f"{key}.ids": torch.tensor(prompt_ids + output_ids, dtype=torch.int32),
-                       f"{key}.prompt_len": torch.tensor([len(prompt_ids)], dtype=torch.int32),
-                       f"{key}.taps": pad(rows[:, : len(taps) * hidden]), f"{key}.final": pad(final)}
+            tensors = {
+                f"{key}.ids": torch.tensor(prompt_ids + output_ids, dtype=torch.int32),
+                f"{key}.prompt_len": torch.tensor([len(prompt_ids)], dtype=torch.int32),
+                f"{key}.taps": pad(rows[:, : len(taps) * hidden]),
+                f"{key}.final": pad(final),
+            }
         pending.append((index, line, tensors))
 
     def flush(force: bool = False) -> None:
@@ -229,8 +272,11 @@ def regenerate_with_features(target: TargetModel, records: list[dict], out_dir: 
             elapsed = last_log - start
             rate = finished_count / elapsed
             eta = (len(todo) - finished_count) / rate if rate else float("inf")
-            print(f"[regenerate] {finished_count}/{len(todo)} sequences, {tokens} response tokens, {tokens / elapsed:.1f} tok/s, "
-                  f"{elapsed / 60:.1f} min elapsed, ETA {eta / 60:.1f} min", flush=True)
+            print(
+                f"[regenerate] {finished_count}/{len(todo)} sequences, {tokens} response tokens, {tokens / elapsed:.1f} tok/s, "
+                f"{elapsed / 60:.1f} min elapsed, ETA {eta / 60:.1f} min",
+                flush=True,
+            )
     flush(force=True)
     return feature_dir
 
@@ -239,7 +285,13 @@ def read_responses(out_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (out_dir / RESPONSES).read_text().splitlines() if line.strip()]
 
 
-def featurize(target: TargetModel, out_dir: Path, tap_layers: tuple[int, ...], shard_size: int = 128, dtype: torch.dtype = torch.bfloat16) -> Path:
+def featurize(
+    target: TargetModel,
+    out_dir: Path,
+    tap_layers: tuple[int, ...],
+    shard_size: int = 128,
+    dtype: torch.dtype = torch.bfloat16,
+) -> Path:
     """Teacher features per sequence into features-<taps>/shard-*.safetensors (resumable by shard)."""
     feature_dir = teacher_feature_dir(out_dir, tap_layers)
     feature_dir.mkdir(exist_ok=True)
@@ -276,11 +328,18 @@ def load_sequences(feature_dir: Path) -> list[Sequence]:
     for shard in sorted(feature_dir.glob("shard-*.safetensors")):
         tensors = load_file(str(shard))
         for key in {k.split(".")[0] for k in tensors}:
-            found[int(key)] = Sequence(tensors[f"{key}.ids"].long(), int(tensors[f"{key}.prompt_len"][0]), tensors[f"{key}.taps"], tensors[f"{key}.final"])
+            found[int(key)] = Sequence(
+                tensors[f"{key}.ids"].long(),
+                int(tensors[f"{key}.prompt_len"][0]),
+                tensors[f"{key}.taps"],
+                tensors[f"{key}.final"],
+            )
     return [found[k] for k in sorted(found)]
 
 
-def write_manifest(out_dir: Path, records: list[dict], regen: RegenerationConfig, target_dir: Path, feature_dir: Path | None = None) -> dict:
+def write_manifest(
+    out_dir: Path, records: list[dict], regen: RegenerationConfig, target_dir: Path, feature_dir: Path | None = None
+) -> dict:
     responses = read_responses(out_dir)
     digest = hashlib.sha256((out_dir / RESPONSES).read_bytes()).hexdigest()
     manifest = {
@@ -296,7 +355,12 @@ def write_manifest(out_dir: Path, records: list[dict], regen: RegenerationConfig
     }
     if feature_dir is not None:
         # what the head reads: computed by the target in regeneration.dtype, stored in bf16
-        manifest["features"] = {"dir": feature_dir.name, "mode": regen.features, "computed_dtype": regen.dtype, "stored_dtype": "bf16",
-                                "shards": len(list(feature_dir.glob("shard-*.safetensors")))}
+        manifest["features"] = {
+            "dir": feature_dir.name,
+            "mode": regen.features,
+            "computed_dtype": regen.dtype,
+            "stored_dtype": "bf16",
+            "shards": len(list(feature_dir.glob("shard-*.safetensors"))),
+        }
     (out_dir / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest

@@ -11,7 +11,8 @@ import warnings
 from dataclasses import dataclass
 
 # HumanEval entry-point names (decontamination block list: never a stub name).
-HUMANEVAL_ENTRY_POINTS = frozenset("""
+HUMANEVAL_ENTRY_POINTS = frozenset(
+    """
 Strongest_Extension add add_elements all_prefixes anti_shuffle any_int below_threshold below_zero bf by_length can_arrange
 car_race_collision change_base check_dict_case check_if_last_char_is_a_letter choose_num circular_shift closest_integer common
 compare compare_one concatenate correct_bracketing count_distinct_characters count_nums count_up_to count_upper cycpattern_check
@@ -29,44 +30,207 @@ simplify skjkasdkd smallest_change solution solve sort_array sort_even sort_numb
 special_factorial split_words starts_one_ends strange_sort_list string_sequence string_to_md5 string_xor strlen sum_product
 sum_squares sum_to_n total_match tri triangle_area triples_sum_to_zero truncate_number unique unique_digits valid_date
 vowels_count will_it_fly words_in_sentence words_string x_or_y
-""".split())
+""".split()
+)
 
 STDLIB_CODE_MODULES = (
-    "string", "textwrap", "itertools", "functools", "math", "cmath", "statistics", "collections", "heapq", "bisect", "re", "json",
-    "os", "os.path", "posixpath", "random", "datetime", "time", "calendar", "fractions", "decimal", "operator", "copy", "difflib",
-    "shlex", "html", "html.parser", "urllib.parse", "base64", "binascii", "zlib", "gzip", "bz2", "lzma", "hashlib", "hmac", "csv",
-    "colorsys", "glob", "fnmatch", "ipaddress", "uuid", "secrets", "struct", "enum", "dataclasses", "keyword", "unicodedata",
-    "pathlib", "shutil", "tempfile", "argparse", "logging", "pprint", "reprlib", "graphlib", "sched", "queue", "contextlib",
-    "numbers", "array", "weakref", "types", "typing", "inspect", "ast", "tokenize", "email.utils", "email.header", "mimetypes",
-    "quopri", "plistlib", "configparser", "netrc", "gettext", "locale", "codecs", "io", "zipfile", "tarfile", "filecmp",
-    "fileinput", "stat", "linecache", "traceback", "warnings", "timeit", "platform", "sysconfig", "subprocess", "getopt",
-    "pickle", "shelve", "dis", "doctest", "xml.etree.ElementTree", "xml.sax.saxutils", "xml.dom.minidom", "http.cookies",
-    "wsgiref.util", "smtplib", "socket", "selectors", "signal", "threading", "concurrent.futures", "sqlite3", "turtle",
-    "statistics", "builtins", "string.templatelib", "zoneinfo", "tomllib", "optparse", "cProfile", "pstats", "trace",
+    "string",
+    "textwrap",
+    "itertools",
+    "functools",
+    "math",
+    "cmath",
+    "statistics",
+    "collections",
+    "heapq",
+    "bisect",
+    "re",
+    "json",
+    "os",
+    "os.path",
+    "posixpath",
+    "random",
+    "datetime",
+    "time",
+    "calendar",
+    "fractions",
+    "decimal",
+    "operator",
+    "copy",
+    "difflib",
+    "shlex",
+    "html",
+    "html.parser",
+    "urllib.parse",
+    "base64",
+    "binascii",
+    "zlib",
+    "gzip",
+    "bz2",
+    "lzma",
+    "hashlib",
+    "hmac",
+    "csv",
+    "colorsys",
+    "glob",
+    "fnmatch",
+    "ipaddress",
+    "uuid",
+    "secrets",
+    "struct",
+    "enum",
+    "dataclasses",
+    "keyword",
+    "unicodedata",
+    "pathlib",
+    "shutil",
+    "tempfile",
+    "argparse",
+    "logging",
+    "pprint",
+    "reprlib",
+    "graphlib",
+    "sched",
+    "queue",
+    "contextlib",
+    "numbers",
+    "array",
+    "weakref",
+    "types",
+    "typing",
+    "inspect",
+    "ast",
+    "tokenize",
+    "email.utils",
+    "email.header",
+    "mimetypes",
+    "quopri",
+    "plistlib",
+    "configparser",
+    "netrc",
+    "gettext",
+    "locale",
+    "codecs",
+    "io",
+    "zipfile",
+    "tarfile",
+    "filecmp",
+    "fileinput",
+    "stat",
+    "linecache",
+    "traceback",
+    "warnings",
+    "timeit",
+    "platform",
+    "sysconfig",
+    "subprocess",
+    "getopt",
+    "pickle",
+    "shelve",
+    "dis",
+    "doctest",
+    "xml.etree.ElementTree",
+    "xml.sax.saxutils",
+    "xml.dom.minidom",
+    "http.cookies",
+    "wsgiref.util",
+    "smtplib",
+    "socket",
+    "selectors",
+    "signal",
+    "threading",
+    "concurrent.futures",
+    "sqlite3",
+    "turtle",
+    "statistics",
+    "builtins",
+    "string.templatelib",
+    "zoneinfo",
+    "tomllib",
+    "optparse",
+    "cProfile",
+    "pstats",
+    "trace",
 )
 # classes whose documented methods become standalone functions (the instance becomes the first argument)
 STDLIB_CLASSES = (
-    ("builtins", "str", "text"), ("builtins", "bytes", "data"), ("builtins", "list", "items"), ("builtins", "dict", "mapping"),
-    ("builtins", "set", "items"), ("builtins", "int", "n"), ("builtins", "float", "x"), ("builtins", "bytearray", "buffer"),
-    ("pathlib", "PurePath", "path"), ("pathlib", "Path", "path"), ("datetime", "date", "day"), ("datetime", "datetime", "moment"),
-    ("datetime", "timedelta", "delta"), ("collections", "Counter", "counter"), ("collections", "OrderedDict", "mapping"),
-    ("collections", "deque", "queue"), ("fractions", "Fraction", "fraction"), ("decimal", "Decimal", "number"),
-    ("ipaddress", "IPv4Network", "network"), ("ipaddress", "IPv4Address", "address"), ("textwrap", "TextWrapper", "wrapper"),
-    ("difflib", "SequenceMatcher", "matcher"), ("string", "Formatter", "formatter"), ("string", "Template", "template"),
-    ("argparse", "ArgumentParser", "parser"), ("configparser", "ConfigParser", "config"), ("zipfile", "ZipFile", "archive"),
-    ("csv", "DictWriter", "writer"), ("logging", "Logger", "logger"), ("email.message", "Message", "message"),
-    ("urllib.parse", "SplitResult", "parts"), ("calendar", "Calendar", "cal"), ("random", "Random", "rng"),
-    ("heapq", None, None), ("threading", "Thread", "thread"), ("queue", "Queue", "queue"), ("graphlib", "TopologicalSorter", "sorter"),
-    ("io", "StringIO", "stream"), ("array", "array", "arr"), ("sqlite3", "Connection", "conn"),
+    ("builtins", "str", "text"),
+    ("builtins", "bytes", "data"),
+    ("builtins", "list", "items"),
+    ("builtins", "dict", "mapping"),
+    ("builtins", "set", "items"),
+    ("builtins", "int", "n"),
+    ("builtins", "float", "x"),
+    ("builtins", "bytearray", "buffer"),
+    ("pathlib", "PurePath", "path"),
+    ("pathlib", "Path", "path"),
+    ("datetime", "date", "day"),
+    ("datetime", "datetime", "moment"),
+    ("datetime", "timedelta", "delta"),
+    ("collections", "Counter", "counter"),
+    ("collections", "OrderedDict", "mapping"),
+    ("collections", "deque", "queue"),
+    ("fractions", "Fraction", "fraction"),
+    ("decimal", "Decimal", "number"),
+    ("ipaddress", "IPv4Network", "network"),
+    ("ipaddress", "IPv4Address", "address"),
+    ("textwrap", "TextWrapper", "wrapper"),
+    ("difflib", "SequenceMatcher", "matcher"),
+    ("string", "Formatter", "formatter"),
+    ("string", "Template", "template"),
+    ("argparse", "ArgumentParser", "parser"),
+    ("configparser", "ConfigParser", "config"),
+    ("zipfile", "ZipFile", "archive"),
+    ("csv", "DictWriter", "writer"),
+    ("logging", "Logger", "logger"),
+    ("email.message", "Message", "message"),
+    ("urllib.parse", "SplitResult", "parts"),
+    ("calendar", "Calendar", "cal"),
+    ("random", "Random", "rng"),
+    ("heapq", None, None),
+    ("threading", "Thread", "thread"),
+    ("queue", "Queue", "queue"),
+    ("graphlib", "TopologicalSorter", "sorter"),
+    ("io", "StringIO", "stream"),
+    ("array", "array", "arr"),
+    ("sqlite3", "Connection", "conn"),
 )
 THIRD_PARTY_MODULES = (
-    "numpy", "numpy.linalg", "numpy.fft", "numpy.random", "numpy.polynomial.polynomial", "scipy.special", "scipy.stats",
-    "scipy.linalg", "scipy.signal", "scipy.optimize", "scipy.interpolate", "scipy.ndimage", "scipy.spatial.distance",
-    "scipy.integrate", "scipy.sparse", "scipy.sparse.linalg", "scipy.cluster.hierarchy", "scipy.fft", "networkx", "sympy",
-    "pandas", "yaml", "jinja2.filters", "requests.utils", "packaging.version", "packaging.utils",
+    "numpy",
+    "numpy.linalg",
+    "numpy.fft",
+    "numpy.random",
+    "numpy.polynomial.polynomial",
+    "scipy.special",
+    "scipy.stats",
+    "scipy.linalg",
+    "scipy.signal",
+    "scipy.optimize",
+    "scipy.interpolate",
+    "scipy.ndimage",
+    "scipy.spatial.distance",
+    "scipy.integrate",
+    "scipy.sparse",
+    "scipy.sparse.linalg",
+    "scipy.cluster.hierarchy",
+    "scipy.fft",
+    "networkx",
+    "sympy",
+    "pandas",
+    "yaml",
+    "jinja2.filters",
+    "requests.utils",
+    "packaging.version",
+    "packaging.utils",
 )
-THIRD_PARTY_CLASSES = (("pandas", "DataFrame", "df"), ("pandas", "Series", "series"), ("networkx", "Graph", "graph"),
-                       ("numpy", "ndarray", "arr"), ("sympy", "Expr", "expr"))
+THIRD_PARTY_CLASSES = (
+    ("pandas", "DataFrame", "df"),
+    ("pandas", "Series", "series"),
+    ("networkx", "Graph", "graph"),
+    ("numpy", "ndarray", "arr"),
+    ("sympy", "Expr", "expr"),
+)
+
 
 @dataclass(frozen=True)
 class DocFunction:
@@ -91,13 +255,20 @@ def _routines(namespace: dict, module_name: str, owner: str | None) -> list[tupl
         if owner is None:
             home = getattr(obj, "__module__", None) or ""
             # public functions of the module itself, or re-exported from its private submodules (numpy, scipy)
-            if home and home != module_name and not home.startswith(module_name.split(".")[0]) and module_name != "builtins":
+            if (
+                home
+                and home != module_name
+                and not home.startswith(module_name.split(".")[0])
+                and module_name != "builtins"
+            ):
                 continue
         found.append((name, obj))
     return found
 
 
-def _doc_function(origin: str, module_name: str, owner: str | None, first_arg: str | None, name: str, obj) -> DocFunction | None:
+def _doc_function(
+    origin: str, module_name: str, owner: str | None, first_arg: str | None, name: str, obj
+) -> DocFunction | None:
     try:
         doc = inspect.getdoc(obj)
     except Exception:  # noqa: BLE001 - odd descriptors of third-party packages
@@ -162,7 +333,11 @@ def doc_summary(doc: str) -> str:
 
 
 def clean_doc(text: str) -> str:
-    text = re.sub(r":(?:func|meth|class|attr|obj|ref|mod|data|exc|term|doc|math|py:\w+):`~?([^`<]*?)(?:\s*<[^>]*>)?`", r"`\1`", text)
+    text = re.sub(
+        r":(?:func|meth|class|attr|obj|ref|mod|data|exc|term|doc|math|py:\w+):`~?([^`<]*?)(?:\s*<[^>]*>)?`",
+        r"`\1`",
+        text,
+    )
     text = re.sub(r"``([^`]*)``", r"`\1`", text)
     return text
 
@@ -183,7 +358,12 @@ def doc_sections(doc: str) -> dict[str, list[str]]:
         match = re.fullmatch(r"(Examples?|Args|Arguments|Parameters|Returns|Raises|Example usage)::?\s*", line.strip())
         if match and not line.startswith(" "):
             current = match.group(1).lower().rstrip(":")
-            current = {"example": "examples", "example usage": "examples", "args": "parameters", "arguments": "parameters"}.get(current, current)
+            current = {
+                "example": "examples",
+                "example usage": "examples",
+                "args": "parameters",
+                "arguments": "parameters",
+            }.get(current, current)
             out.setdefault(current, [])
             i += 1
             continue

@@ -51,7 +51,9 @@ def run_head_file_command(args, command: str, file_name: str, key: str, write: C
     if not (head_dir / "config.json").is_file():
         raise SystemExit(f"jetspec {command}: --head {head_dir}: no config.json; pass a head directory")
     if not (data_dir / RESPONSES).is_file():
-        raise SystemExit(f"jetspec {command}: --data-dir {data_dir}: no {RESPONSES}; pass a `jetspec train` data directory")
+        raise SystemExit(
+            f"jetspec {command}: --data-dir {data_dir}: no {RESPONSES}; pass a `jetspec train` data directory"
+        )
     record = write(head_dir, data_dir)
     note_in_head_record(head_dir, file_name, key, record, shlex.join(["jetspec", *getattr(args, "argv", [])]))
     print(json.dumps(record, indent=2))

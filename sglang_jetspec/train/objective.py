@@ -34,14 +34,18 @@ def training_mask(anchors: torch.Tensor, block_size: int, context_len: int, caus
     return torch.cat([ctx, same_block], dim=1)[None, None]
 
 
-def sample_reveals(rng: random.Random, anchors: torch.Tensor, block_size: int, seq_len: int, all_mask_share: float) -> torch.Tensor:
+def sample_reveals(
+    rng: random.Random, anchors: torch.Tensor, block_size: int, seq_len: int, all_mask_share: float
+) -> torch.Tensor:
     """Revealed tokens k per block: 0 with probability `all_mask_share`, else uniform in 1..B-2,
     capped so at least one masked row still has a token to predict (a+k+1 < seq_len)."""
     picks = [0 if rng.random() < all_mask_share else rng.randint(1, block_size - 2) for _ in range(anchors.numel())]
     return torch.minimum(torch.tensor(picks, device=anchors.device), seq_len - 2 - anchors)
 
 
-def block_inputs(ids: torch.Tensor, anchors: torch.Tensor, block_size: int, mask_token_id: int, revealed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def block_inputs(
+    ids: torch.Tensor, anchors: torch.Tensor, block_size: int, mask_token_id: int, revealed: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Block token ids [nb*B] (root, `revealed` true tokens, then masks) and their positions [nb*B]."""
     offsets = torch.arange(block_size, device=ids.device)
     positions = (anchors.unsqueeze(1) + offsets).flatten()
@@ -53,7 +57,9 @@ def block_inputs(ids: torch.Tensor, anchors: torch.Tensor, block_size: int, mask
     return block_ids.flatten(), positions
 
 
-def target_rows(anchors: torch.Tensor, block_size: int, seq_len: int, revealed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def target_rows(
+    anchors: torch.Tensor, block_size: int, seq_len: int, revealed: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """For every trained row (a masked depth d > k inside the sequence): its query index, the teacher
     position a+d-1 whose logits are its target, and its distance d-k from the last real token
     (the depth itself when nothing is revealed)."""
@@ -74,7 +80,13 @@ def position_weights(depths: torch.Tensor, decay: float | None) -> torch.Tensor:
     return torch.exp(-(depths.float() - 1) / decay)
 
 
-def distillation_per_row(draft_logits: torch.Tensor, teacher_logits: torch.Tensor, labels: torch.Tensor, kind: str = "forward_kl", temperature: float = 1.0) -> torch.Tensor:
+def distillation_per_row(
+    draft_logits: torch.Tensor,
+    teacher_logits: torch.Tensor,
+    labels: torch.Tensor,
+    kind: str = "forward_kl",
+    temperature: float = 1.0,
+) -> torch.Tensor:
     """Per row: T^2 * KL(teacher || draft) (or reverse KL, or cross-entropy on labels)."""
     if kind not in LOSSES:
         raise ValueError(f"loss={kind!r}: choose one of {LOSSES}")
@@ -89,9 +101,18 @@ def distillation_per_row(draft_logits: torch.Tensor, teacher_logits: torch.Tenso
     return per_row * temperature**2
 
 
-def distillation_loss(draft_logits: torch.Tensor, teacher_logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor, kind: str = "forward_kl", temperature: float = 1.0) -> torch.Tensor:
+def distillation_loss(
+    draft_logits: torch.Tensor,
+    teacher_logits: torch.Tensor,
+    labels: torch.Tensor,
+    weights: torch.Tensor,
+    kind: str = "forward_kl",
+    temperature: float = 1.0,
+) -> torch.Tensor:
     """Weighted mean over rows of `distillation_per_row`."""
-    return (distillation_per_row(draft_logits, teacher_logits, labels, kind, temperature) * weights).sum() / weights.sum()
+    return (
+        distillation_per_row(draft_logits, teacher_logits, labels, kind, temperature) * weights
+    ).sum() / weights.sum()
 
 
 def per_sequence_mean(values: torch.Tensor, weights: torch.Tensor, sequence: torch.Tensor, count: int) -> torch.Tensor:

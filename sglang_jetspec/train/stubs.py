@@ -14,16 +14,31 @@ import warnings
 
 from .doc_sources import HUMANEVAL_ENTRY_POINTS, DocFunction, clean_doc, doc_sections, doc_summary
 
-STOPWORDS = frozenset("a an the of to in on for and or is are be if by with from as at this that it its into given any all "
-                      "each which whether one two new this these those using use using".split())
+STOPWORDS = frozenset(
+    "a an the of to in on for and or is are be if by with from as at this that it its into given any all "
+    "each which whether one two new this these those using use using".split()
+)
 VERBS_STRIPPED = ("returns", "return", "compute", "computes", "calculate", "calculates", "get", "gets")
 MAX_DOC_LINES = 18
 MAX_LINE = 100
 _TYPE_HINTS = (
-    (re.compile(r"^(s|text|string|name|prefix|suffix|sep|word|line|pattern|path|filename|fmt|chars|encoding|errors|sentence)$"), "str"),
-    (re.compile(r"^(n|k|i|j|count|size|width|index|start|stop|step|base|length|num|depth|level|year|month|day|ndigits|maxsplit|seed)$"), "int"),
+    (
+        re.compile(
+            r"^(s|text|string|name|prefix|suffix|sep|word|line|pattern|path|filename|fmt|chars|encoding|errors|sentence)$"
+        ),
+        "str",
+    ),
+    (
+        re.compile(
+            r"^(n|k|i|j|count|size|width|index|start|stop|step|base|length|num|depth|level|year|month|day|ndigits|maxsplit|seed)$"
+        ),
+        "int",
+    ),
     (re.compile(r"^(x|y|z|value|alpha|beta|scale|tol|rtol|atol|threshold|ratio|p|q|rate)$"), "float"),
-    (re.compile(r"^(numbers|values|items|seq|sequence|data|xs|lst|iterable|elements|lines|words|strings|arr|a)$"), "List[{elem}]"),
+    (
+        re.compile(r"^(numbers|values|items|seq|sequence|data|xs|lst|iterable|elements|lines|words|strings|arr|a)$"),
+        "List[{elem}]",
+    ),
     (re.compile(r"^(flag|strict|reverse|verbose|inplace|copy|keepdims|check)$"), "bool"),
     (re.compile(r"^(mapping|d|dct|table|counts|kwargs_dict)$"), "Dict[str, int]"),
 )
@@ -67,8 +82,13 @@ def _doctest_examples(doc: str, fn: "DocFunction", new_name: str, limit: int) ->
             continue
         if not outputs:
             tree = _uses_only(code, allowed, "exec")
-            if tree is not None and len(setup) < 2 and len(tree.body) == 1 and isinstance(tree.body[0], ast.Assign) \
-                    and all(isinstance(t, ast.Name) for t in tree.body[0].targets):
+            if (
+                tree is not None
+                and len(setup) < 2
+                and len(tree.body) == 1
+                and isinstance(tree.body[0], ast.Assign)
+                and all(isinstance(t, ast.Name) for t in tree.body[0].targets)
+            ):
                 setup.append(">>> " + code)
                 bound |= {t.id for t in tree.body[0].targets}
             continue
@@ -100,15 +120,34 @@ def safe_name(name: str, taken: set[str]) -> str:
     candidate = name
     for suffix in ("", "_value", "_result", "_of", "_impl", "_v2", "_helper"):
         candidate = name + suffix
-        if (candidate not in HUMANEVAL_ENTRY_POINTS and not keyword.iskeyword(candidate) and candidate not in taken
-                and not hasattr(builtins, candidate)):
+        if (
+            candidate not in HUMANEVAL_ENTRY_POINTS
+            and not keyword.iskeyword(candidate)
+            and candidate not in taken
+            and not hasattr(builtins, candidate)
+        ):
             return candidate
     return candidate + "_fn"
 
 
-KNOWN_TYPE_WORDS = frozenset("int float str bool bytes list dict tuple set frozenset complex object None List Dict Tuple Set "
-                             "Optional Iterable Iterator Sequence Mapping Any Callable Union".split())
-TYPING_WORDS = ("List", "Dict", "Tuple", "Set", "Optional", "Iterable", "Iterator", "Sequence", "Mapping", "Any", "Callable", "Union")
+KNOWN_TYPE_WORDS = frozenset(
+    "int float str bool bytes list dict tuple set frozenset complex object None List Dict Tuple Set "
+    "Optional Iterable Iterator Sequence Mapping Any Callable Union".split()
+)
+TYPING_WORDS = (
+    "List",
+    "Dict",
+    "Tuple",
+    "Set",
+    "Optional",
+    "Iterable",
+    "Iterator",
+    "Sequence",
+    "Mapping",
+    "Any",
+    "Callable",
+    "Union",
+)
 
 
 def _annotation(annotation) -> str | None:
@@ -121,7 +160,11 @@ def _annotation(annotation) -> str | None:
         text = annotation.__name__
     else:
         text = re.sub(r"\btyping\.", "", str(annotation))
-    if not re.fullmatch(r"[\w\[\], .|]+", text) or len(text) > 40 or not set(re.findall(r"\w+", text)) <= KNOWN_TYPE_WORDS:
+    if (
+        not re.fullmatch(r"[\w\[\], .|]+", text)
+        or len(text) > 40
+        or not set(re.findall(r"\w+", text)) <= KNOWN_TYPE_WORDS
+    ):
         return None
     return text
 
@@ -180,8 +223,17 @@ def signature_text(fn: DocFunction, hints: bool, rng: random.Random) -> tuple[st
         if default is None and seen_default and p.kind != inspect.Parameter.KEYWORD_ONLY:
             default = "None"
         seen_default = seen_default or default is not None
-        hint = _annotation(p.annotation) if p.annotation is not inspect.Parameter.empty else (
-            _guess_type(p.name, p.default, rng, ("int", "float", "str") if fn.origin == "stdlib" else ("int", "float")) if hints else None)
+        hint = (
+            _annotation(p.annotation)
+            if p.annotation is not inspect.Parameter.empty
+            else (
+                _guess_type(
+                    p.name, p.default, rng, ("int", "float", "str") if fn.origin == "stdlib" else ("int", "float")
+                )
+                if hints
+                else None
+            )
+        )
         piece = p.name + (f": {hint}" if hint else "")
         if default is not None:
             piece += f" = {default}" if hint else f"={default}"
@@ -245,7 +297,9 @@ def _docstring(fn: DocFunction, new_name: str, style: str, rng: random.Random) -
                 entries[-1].append(line.strip())  # first description line only
         if entries:
             body += ["", "Args:"] + [f"    {e[0]}: {e[2] if len(e) > 2 else e[1]}" for e in entries]
-    examples = _doctest_examples(doc, fn, new_name, rng.randint(1, 3)) if style in ("summary", "examples", "args") else []
+    examples = (
+        _doctest_examples(doc, fn, new_name, rng.randint(1, 3)) if style in ("summary", "examples", "args") else []
+    )
     if style == "examples":
         body = paragraphs[0].splitlines()
         if not examples:
@@ -290,7 +344,12 @@ def completion_prompt(fn: DocFunction, new_name: str, rng: random.Random, style:
         imports.insert(0, f"import {fn.module}")
     elif rng.random() < 0.3 and fn.origin == "thirdparty":
         root = fn.module.split(".")[0]
-        imports.insert(0, {"numpy": "import numpy as np", "pandas": "import pandas as pd", "networkx": "import networkx as nx"}.get(root, f"import {root}"))
+        imports.insert(
+            0,
+            {"numpy": "import numpy as np", "pandas": "import pandas as pd", "networkx": "import networkx as nx"}.get(
+                root, f"import {root}"
+            ),
+        )
     prefix = ("\n".join(imports) + "\n\n\n") if imports else rng.choice(("", "\n\n", "\n"))
     prompt = prefix + header + "    " + doc
     try:

@@ -16,7 +16,16 @@ from ..core.head import DraftHead
 from ..core.head_config import HeadConfig
 from ..core.head_io import init_head, save_head
 from .data import Sequence
-from .objective import REVEALS, block_inputs, distillation_per_row, per_sequence_mean, position_weights, sample_reveals, target_rows, training_mask
+from .objective import (
+    REVEALS,
+    block_inputs,
+    distillation_per_row,
+    per_sequence_mean,
+    position_weights,
+    sample_reveals,
+    target_rows,
+    training_mask,
+)
 
 CHECKPOINT = "checkpoint.pt"
 TIMED_STEPS = (5, 25)  # a time-budgeted run times its steps [a, b) (the first ones pay for warm-up: allocator, kernels)
@@ -57,7 +66,9 @@ class TrainConfig:
     reveal: str = "none"  # "prefix": blocks may hold true tokens before their masks (tree-causal drafting)
     all_mask_share: float = 0.5  # with reveal "prefix": share of blocks with nothing revealed
     init_from_target_layers: tuple[int, ...] = ()  # target layers copied into head layers 0, 1, ... before training
-    time_budget_s: float | None = None  # fit the run into this wall time: `steps` is lowered after TIMED_STEPS timed steps
+    time_budget_s: float | None = (
+        None  # fit the run into this wall time: `steps` is lowered after TIMED_STEPS timed steps
+    )
 
     def __post_init__(self) -> None:
         if self.reveal not in REVEALS:
@@ -93,12 +104,25 @@ def copy_target_layers(head: DraftHead, target_model: torch.nn.Module, layer_ids
 
 
 class Trainer:
-    def __init__(self, head_cfg: HeadConfig, cfg: TrainConfig, embed_tokens: torch.nn.Module, lm_head: torch.nn.Module, sequences: list[Sequence], out_dir: Path, device: torch.device,
-                 target_model: torch.nn.Module | None = None) -> None:
+    def __init__(
+        self,
+        head_cfg: HeadConfig,
+        cfg: TrainConfig,
+        embed_tokens: torch.nn.Module,
+        lm_head: torch.nn.Module,
+        sequences: list[Sequence],
+        out_dir: Path,
+        device: torch.device,
+        target_model: torch.nn.Module | None = None,
+    ) -> None:
         if cfg.reveal != "none" and not head_cfg.causal_head:
-            raise ValueError(f"reveal={cfg.reveal!r} needs a causal head: revealed tokens would leak into earlier rows of a bidirectional block")
+            raise ValueError(
+                f"reveal={cfg.reveal!r} needs a causal head: revealed tokens would leak into earlier rows of a bidirectional block"
+            )
         if cfg.reveal != "none" and head_cfg.block_size < 3:
-            raise ValueError(f"reveal={cfg.reveal!r} needs block_size >= 3 (root, a revealed token, a masked one); got {head_cfg.block_size}")
+            raise ValueError(
+                f"reveal={cfg.reveal!r} needs block_size >= 3 (root, a revealed token, a masked one); got {head_cfg.block_size}"
+            )
         self.head_cfg, self.cfg, self.out_dir, self.device = head_cfg, cfg, out_dir, device
         self.embed_tokens, self.lm_head = embed_tokens, lm_head
         for module in (embed_tokens, lm_head):
@@ -115,7 +139,11 @@ class Trainer:
             self.copied_from_target = copy_target_layers(self.head, target_model, cfg.init_from_target_layers)
         decay = [p for n, p in self.head.named_parameters() if not n.endswith("norm.weight")]
         no_decay = [p for n, p in self.head.named_parameters() if n.endswith("norm.weight")]
-        self.optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95))
+        self.optimizer = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=cfg.lr,
+            betas=(0.9, 0.95),
+        )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
         self.requested_steps = cfg.steps
         self.step = 0
@@ -134,7 +162,9 @@ class Trainer:
         picks = rng.sample(range(low, high + 1), min(count, high - low + 1))
         return torch.tensor(sorted(picks))
 
-    def _batch_rows(self, seqs: list[Sequence], anchors: list[torch.Tensor], revealed: list[torch.Tensor | None]) -> TrainedRows:
+    def _batch_rows(
+        self, seqs: list[Sequence], anchors: list[torch.Tensor], revealed: list[torch.Tensor | None]
+    ) -> TrainedRows:
         """One head pass over several sequences' blocks (sequence i's block j showing `revealed[i][j]` true tokens).
 
         Sequences are padded to the longest and their blocks to the most; a block's context mask stops at
@@ -150,7 +180,9 @@ class Trainer:
         query, teacher_pos, distance, sequence = [], [], [], []
         for i, (seq, seq_anchors, seq_revealed) in enumerate(zip(seqs, anchors, revealed)):
             n, seq_len = seq_anchors.numel() * size, seq.ids.numel()
-            block_ids[i, :n], positions[i, :n] = block_inputs(seq.ids, seq_anchors, size, cfg.mask_token_id, seq_revealed)
+            block_ids[i, :n], positions[i, :n] = block_inputs(
+                seq.ids, seq_anchors, size, cfg.mask_token_id, seq_revealed
+            )
             own = training_mask(seq_anchors, size, length, cfg.causal_head)[0, 0]
             mask[i, :n, :length], mask[i, :n, length : length + n] = own[:, :length], own[:, length:]
             q, t, d = target_rows(seq_anchors, size, seq_len, seq_revealed)
@@ -170,15 +202,21 @@ class Trainer:
             sequence=torch.cat(sequence).to(device),
         )
 
-    def batch_loss(self, seqs: list[Sequence], anchors: list[torch.Tensor], revealed: list[torch.Tensor | None] | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    def batch_loss(
+        self, seqs: list[Sequence], anchors: list[torch.Tensor], revealed: list[torch.Tensor | None] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Each sequence's loss [S] (the weighted mean of its rows, as if it were trained alone); also
         (draft argmax, labels, distances from the last real token) of the trained rows."""
         rows = self._batch_rows(seqs, anchors, revealed or [None] * len(seqs))
         draft_logits = self.lm_head(rows.hidden)
         with torch.no_grad():
             teacher_logits = self.lm_head(rows.teacher)
-        per_row = distillation_per_row(draft_logits, teacher_logits, rows.labels, self.cfg.loss, self.cfg.kd_temperature)
-        losses = per_sequence_mean(per_row, position_weights(rows.distance, self.cfg.position_decay), rows.sequence, len(seqs))
+        per_row = distillation_per_row(
+            draft_logits, teacher_logits, rows.labels, self.cfg.loss, self.cfg.kd_temperature
+        )
+        losses = per_sequence_mean(
+            per_row, position_weights(rows.distance, self.cfg.position_decay), rows.sequence, len(seqs)
+        )
         return losses, draft_logits.argmax(-1), rows.labels, rows.distance
 
     def train_step(self) -> float:
@@ -188,7 +226,11 @@ class Trainer:
         for seq in seqs:  # anchors, then reveals, sequence by sequence: one rng stream whatever the batching
             anchors.append(self._anchors(seq, self.rng, self.cfg.blocks_per_seq))
             if self.cfg.reveal == "prefix":
-                revealed.append(sample_reveals(self.rng, anchors[-1], self.head_cfg.block_size, seq.ids.numel(), self.cfg.all_mask_share))
+                revealed.append(
+                    sample_reveals(
+                        self.rng, anchors[-1], self.head_cfg.block_size, seq.ids.numel(), self.cfg.all_mask_share
+                    )
+                )
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.bf16):
             losses, *_ = self.batch_loss(seqs, anchors, revealed or None)
         loss = losses.mean()
@@ -242,9 +284,16 @@ class Trainer:
         return (1 + hits.view(-1, steps).int().cumprod(1).sum(1)).tolist()
 
     def save_checkpoint(self) -> None:
-        state = {"head": self.head.state_dict(), "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                 "step": self.step, "history": self.history, "rng": self.rng.getstate(),
-                 "config": asdict(replace(self.cfg, steps=self.requested_steps)), "planned_steps": self.cfg.steps}
+        state = {
+            "head": self.head.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "step": self.step,
+            "history": self.history,
+            "rng": self.rng.getstate(),
+            "config": asdict(replace(self.cfg, steps=self.requested_steps)),
+            "planned_steps": self.cfg.steps,
+        }
         tmp = self.out_dir / (CHECKPOINT + ".tmp")
         torch.save(state, tmp)
         tmp.replace(self.out_dir / CHECKPOINT)  # atomic: a crash never leaves a half-written checkpoint
@@ -256,7 +305,9 @@ class Trainer:
         state = torch.load(path, map_location=self.device, weights_only=False)
         # keys a checkpoint predates (e.g. reveal) had their default value when it was written
         if {**asdict(TrainConfig()), **state["config"]} != asdict(self.cfg):
-            raise ValueError(f"{path}: written with a different training config; start a fresh --out directory or drop --resume")
+            raise ValueError(
+                f"{path}: written with a different training config; start a fresh --out directory or drop --resume"
+            )
         self.head.load_state_dict(state["head"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
@@ -273,8 +324,10 @@ class Trainer:
         fits = self.step + max(0, int(remaining / per_step))
         if fits < self.cfg.steps:
             self.cfg = replace(self.cfg, steps=max(self.step + 1, fits))
-            tqdm.write(f"time budget {self.cfg.time_budget_s / 60:.1f} min at {per_step * 1000:.0f} ms/step: {self.cfg.steps} steps "
-                       f"(asked for {self.requested_steps})")
+            tqdm.write(
+                f"time budget {self.cfg.time_budget_s / 60:.1f} min at {per_step * 1000:.0f} ms/step: {self.cfg.steps} steps "
+                f"(asked for {self.requested_steps})"
+            )
 
     def run(self) -> list[dict]:
         self.out_dir.mkdir(parents=True, exist_ok=True)
@@ -286,7 +339,9 @@ class Trainer:
                     if self.step - first_step == TIMED_STEPS[0]:
                         timed_from = time.time()
                     else:
-                        self.fit_steps_to_budget(time.time() - start, time.time() - timed_from, TIMED_STEPS[1] - TIMED_STEPS[0])
+                        self.fit_steps_to_budget(
+                            time.time() - start, time.time() - timed_from, TIMED_STEPS[1] - TIMED_STEPS[0]
+                        )
                         bar.total = self.cfg.steps
                 loss = self.train_step()
                 entry = {"step": self.step, "loss": loss, "lr": self.scheduler.get_last_lr()[0]}

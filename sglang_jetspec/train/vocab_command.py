@@ -45,8 +45,10 @@ def write_draft_vocab(head_dir: Path, data_dir: Path, size: int, append: bool = 
     kept = load_draft_vocab(head_dir, int(config["vocab_size"])) if append else None
     kept = kept.tolist() if kept is not None else []
     if size < len(kept):
-        raise SystemExit(f"jetspec draft-vocab: --size {size} with --append: the head's vocabulary already holds {len(kept)} tokens; "
-                         f"pass --size above {len(kept)}")
+        raise SystemExit(
+            f"jetspec draft-vocab: --size {size} with --append: the head's vocabulary already holds {len(kept)} tokens; "
+            f"pass --size above {len(kept)}"
+        )
     earlier = current_record(head_dir, "draft_vocab") if append else None
     ids = rank_tokens(train, size, int(config["vocab_size"]), [*kept, *end_token_ids(target_dir)])
     record = {
@@ -66,5 +68,10 @@ def write_draft_vocab(head_dir: Path, data_dir: Path, size: int, append: bool = 
 
 
 def run(args) -> int:
-    return run_head_file_command(args, "draft-vocab", DRAFT_VOCAB_FILE, "draft_vocab",
-                                 lambda head_dir, data_dir: write_draft_vocab(head_dir, data_dir, args.size, args.append))
+    return run_head_file_command(
+        args,
+        "draft-vocab",
+        DRAFT_VOCAB_FILE,
+        "draft_vocab",
+        lambda head_dir, data_dir: write_draft_vocab(head_dir, data_dir, args.size, args.append),
+    )

@@ -48,10 +48,10 @@ class ControlServer:
     url: str
     admin_key: str
     active: ActivePolicy
-    now: list[float]                      # [server clock]; tests move it
-    fail_next: list[int]                  # [how many next control requests answer 503]
+    now: list[float]  # [server clock]; tests move it
+    fail_next: list[int]  # [how many next control requests answer 503]
     requests: list[Request] = field(default_factory=list)
-    api_key: str | None = None            # set: GET /server_info answers 401 without it (SGLang --api-key)
+    api_key: str | None = None  # set: GET /server_info answers 401 without it (SGLang --api-key)
 
     def readbacks(self) -> list[Request]:
         return [r for r in self.requests if r.path == "/server_info"]
@@ -90,8 +90,11 @@ def test_policy_file(tmp_path: Path) -> Path:
 def _metrics_page(scrapes: int) -> str:
     # Cumulative counters that grow by a fixed amount per scrape: 16 beats off by 1.5x.
     lines = []
-    for name, per_scrape in (("steps", {0: 10, 16: 10}), ("committed_tokens", {0: 10, 16: 30}),
-                             ("request_seconds", {0: 1.0, 16: 2.0})):
+    for name, per_scrape in (
+        ("steps", {0: 10, 16: 10}),
+        ("committed_tokens", {0: 10, 16: 30}),
+        ("request_seconds", {0: 1.0, 16: 2.0}),
+    ):
         lines.append(f"# TYPE jetspec_{name}_total counter")
         for budget, amount in per_scrape.items():
             lines.append(f'jetspec_{name}_total{{cohort="bs1",budget="{budget}"}} {amount * scrapes}')
@@ -127,8 +130,9 @@ def control_server(test_policy: Policy):
                     return self._answer(401, b'{"error": "Unauthorized"}')  # SGLang's answer
                 return self._answer(200, json.dumps(handle_server_info(active, state.now[0])).encode())
             if method == "POST" and self.path == "/set_internal_state":
-                status, payload = handle_set_internal_state(active, body, self.headers.get("Authorization"),
-                                                            ADMIN_KEY, state.now[0])
+                status, payload = handle_set_internal_state(
+                    active, body, self.headers.get("Authorization"), ADMIN_KEY, state.now[0]
+                )
                 return self._answer(status, json.dumps(payload).encode())
             return self._answer(404, b"{}")
 

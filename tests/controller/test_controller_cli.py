@@ -13,8 +13,10 @@ from controller.cli import main
 @pytest.fixture
 def fast_policy(tmp_path: Path, test_policy_yaml: str) -> Path:
     """The test policy with a fast loop, so a few intervals take a fraction of a second."""
-    fast = test_policy_yaml.replace("controller: {interval_s: 10, ttl_s: 90, window_s: 300, min_samples: 3}",
-                                    "controller: {interval_s: 0.1, ttl_s: 1, window_s: 5, min_samples: 2}")
+    fast = test_policy_yaml.replace(
+        "controller: {interval_s: 10, ttl_s: 90, window_s: 300, min_samples: 3}",
+        "controller: {interval_s: 0.1, ttl_s: 1, window_s: 5, min_samples: 2}",
+    )
     assert fast != test_policy_yaml
     path = tmp_path / "fast.yaml"
     path.write_text(fast)
@@ -22,8 +24,21 @@ def fast_policy(tmp_path: Path, test_policy_yaml: str) -> Path:
 
 
 def test_dry_run_logs_decisions_and_never_pushes(control_server, fast_policy, capsys):
-    code = main(["--policy", str(fast_policy), "--server", control_server.url, "--dry-run",
-                 "--max-intervals", "3", "--metrics-port", "0", "--log-level", "WARNING"])
+    code = main(
+        [
+            "--policy",
+            str(fast_policy),
+            "--server",
+            control_server.url,
+            "--dry-run",
+            "--max-intervals",
+            "3",
+            "--metrics-port",
+            "0",
+            "--log-level",
+            "WARNING",
+        ]
+    )
     assert code == 0
     records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert {r["cohort"] for r in records} == {"bs1", "bs2-8"}
@@ -33,31 +48,64 @@ def test_dry_run_logs_decisions_and_never_pushes(control_server, fast_policy, ca
 
 
 @pytest.mark.parametrize("default_api_key", [None, "unused-api-key"])
-def test_live_loop_pushes_with_the_key_from_the_environment(control_server, fast_policy, admin_key, monkeypatch,
-                                                            default_api_key, caplog):
+def test_live_loop_pushes_with_the_key_from_the_environment(
+    control_server, fast_policy, admin_key, monkeypatch, default_api_key, caplog
+):
     # A server without an API key (the reference server) works whether $JETSPEC_API_KEY is set or not.
     monkeypatch.setenv("MY_ADMIN_KEY", admin_key)
     if default_api_key is None:
         monkeypatch.delenv("JETSPEC_API_KEY", raising=False)
     else:
         monkeypatch.setenv("JETSPEC_API_KEY", default_api_key)
-    code = main(["--policy", str(fast_policy), "--server", control_server.url, "--admin-key-env", "MY_ADMIN_KEY",
-                 "--max-intervals", "2", "--metrics-port", "0", "--log-level", "WARNING"])
+    code = main(
+        [
+            "--policy",
+            str(fast_policy),
+            "--server",
+            control_server.url,
+            "--admin-key-env",
+            "MY_ADMIN_KEY",
+            "--max-intervals",
+            "2",
+            "--metrics-port",
+            "0",
+            "--log-level",
+            "WARNING",
+        ]
+    )
     assert code == 0
     assert control_server.posts()
     assert control_server.active.state(control_server.now[0]).source == "pushed"
     assert {r.headers.get("Authorization") for r in control_server.readbacks()} == {
-        f"Bearer {default_api_key}" if default_api_key else None}
+        f"Bearer {default_api_key}" if default_api_key else None
+    }
     assert "failed" not in caplog.text
 
 
-def test_live_loop_reads_back_with_the_api_key_from_the_environment(control_server, fast_policy, admin_key, api_key,
-                                                                    monkeypatch, caplog):
+def test_live_loop_reads_back_with_the_api_key_from_the_environment(
+    control_server, fast_policy, admin_key, api_key, monkeypatch, caplog
+):
     control_server.api_key = api_key  # SGLang with --api-key and --admin-api-key
     monkeypatch.setenv("MY_ADMIN_KEY", admin_key)
     monkeypatch.setenv("MY_API_KEY", api_key)
-    code = main(["--policy", str(fast_policy), "--server", control_server.url, "--admin-key-env", "MY_ADMIN_KEY",
-                 "--api-key-env", "MY_API_KEY", "--max-intervals", "2", "--metrics-port", "0", "--log-level", "WARNING"])
+    code = main(
+        [
+            "--policy",
+            str(fast_policy),
+            "--server",
+            control_server.url,
+            "--admin-key-env",
+            "MY_ADMIN_KEY",
+            "--api-key-env",
+            "MY_API_KEY",
+            "--max-intervals",
+            "2",
+            "--metrics-port",
+            "0",
+            "--log-level",
+            "WARNING",
+        ]
+    )
     assert code == 0
     assert {r.headers["Authorization"] for r in control_server.posts()} == {f"Bearer {admin_key}"}
     readbacks = control_server.readbacks()
@@ -67,27 +115,54 @@ def test_live_loop_reads_back_with_the_api_key_from_the_environment(control_serv
     assert "failed" not in caplog.text and "cannot read" not in caplog.text
 
 
-def test_without_the_api_key_the_readback_failure_names_the_flag(control_server, fast_policy, admin_key, api_key,
-                                                                  monkeypatch, caplog):
+def test_without_the_api_key_the_readback_failure_names_the_flag(
+    control_server, fast_policy, admin_key, api_key, monkeypatch, caplog
+):
     control_server.api_key = api_key
     monkeypatch.setenv("JETSPEC_ADMIN_KEY", admin_key)
     monkeypatch.delenv("JETSPEC_API_KEY", raising=False)
-    code = main(["--policy", str(fast_policy), "--server", control_server.url,
-                 "--max-intervals", "2", "--metrics-port", "0", "--log-level", "WARNING"])
+    code = main(
+        [
+            "--policy",
+            str(fast_policy),
+            "--server",
+            control_server.url,
+            "--max-intervals",
+            "2",
+            "--metrics-port",
+            "0",
+            "--log-level",
+            "WARNING",
+        ]
+    )
     assert code == 0
     assert f"resume: cannot read {control_server.url}: GET {control_server.url}/server_info answered 401" in caplog.text
-    assert f"push to {control_server.url} failed (rejected): GET {control_server.url}/server_info answered 401" in caplog.text
+    assert (
+        f"push to {control_server.url} failed (rejected): GET {control_server.url}/server_info answered 401"
+        in caplog.text
+    )
     assert "missing or wrong API key for the readback" in caplog.text and "--api-key-env" in caplog.text
     assert "missing or wrong admin key" not in caplog.text
 
 
-def test_an_api_key_variable_named_but_unset_is_a_usage_error(control_server, fast_policy, admin_key, monkeypatch,
-                                                                capsys):
+def test_an_api_key_variable_named_but_unset_is_a_usage_error(
+    control_server, fast_policy, admin_key, monkeypatch, capsys
+):
     monkeypatch.setenv("JETSPEC_ADMIN_KEY", admin_key)
     monkeypatch.delenv("MY_API_KEY", raising=False)
     with pytest.raises(SystemExit) as exited:
-        main(["--policy", str(fast_policy), "--server", control_server.url, "--api-key-env", "MY_API_KEY",
-              "--metrics-port", "0"])
+        main(
+            [
+                "--policy",
+                str(fast_policy),
+                "--server",
+                control_server.url,
+                "--api-key-env",
+                "MY_API_KEY",
+                "--metrics-port",
+                "0",
+            ]
+        )
     assert exited.value.code == 2
     assert "--api-key-env MY_API_KEY: $MY_API_KEY is not set" in capsys.readouterr().err
     assert control_server.requests == []

@@ -28,8 +28,9 @@ class World:
     every cohort run and report goodput = truth x noise (a shared per-interval factor, as load and
     prompt mix move every budget together, times per-budget jitter)."""
 
-    def __init__(self, policy, truth: dict[str, dict[int, float]], noise: float = 0.0, shared: float = 0.0,
-                 seed: int = 0):
+    def __init__(
+        self, policy, truth: dict[str, dict[int, float]], noise: float = 0.0, shared: float = 0.0, seed: int = 0
+    ):
         self.policy = policy
         self.truth = DEFAULT_TRUTH | truth
         self.clock = Clock()
@@ -148,7 +149,7 @@ def test_probes_are_bounded_and_tables_always_valid(test_policy):
             assert decision.probe.share == test_policy.gate.probe_share
             if decision.budget != 0:
                 i = cohort.budgets.index(decision.budget)
-                assert decision.probe.budget in {0, *cohort.budgets[max(0, i - 1):i + 2]} - {decision.budget}
+                assert decision.probe.budget in {0, *cohort.budgets[max(0, i - 1) : i + 2]} - {decision.budget}
         validate_table(world.decider.table(), test_policy)
 
 

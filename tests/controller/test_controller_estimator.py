@@ -16,8 +16,10 @@ from controller.telemetry import CounterDeltas, PrometheusApiSource, ScrapeSourc
 def worker_page(values: dict[tuple[str, str], tuple[float, float, float]]) -> str:
     """A /metrics page rendered by prometheus_client, as the worker renders it, plus noise."""
     registry = CollectorRegistry()
-    counters = {name: Counter(f"jetspec_{name}", name, ["cohort", "budget"], registry=registry)
-                for name in ("steps", "committed_tokens", "request_seconds")}
+    counters = {
+        name: Counter(f"jetspec_{name}", name, ["cohort", "budget"], registry=registry)
+        for name in ("steps", "committed_tokens", "request_seconds")
+    }
     Gauge("jetspec_policy_generation", "generation", registry=registry).set(3)
     Counter("sglang_prompt_tokens", "unrelated", ["model"], registry=registry).labels("m").inc(99)
     for (cohort, budget), (steps, tokens, seconds) in values.items():
@@ -30,9 +32,11 @@ def worker_page(values: dict[tuple[str, str], tuple[float, float, float]]) -> st
 def test_parse_counters_reads_only_jetspec_counters():
     page = worker_page({("bs1", "16"): (5, 100, 10.0), ("bs2-8", "0"): (2, 8, 4.0)})
     assert parse_counters(page) == {
-        ("steps", ("bs1", 16)): 5.0, ("committed_tokens", ("bs1", 16)): 100.0,
+        ("steps", ("bs1", 16)): 5.0,
+        ("committed_tokens", ("bs1", 16)): 100.0,
         ("request_seconds", ("bs1", 16)): 10.0,
-        ("steps", ("bs2-8", 0)): 2.0, ("committed_tokens", ("bs2-8", 0)): 8.0,
+        ("steps", ("bs2-8", 0)): 2.0,
+        ("committed_tokens", ("bs2-8", 0)): 8.0,
         ("request_seconds", ("bs2-8", 0)): 4.0,
     }
 
@@ -49,14 +53,19 @@ def test_counter_deltas_survive_a_reset():
     # The worker restarted: counters went down, so everything they show is new.
     assert deltas.update(scrape(1, 20, 2)) == {key: Usage(1, 20, 2)}
     # A series that appears later started at zero.
-    later = scrape(2, 30, 3) | {("steps", ("bs1", 64)): 1, ("committed_tokens", ("bs1", 64)): 9,
-                                ("request_seconds", ("bs1", 64)): 0.5}
+    later = scrape(2, 30, 3) | {
+        ("steps", ("bs1", 64)): 1,
+        ("committed_tokens", ("bs1", 64)): 9,
+        ("request_seconds", ("bs1", 64)): 0.5,
+    }
     assert deltas.update(later) == {key: Usage(1, 10, 1), ("bs1", 64): Usage(1, 9, 0.5)}
 
 
 def test_scrape_source_sums_servers_and_skips_failures():
-    pages = {"http://a": [worker_page({("bs1", "16"): (1, 10, 1)}), worker_page({("bs1", "16"): (3, 40, 4)})],
-             "http://b": [worker_page({("bs1", "16"): (2, 20, 2)}), None]}
+    pages = {
+        "http://a": [worker_page({("bs1", "16"): (1, 10, 1)}), worker_page({("bs1", "16"): (3, 40, 4)})],
+        "http://b": [worker_page({("bs1", "16"): (2, 20, 2)}), None],
+    }
 
     def transport(method, url, headers, body, timeout):
         server = url.removesuffix("/metrics")
@@ -74,8 +83,7 @@ def test_scrape_source_sums_servers_and_skips_failures():
 
 def test_prometheus_api_source_queries_increase_over_the_interval():
     seen = []
-    answers = {"jetspec_steps_total": 12, "jetspec_committed_tokens_total": 48,
-               "jetspec_request_seconds_total": 6}
+    answers = {"jetspec_steps_total": 12, "jetspec_committed_tokens_total": 48, "jetspec_request_seconds_total": 6}
 
     def transport(method, url, headers, body, timeout):
         query = urllib.parse.parse_qs(urllib.parse.urlsplit(url).query)["query"][0]
@@ -110,8 +118,9 @@ def test_estimates_from_counters_across_a_reset():
     deltas, est = CounterDeltas(), GoodputEstimator(window_s=300)
     key = ("bs1", 16)
     for t, (tokens, seconds) in enumerate([(100, 10), (160, 16), (20, 2)]):  # last one: reset
-        usage = deltas.update({("steps", key): 1 + t, ("committed_tokens", key): tokens,
-                               ("request_seconds", key): seconds})
+        usage = deltas.update(
+            {("steps", key): 1 + t, ("committed_tokens", key): tokens, ("request_seconds", key): seconds}
+        )
         if usage is not None:
             est.add(10.0 * t, usage)
     e = est.estimates()[key]

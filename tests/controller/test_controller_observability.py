@@ -14,10 +14,17 @@ from controller.observability import Observer, decision_log, make_tracer
 from policies.table import Probe
 
 DECISION = Decision(
-    cohort="bs1", at=120.0, previous=16, budget=64, probe=Probe(budget=16, share=0.05), reason="better_budget",
-    evidence=(BudgetEvidence(0, 10.0, 0.2, 6, None, None),
-              BudgetEvidence(16, 15.0, float("inf"), 1, 1.5, 0.05),
-              BudgetEvidence(64, 20.0, 0.4, 9, 2.0, 0.08)),
+    cohort="bs1",
+    at=120.0,
+    previous=16,
+    budget=64,
+    probe=Probe(budget=16, share=0.05),
+    reason="better_budget",
+    evidence=(
+        BudgetEvidence(0, 10.0, 0.2, 6, None, None),
+        BudgetEvidence(16, 15.0, float("inf"), 1, 1.5, 0.05),
+        BudgetEvidence(64, 20.0, 0.4, 9, 2.0, 0.08),
+    ),
 )
 
 
@@ -44,8 +51,14 @@ def test_decision_sets_metrics_span_and_json_log(caplog):
     (record,) = [json.loads(r.getMessage()) for r in caplog.records if r.name == decision_log.name]
     assert record["cohort"] == "bs1" and record["budget"] == 64 and record["switched"] is True
     assert record["probe"] == {"budget": 16, "share": 0.05}
-    assert record["evidence"][1] == {"budget": 16, "goodput": 15.0, "stderr": None, "samples": 1,
-                                     "gain": 1.5, "gain_stderr": 0.05}
+    assert record["evidence"][1] == {
+        "budget": 16,
+        "goodput": 15.0,
+        "stderr": None,
+        "samples": 1,
+        "gain": 1.5,
+        "gain_stderr": 0.05,
+    }
 
 
 def test_staleness_counts_from_the_last_confirmation():

@@ -39,8 +39,14 @@ def table_with(policy, budget=64, probe=None) -> PolicyTable:
 
 def make_controller(server, policy, clock, dry_run=False):
     observer = Observer(TracerProvider().get_tracer("test"), started_at=clock())
-    controller = Controller(policy, ScrapeSource([server.url], urllib_transport), [make_client(server, policy)],
-                            clock, observer, dry_run=dry_run)
+    controller = Controller(
+        policy,
+        ScrapeSource([server.url], urllib_transport),
+        [make_client(server, policy)],
+        clock,
+        observer,
+        dry_run=dry_run,
+    )
     return controller, observer
 
 
@@ -51,12 +57,23 @@ def test_push_sends_the_admin_key_and_flat_numeric_keys(control_server, test_pol
     (post,) = control_server.posts()
     assert post.path == "/set_internal_state"
     assert post.headers["Authorization"] == f"Bearer {control_server.admin_key}"
-    assert json.loads(post.body) == {"server_args": {  # SGLang's request type admits only numbers
-        "jetspec_policy.ttl_s": 90.0, "jetspec_policy.bs1.budget": 64, "jetspec_policy.bs1.draft_rounds": 0,
-        "jetspec_policy.bs1.tree_width": 0, "jetspec_policy.bs1.drafter": 0, "jetspec_policy.bs1.sampled_children": 0, "jetspec_policy.bs1.probe_budget": 16,
-        "jetspec_policy.bs1.probe_share": 0.05, "jetspec_policy.bs2-8.budget": 4, "jetspec_policy.bs2-8.draft_rounds": 0,
-        "jetspec_policy.bs2-8.tree_width": 0, "jetspec_policy.bs2-8.drafter": 0,
-        "jetspec_policy.bs2-8.sampled_children": 0}}
+    assert json.loads(post.body) == {
+        "server_args": {  # SGLang's request type admits only numbers
+            "jetspec_policy.ttl_s": 90.0,
+            "jetspec_policy.bs1.budget": 64,
+            "jetspec_policy.bs1.draft_rounds": 0,
+            "jetspec_policy.bs1.tree_width": 0,
+            "jetspec_policy.bs1.drafter": 0,
+            "jetspec_policy.bs1.sampled_children": 0,
+            "jetspec_policy.bs1.probe_budget": 16,
+            "jetspec_policy.bs1.probe_share": 0.05,
+            "jetspec_policy.bs2-8.budget": 4,
+            "jetspec_policy.bs2-8.draft_rounds": 0,
+            "jetspec_policy.bs2-8.tree_width": 0,
+            "jetspec_policy.bs2-8.drafter": 0,
+            "jetspec_policy.bs2-8.sampled_children": 0,
+        }
+    }
     assert [r.path for r in control_server.requests] == ["/set_internal_state", "/server_info"]  # push, readback
     readback = make_client(control_server, test_policy).read_state()
     assert readback.table == table and readback.expires_at == control_server.now[0] + 90
@@ -64,13 +81,15 @@ def test_push_sends_the_admin_key_and_flat_numeric_keys(control_server, test_pol
 
 def test_with_an_api_key_the_readback_sends_it_and_the_push_the_admin_key(control_server, test_policy, api_key):
     control_server.api_key = api_key  # SGLang with --api-key and --admin-api-key: each route takes one key
-    client = ServerClient(control_server.url, test_policy, control_server.admin_key, api_key=api_key,
-                          sleep=lambda s: None)
+    client = ServerClient(
+        control_server.url, test_policy, control_server.admin_key, api_key=api_key, sleep=lambda s: None
+    )
     table = table_with(test_policy, budget=4)
     assert client.push(table).table == table
     assert [(r.method, r.path, r.headers["Authorization"]) for r in control_server.requests] == [
         ("POST", "/set_internal_state", f"Bearer {control_server.admin_key}"),
-        ("GET", "/server_info", f"Bearer {api_key}")]
+        ("GET", "/server_info", f"Bearer {api_key}"),
+    ]
     assert client.read_state().table == table
 
 
@@ -80,14 +99,17 @@ def test_readback_without_the_api_key_names_the_api_key_and_its_flag(control_ser
     with pytest.raises(PushRejected) as refused:
         make_client(control_server, test_policy).push(table)
     message = str(refused.value)
-    assert message.startswith(f"GET {control_server.url}/server_info answered 401: Unauthorized -- "
-                              "missing or wrong API key for the readback: ")
+    assert message.startswith(
+        f"GET {control_server.url}/server_info answered 401: Unauthorized -- "
+        "missing or wrong API key for the readback: "
+    )
     assert "(SGLang --api-key)" in message and "(--api-key-env, default $JETSPEC_API_KEY)" in message
     assert "--admin-key-env" not in message and "missing or wrong admin key" not in message
     assert control_server.active.state(control_server.now[0]).table == table  # the push itself landed
     assert len(control_server.readbacks()) == 1  # a 401 is not retried
-    wrong = ServerClient(control_server.url, test_policy, control_server.admin_key, api_key="wrong",
-                         sleep=lambda s: None)
+    wrong = ServerClient(
+        control_server.url, test_policy, control_server.admin_key, api_key="wrong", sleep=lambda s: None
+    )
     with pytest.raises(PushRejected, match=r"answered 401: .* -- missing or wrong API key for the readback"):
         wrong.read_state()
 
@@ -95,8 +117,9 @@ def test_readback_without_the_api_key_names_the_api_key_and_its_flag(control_ser
 @pytest.mark.parametrize("api_key", [None, "an-api-key-the-server-does-not-check"])
 def test_a_server_without_an_api_key_reads_back_with_or_without_one(control_server, test_policy, api_key):
     # The reference server (and SGLang with only --admin-api-key) leaves /server_info open.
-    client = ServerClient(control_server.url, test_policy, control_server.admin_key, api_key=api_key,
-                          sleep=lambda s: None)
+    client = ServerClient(
+        control_server.url, test_policy, control_server.admin_key, api_key=api_key, sleep=lambda s: None
+    )
     table = table_with(test_policy, budget=0)
     assert client.push(table).table == table
     (readback,) = control_server.readbacks()
@@ -122,7 +145,9 @@ def test_push_gives_up_after_the_last_attempt(control_server, test_policy):
 
 
 def test_wrong_admin_key_is_not_retried_and_names_the_fix(control_server, test_policy):
-    with pytest.raises(PushRejected, match=r"answered 401: Unauthorized.* -- missing or wrong admin key: .*--admin-key-env"):
+    with pytest.raises(
+        PushRejected, match=r"answered 401: Unauthorized.* -- missing or wrong admin key: .*--admin-key-env"
+    ):
         make_client(control_server, test_policy, key="wrong").push(table_with(test_policy))
     assert len(control_server.posts()) == 1
     assert control_server.active.state(control_server.now[0]).source == "yaml"
@@ -163,8 +188,10 @@ def test_controller_pushes_renews_and_tracks_staleness(control_server, test_poli
     controller.step()
     assert len(control_server.posts()) == 2  # renewed at half-life
     assert observer.registry.get_sample_value("jetspec_controller_pushes_total", {"server": control_server.url}) == 2
-    assert observer.registry.get_sample_value("jetspec_controller_staleness_seconds",
-                                              {"server": control_server.url}) == 0.0
+    assert (
+        observer.registry.get_sample_value("jetspec_controller_staleness_seconds", {"server": control_server.url})
+        == 0.0
+    )
 
 
 def test_dry_run_never_pushes(control_server, test_policy):
@@ -188,8 +215,10 @@ def test_restart_reads_back_and_resumes_without_pushing(control_server, test_pol
     assert controller.table == running
     controller.step()
     assert control_server.posts() == []
-    assert observer.registry.get_sample_value("jetspec_controller_staleness_seconds",
-                                              {"server": control_server.url}) == 0.0
+    assert (
+        observer.registry.get_sample_value("jetspec_controller_staleness_seconds", {"server": control_server.url})
+        == 0.0
+    )
 
 
 def test_invalid_decision_keeps_the_last_good_table(control_server, test_policy, monkeypatch):
@@ -247,9 +276,15 @@ class SGLangAnswers:
 
 def rank(table: PolicyTable, generation: int = 1) -> dict:
     """One rank's internal state: SGLang's own keys plus what the plugin adds under jetspec_policy."""
-    return {"pp_max_micro_batch_size": 8, "jetspec_policy": {"table": table.model_dump(mode="json"),
-                                                             "source": "pushed", "expires_at": 1090.0,
-                                                             "generation": generation}}
+    return {
+        "pp_max_micro_batch_size": 8,
+        "jetspec_policy": {
+            "table": table.model_dump(mode="json"),
+            "source": "pushed",
+            "expires_at": 1090.0,
+            "generation": generation,
+        },
+    }
 
 
 def sglang_client(policy, transport) -> ServerClient:
@@ -273,15 +308,24 @@ def test_sglang_refusing_a_table_is_rejected_pointing_at_its_log(test_policy, an
     assert transport.calls == [("POST", "set_internal_state")]  # not retried, nothing read back
 
 
-@pytest.mark.parametrize("status, payload, says", [
-    (401, {"error": "Unauthorized"}, "Unauthorized -- missing or wrong admin key"),
-    (403, {"error": "Forbidden"}, "Forbidden -- the server refuses policy pushes: start it with an admin API key"),
-    (400, {"object": "error", "message": "1 validation error", "type": "Bad Request", "code": 400},
-     "1 validation error -- the server could not take the request: compare its policy file"),
-    (422, {"detail": [{"loc": ["body", "server_args"], "msg": "Input should be a valid number"}]},
-     "Input should be a valid number'}] -- the server refused the body's types"),
-    (404, {"detail": "Not Found"}, "Not Found -- no such endpoint: is this the URL of a JetSpec server"),
-])
+@pytest.mark.parametrize(
+    "status, payload, says",
+    [
+        (401, {"error": "Unauthorized"}, "Unauthorized -- missing or wrong admin key"),
+        (403, {"error": "Forbidden"}, "Forbidden -- the server refuses policy pushes: start it with an admin API key"),
+        (
+            400,
+            {"object": "error", "message": "1 validation error", "type": "Bad Request", "code": 400},
+            "1 validation error -- the server could not take the request: compare its policy file",
+        ),
+        (
+            422,
+            {"detail": [{"loc": ["body", "server_args"], "msg": "Input should be a valid number"}]},
+            "Input should be a valid number'}] -- the server refused the body's types",
+        ),
+        (404, {"detail": "Not Found"}, "Not Found -- no such endpoint: is this the URL of a JetSpec server"),
+    ],
+)
 def test_refusals_name_the_fix(test_policy, status, payload, says):
     transport = SGLangAnswers((status, payload))
     with pytest.raises(PushRejected) as refused:
@@ -292,12 +336,17 @@ def test_refusals_name_the_fix(test_policy, status, payload, says):
 
 def test_ranks_running_different_tables_are_not_a_state(test_policy):
     transport = SGLangAnswers(ranks=[rank(table_with(test_policy, budget=64)), rank(table_with(test_policy, budget=4))])
-    with pytest.raises(ServerUnavailable, match=r"ranks of http://sglang:30000 run different tables: "
-                                                r"\[\{'bs1': 64, 'bs2-8': 4\}, \{'bs1': 4, 'bs2-8': 4\}\]"):
+    with pytest.raises(
+        ServerUnavailable,
+        match=r"ranks of http://sglang:30000 run different tables: "
+        r"\[\{'bs1': 64, 'bs2-8': 4\}, \{'bs1': 4, 'bs2-8': 4\}\]",
+    ):
         sglang_client(test_policy, transport).read_state()
 
 
 @pytest.mark.parametrize("ranks", [[], [{"pp_max_micro_batch_size": 8}], [{"jetspec_policy": {"table": None}}]])
 def test_a_server_without_the_plugin_has_no_state(test_policy, ranks):
-    with pytest.raises(ServerUnavailable, match=r"(?s)has no valid internal_states\[i\].jetspec_policy .* JetSpec server"):
+    with pytest.raises(
+        ServerUnavailable, match=r"(?s)has no valid internal_states\[i\].jetspec_policy .* JetSpec server"
+    ):
         sglang_client(test_policy, SGLangAnswers(ranks=ranks)).read_state()

@@ -22,16 +22,18 @@ TIMEOUT_S = 300.0
 
 
 def post_json(url: str, payload: dict, headers: dict | None = None) -> tuple[int, dict]:
-    status, raw = urllib_transport("POST", url, {"Content-Type": "application/json", **(headers or {})},
-                                   json.dumps(payload).encode(), TIMEOUT_S)
+    status, raw = urllib_transport(
+        "POST", url, {"Content-Type": "application/json", **(headers or {})}, json.dumps(payload).encode(), TIMEOUT_S
+    )
     return status, json.loads(raw)
 
 
 def push_budget(url: str, bs1: int) -> None:
     """Push a table running cohort bs1 at budget `bs1` (bs2-4 off), in SGLang's flat-key form."""
     table = {"jetspec_policy.ttl_s": 600, "jetspec_policy.bs1.budget": bs1, "jetspec_policy.bs2-4.budget": 0}
-    status, reply = post_json(f"{url}/set_internal_state", {"server_args": table},
-                              {"Authorization": f"Bearer {ADMIN_KEY}"})
+    status, reply = post_json(
+        f"{url}/set_internal_state", {"server_args": table}, {"Authorization": f"Bearer {ADMIN_KEY}"}
+    )
     assert status == 200, reply
 
 
@@ -53,8 +55,9 @@ def promql_metric_names(expr: str) -> set[str]:
 
     def walk(node) -> None:
         if isinstance(node, promql_parser.VectorSelector):
-            names.update([node.name] if node.name else
-                         [m.value for m in node.matchers.matchers if m.name == "__name__"])
+            names.update(
+                [node.name] if node.name else [m.value for m in node.matchers.matchers if m.name == "__name__"]
+            )
         elif isinstance(node, promql_parser.MatrixSelector):
             walk(node.vector_selector)
         elif isinstance(node, promql_parser.Call):

@@ -44,17 +44,25 @@ def test_template_variable_queries_name_existing_metrics():
 
 def test_the_dashboard_shows_acceptance_gain_budget_gate_and_shadow():
     used = set().union(*(promql_metric_names(e) for _, e in QUERIES))
-    assert {"cohort_budget:jetspec_accept_length:mean5m", "jetspec_accept_length_bucket",  # accept length
-            "cohort:jetspec_goodput_gain:ratio5m", "jetspec_controller_estimated_gain",   # goodput gain
-            "jetspec_policy_budget", "jetspec_controller_budget",                          # budget, gate
-            "jetspec_shadow_p_value", "jetspec_shadow_alarm"} <= used
+    assert {
+        "cohort_budget:jetspec_accept_length:mean5m",
+        "jetspec_accept_length_bucket",  # accept length
+        "cohort:jetspec_goodput_gain:ratio5m",
+        "jetspec_controller_estimated_gain",  # goodput gain
+        "jetspec_policy_budget",
+        "jetspec_controller_budget",  # budget, gate
+        "jetspec_shadow_p_value",
+        "jetspec_shadow_alarm",
+    } <= used
     titles = {p["title"] for p in panels()}
     assert "Gate state (speculation on/off per cohort)" in titles and "Shadow p-values (latest window)" in titles
 
 
 def test_the_name_extraction_sees_through_functions_aggregations_and_subqueries():
-    expr = ('histogram_quantile(0.9, sum by (le) (rate(a_bucket{cohort=~"$cohort"}[$__rate_interval])))'
-            ' / on (cohort) group_left max_over_time(b[1h:5m]) - -c offset 1h + {__name__="d"}')
+    expr = (
+        'histogram_quantile(0.9, sum by (le) (rate(a_bucket{cohort=~"$cohort"}[$__rate_interval])))'
+        ' / on (cohort) group_left max_over_time(b[1h:5m]) - -c offset 1h + {__name__="d"}'
+    )
     assert promql_metric_names(expr) == {"a_bucket", "b", "c", "d"}
     with pytest.raises(ValueError):
         promql_metric_names("sum(rate(x[5m])")

@@ -14,8 +14,11 @@ import re
 import pytest
 from ops_support import OPS, PROMETHEUS_SERIES, code_series
 
-TEXT_FILES = sorted(p for p in OPS.rglob("*") if p.is_file() and (p.suffix in {".md", ".yml", ".yaml", ".json"}
-                                                                   or p.name == "Dockerfile"))
+TEXT_FILES = sorted(
+    p
+    for p in OPS.rglob("*")
+    if p.is_file() and (p.suffix in {".md", ".yml", ".yaml", ".json"} or p.name == "Dockerfile")
+)
 # jetspec_ identifiers that are not metrics: the /set_internal_state payload key.
 NOT_METRICS = {"jetspec_policy"}
 # Program prefixes a command may start with -> parser factory name.
@@ -29,20 +32,26 @@ PROGRAMS = {
     "jetspec": "jetspec",
 }
 # Not preceded by a word, path or `-n ` (kubectl's namespace "jetspec" is no command).
-COMMAND = re.compile(r"(?<![\w./$-])(?<!-n )(" + "|".join(re.escape(p) for p in sorted(PROGRAMS, key=len, reverse=True))
-                     + r")(?![\w.-])((?:[ \t]+[^\s`\"'|;)]+)*)")
+COMMAND = re.compile(
+    r"(?<![\w./$-])(?<!-n )("
+    + "|".join(re.escape(p) for p in sorted(PROGRAMS, key=len, reverse=True))
+    + r")(?![\w.-])((?:[ \t]+[^\s`\"'|;)]+)*)"
+)
 
 
 @functools.cache
 def parser(program: str) -> argparse.ArgumentParser:
     if program == "jetspec":
         from sglang_jetspec.cli.main import build_parser
+
         return build_parser()
     if program == "controller":
         from controller.cli import build_parser
+
         return build_parser()
     if program == "catalogue":
         from ops.catalogue import build_parser
+
         return build_parser()
     server_args = pytest.importorskip("sglang.srt.server_args", reason="SGLang not installed")
     p = argparse.ArgumentParser()
@@ -83,8 +92,7 @@ def test_the_ops_files_mention_commands_of_every_program():
     assert {PROGRAMS[program] for _, program, _ in MENTIONS} == {"jetspec", "controller", "catalogue", "sglang"}
 
 
-@pytest.mark.parametrize(("where", "program", "rest"), MENTIONS,
-                         ids=[f"{w}:{p}{r[:40]}" for w, p, r in MENTIONS])
+@pytest.mark.parametrize(("where", "program", "rest"), MENTIONS, ids=[f"{w}:{p}{r[:40]}" for w, p, r in MENTIONS])
 def test_every_command_and_flag_mentioned_exists(where, program, rest):
     current = parser(PROGRAMS[program])
     words = [w.strip("[],.:") for w in rest.split()]
@@ -102,8 +110,13 @@ def test_every_command_and_flag_mentioned_exists(where, program, rest):
 
 
 def test_every_backticked_flag_in_the_runbook_exists_somewhere():
-    known = set().union(*(options(p) for program in ("jetspec", "controller", "catalogue", "sglang")
-                          for p in all_parsers(parser(program))))
+    known = set().union(
+        *(
+            options(p)
+            for program in ("jetspec", "controller", "catalogue", "sglang")
+            for p in all_parsers(parser(program))
+        )
+    )
     for path in TEXT_FILES:
         if path.suffix == ".md":
             for flag in re.findall(r"`(--[a-z][a-z0-9-]*)", path.read_text()):
@@ -125,6 +138,8 @@ def test_every_metric_name_mentioned_exists(path):
 
 def test_the_drift_checks_catch_a_typo():
     assert metric_like_names("see `jetspec_comitted_tokens_total`") - code_series() == {"jetspec_comitted_tokens_total"}
-    ((_, program, rest),) = [(None, m.group(1), m.group(2)) for m in COMMAND.finditer("`jetspec serve --enable-tracing`")]
+    ((_, program, rest),) = [
+        (None, m.group(1), m.group(2)) for m in COMMAND.finditer("`jetspec serve --enable-tracing`")
+    ]
     with pytest.raises(AssertionError, match="has no option --enable-tracing"):
         test_every_command_and_flag_mentioned_exists("x", program, rest)

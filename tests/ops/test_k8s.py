@@ -48,10 +48,14 @@ def test_the_kustomization_lists_every_manifest():
 def test_services_select_pods_and_name_their_container_ports():
     for service in kind("Service"):
         selector = service["spec"]["selector"]
-        (workload,) = [w for w in workloads() if w["spec"]["template"]["metadata"]["labels"].items() >= selector.items()]
+        (workload,) = [
+            w for w in workloads() if w["spec"]["template"]["metadata"]["labels"].items() >= selector.items()
+        ]
         port_names = {p["name"] for c in workload["spec"]["template"]["spec"]["containers"] for p in c["ports"]}
         for port in service["spec"]["ports"]:
-            assert port["targetPort"] in port_names, f"{service['metadata']['name']}: no container port {port['targetPort']}"
+            assert port["targetPort"] in port_names, (
+                f"{service['metadata']['name']}: no container port {port['targetPort']}"
+            )
 
 
 def test_service_monitors_scrape_existing_service_ports_and_the_jobs_the_alerts_use():

@@ -17,7 +17,8 @@ ALERTS = {r["alert"]: r for g in RULES["groups"] for r in g["rules"] if "alert" 
 UNIT_TESTS = sorted((OPS / "prometheus" / "tests").glob("*.test.yml"))
 PROMTOOL = shutil.which("promtool")
 needs_promtool = pytest.mark.skipif(
-    PROMTOOL is None, reason="promtool not found -- install Debian's 'prometheus' package (.ci/run does)")
+    PROMTOOL is None, reason="promtool not found -- install Debian's 'prometheus' package (.ci/run does)"
+)
 
 
 def promtool(*args: str) -> subprocess.CompletedProcess:
@@ -39,8 +40,12 @@ def test_promtool_unit_tests_pass():
 
 
 def alert_tests() -> list[tuple[str, list]]:
-    return [(case["alertname"], case["exp_alerts"]) for path in UNIT_TESTS
-            for test in yaml.safe_load(path.read_text())["tests"] for case in test.get("alert_rule_test", [])]
+    return [
+        (case["alertname"], case["exp_alerts"])
+        for path in UNIT_TESTS
+        for test in yaml.safe_load(path.read_text())["tests"]
+        for case in test.get("alert_rule_test", [])
+    ]
 
 
 @pytest.mark.parametrize("alert", sorted(ALERTS))
@@ -61,8 +66,9 @@ def test_every_alert_links_an_existing_runbook_entry(alert):
     path, _, anchor = annotations["runbook_url"].partition("#")
     runbook = REPO / path
     assert runbook.is_file(), f"{alert}: runbook_url points at {path}, which does not exist"
-    assert anchor == alert.lower() and anchor in github_anchors(runbook.read_text()), \
+    assert anchor == alert.lower() and anchor in github_anchors(runbook.read_text()), (
         f"{alert}: {runbook.name} has no heading '{alert}' (anchor #{anchor})"
+    )
 
 
 @pytest.mark.parametrize("rule", [r.get("alert") or r["record"] for g in RULES["groups"] for r in g["rules"]])
@@ -73,7 +79,11 @@ def test_rules_use_only_metrics_the_code_exposes(rule):
 
 
 def test_the_kubernetes_prometheusrule_carries_exactly_these_rules():
-    (rule,) = [d for d in yaml.safe_load_all((OPS / "k8s" / "prometheusrule.yaml").read_text())
-               if d["kind"] == "PrometheusRule"]
-    assert rule["spec"]["groups"] == RULES["groups"], \
+    (rule,) = [
+        d
+        for d in yaml.safe_load_all((OPS / "k8s" / "prometheusrule.yaml").read_text())
+        if d["kind"] == "PrometheusRule"
+    ]
+    assert rule["spec"]["groups"] == RULES["groups"], (
         "ops/k8s/prometheusrule.yaml differs from ops/prometheus/jetspec.rules.yml -- copy the groups over"
+    )

@@ -20,8 +20,8 @@ from ops_support import ADMIN_KEY, POLICY_YAML, REPO, post_json, push_budget
 
 from controller.decider import Decision
 from controller.observability import Observer, make_tracer
-from sglang_jetspec.serving.server import JetspecServer
 from sglang_jetspec.observability.tracing import WORKER_TRACER, build_provider, exporters_from_env
+from sglang_jetspec.serving.server import JetspecServer
 
 PHASES = {"jetspec.draft", "jetspec.tree", "jetspec.verify", "jetspec.accept", "jetspec.commit"}
 
@@ -41,8 +41,9 @@ class Received:
         out = []
         for request in self.requests:
             for resource_spans in request.resource_spans:
-                service = next(a.value.string_value for a in resource_spans.resource.attributes
-                               if a.key == "service.name")
+                service = next(
+                    a.value.string_value for a in resource_spans.resource.attributes if a.key == "service.name"
+                )
                 out += [(service, span) for scope in resource_spans.scope_spans for span in scope.spans]
         return out
 
@@ -103,8 +104,10 @@ def test_reference_server_spans_reach_an_otlp_http_receiver(monkeypatch, http_re
     provider = build_provider("jetspec-worker", exporters_from_env(endpoint))
     with JetspecServer(engine, policy, ADMIN_KEY, tracer=provider.get_tracer(WORKER_TRACER)) as server:
         push_budget(server.url, 4)
-        status, reply = post_json(f"{server.url}/generate", {"text": "import os\n", "sampling_params": {
-            "max_new_tokens": 3, "temperature": 0, "ignore_eos": True}})
+        status, reply = post_json(
+            f"{server.url}/generate",
+            {"text": "import os\n", "sampling_params": {"max_new_tokens": 3, "temperature": 0, "ignore_eos": True}},
+        )
         assert status == 200
     assert provider.force_flush(30_000)
     provider.shutdown()
@@ -126,17 +129,39 @@ def test_jetspec_serve_enable_trace_exports_over_otlp_grpc(tmp_path, grpc_receiv
     endpoint, received = grpc_receiver
     policy = tmp_path / "policy.yaml"
     policy.write_text(POLICY_YAML)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "OTEL_SERVICE_NAME": "jetspec-serve-test",
-           "OTEL_BSP_SCHEDULE_DELAY": "100"}
-    command = [sys.executable, "-m", "sglang_jetspec.cli", "serve", "--target", str(smollm2_dir),
-               "--head", "untrained", "--policy", str(policy), "--port", "0", "--device", "cpu",
-               "--enable-trace", "--otlp-traces-endpoint", endpoint]
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "OTEL_SERVICE_NAME": "jetspec-serve-test",
+        "OTEL_BSP_SCHEDULE_DELAY": "100",
+    }
+    command = [
+        sys.executable,
+        "-m",
+        "sglang_jetspec.cli",
+        "serve",
+        "--target",
+        str(smollm2_dir),
+        "--head",
+        "untrained",
+        "--policy",
+        str(policy),
+        "--port",
+        "0",
+        "--device",
+        "cpu",
+        "--enable-trace",
+        "--otlp-traces-endpoint",
+        endpoint,
+    ]
     process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         url = process.stdout.readline().strip()
         assert url.startswith("http://"), process.stderr.read()
-        status, reply = post_json(f"{url}/generate", {"text": "x = ", "sampling_params": {
-            "max_new_tokens": 3, "temperature": 0, "ignore_eos": True}})
+        status, reply = post_json(
+            f"{url}/generate",
+            {"text": "x = ", "sampling_params": {"max_new_tokens": 3, "temperature": 0, "ignore_eos": True}},
+        )
         assert status == 200
     finally:
         process.send_signal(signal.SIGTERM)
@@ -154,8 +179,9 @@ def test_controller_decision_spans_reach_an_otlp_grpc_receiver(monkeypatch, grpc
     endpoint, received = grpc_receiver
     monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")  # export within 50 ms instead of 5 s
     observer = Observer(make_tracer(otlp_endpoint=endpoint))
-    observer.record_decision(Decision(cohort="bs1", at=1.0, previous=16, budget=0, probe=None,
-                                      reason="gate_off", evidence=()))
+    observer.record_decision(
+        Decision(cohort="bs1", at=1.0, previous=16, budget=0, probe=None, reason="gate_off", evidence=())
+    )
     assert received.arrived.wait(30)
     ((service, span),) = received.spans()
     assert (service, span.name) == ("jetspec-controller", "jetspec.controller.decision")

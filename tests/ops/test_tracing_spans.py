@@ -13,8 +13,14 @@ from opentelemetry.trace import SpanKind, StatusCode
 from ops_support import ADMIN_KEY, post_json, push_budget
 
 from sglang_jetspec.core.step_record import StepRecord
+from sglang_jetspec.observability.tracing import (
+    WORKER_TRACER,
+    TracingConfigError,
+    build_provider,
+    exporters_from_env,
+    record_step_phases,
+)
 from sglang_jetspec.serving.server import JetspecServer
-from sglang_jetspec.observability.tracing import WORKER_TRACER, TracingConfigError, build_provider, exporters_from_env, record_step_phases
 
 MODEL = "smollm2-135m-instruct"
 TRACE_ID = 0x0AF7651916CD43DD8448EB211C80319C
@@ -32,8 +38,14 @@ def traced(engine, policy):
 
 def generate(url: str, max_new_tokens: int, traceparent: str | None = None) -> dict:
     headers = {"traceparent": traceparent} if traceparent else {}
-    status, reply = post_json(f"{url}/generate", {"text": "def fibonacci(n):", "sampling_params": {
-        "max_new_tokens": max_new_tokens, "temperature": 0, "ignore_eos": True}}, headers)
+    status, reply = post_json(
+        f"{url}/generate",
+        {
+            "text": "def fibonacci(n):",
+            "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0, "ignore_eos": True},
+        },
+        headers,
+    )
     assert status == 200, reply
     return reply
 
@@ -42,11 +54,18 @@ def spans_of_request(exporter: InMemorySpanExporter, request_id: str):
     """The request span with that response id, the step spans linked to it, and their children."""
     spans = exporter.get_finished_spans()
     (request,) = [s for s in spans if s.attributes.get("gen_ai.response.id") == request_id]
-    steps = [s for s in spans if s.name == "jetspec.step"
-             and any(link.context.span_id == request.context.span_id for link in s.links)]
-    children = {step.context.span_id: sorted((s for s in spans if s.parent is not None
-                                              and s.parent.span_id == step.context.span_id),
-                                             key=lambda s: s.start_time) for step in steps}
+    steps = [
+        s
+        for s in spans
+        if s.name == "jetspec.step" and any(link.context.span_id == request.context.span_id for link in s.links)
+    ]
+    children = {
+        step.context.span_id: sorted(
+            (s for s in spans if s.parent is not None and s.parent.span_id == step.context.span_id),
+            key=lambda s: s.start_time,
+        )
+        for step in steps
+    }
     return request, steps, children
 
 
@@ -114,8 +133,18 @@ def test_a_bad_request_span_carries_the_error_type(traced):
     assert span.status.status_code == StatusCode.ERROR
 
 
-RECORD = StepRecord(batch_size=2, budget=4, committed_tokens=5, accept_lengths=[3, 2], draft_s=0.01,
-                    tree_s=0.002, verify_s=0.05, accept_s=0.004, wall_s=0.07, commit_s=0.001)
+RECORD = StepRecord(
+    batch_size=2,
+    budget=4,
+    committed_tokens=5,
+    accept_lengths=[3, 2],
+    draft_s=0.01,
+    tree_s=0.002,
+    verify_s=0.05,
+    accept_s=0.004,
+    wall_s=0.07,
+    commit_s=0.001,
+)
 
 
 def record_one_step(provider) -> None:
@@ -130,9 +159,12 @@ def test_phase_spans_are_laid_out_from_the_step_record():
     *phases, step = exporter.get_finished_spans()
     start, end = step.start_time, step.start_time + 70_000_000
     assert [(p.name, p.start_time - start, p.end_time - start) for p in phases] == [
-        ("jetspec.draft", 0, 10_000_000), ("jetspec.tree", 10_000_000, 12_000_000),
-        ("jetspec.verify", 16_000_000, 66_000_000), ("jetspec.accept", 66_000_000, 69_000_000),
-        ("jetspec.commit", 69_000_000, 70_000_000)]
+        ("jetspec.draft", 0, 10_000_000),
+        ("jetspec.tree", 10_000_000, 12_000_000),
+        ("jetspec.verify", 16_000_000, 66_000_000),
+        ("jetspec.accept", 66_000_000, 69_000_000),
+        ("jetspec.commit", 69_000_000, 70_000_000),
+    ]
     assert phases[-1].end_time == end
 
 
@@ -154,21 +186,28 @@ def test_the_sampler_and_service_name_come_from_the_environment(monkeypatch):
     assert provider.resource.attributes["service.name"] == "jetspec-worker"
 
 
-@pytest.mark.parametrize(("env", "kinds"), [
-    ({}, [GrpcExporter]),
-    ({"OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"}, [HttpExporter]),
-    ({"OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc"}, [GrpcExporter]),
-    ({"OTEL_TRACES_EXPORTER": "console,otlp"}, [GrpcExporter, ConsoleSpanExporter]),
-    ({"OTEL_TRACES_EXPORTER": "none"}, []),
-])
+@pytest.mark.parametrize(
+    ("env", "kinds"),
+    [
+        ({}, [GrpcExporter]),
+        ({"OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"}, [HttpExporter]),
+        (
+            {"OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc"},
+            [GrpcExporter],
+        ),
+        ({"OTEL_TRACES_EXPORTER": "console,otlp"}, [GrpcExporter, ConsoleSpanExporter]),
+        ({"OTEL_TRACES_EXPORTER": "none"}, []),
+    ],
+)
 def test_exporters_follow_otel_traces_exporter_and_protocol(monkeypatch, env, kinds):
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     assert [type(e) for e in exporters_from_env()] == kinds
 
 
-@pytest.mark.parametrize(("name", "value"), [("OTEL_TRACES_EXPORTER", "zipkin"),
-                                             ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/json")])
+@pytest.mark.parametrize(
+    ("name", "value"), [("OTEL_TRACES_EXPORTER", "zipkin"), ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/json")]
+)
 def test_unusable_otel_settings_are_refused_naming_the_variable(monkeypatch, name, value):
     monkeypatch.setenv(name, value)
     with pytest.raises(TracingConfigError, match=f"{name}={value}"):

@@ -20,7 +20,12 @@ def valid_tables(policy: Policy, head: HeadCapacity, ttl_s=st.floats(min_value=0
             prefix = f"jetspec_policy.{cohort.name}."
             budget = draw(st.sampled_from(cohort.budgets))
             flat[prefix + "budget"] = budget
-            for field, top in (("drafter", 1), ("tree_sizing", 1), ("sampled_children", 1), ("tree_width", head.tree_width)):
+            for field, top in (
+                ("drafter", 1),
+                ("tree_sizing", 1),
+                ("sampled_children", 1),
+                ("tree_width", head.tree_width),
+            ):
                 if draw(st.booleans()):
                     flat[prefix + field] = draw(st.integers(0, top))
             others = [b for b in cohort.budgets if b != budget]
@@ -32,8 +37,9 @@ def valid_tables(policy: Policy, head: HeadCapacity, ttl_s=st.floats(min_value=0
     return tables()
 
 
-def broken_tables(policy: Policy, head: HeadCapacity, json_types: bool = True,
-                  ttl_s=st.floats(min_value=0.001, max_value=MAX_TTL_S)):
+def broken_tables(
+    policy: Policy, head: HeadCapacity, json_types: bool = True, ttl_s=st.floats(min_value=0.001, max_value=MAX_TTL_S)
+):
     """A valid table with one value out of its field's range, or of a type the field never takes (with
     `json_types`: also null, booleans, strings, arrays -- SGLang's own request type converts or refuses
     those before a plugin sees them), or an unknown key added."""
@@ -45,14 +51,17 @@ def broken_tables(policy: Policy, head: HeadCapacity, json_types: bool = True,
         key = draw(st.sampled_from(sorted(flat)))
         field = key.rpartition(".")[2]
         real = field in ("ttl_s", "probe_share")
-        out_of_range = {"ttl_s": st.sampled_from([0.0, -1.0, MAX_TTL_S * 2, 1e308]),
-                        "probe_share": st.sampled_from([0.0, -0.1, 0.9]),
-                        "budget": st.integers(1, 10**6).filter(lambda b: all(b not in c.budgets for c in policy.cohorts)),
-                        "probe_budget": st.integers(1, 10**6).filter(lambda b: all(b not in c.budgets for c in policy.cohorts)),
-                        "tree_width": st.integers(widest + 1, 10**6),
-                        "draft_rounds": st.integers(policy.head.max_draft_rounds + 1, 10**6),
-                        "drafter": st.integers(2, 10**6), "tree_sizing": st.integers(2, 10**6),
-                        "sampled_children": st.integers(2, 10**6)}[field]
+        out_of_range = {
+            "ttl_s": st.sampled_from([0.0, -1.0, MAX_TTL_S * 2, 1e308]),
+            "probe_share": st.sampled_from([0.0, -0.1, 0.9]),
+            "budget": st.integers(1, 10**6).filter(lambda b: all(b not in c.budgets for c in policy.cohorts)),
+            "probe_budget": st.integers(1, 10**6).filter(lambda b: all(b not in c.budgets for c in policy.cohorts)),
+            "tree_width": st.integers(widest + 1, 10**6),
+            "draft_rounds": st.integers(policy.head.max_draft_rounds + 1, 10**6),
+            "drafter": st.integers(2, 10**6),
+            "tree_sizing": st.integers(2, 10**6),
+            "sampled_children": st.integers(2, 10**6),
+        }[field]
         wrong = [out_of_range, st.just(-1 if not real else float("nan"))]
         if not real:
             wrong.append(st.sampled_from([0.5, 1.5, 4.25]))  # a fraction where an integer belongs

@@ -90,10 +90,15 @@ def test_gap_between_cohorts():
 
 
 def test_cohorts_must_start_at_batch_one():
-    problems = problems_of(GOOD.replace("min_batch: 1\n    max_batch: 1", "min_batch: 2\n    max_batch: 2")
-                           .replace("min_batch: 2\n    max_batch: 8", "min_batch: 3\n    max_batch: 8"))
-    assert problems == ["p.yaml:3: cohorts[0] 'bs1' starts at batch 2, leaving batch sizes 1..1 in no cohort "
-                        "(gap) -- start it at 1 or add a cohort for the gap"]
+    problems = problems_of(
+        GOOD.replace("min_batch: 1\n    max_batch: 1", "min_batch: 2\n    max_batch: 2").replace(
+            "min_batch: 2\n    max_batch: 8", "min_batch: 3\n    max_batch: 8"
+        )
+    )
+    assert problems == [
+        "p.yaml:3: cohorts[0] 'bs1' starts at batch 2, leaving batch sizes 1..1 in no cohort "
+        "(gap) -- start it at 1 or add a cohort for the gap"
+    ]
 
 
 def test_unknown_key_suggests_the_right_one():
@@ -111,8 +116,10 @@ def test_wrong_types_are_reported_per_field():
 
 def test_budget_above_max_budget():
     (problem,) = problems_of(GOOD.replace("[0, 4, 16, 64]", "[0, 4, 16, 512]"))
-    assert problem == ("p.yaml:5: cohorts[0] 'bs1' budget 512 is above head.max_budget 256 -- "
-                       "lower it to at most 256 or raise head.max_budget")
+    assert problem == (
+        "p.yaml:5: cohorts[0] 'bs1' budget 512 is above head.max_budget 256 -- "
+        "lower it to at most 256 or raise head.max_budget"
+    )
 
 
 def test_negative_budget_is_out_of_range():
@@ -220,8 +227,13 @@ def test_subcommands_plug_into_a_parent_parser(tmp_path):
 
 
 def test_python_dash_m_policies_check():
-    done = subprocess.run([sys.executable, "-m", "policies", "check", str(POLICIES_DIR / "default.yaml")],
-                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "policies", "check", str(POLICIES_DIR / "default.yaml")],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().endswith("default.yaml: ok")
 
@@ -231,8 +243,10 @@ ROUNDS = GOOD.replace("    default: 16\n", "    default: 16\n    draft_rounds: 2
 
 def test_cohort_draft_rounds_above_the_limit_point_at_their_line():
     (problem,) = problems_of(ROUNDS)
-    assert problem == ("p.yaml:7: cohorts[0] 'bs1' draft_rounds 2 is above head.max_draft_rounds 1 -- "
-                       "lower it to at most 1 or raise head.max_draft_rounds")
+    assert problem == (
+        "p.yaml:7: cohorts[0] 'bs1' draft_rounds 2 is above head.max_draft_rounds 1 -- "
+        "lower it to at most 1 or raise head.max_draft_rounds"
+    )
 
 
 def test_draft_rounds_need_a_head_trained_with_revealed_tokens(tmp_path):
@@ -240,7 +254,9 @@ def test_draft_rounds_need_a_head_trained_with_revealed_tokens(tmp_path):
     marginal = read_head_capacity(_head(tmp_path / "m", {"block_size": 8}))
     (problem,) = problems_of(text, head=marginal)
     assert problem.startswith("p.yaml:14: head.max_draft_rounds is 1 but head ") and "--reveal prefix" in problem
-    reveal = read_head_capacity(_head(tmp_path / "r", {"dflash_config": {"block_size": 8, "draft_reveal": {"scheme": "prefix"}}}))
+    reveal = read_head_capacity(
+        _head(tmp_path / "r", {"dflash_config": {"block_size": 8, "draft_reveal": {"scheme": "prefix"}}})
+    )
     assert reveal.reads_tree_tokens and parse_policy_text(text, head=reveal).cohorts[0].draft_rounds == 1
 
 
@@ -253,7 +269,9 @@ def test_a_narrower_cohort_tree_width_lowers_what_budgets_the_head_can_use(tmp_p
 
 
 def test_cohort_drafter_and_lookup_calibration(tmp_path):
-    policy = parse_policy_text(GOOD.replace("    default: 4\n", "    default: 4\n    drafter: hybrid\n") + "lookup: {accept: 0.7}\n")
+    policy = parse_policy_text(
+        GOOD.replace("    default: 4\n", "    default: 4\n    drafter: hybrid\n") + "lookup: {accept: 0.7}\n"
+    )
     assert [c.drafter for c in policy.cohorts] == ["head", "hybrid"]  # head unless a cohort says otherwise
     assert (policy.lookup.accept, policy.lookup.min_ngram, policy.lookup.max_ngram) == (0.7, 1, 4)
     (problem,) = problems_of(GOOD.replace("    default: 4\n", "    default: 4\n    drafter: lookahead\n"))

@@ -6,8 +6,13 @@ import json
 
 import pytest
 
-from policies.control_api import (handle_server_info, handle_set_internal_state, policy_readback,
-                                  table_from_flat_args, table_to_flat_args)
+from policies.control_api import (
+    handle_server_info,
+    handle_set_internal_state,
+    policy_readback,
+    table_from_flat_args,
+    table_to_flat_args,
+)
 from policies.loader import parse_policy_text
 from policies.problems import PolicyError
 from policies.runtime import ActivePolicy
@@ -44,16 +49,19 @@ def test_default_table_round_trips():
     assert validate_table(json.loads(parsed.model_dump_json()), POLICY) == parsed
 
 
-@pytest.mark.parametrize("changes, expected", [
-    ({"budget": 32}, "cohorts[0].budget 32 is not a candidate of 'bs1' -- use one of [0, 4, 16, 64]"),
-    ({"budget": "16"}, "cohorts[0].budget must be a whole number, got '16'"),
-    ({"budget": -4}, "cohorts[0].budget = -4 is out of range -- use a value >= 0"),
-    ({"colour": "red"}, "unknown key 'colour' in cohorts[0]"),
-    ({"probe": {"budget": 64, "share": 0.7}}, "cohorts[0].probe.share = 0.7 is out of range -- use a value <= 0.5"),
-    ({"probe": {"budget": 64, "share": 0.5}}, "cohorts[0].probe.share 0.5 exceeds gate.probe_share 0.05"),
-    ({"probe": {"budget": 16, "share": 0.05}}, "cohorts[0].probe.budget 16 is not another candidate of 'bs1'"),
-    ({"max_batch": 2}, "cohorts[0] is 'bs1' 1..2 but the server policy has 'bs1' 1..1"),
-])
+@pytest.mark.parametrize(
+    "changes, expected",
+    [
+        ({"budget": 32}, "cohorts[0].budget 32 is not a candidate of 'bs1' -- use one of [0, 4, 16, 64]"),
+        ({"budget": "16"}, "cohorts[0].budget must be a whole number, got '16'"),
+        ({"budget": -4}, "cohorts[0].budget = -4 is out of range -- use a value >= 0"),
+        ({"colour": "red"}, "unknown key 'colour' in cohorts[0]"),
+        ({"probe": {"budget": 64, "share": 0.7}}, "cohorts[0].probe.share = 0.7 is out of range -- use a value <= 0.5"),
+        ({"probe": {"budget": 64, "share": 0.5}}, "cohorts[0].probe.share 0.5 exceeds gate.probe_share 0.05"),
+        ({"probe": {"budget": 16, "share": 0.05}}, "cohorts[0].probe.budget 16 is not another candidate of 'bs1'"),
+        ({"max_batch": 2}, "cohorts[0] is 'bs1' 1..2 but the server policy has 'bs1' 1..1"),
+    ],
+)
 def test_bad_pushes_are_rejected_naming_the_field(changes, expected):
     problems = rejected(table(**changes))
     assert any(expected in p for p in problems), problems
@@ -117,13 +125,21 @@ def flat(**changes) -> dict:
 
 def test_flat_keys_are_numbers_and_round_trip():
     pushed = validate_table(table(budget=64, probe={"budget": 16, "share": 0.05}), POLICY)
-    assert table_to_flat_args(pushed) == {"jetspec_policy.ttl_s": 90.0, "jetspec_policy.bs1.budget": 64,
-                                          "jetspec_policy.bs1.draft_rounds": 0, "jetspec_policy.bs1.tree_width": 0,
-                                          "jetspec_policy.bs1.drafter": 0, "jetspec_policy.bs1.sampled_children": 0,
-                                          "jetspec_policy.bs1.probe_budget": 16, "jetspec_policy.bs1.probe_share": 0.05,
-                                          "jetspec_policy.bs2-8.budget": 4, "jetspec_policy.bs2-8.draft_rounds": 0,
-                                          "jetspec_policy.bs2-8.tree_width": 0, "jetspec_policy.bs2-8.drafter": 0,
-                                          "jetspec_policy.bs2-8.sampled_children": 0}
+    assert table_to_flat_args(pushed) == {
+        "jetspec_policy.ttl_s": 90.0,
+        "jetspec_policy.bs1.budget": 64,
+        "jetspec_policy.bs1.draft_rounds": 0,
+        "jetspec_policy.bs1.tree_width": 0,
+        "jetspec_policy.bs1.drafter": 0,
+        "jetspec_policy.bs1.sampled_children": 0,
+        "jetspec_policy.bs1.probe_budget": 16,
+        "jetspec_policy.bs1.probe_share": 0.05,
+        "jetspec_policy.bs2-8.budget": 4,
+        "jetspec_policy.bs2-8.draft_rounds": 0,
+        "jetspec_policy.bs2-8.tree_width": 0,
+        "jetspec_policy.bs2-8.drafter": 0,
+        "jetspec_policy.bs2-8.sampled_children": 0,
+    }
     assert table_from_flat_args(table_to_flat_args(pushed), POLICY) == pushed
 
 
@@ -135,7 +151,8 @@ def test_the_drafter_travels_as_its_index_and_a_bad_code_is_refused():
     with pytest.raises(PolicyError) as caught:
         table_from_flat_args({**args, "jetspec_policy.bs2-8.drafter": 2}, POLICY)
     assert [str(p) for p in caught.value.problems] == [
-        "jetspec_policy.bs2-8.drafter 2 is not a drafter code -- send one of {0: 'head', 1: 'hybrid'}"]
+        "jetspec_policy.bs2-8.drafter 2 is not a drafter code -- send one of {0: 'head', 1: 'hybrid'}"
+    ]
 
 
 def test_tree_sizing_travels_as_its_index_reaches_the_step_plan_and_a_bad_code_is_refused():
@@ -150,7 +167,8 @@ def test_tree_sizing_travels_as_its_index_reaches_the_step_plan_and_a_bad_code_i
     with pytest.raises(PolicyError) as caught:
         table_from_flat_args({**args, "jetspec_policy.bs2-8.tree_sizing": 2}, POLICY)
     assert [str(p) for p in caught.value.problems] == [
-        "jetspec_policy.bs2-8.tree_sizing 2 is not a tree_sizing code -- send one of {0: 'fixed', 1: 'adaptive'}"]
+        "jetspec_policy.bs2-8.tree_sizing 2 is not a tree_sizing code -- send one of {0: 'fixed', 1: 'adaptive'}"
+    ]
 
 
 def test_sampled_children_travel_as_their_index_reach_the_step_plan_and_a_bad_code_is_refused():
@@ -160,33 +178,43 @@ def test_sampled_children_travel_as_their_index_reach_the_step_plan_and_a_bad_co
     assert table_to_flat_args(table_)["jetspec_policy.bs1.sampled_children"] == 1
     active = ActivePolicy(POLICY)
     assert _push(active, {"server_args": args})[0] == 200
-    assert active.step_plan(1, now=10.0).sampled_children == "drawn" and active.step_plan(4, now=10.0).sampled_children == "top_k"
+    assert (
+        active.step_plan(1, now=10.0).sampled_children == "drawn"
+        and active.step_plan(4, now=10.0).sampled_children == "top_k"
+    )
     with pytest.raises(PolicyError) as caught:
         table_from_flat_args({**args, "jetspec_policy.bs2-8.sampled_children": 2}, POLICY)
     assert [str(p) for p in caught.value.problems] == [
-        "jetspec_policy.bs2-8.sampled_children 2 is not a sampled_children code -- send one of {0: 'top_k', 1: 'drawn'}"]
+        "jetspec_policy.bs2-8.sampled_children 2 is not a sampled_children code -- send one of {0: 'top_k', 1: 'drawn'}"
+    ]
 
 
-@pytest.mark.parametrize("key, expected", [
-    ("ttl_s", "unknown key ttl_s"),                                  # the prefix is part of the key
-    ("bs1.budget", "unknown key bs1.budget"),
-    ("jetspec_policy.bs9.budget", "unknown key jetspec_policy.bs9.budget"),
-    ("jetspec_policy.bs1.colour", "unknown key jetspec_policy.bs1.colour"),
-])
+@pytest.mark.parametrize(
+    "key, expected",
+    [
+        ("ttl_s", "unknown key ttl_s"),  # the prefix is part of the key
+        ("bs1.budget", "unknown key bs1.budget"),
+        ("jetspec_policy.bs9.budget", "unknown key jetspec_policy.bs9.budget"),
+        ("jetspec_policy.bs1.colour", "unknown key jetspec_policy.bs1.colour"),
+    ],
+)
 def test_flat_keys_outside_the_scheme_are_unknown(key, expected):
     with pytest.raises(PolicyError) as caught:
         table_from_flat_args({**flat()["server_args"], key: 4}, POLICY)
     assert [str(p) for p in caught.value.problems] == [
         f"{expected} -- send jetspec_policy.ttl_s and jetspec_policy.<cohort>.{{budget,draft_rounds,tree_width,drafter,tree_sizing,"
         "sampled_children,probe_budget,probe_share} "
-        "for cohorts ['bs1', 'bs2-8']"]
+        "for cohorts ['bs1', 'bs2-8']"
+    ]
 
 
 def test_endpoint_requires_the_admin_key():
     active = ActivePolicy(POLICY)
     payload = flat(budget=64)
-    assert _push(active, payload, authorization=None) == (401, {"error": "Unauthorized -- send 'Authorization: "
-                                                                         "Bearer <admin key>'"})
+    assert _push(active, payload, authorization=None) == (
+        401,
+        {"error": "Unauthorized -- send 'Authorization: Bearer <admin key>'"},
+    )
     assert _push(active, payload, authorization="Bearer wrong")[0] == 401
     assert _push(active, payload, authorization=KEY)[0] == 401  # no scheme
     status, answer = _push(active, payload, admin_key=None)
@@ -195,15 +223,24 @@ def test_endpoint_requires_the_admin_key():
     assert _push(active, payload, authorization=f"bearer {KEY}") == (200, [True])  # SGLang's answer, any case
     readback = handle_server_info(active, now=11.0)["internal_states"][0]["jetspec_policy"]
     assert readback == policy_readback(active, now=11.0)
-    assert (readback["source"], readback["expires_at"], readback["table"]["cohorts"][0]["budget"]) == ("pushed", 100.0, 64)
+    assert (readback["source"], readback["expires_at"], readback["table"]["cohorts"][0]["budget"]) == (
+        "pushed",
+        100.0,
+        64,
+    )
 
 
-@pytest.mark.parametrize("payload, message", [
-    (b"{not json", "body: not JSON"),
-    ({"server_args": "jetspec_policy.ttl_s=9"}, "server_args: missing or not an object"),
-    ({"server_args": {"jetspec_policy": table()}},  # the nested table SGLang's request type refuses
-     "server_args.jetspec_policy is an object -- SGLang's /set_internal_state takes numbers only"),
-])
+@pytest.mark.parametrize(
+    "payload, message",
+    [
+        (b"{not json", "body: not JSON"),
+        ({"server_args": "jetspec_policy.ttl_s=9"}, "server_args: missing or not an object"),
+        (
+            {"server_args": {"jetspec_policy": table()}},  # the nested table SGLang's request type refuses
+            "server_args.jetspec_policy is an object -- SGLang's /set_internal_state takes numbers only",
+        ),
+    ],
+)
 def test_endpoint_refuses_bodies_sglang_would_not_take(payload, message):
     active = ActivePolicy(POLICY)
     status, answer = _push(active, payload)
@@ -216,14 +253,15 @@ def test_endpoint_applies_a_table_whole_or_not_at_all():
     active = ActivePolicy(POLICY)
     assert _push(active, flat(budget=64)) == (200, [True])
     bad = flat()
-    bad["server_args"]["jetspec_policy.bs2-8.budget"] = 16   # not a candidate of bs2-8
+    bad["server_args"]["jetspec_policy.bs2-8.budget"] = 16  # not a candidate of bs2-8
     bad["server_args"]["jetspec_policy.bs1.probe_budget"] = 4  # without its probe_share
     status, answer = _push(active, bad)
     assert status == 400 and answer["message"] == "invalid jetspec_policy push, nothing changed"
     assert answer["problems"] == ["cohort bs1: probe_budget and probe_share come together -- send both or neither"]
     del bad["server_args"]["jetspec_policy.bs1.probe_budget"]
     assert _push(active, bad)[1]["problems"] == [
-        "cohorts[1].budget 16 is not a candidate of 'bs2-8' -- use one of [0, 4, 8]"]
+        "cohorts[1].budget 16 is not a candidate of 'bs2-8' -- use one of [0, 4, 8]"
+    ]
     unknown = flat(budget=0)
     unknown["server_args"]["pp_max_micro_batch_size"] = 8  # the reference server has no other knobs
     assert "unknown key pp_max_micro_batch_size" in _push(active, unknown)[1]["problems"][0]
@@ -248,7 +286,16 @@ def test_draft_rounds_come_from_the_yaml_until_a_push_changes_them():
     active.apply(table_from_flat_args(flat_args, ROUNDS_POLICY), now=0.0)
     assert active.step_plan(1, now=1.0) == ("bs1", 16, 1, 0, "head", None, "top_k", True)
     assert active.step_plan(3, now=1.0) == ("bs2-8", 4, 2, 0, "head", None, "top_k", True)
-    assert active.step_plan(3, now=90.0) == ("bs2-8", 4, 0, 0, "head", None, "top_k", True)  # expired: back to the YAML default
+    assert active.step_plan(3, now=90.0) == (
+        "bs2-8",
+        4,
+        0,
+        0,
+        "head",
+        None,
+        "top_k",
+        True,
+    )  # expired: back to the YAML default
 
 
 def test_draft_rounds_above_the_policy_limit_are_refused_and_nothing_changes():
@@ -257,7 +304,13 @@ def test_draft_rounds_above_the_policy_limit_are_refused_and_nothing_changes():
     flat_args["jetspec_policy.bs1.draft_rounds"] = 3
     status, answer = _push(active, {"server_args": flat_args})
     assert status == 400 and answer["problems"] == [
-        "cohorts[0].draft_rounds 3 is above the server policy's head.max_draft_rounds 2 -- use 0..2"]
-    assert active.step_plan(1, now=11.0) == ("bs1", 16, 1, 0, "head", None, "top_k", True) and active.state(11.0).source == "yaml"
-    with pytest.raises(PolicyError, match=r"cohorts\[0\].draft_rounds 1 is above the server policy's head.max_draft_rounds 0"):
+        "cohorts[0].draft_rounds 3 is above the server policy's head.max_draft_rounds 2 -- use 0..2"
+    ]
+    assert (
+        active.step_plan(1, now=11.0) == ("bs1", 16, 1, 0, "head", None, "top_k", True)
+        and active.state(11.0).source == "yaml"
+    )
+    with pytest.raises(
+        PolicyError, match=r"cohorts\[0\].draft_rounds 1 is above the server policy's head.max_draft_rounds 0"
+    ):
         validate_table(table(draft_rounds=1), POLICY)  # POLICY leaves max_draft_rounds at its default, 0

@@ -17,9 +17,12 @@ from sglang_jetspec.core.head_io import read_head_config
 
 
 def _kvc(draft=False, dflash=False):
-    return SimpleNamespace(is_draft_worker=draft, model_dtype=torch.bfloat16,
-                           spec_algorithm=SimpleNamespace(is_dflash_family=lambda: dflash),
-                           dflash_draft_cell_size_per_token=None)
+    return SimpleNamespace(
+        is_draft_worker=draft,
+        model_dtype=torch.bfloat16,
+        spec_algorithm=SimpleNamespace(is_dflash_family=lambda: dflash),
+        dflash_draft_cell_size_per_token=None,
+    )
 
 
 def test_sglangs_kv_cell_counts_the_context_pool_for_jetspec_only(jetspec_registered, head_dir, monkeypatch):
@@ -61,7 +64,10 @@ def test_a_pool_that_cannot_be_allocated_names_the_flags(head_dir, monkeypatch):
     def no_memory(*args, **kwargs):
         raise torch.OutOfMemoryError("CUDA out of memory")
 
-    monkeypatch.setattr(core_pool, "SlotContextPool", type("NoRoom", (), {
-        "__init__": no_memory, "bytes_per_token": staticmethod(lambda *a: 1537)}))
+    monkeypatch.setattr(
+        core_pool,
+        "SlotContextPool",
+        type("NoRoom", (), {"__init__": no_memory, "bytes_per_token": staticmethod(lambda *a: 1537)}),
+    )
     with pytest.raises(RuntimeError, match="Lower --mem-fraction-static or --max-total-tokens"):
         adapter_pool.allocate_context_pool(read_head_config(head_dir), _Allocator(1000), torch.float32, "cpu")

@@ -18,24 +18,37 @@ from sglang_jetspec.adapter.tensor_parallel import SingleRank
 
 ADMIN_KEY = "sglang-admin-key"
 API_KEY = "sglang-api-key"  # SGLang --api-key: with --admin-api-key too, ordinary routes take only this one
-SERVER_POLICY = parse_policy_text("""\
+SERVER_POLICY = parse_policy_text(
+    """\
 cohorts:
   - {name: bs1, min_batch: 1, max_batch: 1, budgets: [0, 4, 16, 64], default: 16}
   - {name: bs2-8, min_batch: 2, max_batch: 8, budgets: [0, 4, 8], default: 4}
-""", "server.yaml")
+""",
+    "server.yaml",
+)
 # The controller's file lists budget 8 for bs1 as well: a table with it passes the controller's
 # check and is refused by the server, as when the two run different policy files.
-CONTROLLER_POLICY = parse_policy_text("""\
+CONTROLLER_POLICY = parse_policy_text(
+    """\
 cohorts:
   - {name: bs1, min_batch: 1, max_batch: 1, budgets: [0, 4, 8, 16, 64], default: 16}
   - {name: bs2-8, min_batch: 2, max_batch: 8, budgets: [0, 4, 8], default: 4}
-""", "controller.yaml")
+""",
+    "controller.yaml",
+)
 
 
 def table(bs1: int, bs2: int = 4, probe=None):
-    return validate_table({"cohorts": [{"name": "bs1", "min_batch": 1, "max_batch": 1, "budget": bs1, "probe": probe},
-                                       {"name": "bs2-8", "min_batch": 2, "max_batch": 8, "budget": bs2}],
-                           "ttl_s": 90.0}, CONTROLLER_POLICY)
+    return validate_table(
+        {
+            "cohorts": [
+                {"name": "bs1", "min_batch": 1, "max_batch": 1, "budget": bs1, "probe": probe},
+                {"name": "bs2-8", "min_batch": 2, "max_batch": 8, "budget": bs2},
+            ],
+            "ttl_s": 90.0,
+        },
+        CONTROLLER_POLICY,
+    )
 
 
 def sglang_server(monkeypatch, admin_key: str | None, api_key: str | None = None, metrics_dir=None):
@@ -56,17 +69,25 @@ def sglang_server(monkeypatch, admin_key: str | None, api_key: str | None = None
 
     HookRegistry.apply_hooks()
     control = PolicyControl(SERVER_POLICY, admin_key_configured=admin_key is not None)
-    scheduler = SchedulerInternalStateController(SimpleNamespace(draft_worker=SimpleNamespace(policy_control=control, live_draft_states=lambda: 0, context_pool_state=lambda: {},
-                                                                                ranks=SingleRank())),
-                                                 record_step_time=False)
+    scheduler = SchedulerInternalStateController(
+        SimpleNamespace(
+            draft_worker=SimpleNamespace(
+                policy_control=control, live_draft_states=lambda: 0, context_pool_state=lambda: {}, ranks=SingleRank()
+            )
+        ),
+        record_step_time=False,
+    )
 
     async def set_communicator(req):
         return [scheduler.set_internal_state(req)]
 
     async def get_communicator(req):
         # SGLang's own part of the state needs a running scheduler: the plugin's AFTER hook adds to one key.
-        return [internal_state.after_get_internal_state(GetInternalStateReqOutput(
-            internal_state={"pp_max_micro_batch_size": 1}), scheduler, req)]
+        return [
+            internal_state.after_get_internal_state(
+                GetInternalStateReqOutput(internal_state={"pp_max_micro_batch_size": 1}), scheduler, req
+            )
+        ]
 
     class DirectTokenizerManager(TokenizerControlMixin):
         server_args = SimpleNamespace()
@@ -77,12 +98,12 @@ def sglang_server(monkeypatch, admin_key: str | None, api_key: str | None = None
         def auto_create_handle_loop(self):
             pass
 
-    monkeypatch.setattr(http_server, "_global_state",
-                        http_server._GlobalState(DirectTokenizerManager(), None, {}))
+    monkeypatch.setattr(http_server, "_global_state", http_server._GlobalState(DirectTokenizerManager(), None, {}))
     monkeypatch.setattr(http_server, "build_server_info", lambda server_args, scheduler_info: {})
     app = FastAPI()
-    app.router.routes.extend(r for r in http_server.app.router.routes
-                             if getattr(r, "path", None) in {"/set_internal_state", "/server_info"})
+    app.router.routes.extend(
+        r for r in http_server.app.router.routes if getattr(r, "path", None) in {"/set_internal_state", "/server_info"}
+    )
     app.exception_handlers.update(http_server.app.exception_handlers)
     if metrics_dir is not None:
         from sglang.srt.utils.common import add_prometheus_middleware
@@ -111,8 +132,11 @@ def test_the_controller_pushes_and_reads_back_through_sglang(jetspec_registered,
     assert control.active.state(0.0).table == pushed  # what the worker's steps now use
     assert client.read_state() == state
     # Without --api-key SGLang leaves /server_info open: the admin key travels with the push only.
-    assert transport.seen == [("POST", "/set_internal_state", f"Bearer {ADMIN_KEY}"),
-                              ("GET", "/server_info", None), ("GET", "/server_info", None)]
+    assert transport.seen == [
+        ("POST", "/set_internal_state", f"Bearer {ADMIN_KEY}"),
+        ("GET", "/server_info", None),
+        ("GET", "/server_info", None),
+    ]
 
 
 def test_sglang_refusals_reach_the_controller_with_their_fix(jetspec_registered, monkeypatch):
@@ -125,9 +149,13 @@ def test_sglang_refusals_reach_the_controller_with_their_fix(jetspec_registered,
     with pytest.raises(PushRejected, match=r"answered \[False\]: .*'rejected jetspec_policy push'"):
         client.push(table(8))  # not a candidate of the server's bs1
     nested = {"server_args": {"jetspec_policy": default_table(SERVER_POLICY).model_dump(mode="json")}}
-    status, body = transport("POST", "http://sglang/set_internal_state",
-                             {"Authorization": f"Bearer {ADMIN_KEY}", "Content-Type": "application/json"},
-                             json.dumps(nested).encode(), 5.0)
+    status, body = transport(
+        "POST",
+        "http://sglang/set_internal_state",
+        {"Authorization": f"Bearer {ADMIN_KEY}", "Content-Type": "application/json"},
+        json.dumps(nested).encode(),
+        5.0,
+    )
     assert status == 400 and "Input should be a valid integer" in json.loads(body)["message"]  # why keys are flat
     assert control.readback(0.0) == before
 
@@ -141,8 +169,9 @@ def test_without_an_admin_key_the_plugin_refuses_pushes(jetspec_registered, monk
 
 
 def both_keys_client(transport, admin_key, api_key) -> ServerClient:
-    return ServerClient("http://sglang", CONTROLLER_POLICY, admin_key, api_key=api_key, transport=transport,
-                        sleep=lambda s: None)
+    return ServerClient(
+        "http://sglang", CONTROLLER_POLICY, admin_key, api_key=api_key, transport=transport, sleep=lambda s: None
+    )
 
 
 def test_with_both_keys_the_push_takes_the_admin_key_and_the_readback_the_api_key(jetspec_registered, monkeypatch):
@@ -153,13 +182,17 @@ def test_with_both_keys_the_push_takes_the_admin_key_and_the_readback_the_api_ke
     assert (state.source, state.table, state.generation) == ("pushed", pushed, 1)
     assert control.active.state(0.0).table == pushed
     assert client.read_state() == state
-    assert transport.seen == [("POST", "/set_internal_state", f"Bearer {ADMIN_KEY}"),
-                              ("GET", "/server_info", f"Bearer {API_KEY}"), ("GET", "/server_info", f"Bearer {API_KEY}")]
+    assert transport.seen == [
+        ("POST", "/set_internal_state", f"Bearer {ADMIN_KEY}"),
+        ("GET", "/server_info", f"Bearer {API_KEY}"),
+        ("GET", "/server_info", f"Bearer {API_KEY}"),
+    ]
 
 
 @pytest.mark.parametrize("readback_key", [None, ADMIN_KEY, "wrong"])
-def test_with_both_keys_a_readback_without_the_api_key_names_it_and_its_flag(jetspec_registered, monkeypatch,
-                                                                             readback_key):
+def test_with_both_keys_a_readback_without_the_api_key_names_it_and_its_flag(
+    jetspec_registered, monkeypatch, readback_key
+):
     control, transport = sglang_server(monkeypatch, ADMIN_KEY, API_KEY)
     client = both_keys_client(transport, ADMIN_KEY, readback_key)  # SGLang takes no admin key on /server_info
     pushed = table(64)
@@ -168,10 +201,13 @@ def test_with_both_keys_a_readback_without_the_api_key_names_it_and_its_flag(jet
     assert str(refused.value) == (
         "GET http://sglang/server_info answered 401: Unauthorized -- missing or wrong API key for the readback: "
         "the server runs with an ordinary API key (SGLang --api-key), which it requires on GET /server_info "
-        "instead of the admin key; give it to the controller (--api-key-env, default $JETSPEC_API_KEY)")
+        "instead of the admin key; give it to the controller (--api-key-env, default $JETSPEC_API_KEY)"
+    )
     assert control.active.state(0.0).table == pushed  # the push landed; only its confirmation failed
-    assert [(method, path) for method, path, _ in transport.seen] == [("POST", "/set_internal_state"),
-                                                                      ("GET", "/server_info")]  # 401: no retry
+    assert [(method, path) for method, path, _ in transport.seen] == [
+        ("POST", "/set_internal_state"),
+        ("GET", "/server_info"),
+    ]  # 401: no retry
 
 
 @pytest.mark.parametrize("push_key", [None, API_KEY])
@@ -183,7 +219,8 @@ def test_with_both_keys_a_push_without_the_admin_key_names_it_and_its_flag(jetsp
         client.push(table(64))
     assert str(refused.value).startswith(
         "POST http://sglang/set_internal_state answered 401: Unauthorized -- missing or wrong admin key: "
-        "give the controller the servers' admin API key (--admin-key-env")
+        "give the controller the servers' admin API key (--admin-key-env"
+    )
     assert "--api-key-env" not in str(refused.value)
     assert control.readback(0.0) == before and before["source"] == "yaml"
     assert client.read_state().source == "yaml"  # the API key still reads back

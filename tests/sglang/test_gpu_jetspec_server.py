@@ -32,17 +32,21 @@ def test_jetspec_server_greedy_matches_plain_and_accepts_drafts(smollm2_dir, hea
     prompts = humaneval_prompts(range(8))
     base = ["--model-path", str(smollm2_dir), "--dtype", "float32", *bench.COMMON, *bench.SYNC]
     outputs = {}
-    for name, extra in {"plain": [], "jetspec": ["--speculative-algorithm", "JETSPEC",
-                                                 "--speculative-draft-model-path", str(head_dir)]}.items():
+    for name, extra in {
+        "plain": [],
+        "jetspec": ["--speculative-algorithm", "JETSPEC", "--speculative-draft-model-path", str(head_dir)],
+    }.items():
         server = bench.Server(name, base + extra, 31500, tmp_path)
         try:
             server.wait_ready()
             outputs[name] = [server.generate(p, 64, logprobs=name == "plain") for p in prompts]
         finally:
             server.stop()
-    rows = bench.identity_rows([bench.output_ids(r) for r in outputs["plain"]],
-                               [bench.output_ids(r) for r in outputs["jetspec"]],
-                               [bench.top_logprob_maps(r) for r in outputs["plain"]])
+    rows = bench.identity_rows(
+        [bench.output_ids(r) for r in outputs["plain"]],
+        [bench.output_ids(r) for r in outputs["jetspec"]],
+        [bench.top_logprob_maps(r) for r in outputs["plain"]],
+    )
     assert all(r.exact for r in rows), [r for r in rows if not r.exact]  # fp32: no numerics excuse
     accept = [r["meta_info"]["spec_accept_length"] for r in outputs["jetspec"]]
     assert max(accept) > 1.0, accept

@@ -122,10 +122,11 @@ def test_hooked_sglang_controller_applies_and_rejects(jetspec_registered, policy
 
 def test_other_algorithms_pass_through(jetspec_registered):
     from sglang.srt.managers.io_struct import SetInternalStateReq
-
     from sglang.srt.plugins.hook_registry import HookRegistry
 
     HookRegistry.apply_hooks()
     controller = _controller(None)
     controller.scheduler.draft_worker = None  # e.g. an EAGLE server: SGLang's own answer
-    assert controller.set_internal_state(SetInternalStateReq(server_args={"jetspec_policy.ttl_s": 9.0})).updated is False
+    assert (
+        controller.set_internal_state(SetInternalStateReq(server_args={"jetspec_policy.ttl_s": 9.0})).updated is False
+    )

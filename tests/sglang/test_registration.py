@@ -25,14 +25,22 @@ def test_entry_point_is_declared_and_loads_load_plugin():
 
 
 def _run(code: str) -> dict:
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}, cwd=ADAPTER.parents[1])
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"},
+        cwd=ADAPTER.parents[1],
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def test_importing_the_entry_module_imports_nothing_heavy():
-    got = _run("import sys, json; import sglang_jetspec.sglang_plugin; "
-               "print(json.dumps({m: m in sys.modules for m in ('torch', 'sglang', 'prometheus_client')}))")
+    got = _run(
+        "import sys, json; import sglang_jetspec.sglang_plugin; "
+        "print(json.dumps({m: m in sys.modules for m in ('torch', 'sglang', 'prometheus_client')}))"
+    )
     assert got == {"torch": False, "sglang": False, "prometheus_client": False}
 
 
@@ -52,7 +60,8 @@ def test_load_plugin_is_idempotent_touches_no_device_and_loads_no_model_code():
         "'sglang_jetspec.adapter.worker', 'sglang_jetspec.core.head') if m in sys.modules],\n"
         "  'hooks_per_target': [len(HookRegistry._hooks[t]) for t, _, _ in HOOKS],\n"
         "  'patched': sorted(t for t, _, _ in HOOKS if t in HookRegistry._patched),\n"
-        "  'registered': sorted(_REGISTRY), 'again_s': again, 'first_s': first}))\n")
+        "  'registered': sorted(_REGISTRY), 'again_s': again, 'first_s': first}))\n"
+    )
     assert got["cuda_initialized"] is False
     assert got["model_code"] == []
     assert got["hooks_per_target"] == [1] * 10  # loaded three times, registered once (10 = len(HOOKS))
@@ -75,8 +84,11 @@ def _required_methods() -> set[str]:
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
     from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 
-    enum_methods = {n for n, v in vars(SpeculativeAlgorithm).items()
-                    if not n.startswith("_") and callable(getattr(v, "__func__", v)) and not isinstance(v, SpeculativeAlgorithm)}
+    enum_methods = {
+        n
+        for n, v in vars(SpeculativeAlgorithm).items()
+        if not n.startswith("_") and callable(getattr(v, "__func__", v)) and not isinstance(v, SpeculativeAlgorithm)
+    }
     enum_methods -= {"from_string", "register"}  # classmethods of the enum, not per-algorithm calls
     custom = {n for n, v in vars(CustomSpecAlgo).items() if not n.startswith("_") and callable(v)}
     return enum_methods | custom
@@ -131,9 +143,14 @@ def test_registering_twice_in_process_keeps_one_spec_and_one_hook_each(jetspec_r
     assert [len(HookRegistry._hooks[t]) for t, _, _ in HOOKS] == [1] * len(HOOKS)
 
 
-@pytest.mark.parametrize("arch, expected", [("DFlashDraftModel", "JetSpecDraftModel"),
-                                            ("DFlash2DraftModel", "JetSpecDFlash2DraftModel"),
-                                            ("JetSpecDraftModel", "JetSpecDraftModel")])
+@pytest.mark.parametrize(
+    "arch, expected",
+    [
+        ("DFlashDraftModel", "JetSpecDraftModel"),
+        ("DFlash2DraftModel", "JetSpecDFlash2DraftModel"),
+        ("JetSpecDraftModel", "JetSpecDraftModel"),
+    ],
+)
 def test_published_head_architectures_map_to_registered_jetspec_classes(jetspec_registered, arch, expected):
     from sglang.srt.models.registry import ModelRegistry
 
@@ -157,10 +174,9 @@ def test_unknown_head_architecture_is_refused_with_the_expected_names():
 
 def test_causal_head_becomes_sglang_is_causal(head_dir):
     pytest.importorskip("sglang")
-    from transformers import AutoConfig
-
     from sglang.srt.layers.radix_attention import AttentionType
     from sglang.srt.models.dflash import _get_dflash_attention_type
+    from transformers import AutoConfig
 
     from sglang_jetspec.adapter.draft_model import apply_causal_head
 

@@ -10,8 +10,14 @@ from sglang_jetspec.adapter.policy import POLICY_ENV
 
 # Everything JETSPEC needs; each test breaks one thing.
 # Argument resolution runs on any machine, so a GPU device is resolvable here.
-GOOD = ["--attention-backend", "flashinfer", "--disable-overlap-schedule", "--disable-decode-cuda-graph",
-        "--device", "cuda"]
+GOOD = [
+    "--attention-backend",
+    "flashinfer",
+    "--disable-overlap-schedule",
+    "--disable-decode-cuda-graph",
+    "--device",
+    "cuda",
+]
 
 
 @pytest.fixture(scope="module")
@@ -92,10 +98,21 @@ def test_cpu_without_amx_falls_back_to_torch_native_and_is_refused_with_the_reas
     assert "pass --attention-backend intel_amx (SGLang's CPU backend)" in text
 
 
-@pytest.mark.parametrize("device, backend, expected", [
-    ("cpu", "flashinfer", "--attention-backend flashinfer: a GPU backend, but --device is cpu; pass --attention-backend intel_amx"),
-    ("cuda", "intel_amx", "--attention-backend intel_amx: a CPU-only backend, but --device is cuda; pass --attention-backend flashinfer"),
-])
+@pytest.mark.parametrize(
+    "device, backend, expected",
+    [
+        (
+            "cpu",
+            "flashinfer",
+            "--attention-backend flashinfer: a GPU backend, but --device is cpu; pass --attention-backend intel_amx",
+        ),
+        (
+            "cuda",
+            "intel_amx",
+            "--attention-backend intel_amx: a CPU-only backend, but --device is cuda; pass --attention-backend flashinfer",
+        ),
+    ],
+)
 def test_backend_must_match_the_device(resolve, device, backend, expected):
     from sglang.srt.runtime_context import override_platform
 
@@ -106,7 +123,7 @@ def test_backend_must_match_the_device(resolve, device, backend, expected):
 
 def test_triton_is_accepted(resolve):
     base = [a for a in GOOD if a != "flashinfer"]
-    base[base.index("--attention-backend") + 1:1] = ["triton"]
+    base[base.index("--attention-backend") + 1 : 1] = ["triton"]
     assert resolve(base=base).attention_backend == "triton"
 
 
@@ -115,15 +132,24 @@ def test_prefill_backend_decides_in_prefill_mode(resolve):
     assert "--prefill-attention-backend fa3: this attention backend ignores the tree mask" in text
 
 
-@pytest.mark.parametrize("flag, expected", [
-    (["--speculative-use-rejection-sampling"], "--speculative-use-rejection-sampling: JETSPEC accepts with its own"),
-    (["--pp-size", "2"], "--pp-size 2: pipeline parallelism is not supported"),
-    (["--enable-mixed-chunk"], "--enable-mixed-chunk is not supported by JETSPEC"),
-    (["--page-size", "16"], "--page-size 16: JETSPEC compacts accepted tree nodes slot by slot"),
-    (["--speculative-eagle-topk", "4"], "--speculative-eagle-topk 4: JETSPEC's tree width comes from the head"),
-    (["--speculative-num-draft-tokens", "32"], "--speculative-num-draft-tokens 32 is below the policy's largest budget 64"),
-    (["--grammar-backend", "outlines"], "--grammar-backend outlines: JETSPEC masks each draft tree node"),
-])
+@pytest.mark.parametrize(
+    "flag, expected",
+    [
+        (
+            ["--speculative-use-rejection-sampling"],
+            "--speculative-use-rejection-sampling: JETSPEC accepts with its own",
+        ),
+        (["--pp-size", "2"], "--pp-size 2: pipeline parallelism is not supported"),
+        (["--enable-mixed-chunk"], "--enable-mixed-chunk is not supported by JETSPEC"),
+        (["--page-size", "16"], "--page-size 16: JETSPEC compacts accepted tree nodes slot by slot"),
+        (["--speculative-eagle-topk", "4"], "--speculative-eagle-topk 4: JETSPEC's tree width comes from the head"),
+        (
+            ["--speculative-num-draft-tokens", "32"],
+            "--speculative-num-draft-tokens 32 is below the policy's largest budget 64",
+        ),
+        (["--grammar-backend", "outlines"], "--grammar-backend outlines: JETSPEC masks each draft tree node"),
+    ],
+)
 def test_unsupported_flags(resolve, flag, expected):
     assert expected in _problems(resolve, *flag)
 
@@ -150,7 +176,9 @@ def test_dp_attention_is_refused(resolve):
 
 def test_overlap_scheduler_and_decode_graphs_must_be_off(resolve):
     text = _problems(resolve, base=["--attention-backend", "flashinfer", "--device", "cuda"])
-    assert "the overlap scheduler is on: JETSPEC runs synchronously" in text and "pass --disable-overlap-schedule" in text
+    assert (
+        "the overlap scheduler is on: JETSPEC runs synchronously" in text and "pass --disable-overlap-schedule" in text
+    )
     assert "decode CUDA graphs are on" in text and "pass --disable-decode-cuda-graph" in text
 
 
@@ -158,7 +186,10 @@ def test_the_radix_cache_is_served_and_kv_from_outside_the_pool_is_refused(resol
     assert resolve().disable_radix_cache is False  # GOOD leaves SGLang's default: the radix cache on
     assert resolve("--disable-radix-cache").disable_radix_cache is True
     text = _problems(resolve, "--enable-hierarchical-cache")
-    assert "--enable-hierarchical-cache: KV loaded back from host memory or storage arrives without the head's context" in text
+    assert (
+        "--enable-hierarchical-cache: KV loaded back from host memory or storage arrives without the head's context"
+        in text
+    )
 
 
 def test_pd_disaggregation_is_refused(resolve):
@@ -178,8 +209,11 @@ def test_every_problem_is_reported_at_once(resolve):
     lines = text.splitlines()[1:]
     # the CPU default backend, pp, mixed chunk, graphs (pp > 1 already switches overlap off in SGLang)
     assert [line.split(":")[0].split(" is ")[0] for line in lines] == [
-        "  - --attention-backend torch_native", "  - --pp-size 2", "  - --enable-mixed-chunk",
-        "  - decode CUDA graphs are on"]
+        "  - --attention-backend torch_native",
+        "  - --pp-size 2",
+        "  - --enable-mixed-chunk",
+        "  - decode CUDA graphs are on",
+    ]
 
 
 def test_bad_policy_file_names_the_env_var_and_the_line(resolve, tmp_path, monkeypatch):
@@ -192,8 +226,10 @@ def test_bad_policy_file_names_the_env_var_and_the_line(resolve, tmp_path, monke
 
 def test_policy_budgets_set_the_verify_width(resolve, tmp_path, monkeypatch):
     small = tmp_path / "policy.yaml"
-    small.write_text("cohorts:\n  - name: all\n    min_batch: 1\n    max_batch: 8\n    budgets: [0, 4, 24]\n"
-                     "    default: 24\ngate:\n  reprobe_budget: 4\n")
+    small.write_text(
+        "cohorts:\n  - name: all\n    min_batch: 1\n    max_batch: 8\n    budgets: [0, 4, 24]\n"
+        "    default: 24\ngate:\n  reprobe_budget: 4\n"
+    )
     monkeypatch.setenv(POLICY_ENV, str(small))
     assert resolve().speculative_num_draft_tokens == 24
 

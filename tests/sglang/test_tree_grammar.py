@@ -14,8 +14,13 @@ pytest.importorskip("sglang")
 from sglang_jetspec.adapter.tree_grammar import TreeGrammar, allowed_by_parent, tree_links  # noqa: E402
 from sglang_jetspec.core.tree import DraftTree  # noqa: E402
 
-SCHEMA = json.dumps({"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
-                     "required": ["name", "age"]})
+SCHEMA = json.dumps(
+    {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+        "required": ["name", "age"],
+    }
+)
 
 
 @pytest.fixture(scope="module")
@@ -59,13 +64,23 @@ def _mixed_tree(backend, committed: list[int], depth: int = 3) -> DraftTree:
     n = len(tokens)
     order = sorted(range(n), key=lambda i: depths[i])  # parents precede children
     renumber = {old: new for new, old in enumerate(order)}
-    return DraftTree(torch.tensor([tokens[i] for i in order]), torch.tensor([-1 if parents[i] < 0 else renumber[parents[i]] for i in order]),
-                     torch.tensor([depths[i] for i in order]), torch.zeros(n, dtype=torch.long), torch.zeros(n))
+    return DraftTree(
+        torch.tensor([tokens[i] for i in order]),
+        torch.tensor([-1 if parents[i] < 0 else renumber[parents[i]] for i in order]),
+        torch.tensor([depths[i] for i in order]),
+        torch.zeros(n, dtype=torch.long),
+        torch.zeros(n),
+    )
 
 
 def test_tree_links_walk_every_child_in_node_order():
-    tree = DraftTree(torch.arange(6), torch.tensor([-1, 0, 0, 1, 1, 2]), torch.tensor([0, 1, 1, 2, 2, 2]),
-                     torch.zeros(6, dtype=torch.long), torch.zeros(6))
+    tree = DraftTree(
+        torch.arange(6),
+        torch.tensor([-1, 0, 0, 1, 1, 2]),
+        torch.tensor([0, 1, 1, 2, 2, 2]),
+        torch.zeros(6, dtype=torch.long),
+        torch.zeros(6),
+    )
     first_child, next_sibling = tree_links(tree)
     assert first_child.tolist() == [1, 3, 5, -1, -1, -1]
     assert next_sibling.tolist() == [-1, 2, -1, 4, -1, -1]
@@ -90,15 +105,19 @@ def test_kept_rows_equal_a_fresh_matchers_after_each_path_and_forbidden_nodes_go
     dropped = all_paths - set(paths)
     assert len(dropped) >= 4 and pruned.size + len(dropped) == tree.size
     for path in dropped:
-        assert any(path[i] not in _allowed(_reference_row(backend, committed, list(path[:i])), backend.vocab_size)
-                   for i in range(len(path)))
+        assert any(
+            path[i] not in _allowed(_reference_row(backend, committed, list(path[:i])), backend.vocab_size)
+            for i in range(len(path))
+        )
 
-    assert tg.root_allowed(0).nonzero().flatten().tolist() == _allowed(_reference_row(backend, committed, []), backend.vocab_size)
+    assert tg.root_allowed(0).nonzero().flatten().tolist() == _allowed(
+        _reference_row(backend, committed, []), backend.vocab_size
+    )
     mask = tg.mask([pruned], pruned.size + 2, "cpu")  # two padding rows
     rows = mask.vocab_mask
     for node, path in enumerate(paths):
         assert rows[node].equal(_reference_row(backend, committed, list(path))), path
-    assert (rows[pruned.size:] == -1).all()
+    assert (rows[pruned.size :] == -1).all()
     assert grammar.accepted_tokens == before
 
 
@@ -108,7 +127,13 @@ def test_masks_are_lane_major_free_text_lanes_unmasked_and_a_cut_tree_reuses_its
     for token in committed:
         grammar.accept_token(token)
     tree = _mixed_tree(backend, committed, depth=2)
-    free = DraftTree(torch.tensor([5, 6]), torch.tensor([-1, 0]), torch.tensor([0, 1]), torch.zeros(2, dtype=torch.long), torch.zeros(2))
+    free = DraftTree(
+        torch.tensor([5, 6]),
+        torch.tensor([-1, 0]),
+        torch.tensor([0, 1]),
+        torch.zeros(2, dtype=torch.long),
+        torch.zeros(2),
+    )
     tg = TreeGrammar([None, grammar], backend.vocab_size)
     assert tg.prune(0, free) is free
     pruned = tg.prune(1, tree)
@@ -127,8 +152,13 @@ def test_allowed_by_parent_reads_the_parents_row_bit():
     rows = torch.zeros(3, 2, dtype=torch.int32)
     rows[0, 1] = -(1 << 31)  # node 0 allows token 63 only (the sign bit of word 1)
     rows[1, 0] = 1 << 5  # node 1 allows token 5
-    tree = DraftTree(torch.tensor([0, 63, 5]), torch.tensor([-1, 0, 1]), torch.tensor([0, 1, 2]),
-                     torch.zeros(3, dtype=torch.long), torch.zeros(3))
+    tree = DraftTree(
+        torch.tensor([0, 63, 5]),
+        torch.tensor([-1, 0, 1]),
+        torch.tensor([0, 1, 2]),
+        torch.zeros(3, dtype=torch.long),
+        torch.zeros(3),
+    )
     assert allowed_by_parent(rows, tree) == [True, True, True]
     tree.tokens[2] = 6
     assert allowed_by_parent(rows, tree) == [True, True, False]

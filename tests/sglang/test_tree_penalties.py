@@ -15,13 +15,21 @@ pytest.importorskip("sglang")
 from sglang.srt.sampling import penaltylib  # noqa: E402
 from sglang.srt.sampling.sampling_params import SamplingParams as SGLangParams  # noqa: E402
 
-from sglang_jetspec.adapter.tree_penalties import (RequestPenalties, apply_logit_bias, apply_tree_penalties,  # noqa: E402
-                                                  request_penalties)
+from sglang_jetspec.adapter.tree_penalties import (
+    RequestPenalties,
+    apply_logit_bias,
+    apply_tree_penalties,  # noqa: E402
+    request_penalties,
+)
 from sglang_jetspec.core.tree import DraftTree  # noqa: E402
 
 VOCAB, EOS = 24, 2
-PENALIZERS = {penaltylib.BatchedFrequencyPenalizer, penaltylib.BatchedMinNewTokensPenalizer,
-              penaltylib.BatchedPresencePenalizer, penaltylib.BatchedRepetitionPenalizer}
+PENALIZERS = {
+    penaltylib.BatchedFrequencyPenalizer,
+    penaltylib.BatchedMinNewTokensPenalizer,
+    penaltylib.BatchedPresencePenalizer,
+    penaltylib.BatchedRepetitionPenalizer,
+}
 
 
 class _Batch:  # what the penalizers read of a ScheduleBatch (held by weak reference)
@@ -30,8 +38,11 @@ class _Batch:  # what the penalizers read of a ScheduleBatch (held by weak refer
 
 
 def _req(**sampling):
-    return SimpleNamespace(sampling_params=SGLangParams(max_new_tokens=64, **sampling), eos_token_ids={EOS},
-                           tokenizer=SimpleNamespace(additional_stop_token_ids=None, eos_token_id=EOS))
+    return SimpleNamespace(
+        sampling_params=SGLangParams(max_new_tokens=64, **sampling),
+        eos_token_ids={EOS},
+        tokenizer=SimpleNamespace(additional_stop_token_ids=None, eos_token_id=EOS),
+    )
 
 
 def _plain_row(logits_row: torch.Tensor, req, tokens_before: list[int]) -> torch.Tensor:
@@ -70,10 +81,16 @@ def _path(tree: DraftTree, node: int) -> list[int]:
     return path[::-1]
 
 
-CASES = [dict(frequency_penalty=0.7), dict(frequency_penalty=-1.0), dict(presence_penalty=1.1),
-         dict(repetition_penalty=1.3), dict(repetition_penalty=0.8),
-         dict(frequency_penalty=0.3, presence_penalty=0.45, repetition_penalty=1.2),
-         dict(min_new_tokens=6), dict(min_new_tokens=6, frequency_penalty=0.5, stop_token_ids=[13])]
+CASES = [
+    dict(frequency_penalty=0.7),
+    dict(frequency_penalty=-1.0),
+    dict(presence_penalty=1.1),
+    dict(repetition_penalty=1.3),
+    dict(repetition_penalty=0.8),
+    dict(frequency_penalty=0.3, presence_penalty=0.45, repetition_penalty=1.2),
+    dict(min_new_tokens=6),
+    dict(min_new_tokens=6, frequency_penalty=0.5, stop_token_ids=[13]),
+]
 
 
 @pytest.mark.parametrize("sampling", CASES, ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()))
@@ -124,6 +141,10 @@ def test_request_penalties_reads_sglangs_stop_set_and_inactive_defaults():
 def test_logit_bias_lands_on_every_node_row():
     logits = torch.zeros(2 * 3, 5)
     apply_logit_bias(logits, torch.tensor([[0, 0, 0, 0, -1.0], [0, 2.0, 0, 0, 0]]), num_nodes=3)
-    assert logits[:3, 4].tolist() == [-1.0] * 3 and logits[3:, 1].tolist() == [2.0] * 3 and logits[3:, 4].tolist() == [0.0] * 3
+    assert (
+        logits[:3, 4].tolist() == [-1.0] * 3
+        and logits[3:, 1].tolist() == [2.0] * 3
+        and logits[3:, 4].tolist() == [0.0] * 3
+    )
     apply_logit_bias(logits, None, num_nodes=3)
     assert logits.abs().sum() == 9.0

@@ -98,8 +98,15 @@ class Batch:
         return slice(b * self.n, (b + 1) * self.n)
 
 
-def make_batch(seq_lens: list[int], budgets: list[int], n: int, depth: int, width: int, seed: int,
-               positions: torch.Tensor | None = None) -> Batch:
+def make_batch(
+    seq_lens: list[int],
+    budgets: list[int],
+    n: int,
+    depth: int,
+    width: int,
+    seed: int,
+    positions: torch.Tensor | None = None,
+) -> Batch:
     trees = [random_tree(seed + b, budget, depth, width) for b, budget in enumerate(budgets)]
     assert [t.size for t in trees] == budgets
     tensors = build_verify_tensors(trees, seq_lens, num_nodes=n)
@@ -117,17 +124,30 @@ def make_batch(seq_lens: list[int], budgets: list[int], n: int, depth: int, widt
     v_buffer = torch.randn(total + 9, KV_HEADS, DIM, generator=gen) * 30
     prefix_slots, start = [], 0
     for length in seq_lens:
-        own = slots[start:start + length]
+        own = slots[start : start + length]
         start += length
         k_buffer[own] = rope(torch.randn(length, KV_HEADS, DIM, generator=gen), torch.arange(length))
         v_buffer[own] = torch.randn(length, KV_HEADS, DIM, generator=gen)
         prefix_slots.append(own)
-    out_cache_loc = slots[start:start + rows]
+    out_cache_loc = slots[start : start + rows]
     k_extend = rope(k_raw, pos)
     # save_kv_cache: forward_extend writes the tree rows' K/V at out_cache_loc before the kernel runs
     k_buffer[out_cache_loc], v_buffer[out_cache_loc] = k_extend, v_extend
-    return Batch(trees, seq_lens, n, tensors, q_raw, k_raw, rope(q_raw, pos), k_extend, v_extend,
-                 k_buffer, v_buffer, prefix_slots, out_cache_loc)
+    return Batch(
+        trees,
+        seq_lens,
+        n,
+        tensors,
+        q_raw,
+        k_raw,
+        rope(q_raw, pos),
+        k_extend,
+        v_extend,
+        k_buffer,
+        v_buffer,
+        prefix_slots,
+        out_cache_loc,
+    )
 
 
 @dataclass
@@ -164,11 +184,32 @@ def run_extend(ea, batch: Batch, meta: Metadata, custom_mask: torch.Tensor, caus
     sliding window, no sinks, bf16/fp32 KV so k/v descale 1.0, sm_scale = layer.scaling)."""
     o = torch.empty_like(batch.q)
     ea.extend_attention_fwd(
-        batch.q, batch.k_extend.contiguous(), batch.v_extend.contiguous(), o, batch.k_buffer, batch.v_buffer,
-        meta.qo_indptr, meta.kv_indptr, meta.kv_indices, custom_mask, causal, meta.mask_indptr,
-        meta.max_extend_len, 1.0, 1.0, DIM ** -0.5,
-        logit_cap=0.0, sliding_window_size=-1, sinks=None, window_kv_offsets=None, xai_temperature_len=-1,
-        page_size=1, score_mod=None, aux_tensors=None, extend_seq_lens_cpu=None)
+        batch.q,
+        batch.k_extend.contiguous(),
+        batch.v_extend.contiguous(),
+        o,
+        batch.k_buffer,
+        batch.v_buffer,
+        meta.qo_indptr,
+        meta.kv_indptr,
+        meta.kv_indices,
+        custom_mask,
+        causal,
+        meta.mask_indptr,
+        meta.max_extend_len,
+        1.0,
+        1.0,
+        DIM**-0.5,
+        logit_cap=0.0,
+        sliding_window_size=-1,
+        sinks=None,
+        window_kv_offsets=None,
+        xai_temperature_len=-1,
+        page_size=1,
+        score_mod=None,
+        aux_tensors=None,
+        extend_seq_lens_cpu=None,
+    )
     return o
 
 
@@ -180,13 +221,34 @@ def run_unified(ea, batch: Batch, meta: Metadata, custom_mask: torch.Tensor) -> 
     extend_seq_lens = torch.full((bs,), meta.max_extend_len, dtype=torch.int32)
     extend_start_loc = torch.cat([torch.zeros(1, dtype=torch.int32), torch.cumsum(extend_seq_lens[:-1], dim=0)])
     kv_indptr, kv_indices, prefix_lens = ea.build_unified_kv_indices(
-        meta.kv_indptr, meta.kv_indices, extend_start_loc, extend_seq_lens, batch.out_cache_loc, bs)
+        meta.kv_indptr, meta.kv_indices, extend_start_loc, extend_seq_lens, batch.out_cache_loc, bs
+    )
     o = torch.empty_like(batch.q)
     ea.extend_attention_fwd_unified(
-        batch.q, o, batch.k_buffer, batch.v_buffer, 1.0, 1.0, meta.qo_indptr, kv_indptr, kv_indices,
-        prefix_lens.to(torch.int32), meta.max_extend_len, custom_mask=custom_mask, mask_indptr=meta.mask_indptr,
-        sm_scale=DIM ** -0.5, logit_cap=0.0, is_causal=True, sliding_window_size=-1, sinks=None,
-        window_start_pos=None, xai_temperature_len=-1, page_size=1, score_mod=None, aux_tensors=None)
+        batch.q,
+        o,
+        batch.k_buffer,
+        batch.v_buffer,
+        1.0,
+        1.0,
+        meta.qo_indptr,
+        kv_indptr,
+        kv_indices,
+        prefix_lens.to(torch.int32),
+        meta.max_extend_len,
+        custom_mask=custom_mask,
+        mask_indptr=meta.mask_indptr,
+        sm_scale=DIM**-0.5,
+        logit_cap=0.0,
+        is_causal=True,
+        sliding_window_size=-1,
+        sinks=None,
+        window_start_pos=None,
+        xai_temperature_len=-1,
+        page_size=1,
+        score_mod=None,
+        aux_tensors=None,
+    )
     return o
 
 
@@ -194,7 +256,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Ten
     """Dense attention in float64: q [R, H, D], k/v [S, H_kv, D], allowed [R, S] -> [R, H, D]."""
     group = q.shape[1] // k.shape[1]
     k, v = k.double().repeat_interleave(group, 1), v.double().repeat_interleave(group, 1)
-    scores = torch.einsum("rhd,shd->hrs", q.double(), k) * DIM ** -0.5
+    scores = torch.einsum("rhd,shd->hrs", q.double(), k) * DIM**-0.5
     weights = scores.masked_fill(~allowed[None], float("-inf")).softmax(-1)
     return torch.einsum("hrs,shd->rhd", weights, v).float()
 
@@ -309,7 +371,7 @@ def test_wrong_layouts_do_not_match(ea):
     blind = good.clone()
     for b, length in enumerate(batch.seq_lens):
         start = int(meta.mask_indptr[b])
-        rows = blind[start:int(meta.mask_indptr[b + 1])].view(batch.n, length + batch.n)
+        rows = blind[start : int(meta.mask_indptr[b + 1])].view(batch.n, length + batch.n)
         rows[:, :length] = False
     assert max_diff(run_extend(ea, batch, meta, blind), expected) < ATOL
     assert max_diff(run_unified(ea, batch, meta, blind), expected) > 0.1

@@ -46,8 +46,14 @@ def _expected(trees, seq_lens, n):
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 10_000), st.integers(1, 24), st.integers(1, 6), st.integers(1, 4),
-                          st.integers(0, 40)), min_size=1, max_size=4), st.integers(0, 5))
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 10_000), st.integers(1, 24), st.integers(1, 6), st.integers(1, 4), st.integers(0, 40)),
+        min_size=1,
+        max_size=4,
+    ),
+    st.integers(0, 5),
+)
 def test_matches_node_by_node_construction(specs, extra_width):
     trees = [_random_tree(seed, budget, depth, width) for seed, budget, depth, width, _ in specs]
     seq_lens = [length for *_, length in specs]
@@ -106,8 +112,10 @@ def test_links_equal_sglang_host_reconstruction_for_full_trees(jetspec_registere
     assert torch.equal(got.retrieve_next_sibling, next_sibling)
 
 
-@pytest.mark.parametrize("backend, layout", [("flashinfer", MaskLayout.FULL), ("triton", MaskLayout.FULL),
-                                             ("intel_amx", MaskLayout.QLEN_ONLY)])
+@pytest.mark.parametrize(
+    "backend, layout",
+    [("flashinfer", MaskLayout.FULL), ("triton", MaskLayout.FULL), ("intel_amx", MaskLayout.QLEN_ONLY)],
+)
 def test_each_tree_mask_backend_gets_the_layout_it_reads(backend, layout):
     assert tree_mask_layout(backend) == layout
 

@@ -27,14 +27,14 @@ from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, Forw
 from sglang.srt.sampling.sampling_params import SamplingParams as SGLangParams  # noqa: E402
 
 from policies import load_policy  # noqa: E402
-from sglang_jetspec.adapter import worker as worker_module  # noqa: E402
 from sglang_jetspec.adapter import spec_inputs as spec_inputs_module  # noqa: E402
-from sglang_jetspec.adapter.tensor_parallel import SingleRank  # noqa: E402
+from sglang_jetspec.adapter import worker as worker_module  # noqa: E402
 from sglang_jetspec.adapter.attention_backends import MaskLayout  # noqa: E402
 from sglang_jetspec.adapter.policy import PolicyControl, policy_path  # noqa: E402
 from sglang_jetspec.adapter.request_state import DraftStateStore  # noqa: E402
-from sglang_jetspec.core.context_pool import SlotContextPool  # noqa: E402
+from sglang_jetspec.adapter.tensor_parallel import SingleRank  # noqa: E402
 from sglang_jetspec.adapter.worker_observability import WorkerShadow  # noqa: E402
+from sglang_jetspec.core.context_pool import SlotContextPool  # noqa: E402
 from sglang_jetspec.core.drafter import HeadDrafter  # noqa: E402
 from sglang_jetspec.core.head_io import load_head  # noqa: E402
 from sglang_jetspec.core.learned_verify_cost import LearnedVerifyCost  # noqa: E402
@@ -74,16 +74,25 @@ class FakeTarget:
             assert is_verify and batch.spec_info is None
             return self._decode(batch, capture_hidden_mode)
         assert capture_hidden_mode == CaptureHiddenMode.FULL
-        lanes = [(r.origin_input_ids, torch.arange(len(r.origin_input_ids)),
-                  torch.ones(len(r.origin_input_ids), len(r.origin_input_ids), dtype=torch.bool).tril()) for r in batch.reqs]
+        lanes = [
+            (
+                r.origin_input_ids,
+                torch.arange(len(r.origin_input_ids)),
+                torch.ones(len(r.origin_input_ids), len(r.origin_input_ids), dtype=torch.bool).tril(),
+            )
+            for r in batch.reqs
+        ]
         logits, taps = self._run(lanes)
         last = torch.stack([logits[b, len(r.origin_input_ids) - 1] for b, r in enumerate(batch.reqs)])
         for b, req in enumerate(batch.reqs):  # SGLang's sampler masks a constrained request's first token
             if req.grammar is not None:
                 _mask_to_grammar(last[b : b + 1], req.grammar)
         rows = torch.cat([taps[b, : len(r.origin_input_ids)] for b, r in enumerate(batch.reqs)])
-        return SimpleNamespace(logits_output=SimpleNamespace(hidden_states=rows, next_token_logits=last),
-                               next_token_ids=last.argmax(-1), can_run_cuda_graph=False)
+        return SimpleNamespace(
+            logits_output=SimpleNamespace(hidden_states=rows, next_token_logits=last),
+            next_token_ids=last.argmax(-1),
+            can_run_cuda_graph=False,
+        )
 
     def _decode(self, batch, capture_hidden_mode):
         self.decodes = getattr(self, "decodes", 0) + 1
@@ -91,13 +100,19 @@ class FakeTarget:
         for b, req in enumerate(batch.reqs):
             tokens = req.origin_input_ids + req.output_ids  # ends with the root, the last committed token
             assert int(batch.seq_lens[b]) == len(tokens) and int(batch.input_ids[b]) == tokens[-1]
-            lanes.append((tokens, torch.arange(len(tokens)), torch.ones(len(tokens), len(tokens), dtype=torch.bool).tril()))
+            lanes.append(
+                (tokens, torch.arange(len(tokens)), torch.ones(len(tokens), len(tokens), dtype=torch.bool).tril())
+            )
         logits, taps = self._run(lanes)
         last = [len(lane[0]) - 1 for lane in lanes]
         rows = torch.stack([taps[b, i] for b, i in enumerate(last)])
-        return SimpleNamespace(logits_output=SimpleNamespace(
-            next_token_logits=torch.stack([logits[b, i] for b, i in enumerate(last)]),
-            hidden_states=rows if capture_hidden_mode == CaptureHiddenMode.FULL else None), can_run_cuda_graph=False)
+        return SimpleNamespace(
+            logits_output=SimpleNamespace(
+                next_token_logits=torch.stack([logits[b, i] for b, i in enumerate(last)]),
+                hidden_states=rows if capture_hidden_mode == CaptureHiddenMode.FULL else None,
+            ),
+            can_run_cuda_graph=False,
+        )
 
     def _verify(self, batch):
         spec, n = batch.spec_info, batch.spec_info.draft_token_num
@@ -117,9 +132,13 @@ class FakeTarget:
             lanes.append((tokens, positions, mask))
         logits, taps = self._run(lanes)
         rows = [(b, len(lane[0]) - n) for b, lane in enumerate(lanes)]
-        return SimpleNamespace(logits_output=SimpleNamespace(
-            next_token_logits=torch.cat([logits[b, s : s + n] for b, s in rows]),
-            hidden_states=torch.cat([taps[b, s : s + n] for b, s in rows])), can_run_cuda_graph=False)
+        return SimpleNamespace(
+            logits_output=SimpleNamespace(
+                next_token_logits=torch.cat([logits[b, s : s + n] for b, s in rows]),
+                hidden_states=torch.cat([taps[b, s : s + n] for b, s in rows]),
+            ),
+            can_run_cuda_graph=False,
+        )
 
 
 @pytest.fixture(scope="module")
@@ -160,8 +179,10 @@ REQ_TO_TOKEN = 1 + torch.arange(MAX_REQS * MAX_LEN).view(MAX_REQS, MAX_LEN)
 
 def _extend_cache_locs(req_pool_indices, req_to_token, start_offset, end_offset, **kw):
     """SGLang's assign_extend_cache_locs: the slots of positions start..end-1 of each request."""
-    return torch.cat([req_to_token[i, s:e] for i, s, e in zip(req_pool_indices.tolist(), start_offset.tolist(),
-                                                              end_offset.tolist())])
+    return torch.cat(
+        [req_to_token[i, s:e] for i, s, e in zip(req_pool_indices.tolist(), start_offset.tolist(), end_offset.tolist())]
+    )
+
 
 class Scheduler:
     """The synchronous spec-V2 loop of Scheduler.run_batch + _resolve_spec_v2_tokens, reduced."""
@@ -172,19 +193,30 @@ class Scheduler:
 
     def _batch(self, mode, reqs, **extra):
         info = SimpleNamespace(logit_bias=None, vocab_size=self.worker.vocab_size)
-        return SimpleNamespace(forward_mode=mode, reqs=reqs, sampling_info=info, return_logprob=False,
-                               has_grammar=any(r.grammar is not None for r in reqs),
-                               req_pool_indices=torch.tensor([r.kv.req_pool_idx for r in reqs]),
-                               req_to_token_pool=SimpleNamespace(req_to_token=REQ_TO_TOKEN),
-                               spec_info=None, **extra)
+        return SimpleNamespace(
+            forward_mode=mode,
+            reqs=reqs,
+            sampling_info=info,
+            return_logprob=False,
+            has_grammar=any(r.grammar is not None for r in reqs),
+            req_pool_indices=torch.tensor([r.kv.req_pool_idx for r in reqs]),
+            req_to_token_pool=SimpleNamespace(req_to_token=REQ_TO_TOKEN),
+            spec_info=None,
+            **extra,
+        )
 
     def admit(self, reqs):
         for req in reqs:
             req.kv = SimpleNamespace(req_pool_idx=self.next_pool_idx)  # SGLang's Req keeps its row in req.kv
             self.next_pool_idx += 1
-        batch = self._batch(ForwardMode.EXTEND, reqs, seq_lens=torch.tensor([len(r.origin_input_ids) for r in reqs]),
-                            prefix_lens=[0] * len(reqs), extend_lens=[len(r.origin_input_ids) for r in reqs],
-                            out_cache_loc=torch.cat([REQ_TO_TOKEN[r.kv.req_pool_idx, : len(r.origin_input_ids)] for r in reqs]))
+        batch = self._batch(
+            ForwardMode.EXTEND,
+            reqs,
+            seq_lens=torch.tensor([len(r.origin_input_ids) for r in reqs]),
+            prefix_lens=[0] * len(reqs),
+            extend_lens=[len(r.origin_input_ids) for r in reqs],
+            out_cache_loc=torch.cat([REQ_TO_TOKEN[r.kv.req_pool_idx, : len(r.origin_input_ids)] for r in reqs]),
+        )
         result = self.worker.forward_batch_generation(batch, on_publish=self.publishes.append)
         self.forwards += 1
         for req, token in zip(reqs, result.next_token_ids.tolist()):
@@ -202,7 +234,9 @@ class Scheduler:
 
     def step(self):
         kv = [len(r.origin_input_ids) + len(r.output_ids) - 1 for r in self.running]
-        batch = self._batch(ForwardMode.DECODE, list(self.running), seq_lens=torch.tensor(kv), seq_lens_cpu=torch.tensor(kv))
+        batch = self._batch(
+            ForwardMode.DECODE, list(self.running), seq_lens=torch.tensor(kv), seq_lens_cpu=torch.tensor(kv)
+        )
         result = self.worker.forward_batch_generation(batch, on_publish=self.publishes.append)
         self.forwards += 1
         assert result.new_seq_lens.tolist() == [k + a for k, a in zip(kv, result.accept_lens.tolist())]
@@ -238,7 +272,7 @@ def _plain_greedy(target, prompt, n):
         for _ in range(n):
             logits = target.model(torch.tensor([ids])).logits[0, -1]
             ids.append(int(logits.argmax()))
-    return ids[len(prompt):]
+    return ids[len(prompt) :]
 
 
 PROMPTS = ["def fibonacci(n):\n    ", "The capital of France is", "for i in range(10):\n    print("]
@@ -246,8 +280,11 @@ PROMPTS = ["def fibonacci(n):\n    ", "The capital of France is", "for i in rang
 
 def test_greedy_output_equals_plain_decoding_with_requests_joining_and_finishing(fresh, smollm2, single_thread):
     encode = lambda text: smollm2.tokenizer(text)["input_ids"]  # noqa: E731
-    reqs = [FakeReq("a", encode(PROMPTS[0]), 24, temperature=0.0), FakeReq("b", encode(PROMPTS[1]), 6, temperature=0.0),
-            FakeReq("c", encode(PROMPTS[2]), 16, temperature=0.0)]
+    reqs = [
+        FakeReq("a", encode(PROMPTS[0]), 24, temperature=0.0),
+        FakeReq("b", encode(PROMPTS[1]), 6, temperature=0.0),
+        FakeReq("c", encode(PROMPTS[2]), 16, temperature=0.0),
+    ]
     sched = Scheduler(fresh)
     sched.admit(reqs[:2])
     steps = 0
@@ -258,7 +295,9 @@ def test_greedy_output_equals_plain_decoding_with_requests_joining_and_finishing
         steps += 1
     sched.admit([FakeReq("d", encode("x"), 1, temperature=0.0)])  # one more forward runs the sweep
     for req in reqs:
-        assert req.output_ids[: req.sampling_params.max_new_tokens] == _plain_greedy(smollm2, req.origin_input_ids, req.sampling_params.max_new_tokens), req.rid
+        assert req.output_ids[: req.sampling_params.max_new_tokens] == _plain_greedy(
+            smollm2, req.origin_input_ids, req.sampling_params.max_new_tokens
+        ), req.rid
         assert req.rid not in fresh.states
     assert len(sched.publishes) == sched.forwards == steps + 3  # on_publish once per forward (3 prefills)
     assert max(sched.accept_lens) > 1, "the shipped head never got a draft accepted: drafting is not wired"
@@ -268,10 +307,19 @@ def _plain_penalized_greedy(target, prompt, n, **sampling):
     """Plain greedy decoding with SGLang's own penalizers fed one output token per step."""
     from sglang.srt.sampling import penaltylib
 
-    req = SimpleNamespace(sampling_params=SGLangParams(max_new_tokens=n, **sampling), eos_token_ids=None, tokenizer=None)
+    req = SimpleNamespace(
+        sampling_params=SGLangParams(max_new_tokens=n, **sampling), eos_token_ids=None, tokenizer=None
+    )
     holder = type("Batch", (), {"reqs": [req], "device": "cpu"})()  # held by weak reference
-    orchestrator = penaltylib.BatchedPenalizerOrchestrator(target.info.vocab_size, holder, {
-        penaltylib.BatchedFrequencyPenalizer, penaltylib.BatchedPresencePenalizer, penaltylib.BatchedRepetitionPenalizer})
+    orchestrator = penaltylib.BatchedPenalizerOrchestrator(
+        target.info.vocab_size,
+        holder,
+        {
+            penaltylib.BatchedFrequencyPenalizer,
+            penaltylib.BatchedPresencePenalizer,
+            penaltylib.BatchedRepetitionPenalizer,
+        },
+    )
     ids = list(prompt)
     with torch.no_grad():
         for _ in range(n):
@@ -284,7 +332,7 @@ def _plain_penalized_greedy(target, prompt, n, **sampling):
                 logits = torch.where(logits < 0, logits * scaling, logits / scaling)
             ids.append(int(logits.argmax()))
             orchestrator.cumulate_output_tokens(torch.tensor([ids[-1]]))
-    return ids[len(prompt):]
+    return ids[len(prompt) :]
 
 
 def _relaxed_penalties(logits, penalties, outputs, trees, num_nodes):
@@ -299,8 +347,9 @@ def _relaxed_penalties(logits, penalties, outputs, trees, num_nodes):
 
 
 @pytest.mark.parametrize("relaxed", [False, True], ids=["exact", "negative-control-relaxed"])
-def test_penalised_greedy_output_equals_plain_decoding_with_sglangs_penalizers(fresh, smollm2, single_thread,
-                                                                               monkeypatch, relaxed):
+def test_penalised_greedy_output_equals_plain_decoding_with_sglangs_penalizers(
+    fresh, smollm2, single_thread, monkeypatch, relaxed
+):
     """Frequency, presence and repetition penalties through the worker's 16-node trees give plain
     decoding's tokens; applying them once per step (SGLang's relaxed way) must not."""
     if relaxed:
@@ -310,7 +359,9 @@ def test_penalised_greedy_output_equals_plain_decoding_with_sglangs_penalizers(f
     reqs = [FakeReq(f"p{i}", ids, 28, temperature=0.0, **sampling) for i, ids in enumerate(prompts)]
     sched = Scheduler(fresh)
     sched.run(reqs)
-    same = [req.output_ids[:28] == _plain_penalized_greedy(smollm2, req.origin_input_ids, 28, **sampling) for req in reqs]
+    same = [
+        req.output_ids[:28] == _plain_penalized_greedy(smollm2, req.origin_input_ids, 28, **sampling) for req in reqs
+    ]
     assert max(sched.accept_lens) > 1, "no draft accepted: the trees never tested a node below the root"
     assert same == [True, True] if not relaxed else not all(same)
 
@@ -332,18 +383,21 @@ def _plain_constrained_greedy(target, prompt, n, grammar):
             grammar.accept_token(ids[-1])
             if grammar.is_terminated():
                 break
-    return ids[len(prompt):]
+    return ids[len(prompt) :]
 
 
 PERSON = '{"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}}, "required": ["name", "age"]}'
-CONSTRAINED = [("json", PERSON, "Describe a person as JSON with a name and an age."),
-               ("regex", r"(yes|no), because [a-z ]{5,40}\.", "Is the sky blue? Answer yes or no and say why."),
-               ("ebnf", 'root ::= "def " [a-z_]+ "(" [a-z, ]* "):"', "Write a Python function header.")]
+CONSTRAINED = [
+    ("json", PERSON, "Describe a person as JSON with a name and an age."),
+    ("regex", r"(yes|no), because [a-z ]{5,40}\.", "Is the sky blue? Answer yes or no and say why."),
+    ("ebnf", 'root ::= "def " [a-z_]+ "(" [a-z, ]* "):"', "Write a Python function header."),
+]
 
 
 @pytest.mark.parametrize("masked", [True, False], ids=["masked", "negative-control-unmasked"])
-def test_constrained_greedy_output_equals_plain_masked_decoding_beside_free_text(fresh, smollm2, single_thread,
-                                                                                xgrammar_backend, monkeypatch, masked):
+def test_constrained_greedy_output_equals_plain_masked_decoding_beside_free_text(
+    fresh, smollm2, single_thread, xgrammar_backend, monkeypatch, masked
+):
     """JSON-schema, regex and EBNF requests in one batch with a free-text request: each gives plain
     decoding's tokens under its grammar's mask, and forbidden draft nodes are pruned before the verify.
     Without the masks the output leaves the grammar (SGLang's matcher refuses the token) or differs."""
@@ -355,14 +409,22 @@ def test_constrained_greedy_output_equals_plain_masked_decoding_beside_free_text
         kept = prune(self, lane, tree)
         pruned.append((tree.size, kept.size))
         return kept
+
     monkeypatch.setattr(TreeGrammar, "prune", recording_prune)
     if not masked:
         monkeypatch.setattr(TreeGrammar, "mask", lambda *a: None)
-    dispatch = {"json": xgrammar_backend.dispatch_json, "regex": xgrammar_backend.dispatch_regex,
-                "ebnf": xgrammar_backend.dispatch_ebnf}
+    dispatch = {
+        "json": xgrammar_backend.dispatch_json,
+        "regex": xgrammar_backend.dispatch_regex,
+        "ebnf": xgrammar_backend.dispatch_ebnf,
+    }
+
     def chat(text):
-        prompt = smollm2.tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False)
+        prompt = smollm2.tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
+        )
         return smollm2.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+
     reqs = []
     for kind, spec, question in CONSTRAINED:
         req = FakeReq(kind, chat(question), 40, temperature=0.0)
@@ -377,7 +439,9 @@ def test_constrained_greedy_output_equals_plain_masked_decoding_beside_free_text
         return
     same = []
     for (kind, spec, _), req in zip(CONSTRAINED, reqs):
-        same.append(req.output_ids == _plain_constrained_greedy(smollm2, req.origin_input_ids, 40, dispatch[kind](spec)))
+        same.append(
+            req.output_ids == _plain_constrained_greedy(smollm2, req.origin_input_ids, 40, dispatch[kind](spec))
+        )
     same.append(reqs[-1].output_ids == _plain_greedy(smollm2, reqs[-1].origin_input_ids, 24))
     if not masked:
         assert not all(same[:-1])
@@ -404,8 +468,9 @@ def test_the_pool_holds_exactly_the_committed_tokens_context_at_their_slots(fres
     slots = REQ_TO_TOKEN[req.kv.req_pool_idx, : len(tokens)]
     pool = fresh.context_pool
     assert pool.valid.nonzero().flatten().tolist() == sorted(slots.tolist())
-    _, taps = fresh._target_worker._run([(tokens, torch.arange(len(tokens)),
-                                          torch.ones(len(tokens), len(tokens), dtype=torch.bool).tril())])
+    _, taps = fresh._target_worker._run(
+        [(tokens, torch.arange(len(tokens)), torch.ones(len(tokens), len(tokens), dtype=torch.bool).tril())]
+    )
     want = fresh.drafter.head.project_context(taps[:1, : len(tokens)], torch.arange(len(tokens)).unsqueeze(0))
     for layer, ref in enumerate(want):
         assert torch.allclose(pool.keys[layer, slots], ref.keys[0].transpose(0, 1), atol=1e-4)
@@ -437,7 +502,10 @@ def test_budget_zero_is_plain_decoding_with_no_draft_work(fresh, smollm2, single
 def test_a_pushed_budget_zero_keeps_the_draft_context_so_speculation_can_resume(fresh, smollm2, single_thread):
     """Off under a pushed table (a controller that may probe or re-enable the cohort): decode forwards
     still keep each committed token's head context, so the next speculative step drafts from a whole one."""
-    flat = {"jetspec_policy.ttl_s": 600, **{f"jetspec_policy.{c.name}.budget": 0 for c in fresh.policy_control.policy.cohorts}}
+    flat = {
+        "jetspec_policy.ttl_s": 600,
+        **{f"jetspec_policy.{c.name}.budget": 0 for c in fresh.policy_control.policy.cohorts},
+    }
     fresh.policy_control = PolicyControl(fresh.policy_control.policy, admin_key_configured=True)
     assert fresh.policy_control.push(flat, time.time()) == []
     prompt = smollm2.tokenizer(PROMPTS[0])["input_ids"]
@@ -455,17 +523,22 @@ def test_a_pushed_budget_zero_keeps_the_draft_context_so_speculation_can_resume(
     assert req.output_ids == _plain_greedy(smollm2, prompt, 20)
 
 
-def _one_budget(tmp_path, budget, draft_rounds=0, tree_width=0, drafter="head", tree_sizing="fixed", sampled_children="top_k"):
+def _one_budget(
+    tmp_path, budget, draft_rounds=0, tree_width=0, drafter="head", tree_sizing="fixed", sampled_children="top_k"
+):
     path = tmp_path / "one.yaml"
-    path.write_text(f"cohorts:\n  - {{name: all, min_batch: 1, max_batch: 256, budgets: [{budget}], default: {budget}, "
-                    f"draft_rounds: {draft_rounds}, tree_width: {tree_width}, drafter: {drafter}, tree_sizing: {tree_sizing}, "
-                    f"sampled_children: {sampled_children}}}\n"
-                    f"head: {{max_draft_rounds: {draft_rounds}}}\n")
+    path.write_text(
+        f"cohorts:\n  - {{name: all, min_batch: 1, max_batch: 256, budgets: [{budget}], default: {budget}, "
+        f"draft_rounds: {draft_rounds}, tree_width: {tree_width}, drafter: {drafter}, tree_sizing: {tree_sizing}, "
+        f"sampled_children: {sampled_children}}}\n"
+        f"head: {{max_draft_rounds: {draft_rounds}}}\n"
+    )
     return PolicyControl(load_policy(path), admin_key_configured=False)
 
 
-def test_policy_draft_rounds_and_width_shape_the_trees_and_stay_lossless(fresh, smollm2, reveal_drafter, single_thread,
-                                                                         monkeypatch, tmp_path):
+def test_policy_draft_rounds_and_width_shape_the_trees_and_stay_lossless(
+    fresh, smollm2, reveal_drafter, single_thread, monkeypatch, tmp_path
+):
     fresh.policy_control = _one_budget(tmp_path, 16, draft_rounds=1, tree_width=3)
     monkeypatch.setattr(fresh, "drafter", reveal_drafter)
     monkeypatch.setattr(reveal_drafter, "context", fresh.context_pool)
@@ -479,7 +552,10 @@ def test_policy_draft_rounds_and_width_shape_the_trees_and_stay_lossless(fresh, 
 
     monkeypatch.setattr(reveal_drafter, "propose_children", spy)
     encode = lambda text: smollm2.tokenizer(text)["input_ids"]  # noqa: E731
-    reqs = [FakeReq("r0", encode(PROMPTS[0]), 12, temperature=0.0), FakeReq("r1", encode(PROMPTS[2]), 12, temperature=0.0)]
+    reqs = [
+        FakeReq("r0", encode(PROMPTS[0]), 12, temperature=0.0),
+        FakeReq("r1", encode(PROMPTS[2]), 12, temperature=0.0),
+    ]
     sched = Scheduler(fresh)
     steps = sched.run(reqs)
     for req in reqs:
@@ -489,8 +565,9 @@ def test_policy_draft_rounds_and_width_shape_the_trees_and_stay_lossless(fresh, 
     assert max(sched.accept_lens) > 1
 
 
-def test_a_hybrid_cohort_merges_each_requests_prompt_lookup_and_stays_lossless(fresh, smollm2, single_thread,
-                                                                              monkeypatch, tmp_path):
+def test_a_hybrid_cohort_merges_each_requests_prompt_lookup_and_stays_lossless(
+    fresh, smollm2, single_thread, monkeypatch, tmp_path
+):
     fresh.policy_control = _one_budget(tmp_path, 16, drafter="hybrid")
     fresh.hybrid = LookupMerge(math.log(0.9), 2, 4, SuffixStore(), SuffixStore())
     merges = []
@@ -504,8 +581,10 @@ def test_a_hybrid_cohort_merges_each_requests_prompt_lookup_and_stays_lossless(f
 
     monkeypatch.setattr(worker_module, "draft_trees", spy)
     encode = lambda text: smollm2.tokenizer(text)["input_ids"]  # noqa: E731
-    reqs = [FakeReq("r0", encode("1, 2, 3, 4, 1, 2, 3, 4, 1, 2,"), 16, temperature=0.0),
-            FakeReq("r1", encode(PROMPTS[0]), 16, temperature=0.0)]
+    reqs = [
+        FakeReq("r0", encode("1, 2, 3, 4, 1, 2, 3, 4, 1, 2,"), 16, temperature=0.0),
+        FakeReq("r1", encode(PROMPTS[0]), 16, temperature=0.0),
+    ]
     sched = Scheduler(fresh)
     sched.run(reqs)
     for req in reqs:
@@ -534,8 +613,9 @@ def _verified_node_counts(worker, monkeypatch) -> list[int]:
     return counts
 
 
-def test_an_adaptive_cohort_times_both_ends_of_its_verify_cost_then_sizes_and_stays_lossless(fresh, smollm2, single_thread,
-                                                                                            monkeypatch, tmp_path):
+def test_an_adaptive_cohort_times_both_ends_of_its_verify_cost_then_sizes_and_stays_lossless(
+    fresh, smollm2, single_thread, monkeypatch, tmp_path
+):
     fresh.policy_control = _one_budget(tmp_path, 16, tree_sizing="adaptive")
     counts = _verified_node_counts(fresh, monkeypatch)
     reqs = [FakeReq("s", smollm2.tokenizer(PROMPTS[0])["input_ids"], 12, temperature=0.0)]
@@ -546,8 +626,9 @@ def test_an_adaptive_cohort_times_both_ends_of_its_verify_cost_then_sizes_and_st
     assert fresh.verify_costs.rows[0] == 1 and 16 in fresh.verify_costs.rows and fresh.verify_costs.probe(1, 16) is None
 
 
-def test_an_adaptive_cohort_on_a_costly_verify_keeps_the_roots_and_rests_the_head(fresh, smollm2, single_thread,
-                                                                                monkeypatch, tmp_path):
+def test_an_adaptive_cohort_on_a_costly_verify_keeps_the_roots_and_rests_the_head(
+    fresh, smollm2, single_thread, monkeypatch, tmp_path
+):
     fresh.policy_control = _one_budget(tmp_path, 16, tree_sizing="adaptive")
     for rows, seconds in ((1, 0.01), (64, 0.704)):  # every added row costs more than a whole step: no draft pays
         fresh.verify_costs.observe(rows, seconds)
@@ -563,7 +644,9 @@ def test_an_adaptive_cohort_on_a_costly_verify_keeps_the_roots_and_rests_the_hea
     assert len(head_steps) <= len(counts) / 2 and counts.count(1) >= len(counts) / 2 and max(counts) < 16
 
 
-def test_a_drawn_cohort_draws_the_children_of_sampled_requests_only(fresh, smollm2, single_thread, monkeypatch, tmp_path):
+def test_a_drawn_cohort_draws_the_children_of_sampled_requests_only(
+    fresh, smollm2, single_thread, monkeypatch, tmp_path
+):
     fresh.policy_control = _one_budget(tmp_path, 8, sampled_children="drawn")
     methods, drawn, real = [], [], worker_module.accept_step
 
@@ -593,8 +676,11 @@ def test_seeded_sampling_does_not_depend_on_the_batch(fresh, smollm2, single_thr
     def run(with_neighbour):
         fresh.states.drop_all()
         req = FakeReq("s", prompt, 10, temperature=0.9, top_p=0.95, sampling_seed=1234)
-        batch = [req] + ([FakeReq("n", smollm2.tokenizer(PROMPTS[2])["input_ids"], 10, temperature=1.0, sampling_seed=9)]
-                         if with_neighbour else [])
+        batch = [req] + (
+            [FakeReq("n", smollm2.tokenizer(PROMPTS[2])["input_ids"], 10, temperature=1.0, sampling_seed=9)]
+            if with_neighbour
+            else []
+        )
         Scheduler(fresh).run(batch)
         return req.output_ids
 
@@ -617,8 +703,9 @@ class RecordingTee:
         return True
 
 
-def test_a_request_finishing_in_decode_reaches_the_shadow_tee_with_its_final_tokens(fresh, smollm2, single_thread,
-                                                                                    monkeypatch):
+def test_a_request_finishing_in_decode_reaches_the_shadow_tee_with_its_final_tokens(
+    fresh, smollm2, single_thread, monkeypatch
+):
     tee = RecordingTee()
     monkeypatch.setattr(fresh, "shadow", WorkerShadow(tee, model="m", head="h"))
     req = FakeReq("sh", smollm2.tokenizer(PROMPTS[0])["input_ids"], 10, temperature=0.0)
@@ -635,8 +722,9 @@ def test_a_request_finishing_in_decode_reaches_the_shadow_tee_with_its_final_tok
     assert [r.request_id for r in tee.records] == ["sh", "prefill-only"]
 
 
-def test_each_verify_step_is_a_span_with_its_phases_when_sglang_tracing_is_on(fresh, smollm2, single_thread,
-                                                                               monkeypatch, tmp_path):
+def test_each_verify_step_is_a_span_with_its_phases_when_sglang_tracing_is_on(
+    fresh, smollm2, single_thread, monkeypatch, tmp_path
+):
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
@@ -651,35 +739,60 @@ def test_each_verify_step_is_a_span_with_its_phases_when_sglang_tracing_is_on(fr
     first = step_spans[0]
     assert list(first.attributes["jetspec.request_ids"]) == ["x", "y"]
     assert first.attributes["jetspec.budget"] == 16 and first.attributes["jetspec.batch_size"] == 2
-    children = sorted((s for s in spans if s.parent is not None and s.parent.span_id == first.context.span_id),
-                      key=lambda s: s.start_time)
-    assert [c.name for c in children] == ["jetspec.draft", "jetspec.tree", "jetspec.verify", "jetspec.accept",
-                                          "jetspec.commit"]
+    children = sorted(
+        (s for s in spans if s.parent is not None and s.parent.span_id == first.context.span_id),
+        key=lambda s: s.start_time,
+    )
+    assert [c.name for c in children] == [
+        "jetspec.draft",
+        "jetspec.tree",
+        "jetspec.verify",
+        "jetspec.accept",
+        "jetspec.commit",
+    ]
     assert all(first.start_time <= c.start_time <= c.end_time <= first.end_time for c in children)
     assert children[2].end_time > children[2].start_time  # the verify took measurable time
 
 
-def test_the_worker_builds_from_resolved_server_arguments(jetspec_registered, smollm2, smollm2_dir, head_dir, monkeypatch):
+def test_the_worker_builds_from_resolved_server_arguments(
+    jetspec_registered, smollm2, smollm2_dir, head_dir, monkeypatch
+):
     """__init__ against a real resolved ServerArgs and a stand-in for the target's model runner: loads the
     head, asks the target to capture the head's tap layers, registers the draft model classes."""
     from sglang.srt.models.registry import ModelRegistry
     from sglang.srt.server_args import prepare_server_args
 
-    argv = ["--model-path", str(smollm2_dir), "--speculative-algorithm", "jetspec", "--speculative-draft-model-path",
-            str(head_dir), "--attention-backend", "intel_amx", "--disable-overlap-schedule", "--disable-decode-cuda-graph",
-            "--disable-radix-cache", "--device", "cpu"]
+    argv = [
+        "--model-path",
+        str(smollm2_dir),
+        "--speculative-algorithm",
+        "jetspec",
+        "--speculative-draft-model-path",
+        str(head_dir),
+        "--attention-backend",
+        "intel_amx",
+        "--disable-overlap-schedule",
+        "--disable-decode-cuda-graph",
+        "--disable-radix-cache",
+        "--device",
+        "cpu",
+    ]
     from sglang.srt.runtime_context import override_platform
 
     with override_platform(has_amx=True):  # SGLang's CPU engine on an AMX machine keeps intel_amx
         server_args = prepare_server_args(argv)
         server_args.resolve_once()
     captured = []
-    model = SimpleNamespace(set_dflash_layers_to_capture=captured.extend, lm_head=smollm2.lm_head,
-                            get_input_embeddings=lambda: smollm2.embed_tokens)
+    model = SimpleNamespace(
+        set_dflash_layers_to_capture=captured.extend,
+        lm_head=smollm2.lm_head,
+        get_input_embeddings=lambda: smollm2.embed_tokens,
+    )
     target_worker = SimpleNamespace(model_runner=SimpleNamespace(dtype=torch.float32, model=model))
     monkeypatch.setattr(worker_module, "get_device", lambda: SimpleNamespace(device=torch.device("cpu")))
-    monkeypatch.setattr(worker_module, "get_spec", lambda: SimpleNamespace(speculative_num_steps=15,
-                                                                           speculative_num_draft_tokens=256))
+    monkeypatch.setattr(
+        worker_module, "get_spec", lambda: SimpleNamespace(speculative_num_steps=15, speculative_num_draft_tokens=256)
+    )
     monkeypatch.setattr(worker_module, "sglang_ranks", SingleRank)  # no SGLang process groups here
     w = worker_module.JetSpecWorker(server_args, gpu_id=0, nccl_port=0, target_worker=target_worker)
     assert tuple(captured) == w.head.config.target_layer_ids == (1, 10, 18, 27)
@@ -689,7 +802,6 @@ def test_the_worker_builds_from_resolved_server_arguments(jetspec_registered, sm
     assert w.policy_control.step_plan(1, 0.0).budget > 0
 
 
-
 class DeviceReads(TorchFunctionMode):
     """Counts the host syncs a GPU would make in a worker step, on this CPU, by following what lives on
     the device: the target's outputs, the batch's device tensors, the draft model's weights, whatever
@@ -697,8 +809,15 @@ class DeviceReads(TorchFunctionMode):
     (tolist, item, cpu, numpy, bool/int/float/index) is a device->host sync; `.cpu()` gives a host
     tensor. Sites are counted per file:line of the worker's code (adapter/, core/)."""
 
-    READS = {torch.Tensor.tolist, torch.Tensor.item, torch.Tensor.numpy, torch.Tensor.__bool__,
-             torch.Tensor.__int__, torch.Tensor.__float__, torch.Tensor.__index__}
+    READS = {
+        torch.Tensor.tolist,
+        torch.Tensor.item,
+        torch.Tensor.numpy,
+        torch.Tensor.__bool__,
+        torch.Tensor.__int__,
+        torch.Tensor.__float__,
+        torch.Tensor.__index__,
+    }
 
     def __init__(self, seeds):
         super().__init__()
@@ -747,16 +866,20 @@ def _syncs_per_step(worker, smollm2, prompts, steps=3):
     encode = lambda text: smollm2.tokenizer(text)["input_ids"]  # noqa: E731
     sched = Scheduler(worker)
     sched.admit([FakeReq(f"h{i}", encode(p), 40, temperature=0.0) for i, p in enumerate(prompts)])
-    weights = [p for m in (worker.drafter.head, worker.drafter.embed_tokens, worker.drafter.lm_head) for p in m.parameters()]
+    weights = [
+        p for m in (worker.drafter.head, worker.drafter.embed_tokens, worker.drafter.lm_head) for p in m.parameters()
+    ]
     real = worker._target_worker.forward_batch_generation
     counts = []
     for _ in range(steps):
         with DeviceReads(weights) as reads:
+
             def on_device(batch, **kw):  # the target's results live on the device
                 result = real(batch, **kw)
                 reads._mark(result.logits_output.next_token_logits)
                 reads._mark(result.logits_output.hidden_states)
                 return result
+
             worker._target_worker.forward_batch_generation = on_device
             try:
                 sched.step()

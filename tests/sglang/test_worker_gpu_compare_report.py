@@ -42,11 +42,16 @@ def test_identity_rows_and_table(bench, tmp_path):
     assert [(r.exact, r.first_divergence) for r in rows] == [(True, None), (False, 1), (False, 1)]
     assert rows[1].margin == pytest.approx(0.05) and rows[2].margin is None
     Speed = bench.Speed
-    speeds = {"plain@bfloat16": {1: Speed(100.0), 4: Speed(300.0)},
-              "jetspec@bfloat16": {1: Speed(250.0, 2.5, {"draft": 1.25, "verify": 3.0}), 4: Speed(450.0, 2.25)},
-              "ngram@bfloat16": {1: Speed(120.0, 1.5)},
-              "plain@float32": {1: Speed(50.0)}, "jetspec@float32": {1: Speed(150.0, 3.0)}}
-    path = bench.write_results(tmp_path, {"bfloat16": rows}, speeds, {"device": "H100", "sglang": "0.5.23", "max_new_tokens": 3})
+    speeds = {
+        "plain@bfloat16": {1: Speed(100.0), 4: Speed(300.0)},
+        "jetspec@bfloat16": {1: Speed(250.0, 2.5, {"draft": 1.25, "verify": 3.0}), 4: Speed(450.0, 2.25)},
+        "ngram@bfloat16": {1: Speed(120.0, 1.5)},
+        "plain@float32": {1: Speed(50.0)},
+        "jetspec@float32": {1: Speed(150.0, 3.0)},
+    }
+    path = bench.write_results(
+        tmp_path, {"bfloat16": rows}, speeds, {"device": "H100", "sglang": "0.5.23", "max_new_tokens": 3}
+    )
     text = path.read_text()
     assert "bfloat16: 1/3 exact (33%)" in text and "| 1 | 1 | 0.0500 |" in text
     assert "| jetspec@bfloat16 | 250.0 (2.50x), 2.50 | 450.0 (1.50x), 2.25 |" in text
@@ -54,20 +59,30 @@ def test_identity_rows_and_table(bench, tmp_path):
     assert "| jetspec@float32 | 150.0 (3.00x), 3.00 | n/a |" in text  # each dtype against its own plain server
     assert "| jetspec@bfloat16 | 1 | 1.25 | 0.00 | 3.00 | 0.00 | 0.00 |" in text  # only the step with phase counters
     saved = json.loads((tmp_path / "sglang_gpu_compare.json").read_text())
-    assert saved["throughput"]["jetspec@bfloat16"]["1"] == {"tok_s": 250.0, "accept_length": 2.5,
-                                                          "phases_ms": {"draft": 1.25, "verify": 3.0}}
+    assert saved["throughput"]["jetspec@bfloat16"]["1"] == {
+        "tok_s": 250.0,
+        "accept_length": 2.5,
+        "phases_ms": {"draft": 1.25, "verify": 3.0},
+    }
     assert saved["identity"]["bfloat16"][1]["margin"] == pytest.approx(0.05)
 
 
 def test_servers_parse_with_a_dtype_each_and_identity_pairs_plain_with_jetspec_of_that_dtype(bench):
     assert bench.parse_servers("plain@float32, jetspec,plain+defaults@bfloat16", "bfloat16") == [
-        ("plain", "float32"), ("jetspec", "bfloat16"), ("plain+defaults", "bfloat16")]
+        ("plain", "float32"),
+        ("jetspec", "bfloat16"),
+        ("plain+defaults", "bfloat16"),
+    ]
 
     def response(ids):
         return {"output_ids": ids, "meta_info": {"output_top_logprobs": [[(-0.1, t, "")] for t in ids]}}
 
-    greedy = {"plain@float32": [response([1, 2])], "jetspec@float32": [response([1, 2])],
-              "plain@bfloat16": [response([3, 4])], "ngram@float32": [response([9])]}
+    greedy = {
+        "plain@float32": [response([1, 2])],
+        "jetspec@float32": [response([1, 2])],
+        "plain@bfloat16": [response([3, 4])],
+        "ngram@float32": [response([9])],
+    }
     identity = bench.identity_of(greedy)
     assert list(identity) == ["float32"] and identity["float32"][0].exact  # bf16 has no JETSPEC server here
 
@@ -87,15 +102,23 @@ def test_servers_launched_together_share_the_gpu_memory(bench):
         model, head, device, attention_backend, ngram_draft_tokens, together = "m", "h", "cuda", "triton", 8, True
         server_arg = ["--log-level=warning"]
 
-    configs = bench.server_configs([("plain", "float32"), ("jetspec", "float32"), ("plain+defaults", "bfloat16"),
-                                    ("jetspec+phases", "bfloat16")], Args)
+    configs = bench.server_configs(
+        [("plain", "float32"), ("jetspec", "float32"), ("plain+defaults", "bfloat16"), ("jetspec+phases", "bfloat16")],
+        Args,
+    )
     assert list(configs) == ["plain@float32", "jetspec@float32", "plain+defaults@bfloat16", "jetspec+phases@bfloat16"]
     for cmd in configs.values():  # SGLang's own fraction (its viability check), each KV cache capped
         assert cmd[cmd.index("--mem-fraction-static") + 1] == "0.6"
         assert cmd[cmd.index("--max-total-tokens") + 1] == str(bench.TOGETHER_MAX_TOTAL_TOKENS)
     # speed from a server that never waits for the device at phase boundaries; the split from another
-    assert "--enable-metrics" not in configs["jetspec@float32"] and "--enable-metrics" in configs["jetspec+phases@bfloat16"]
-    assert "--disable-decode-cuda-graph" in configs["plain@float32"] and "--disable-decode-cuda-graph" not in configs["plain+defaults@bfloat16"]
+    assert (
+        "--enable-metrics" not in configs["jetspec@float32"]
+        and "--enable-metrics" in configs["jetspec+phases@bfloat16"]
+    )
+    assert (
+        "--disable-decode-cuda-graph" in configs["plain@float32"]
+        and "--disable-decode-cuda-graph" not in configs["plain+defaults@bfloat16"]
+    )
     assert configs["jetspec@float32"][configs["jetspec@float32"].index("--dtype") + 1] == "float32"
     assert all(cmd[-1] == "--log-level=warning" for cmd in configs.values())
 
@@ -105,5 +128,6 @@ def test_phase_ms_per_verify_step_from_counter_deltas(bench):
     after = {"draft": 1.5, "verify": 3.0, "tree": 0.2, "accept": 1.3, "commit": 0.6, "steps": 200.0}
     # accept's counter runs to the step's end: 3 ms a step of which 1 ms is commit
     assert bench.phases_per_step(before, after) == pytest.approx(
-        {"draft": 5.0, "tree": 2.0, "verify": 10.0, "accept": 2.0, "commit": 1.0})
+        {"draft": 5.0, "tree": 2.0, "verify": 10.0, "accept": 2.0, "commit": 1.0}
+    )
     assert bench.phases_per_step(after, after) == {}  # no steps in between: nothing to divide

@@ -11,14 +11,19 @@ import pytest
 import torch
 
 from sglang_jetspec.adapter.accept import accept_step
-from sglang_jetspec.adapter.request_sampling import UNLIMITED_NEW_TOKENS, core_sampling_params, crashing_input, unsupported_feature
+from sglang_jetspec.adapter.request_sampling import (
+    UNLIMITED_NEW_TOKENS,
+    core_sampling_params,
+    crashing_input,
+    unsupported_feature,
+)
 from sglang_jetspec.adapter.request_state import DraftStateStore
 from sglang_jetspec.adapter.step_outputs import step_outputs
 from sglang_jetspec.core.sampling import SamplingParams, make_generator
 from sglang_jetspec.core.tree import TreeSpec, build_tree, root_only_tree, top_k_per_depth
 
-
 # ---- sampling params ----
+
 
 def _sglang_params(**kw):
     pytest.importorskip("sglang")
@@ -36,24 +41,37 @@ def test_sampled_params_carry_over_and_top_k_all_means_off():
     sp = _sglang_params(temperature=0.7, top_p=0.9, top_k=-1, min_p=0.05, max_new_tokens=None, ignore_eos=True)
     assert sp.top_k == 1 << 30  # SGLang's TOP_K_ALL after normalisation
     core = core_sampling_params(sp, 49152)
-    assert (core.temperature, core.top_p, core.top_k, core.min_p) == (pytest.approx(0.7), pytest.approx(0.9), -1, pytest.approx(0.05))
+    assert (core.temperature, core.top_p, core.top_k, core.min_p) == (
+        pytest.approx(0.7),
+        pytest.approx(0.9),
+        -1,
+        pytest.approx(0.05),
+    )
     assert core.max_new_tokens == UNLIMITED_NEW_TOKENS and core.ignore_eos and core.seed is None
     assert core_sampling_params(_sglang_params(temperature=1.0, top_k=20), 49152).top_k == 20
     assert core_sampling_params(_sglang_params(temperature=1.0, top_k=60000), 49152).top_k == -1
 
 
 def _req(**kw):
-    fields = dict(sampling_params=_sglang_params(), grammar=None, custom_logit_processor=None, return_hidden_states=False,
-                  return_sampling_mask=False)
+    fields = dict(
+        sampling_params=_sglang_params(),
+        grammar=None,
+        custom_logit_processor=None,
+        return_hidden_states=False,
+        return_sampling_mask=False,
+    )
     fields.update(kw)
     return SimpleNamespace(**fields)
 
 
-@pytest.mark.parametrize("change, field", [
-    (dict(custom_logit_processor="x"), "custom_logit_processor"),
-    (dict(return_hidden_states=True), "return_hidden_states"),
-    (dict(return_sampling_mask=True), "return_sampling_mask"),
-])
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        (dict(custom_logit_processor="x"), "custom_logit_processor"),
+        (dict(return_hidden_states=True), "return_hidden_states"),
+        (dict(return_sampling_mask=True), "return_sampling_mask"),
+    ],
+)
 def test_unsupported_request_features_are_named(change, field):
     if "sampling_params" in change:
         change = dict(sampling_params=_sglang_params(**change["sampling_params"]))
@@ -62,29 +80,49 @@ def test_unsupported_request_features_are_named(change, field):
 
 def test_plain_and_constrained_requests_are_supported():
     assert unsupported_feature(_req()) is None
-    assert unsupported_feature(_req(grammar=object(), sampling_params=_sglang_params(json_schema='{"type": "object"}'))) is None
+    assert (
+        unsupported_feature(_req(grammar=object(), sampling_params=_sglang_params(json_schema='{"type": "object"}')))
+        is None
+    )
 
 
-@pytest.mark.parametrize("change, field", [
-    (dict(origin_input_ids=[]), "the prompt is empty"),
-    (dict(origin_input_ids=[5, 49152]), "input_ids: token id 49152 is outside the model's vocabulary [0, 49152)"),
-    (dict(origin_input_ids=[-1, 5]), "input_ids: token id -1 is outside"),
-    (dict(origin_input_ids=[2**40]), f"input_ids: token id {2**40} is outside"),
-    (dict(sampling_params={"top_k": 10**12}), "sampling_params.top_k 1000000000000"),
-    (dict(sampling_params={"top_k": 49153}), "sampling_params.top_k 49153"),
-    (dict(sampling_params={"top_k": 2.5}), "sampling_params.top_k 2.5"),
-    (dict(logprob=SimpleNamespace(top_logprobs_num=100_000)), "top_logprobs_num 100000 is above the vocabulary size 49152"),
-    (dict(sampling_params={"stop_token_ids": [2, 10**6], "min_new_tokens": 2}), "sampling_params.stop_token_ids: 1000000 is outside"),
-])
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        (dict(origin_input_ids=[]), "the prompt is empty"),
+        (dict(origin_input_ids=[5, 49152]), "input_ids: token id 49152 is outside the model's vocabulary [0, 49152)"),
+        (dict(origin_input_ids=[-1, 5]), "input_ids: token id -1 is outside"),
+        (dict(origin_input_ids=[2**40]), f"input_ids: token id {2**40} is outside"),
+        (dict(sampling_params={"top_k": 10**12}), "sampling_params.top_k 1000000000000"),
+        (dict(sampling_params={"top_k": 49153}), "sampling_params.top_k 49153"),
+        (dict(sampling_params={"top_k": 2.5}), "sampling_params.top_k 2.5"),
+        (
+            dict(logprob=SimpleNamespace(top_logprobs_num=100_000)),
+            "top_logprobs_num 100000 is above the vocabulary size 49152",
+        ),
+        (
+            dict(sampling_params={"stop_token_ids": [2, 10**6], "min_new_tokens": 2}),
+            "sampling_params.stop_token_ids: 1000000 is outside",
+        ),
+    ],
+)
 def test_inputs_that_crash_sglangs_scheduler_are_named(change, field):
     if "sampling_params" in change:
         change = dict(sampling_params=_sglang_params(**change["sampling_params"]))
     assert field in crashing_input(_req(**{"origin_input_ids": [1, 2], **change}), 49152)
 
 
-@pytest.mark.parametrize("change", [dict(), dict(origin_input_ids=[0, 49151]), dict(sampling_params={"top_k": 49152}),
-                                    dict(sampling_params={"top_k": -1}), dict(sampling_params={"temperature": 0}),
-                                    dict(logprob=SimpleNamespace(top_logprobs_num=49152))])
+@pytest.mark.parametrize(
+    "change",
+    [
+        dict(),
+        dict(origin_input_ids=[0, 49151]),
+        dict(sampling_params={"top_k": 49152}),
+        dict(sampling_params={"top_k": -1}),
+        dict(sampling_params={"temperature": 0}),
+        dict(logprob=SimpleNamespace(top_logprobs_num=49152)),
+    ],
+)
 def test_inputs_at_the_limits_are_admitted(change):
     if "sampling_params" in change:
         change = dict(sampling_params=_sglang_params(**change["sampling_params"]))
@@ -92,6 +130,7 @@ def test_inputs_at_the_limits_are_admitted(change):
 
 
 # ---- per-request draft state ----
+
 
 def test_join_chunked_prefill_and_finish():
     store = DraftStateStore()
@@ -123,6 +162,7 @@ def test_each_request_has_its_own_seeded_generator():
 
 # ---- result assembly ----
 
+
 def _tree(seed, budget=10):
     gen = torch.Generator().manual_seed(seed)
     tokens, logprobs = top_k_per_depth(torch.randn(4, 30, generator=gen) * 3, 3)
@@ -146,7 +186,7 @@ def test_outputs_follow_sglang_slicing_and_the_kv_mover_layout():
         # what batch_result_processor._resolve_spec_v2_tokens takes for request b
         assert flat[b * out.stride : b * out.stride + lens[b]] == result.tokens
         assert out.accept_index[b, : lens[b]].tolist() == [b * n + node for node in result.path]
-        assert (out.accept_index[b, lens[b]:] == -1).all()
+        assert (out.accept_index[b, lens[b] :] == -1).all()
         assert out.bonus_tokens[b] == result.tokens[-1]
     # compute_spec_logprobs reads predict[accept_index]: the committed tokens again
     kept = out.accept_index >= 0
@@ -168,8 +208,14 @@ class _CopyCounting(torch.Tensor):
         return super().__torch_function__(func, types, args, kwargs or {})
 
 
-@pytest.mark.parametrize("params, method", [(SamplingParams(), "match"), (SamplingParams(temperature=1.0), "match"),
-                                           (SamplingParams(temperature=0.8, top_p=0.9), "residual")])
+@pytest.mark.parametrize(
+    "params, method",
+    [
+        (SamplingParams(), "match"),
+        (SamplingParams(temperature=1.0), "match"),
+        (SamplingParams(temperature=0.8, top_p=0.9), "residual"),
+    ],
+)
 def test_acceptance_never_copies_the_tree_distribution_to_the_host(params, method):
     """Greedy rows copy [B, N] token ids; sampled rows, per depth of the walk, the drawn token ids
     (sample-then-match) or one [V] row (residual) of each request still walking: at most B rows per copy,
@@ -179,14 +225,16 @@ def test_acceptance_never_copies_the_tree_distribution_to_the_host(params, metho
     logits = torch.randn(2 * 10, 30)
     plain = accept_step(trees, logits, 10, [params] * 2, [make_generator(0), make_generator(1)], method)
     _CopyCounting.copied = []
-    counted = accept_step(trees, logits.as_subclass(_CopyCounting), 10, [params] * 2,
-                          [make_generator(0), make_generator(1)], method)
+    counted = accept_step(
+        trees, logits.as_subclass(_CopyCounting), 10, [params] * 2, [make_generator(0), make_generator(1)], method
+    )
     assert ((2, 10) in _CopyCounting.copied) == params.greedy, _CopyCounting.copied
     assert all(len(shape) <= 2 and shape[0] <= 2 for shape in _CopyCounting.copied), _CopyCounting.copied
     assert [r.tokens for r in counted.results] == [r.tokens for r in plain.results]
 
 
 # ---- telemetry and shadow ----
+
 
 def test_verify_step_feeds_the_jetspec_step_metrics():
     from prometheus_client import CollectorRegistry
@@ -195,8 +243,20 @@ def test_verify_step_feeds_the_jetspec_step_metrics():
     from sglang_jetspec.observability.metrics import JetspecMetrics
 
     registry = CollectorRegistry()
-    JetspecMetrics(registry).record_step("bs1", StepRecord(batch_size=2, budget=16, committed_tokens=7, accept_lengths=[3, 4],
-                                                           draft_s=0.1, tree_s=0.01, verify_s=0.2, accept_s=0.05, wall_s=0.4))
+    JetspecMetrics(registry).record_step(
+        "bs1",
+        StepRecord(
+            batch_size=2,
+            budget=16,
+            committed_tokens=7,
+            accept_lengths=[3, 4],
+            draft_s=0.1,
+            tree_s=0.01,
+            verify_s=0.2,
+            accept_s=0.05,
+            wall_s=0.4,
+        ),
+    )
     labels = {"cohort": "bs1", "budget": "16"}
     assert registry.get_sample_value("jetspec_committed_tokens_total", labels) == 7
     assert registry.get_sample_value("jetspec_request_seconds_total", labels) == pytest.approx(0.8)
@@ -208,25 +268,36 @@ def test_finished_requests_are_spooled_with_their_speculation_log(tmp_path):
     from prometheus_client import CollectorRegistry
     from sglang.srt.managers.schedule_batch import FINISH_ABORT, FINISH_LENGTH
 
-    from sglang_jetspec.spool.writer import SpoolWriter
-    from sglang_jetspec.spool.tee import ShadowTee
     from sglang_jetspec.adapter.worker_observability import WorkerShadow
+    from sglang_jetspec.spool.tee import ShadowTee
+    from sglang_jetspec.spool.writer import SpoolWriter
 
     store = DraftStateStore()
     state = store.extended("q", SamplingParams(temperature=0.5, seed=2, max_new_tokens=3), prefix_held=True)
     state.budgets, state.accept_lengths = [16, 0], [2, 1]
-    req = SimpleNamespace(rid="q", origin_input_ids=[5, 6], output_ids=[7, 8, 9], finished_reason=FINISH_LENGTH(3),
-                          sampling_params=_sglang_params(temperature=0.5), grammar=None)
+    req = SimpleNamespace(
+        rid="q",
+        origin_input_ids=[5, 6],
+        output_ids=[7, 8, 9],
+        finished_reason=FINISH_LENGTH(3),
+        sampling_params=_sglang_params(temperature=0.5),
+        grammar=None,
+    )
     registry = CollectorRegistry()
-    shadow = WorkerShadow(ShadowTee(SpoolWriter(tmp_path), sample_rate=1.0, registry=registry).start(), model="m", head="h")
+    shadow = WorkerShadow(
+        ShadowTee(SpoolWriter(tmp_path), sample_rate=1.0, registry=registry).start(), model="m", head="h"
+    )
     assert shadow.finished(req, state)
     req.finished_reason = FINISH_ABORT("bad")
     assert not shadow.finished(req, state)  # an abort says nothing about the target distribution
     # the checker rescores without masks or penalties: such requests are counted, never teed
     req.finished_reason = FINISH_LENGTH(3)
-    for change, reason in ((dict(grammar=object()), "grammar"), (dict(sampling_params=_sglang_params(frequency_penalty=0.5)), "penalty"),
-                           (dict(sampling_params=_sglang_params(logit_bias={"5": 1.0})), "logit_bias"),
-                           (dict(sampling_params=_sglang_params(min_new_tokens=2)), "min_new_tokens")):
+    for change, reason in (
+        (dict(grammar=object()), "grammar"),
+        (dict(sampling_params=_sglang_params(frequency_penalty=0.5)), "penalty"),
+        (dict(sampling_params=_sglang_params(logit_bias={"5": 1.0})), "logit_bias"),
+        (dict(sampling_params=_sglang_params(min_new_tokens=2)), "min_new_tokens"),
+    ):
         assert not shadow.finished(SimpleNamespace(**{**vars(req), **change}), state)
         assert registry.get_sample_value("jetspec_shadow_unchecked_total", {"reason": reason}) == 1
     shadow.close()
@@ -250,10 +321,17 @@ def test_a_grammar_request_is_spooled_with_the_grammar_sglang_compiled(tmp_path,
     store = DraftStateStore()
     state = store.extended("g", SamplingParams(temperature=0.8, seed=1, max_new_tokens=8), prefix_held=True)
     regex = r"[0-9]{3}"
-    req = SimpleNamespace(rid="g", origin_input_ids=[5, 6], output_ids=[7, 8], finished_reason=FINISH_MATCHED_TOKEN(8),
-                          sampling_params=_sglang_params(temperature=0.8, regex=regex), grammar=xgrammar_backend.dispatch_regex(regex))
-    args = SimpleNamespace(grammar_backend="xgrammar", constrained_json_disable_any_whitespace=True,
-                           constrained_json_max_whitespace_cnt=2)
+    req = SimpleNamespace(
+        rid="g",
+        origin_input_ids=[5, 6],
+        output_ids=[7, 8],
+        finished_reason=FINISH_MATCHED_TOKEN(8),
+        sampling_params=_sglang_params(temperature=0.8, regex=regex),
+        grammar=xgrammar_backend.dispatch_regex(regex),
+    )
+    args = SimpleNamespace(
+        grammar_backend="xgrammar", constrained_json_disable_any_whitespace=True, constrained_json_max_whitespace_cnt=2
+    )
     registry = CollectorRegistry()
     tee = ShadowTee(SpoolWriter(tmp_path), sample_rate=1.0, registry=registry).start()
     shadow = WorkerShadow(tee, model="m", head="h", grammar=xgrammar_options(args))
@@ -261,13 +339,20 @@ def test_a_grammar_request_is_spooled_with_the_grammar_sglang_compiled(tmp_path,
     penalised = SimpleNamespace(**{**vars(req), "sampling_params": _sglang_params(regex=regex, presence_penalty=0.5)})
     assert not shadow.finished(penalised, state)
     assert registry.get_sample_value("jetspec_shadow_unchecked_total", {"reason": "penalty"}) == 1
-    outlines = WorkerShadow(tee, model="m", head="h", grammar=xgrammar_options(SimpleNamespace(grammar_backend="outlines")))
+    outlines = WorkerShadow(
+        tee, model="m", head="h", grammar=xgrammar_options(SimpleNamespace(grammar_backend="outlines"))
+    )
     assert not outlines.finished(req, state)
     assert registry.get_sample_value("jetspec_shadow_unchecked_total", {"reason": "grammar"}) == 1
     shadow.close()
     (line,) = [line for f in tmp_path.glob("*.jsonl") for line in f.read_text().splitlines()]
-    assert json.loads(line)["constraint"] == {"kind": "regex", "value": regex, "any_whitespace": False,
-                                              "max_whitespace_cnt": 2, "stop_token_ids": [smollm2.tokenizer.eos_token_id]}
+    assert json.loads(line)["constraint"] == {
+        "kind": "regex",
+        "value": regex,
+        "any_whitespace": False,
+        "max_whitespace_cnt": 2,
+        "stop_token_ids": [smollm2.tokenizer.eos_token_id],
+    }
 
 
 def test_step_spans_follow_sglang_tracing(monkeypatch):

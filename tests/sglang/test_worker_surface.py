@@ -16,8 +16,12 @@ sglang = pytest.importorskip("sglang")
 
 # Reached only for other algorithms, behind their own checks (DSpark's /set_internal_state keys and
 # info records, the overlap scheduler's confidence relay, which JETSPEC refuses).
-OTHER_ALGORITHMS = {"set_dspark_forced_budget_frac", "clear_info_records", "dump_info_records",
-                    "get_confidence_budget_prepare"}
+OTHER_ALGORITHMS = {
+    "set_dspark_forced_budget_frac",
+    "clear_info_records",
+    "dump_info_records",
+    "get_confidence_budget_prepare",
+}
 
 
 def _scheduler_surface() -> set[str]:
@@ -25,12 +29,19 @@ def _scheduler_surface() -> set[str]:
     root = Path(sglang.__file__).parent / "srt" / "managers"
     for path in root.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute) \
-                    and node.value.attr in ("draft_worker", "model_worker"):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Attribute)
+                and node.value.attr in ("draft_worker", "model_worker")
+            ):
                 names.add(node.attr)
-            elif isinstance(node, ast.Call) and getattr(node.func, "id", None) == "getattr" and len(node.args) >= 2 \
-                    and getattr(node.args[0], "id", getattr(node.args[0], "attr", None)) == "draft_worker" \
-                    and isinstance(node.args[1], ast.Constant):
+            elif (
+                isinstance(node, ast.Call)
+                and getattr(node.func, "id", None) == "getattr"
+                and len(node.args) >= 2
+                and getattr(node.args[0], "id", getattr(node.args[0], "attr", None)) == "draft_worker"
+                and isinstance(node.args[1], ast.Constant)
+            ):
                 names.add(node.args[1].value)
     return names
 
@@ -39,7 +50,12 @@ def test_every_attribute_the_scheduler_uses_exists():
     from sglang_jetspec.adapter.worker import JetSpecWorker
 
     surface = _scheduler_surface()
-    assert {"forward_batch_generation", "alloc_memory_pool", "note_request_finished", "speculative_num_steps"} <= surface
+    assert {
+        "forward_batch_generation",
+        "alloc_memory_pool",
+        "note_request_finished",
+        "speculative_num_steps",
+    } <= surface
     assert OTHER_ALGORITHMS <= surface, "an excluded name vanished from SGLang: shrink OTHER_ALGORITHMS"
     instance_attrs = {"model_runner", "speculative_num_steps", "speculative_num_draft_tokens"}  # set in __init__
     init_source = inspect.getsource(JetSpecWorker.__init__)
@@ -67,9 +83,12 @@ def test_result_fields_exist_on_sglang_generation_batch_result():
     from sglang_jetspec.adapter import worker
 
     fields = {f.name for f in dataclasses.fields(GenerationBatchResult)}
-    used = {kw.arg for node in ast.walk(ast.parse(inspect.getsource(worker)))
-            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "GenerationBatchResult"
-            for kw in node.keywords}
+    used = {
+        kw.arg
+        for node in ast.walk(ast.parse(inspect.getsource(worker)))
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "GenerationBatchResult"
+        for kw in node.keywords
+    }
     assert {"accept_lens", "new_seq_lens", "next_draft_input", "speculative_output_stride"} <= used
     assert used - fields == set()
 
@@ -85,7 +104,9 @@ def test_base_class_defaults_the_worker_relies_on():
     worker._draft_worker = None
     assert worker._draft_model_runners() == () and worker.weight_update_runners() == []
     assert worker.primary_draft_kv_pool is None and worker.draft_worker is None
-    assert worker.graph_memory_usage is not None and worker.weight_load_time == 0.0 and worker.preloaded_weights_bytes == 0
+    assert (
+        worker.graph_memory_usage is not None and worker.weight_load_time == 0.0 and worker.preloaded_weights_bytes == 0
+    )
 
 
 def test_draft_state_survives_filter_and_merge():

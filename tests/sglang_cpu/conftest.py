@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 from e2e_client import ADMIN_KEY, MAX_NEW, NUM_PROMPTS, POLICY_YAML, jetspec_args, server_args, until_eos
-
 from launch import LaunchedServer, launch
 
 
@@ -50,9 +49,14 @@ def hf_greedy(hf_model, humaneval_ids, tokenizer) -> list[list[int]]:
     with torch.no_grad():
         for ids in humaneval_ids:
             prompt = torch.tensor([ids])
-            gen = hf_model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=MAX_NEW,
-                                    do_sample=False, pad_token_id=tokenizer.eos_token_id)
-            out.append(until_eos(gen[0, len(ids):].tolist(), tokenizer.eos_token_id))
+            gen = hf_model.generate(
+                prompt,
+                attention_mask=torch.ones_like(prompt),
+                max_new_tokens=MAX_NEW,
+                do_sample=False,
+                pad_token_id=tokenizer.eos_token_id,
+            )
+            out.append(until_eos(gen[0, len(ids) :].tolist(), tokenizer.eos_token_id))
     return out
 
 
@@ -125,8 +129,11 @@ def controls_server(servers, smollm2_dir, tmp_path_factory) -> LaunchedServer:
     verified: at 2-4 concurrent requests."""
     policy = tmp_path_factory.mktemp("gated") / "gated.yaml"
     policy.write_text(GATED_BS1_YAML)
-    return servers.start("jetspec-controls", jetspec_args(smollm2_dir, "--enable-metrics"),
-                         {"JETSPEC_POLICY": str(policy), "JETSPEC_TEST_IGNORE_TREE_MASK": "1"})
+    return servers.start(
+        "jetspec-controls",
+        jetspec_args(smollm2_dir, "--enable-metrics"),
+        {"JETSPEC_POLICY": str(policy), "JETSPEC_TEST_IGNORE_TREE_MASK": "1"},
+    )
 
 
 @pytest.fixture(scope="session")
@@ -160,8 +167,13 @@ class TraceReceiver:
 
     def spans(self) -> list:
         with self.lock:
-            return [span for request in self.requests for resource in request.resource_spans
-                    for scope in resource.scope_spans for span in scope.spans]
+            return [
+                span
+                for request in self.requests
+                for resource in request.resource_spans
+                for scope in resource.scope_spans
+                for span in scope.spans
+            ]
 
 
 @pytest.fixture(scope="session")
@@ -179,7 +191,21 @@ def shadow_spool(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def jetspec_server(servers, smollm2_dir, policy_file, trace_receiver, shadow_spool) -> LaunchedServer:
     """JETSPEC with everything an operator switches on: metrics, traces, the admin key, the shadow tee."""
-    args = jetspec_args(smollm2_dir, "--admin-api-key", ADMIN_KEY, "--enable-metrics", "--enable-trace",
-                        "--otlp-traces-endpoint", f"127.0.0.1:{trace_receiver.port}")
-    return servers.start("jetspec", args, {"JETSPEC_POLICY": str(policy_file), "JETSPEC_SHADOW_SPOOL": str(shadow_spool),
-                                           "OTEL_BSP_SCHEDULE_DELAY": "200"})
+    args = jetspec_args(
+        smollm2_dir,
+        "--admin-api-key",
+        ADMIN_KEY,
+        "--enable-metrics",
+        "--enable-trace",
+        "--otlp-traces-endpoint",
+        f"127.0.0.1:{trace_receiver.port}",
+    )
+    return servers.start(
+        "jetspec",
+        args,
+        {
+            "JETSPEC_POLICY": str(policy_file),
+            "JETSPEC_SHADOW_SPOOL": str(shadow_spool),
+            "OTEL_BSP_SCHEDULE_DELAY": "200",
+        },
+    )

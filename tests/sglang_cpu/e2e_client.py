@@ -39,20 +39,49 @@ def free_port() -> int:
 
 
 def server_args(model_dir: Path, *extra: str, max_total_tokens: int = 8192, radix_cache: bool = False) -> list[str]:
-    return ["--model-path", str(model_dir), "--device", "cpu", "--dtype", "float32", "--attention-backend",
-            "intel_amx", "--disable-cuda-graph", "--max-total-tokens", str(max_total_tokens),
-            "--max-running-requests", "4", "--skip-server-warmup", "--sleep-on-idle",
-            *([] if radix_cache else ["--disable-radix-cache"]),
-            "--host", "127.0.0.1", "--port", str(free_port()), *extra]
+    return [
+        "--model-path",
+        str(model_dir),
+        "--device",
+        "cpu",
+        "--dtype",
+        "float32",
+        "--attention-backend",
+        "intel_amx",
+        "--disable-cuda-graph",
+        "--max-total-tokens",
+        str(max_total_tokens),
+        "--max-running-requests",
+        "4",
+        "--skip-server-warmup",
+        "--sleep-on-idle",
+        *([] if radix_cache else ["--disable-radix-cache"]),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(free_port()),
+        *extra,
+    ]
 
 
 def jetspec_args(model_dir: Path, *extra: str, **kw) -> list[str]:
-    return server_args(model_dir, "--speculative-algorithm", "JETSPEC", "--speculative-draft-model-path", str(HEAD),
-                       "--disable-overlap-schedule", "--disable-decode-cuda-graph", *extra, **kw)
+    return server_args(
+        model_dir,
+        "--speculative-algorithm",
+        "JETSPEC",
+        "--speculative-draft-model-path",
+        str(HEAD),
+        "--disable-overlap-schedule",
+        "--disable-decode-cuda-graph",
+        *extra,
+        **kw,
+    )
 
 
 def post(url: str, body: dict, headers: dict | None = None, timeout: float = 600) -> tuple[int, dict]:
-    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json", **(headers or {})})
+    request = urllib.request.Request(
+        url, json.dumps(body).encode(), {"Content-Type": "application/json", **(headers or {})}
+    )
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             return response.status, json.loads(response.read() or b"{}")
@@ -70,14 +99,17 @@ def get(url: str, timeout: float = 60) -> str:
 
 
 def generate(url: str, input_ids: list[int], max_new_tokens: int = MAX_NEW, **sampling) -> dict:
-    status, reply = post(f"{url}/generate", {"input_ids": input_ids, "sampling_params": {
-        "temperature": 0, "max_new_tokens": max_new_tokens, **sampling}})
+    status, reply = post(
+        f"{url}/generate",
+        {"input_ids": input_ids, "sampling_params": {"temperature": 0, "max_new_tokens": max_new_tokens, **sampling}},
+    )
     assert status == 200, reply
     return reply
 
 
-def generate_all(url: str, prompts: list[list[int]], concurrency: int = 1, max_new: list[int] | None = None,
-                 **sampling) -> list[dict]:
+def generate_all(
+    url: str, prompts: list[list[int]], concurrency: int = 1, max_new: list[int] | None = None, **sampling
+) -> list[dict]:
     """Replies in prompt order; with concurrency > 1, requests join and leave a running batch."""
     lengths = max_new or [MAX_NEW] * len(prompts)
     with ThreadPoolExecutor(concurrency) as pool:
@@ -86,8 +118,10 @@ def generate_all(url: str, prompts: list[list[int]], concurrency: int = 1, max_n
 
 def generate_batch(url: str, items: list[tuple[str, list[int], dict]]) -> list[dict]:
     """One /generate call for (name, prompt ids, sampling params) items: a batch with per-item params."""
-    status, replies = post(f"{url}/generate", {"input_ids": [ids for _, ids, _ in items],
-                                               "sampling_params": [params for _, _, params in items]})
+    status, replies = post(
+        f"{url}/generate",
+        {"input_ids": [ids for _, ids, _ in items], "sampling_params": [params for _, _, params in items]},
+    )
     assert status == 200, replies
     return replies
 
@@ -95,6 +129,7 @@ def generate_batch(url: str, items: list[tuple[str, list[int], dict]]) -> list[d
 def retracted_under(retracting, reference, bodies: list[dict]) -> tuple[list[list[int]], list[list[int]]]:
     """Output ids of `bodies` sent 4 at a time to the `retracting` server (a pool too small for them) and
     to `reference`; asserts every request answered and that the first server logged a new retraction."""
+
     def count() -> int:
         return retracting.log.read_text().lower().count("retract")  # the logged server arguments name it too
 
@@ -151,6 +186,7 @@ def wait_for_no_draft_state(url: str, timeout_s: float = 30) -> None:
 
 # ---- the shadow spool the jetspec server writes, and the checker run over (a copy of) it ----
 
+
 def wait_for_spooled(spool: Path, request_ids: set[str], timeout_s: float = 30) -> None:
     """Until the tee has written every one of `request_ids` (it writes from its own thread)."""
     deadline = time.monotonic() + timeout_s
@@ -176,9 +212,31 @@ def shadow_run(spool: Path, reference: str, out: Path, smollm2_dir: Path) -> tup
     # a URL reference is a plain server: the checker needs the vocabulary size it cannot ask it for
     vocab = json.loads((smollm2_dir / "config.json").read_text())["vocab_size"]
     url_args = ["--vocab-size", str(vocab)] if reference.startswith("http") else []
-    run = subprocess.run([sys.executable, "-m", "sglang_jetspec.cli", "shadow", "run", "--spool", str(spool),
-                          "--reference", reference, "--target", str(smollm2_dir), "--out", str(out), "--window", "500",
-                          "--alpha", "0.001", *url_args],
-                         cwd=REPO, capture_output=True, text=True, timeout=900)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sglang_jetspec.cli",
+            "shadow",
+            "run",
+            "--spool",
+            str(spool),
+            "--reference",
+            reference,
+            "--target",
+            str(smollm2_dir),
+            "--out",
+            str(out),
+            "--window",
+            "500",
+            "--alpha",
+            "0.001",
+            *url_args,
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     reports = [json.loads(p.read_text()) for p in sorted(out.glob("window-*.json"))]
     return run.returncode, reports, run.stdout + run.stderr

@@ -32,7 +32,11 @@ GRACE_S = 20.0
 # explicit binding when ranks outnumber NUMA nodes) and no NCCL library (this venv's torch is a CUDA
 # build: SGLang would build a NCCL communicator on the CPU device). SGLang's CPU path then reduces over
 # torch.distributed (gloo), its own fallback when sgl-kernel's shared-memory collectives are off.
-TP2_ENV = {"SGLANG_CPU_OMP_THREADS_BIND": "0|1", "SGLANG_NCCL_SO_PATH": "/nonexistent/libnccl.so.2", "OMP_NUM_THREADS": "1"}
+TP2_ENV = {
+    "SGLANG_CPU_OMP_THREADS_BIND": "0|1",
+    "SGLANG_NCCL_SO_PATH": "/nonexistent/libnccl.so.2",
+    "OMP_NUM_THREADS": "1",
+}
 READY_PREFIX = "sglang-cpu ready: "
 
 
@@ -87,8 +91,9 @@ def stop_group(proc: subprocess.Popen, grace_s: float = GRACE_S) -> int:
 
 def main(argv: list[str]) -> int:
     url = server_url(argv)
-    server = subprocess.Popen([sys.executable, "-m", "sglang.launch_server", *argv], env=standin_env(),
-                              start_new_session=True)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "sglang.launch_server", *argv], env=standin_env(), start_new_session=True
+    )
     stopping = threading.Event()
 
     def on_signal(signum, frame):
@@ -137,21 +142,30 @@ def launch(args: list[str], log: Path, env: dict | None = None, timeout_s: float
     t0 = time.perf_counter()
     log.parent.mkdir(parents=True, exist_ok=True)
     out = open(log, "w")
-    process = subprocess.Popen([sys.executable, "-u", __file__, *args], stdout=out, stderr=subprocess.STDOUT,
-                               env={**os.environ, **(env or {})}, start_new_session=True)
+    process = subprocess.Popen(
+        [sys.executable, "-u", __file__, *args],
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, **(env or {})},
+        start_new_session=True,
+    )
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         text = log.read_text(errors="replace")
         ready = [line for line in text.splitlines() if line.startswith(READY_PREFIX)]
         if ready:
-            return LaunchedServer(ready[0][len(READY_PREFIX):], process, log, time.perf_counter() - t0, list(args))
+            return LaunchedServer(ready[0][len(READY_PREFIX) :], process, log, time.perf_counter() - t0, list(args))
         if process.poll() is not None:
-            raise RuntimeError(f"SGLang exited with status {process.returncode} before /health answered; "
-                               f"last lines of {log}:\n" + "\n".join(text.splitlines()[-30:]))
+            raise RuntimeError(
+                f"SGLang exited with status {process.returncode} before /health answered; "
+                f"last lines of {log}:\n" + "\n".join(text.splitlines()[-30:])
+            )
         time.sleep(0.5)
     stop_group(process, 5)
-    raise TimeoutError(f"SGLang did not answer /health within {timeout_s:.0f} s; last lines of {log}:\n"
-                       + "\n".join(log.read_text(errors="replace").splitlines()[-30:]))
+    raise TimeoutError(
+        f"SGLang did not answer /health within {timeout_s:.0f} s; last lines of {log}:\n"
+        + "\n".join(log.read_text(errors="replace").splitlines()[-30:])
+    )
 
 
 if __name__ == "__main__":

@@ -44,8 +44,11 @@ def wait_for_yaml(url: str, timeout_s: float = 60) -> None:
 
 
 def steps_at(url: str, cohort: str, budget: int) -> float:
-    return sum(v for labels, v in samples(url, "jetspec_steps_total").items()
-               if dict(labels).get("cohort") == cohort and dict(labels).get("budget") == str(budget))
+    return sum(
+        v
+        for labels, v in samples(url, "jetspec_steps_total").items()
+        if dict(labels).get("cohort") == cohort and dict(labels).get("budget") == str(budget)
+    )
 
 
 @pytest.fixture()
@@ -77,7 +80,10 @@ def test_push_readback_refusals_and_ttl_expiry(yaml_policy_after, plain_server, 
 
     before = steps_at(url, "bs1", 4)
     # fewer nodes than the server was sized for (its largest budget, 16): the CPU backend must verify 4
-    assert generate(url, humaneval_ids[0], 8)["output_ids"] == generate(plain_server.url, humaneval_ids[0], 8)["output_ids"]
+    assert (
+        generate(url, humaneval_ids[0], 8)["output_ids"]
+        == generate(plain_server.url, humaneval_ids[0], 8)["output_ids"]
+    )
     assert steps_at(url, "bs1", 4) > before  # the pushed budget is what the steps ran
 
     wait_for_yaml(url, timeout_s=30)  # TTL expiry reverts to the YAML defaults
@@ -106,8 +112,9 @@ def test_budget_zero_is_ordinary_decoding(yaml_policy_after, plain_server, human
     assert sum(samples(url, "jetspec_draft_seconds_total").values()) == draft_before
 
 
-def test_a_pushed_hybrid_drafter_looks_up_finished_outputs_and_stays_exact(yaml_policy_after, plain_server, humaneval_ids,
-                                                                           tokenizer):
+def test_a_pushed_hybrid_drafter_looks_up_finished_outputs_and_stays_exact(
+    yaml_policy_after, plain_server, humaneval_ids, tokenizer
+):
     """The hybrid drafter in the real server: prompt lookup, the shipped head's draft corpus and the
     outputs of requests the worker already finished. The same prompt a second time is then drafted
     from the first answer, so its tokens are accepted many per step, and greedy output stays plain SGLang's."""
@@ -115,8 +122,14 @@ def test_a_pushed_hybrid_drafter_looks_up_finished_outputs_and_stays_exact(yaml_
     prompt, new = humaneval_ids[2], 24
 
     def run_with(drafter: str) -> dict:
-        flat = {"jetspec_policy.ttl_s": 30, **{f"jetspec_policy.{c}.{field}": value for c in ("bs1", "bs2-4")
-                                               for field, value in (("budget", 16), ("drafter", DRAFTERS.index(drafter)))}}
+        flat = {
+            "jetspec_policy.ttl_s": 30,
+            **{
+                f"jetspec_policy.{c}.{field}": value
+                for c in ("bs1", "bs2-4")
+                for field, value in (("budget", 16), ("drafter", DRAFTERS.index(drafter)))
+            },
+        }
         status, reply = post(f"{url}/set_internal_state", {"server_args": flat}, AUTH)
         assert status == 200 and reply == [True], reply
         return generate(url, prompt, new, ignore_eos=True)
@@ -130,13 +143,20 @@ def test_a_pushed_hybrid_drafter_looks_up_finished_outputs_and_stays_exact(yaml_
     assert steps["hybrid"] <= 6 < steps["head"], steps  # 23 tokens after the prefill's first
 
 
-def test_a_pushed_adaptive_cohort_verifies_fewer_nodes_than_its_budget_and_stays_exact(yaml_policy_after, plain_server,
-                                                                                        humaneval_ids):
+def test_a_pushed_adaptive_cohort_verifies_fewer_nodes_than_its_budget_and_stays_exact(
+    yaml_policy_after, plain_server, humaneval_ids
+):
     """Adaptive tree sizing in the real server: the worker times its own verify passes (an ordinary step,
     then the full tree) and from then on verifies only the nodes that pay; greedy output stays plain SGLang's."""
     url = yaml_policy_after
-    flat = {"jetspec_policy.ttl_s": 30, **{f"jetspec_policy.{c}.{field}": value for c in ("bs1", "bs2-4")
-                                           for field, value in (("budget", 16), ("tree_sizing", TREE_SIZINGS.index("adaptive")))}}
+    flat = {
+        "jetspec_policy.ttl_s": 30,
+        **{
+            f"jetspec_policy.{c}.{field}": value
+            for c in ("bs1", "bs2-4")
+            for field, value in (("budget", 16), ("tree_sizing", TREE_SIZINGS.index("adaptive")))
+        },
+    }
     status, reply = post(f"{url}/set_internal_state", {"server_args": flat}, AUTH)
     assert status == 200 and reply == [True], reply
     assert [c["tree_sizing"] for c in jetspec_state(url)["jetspec_policy"]["table"]["cohorts"]] == ["adaptive"] * 2
@@ -167,8 +187,12 @@ def _expected_table(flat: dict) -> dict | None:
 
 
 @settings(max_examples=40, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck))
-@given(flat=st.one_of(valid_tables(SERVER_POLICY, SERVER_HEAD, SHORT_TTL),
-                      broken_tables(SERVER_POLICY, SERVER_HEAD, json_types=False, ttl_s=SHORT_TTL)))
+@given(
+    flat=st.one_of(
+        valid_tables(SERVER_POLICY, SERVER_HEAD, SHORT_TTL),
+        broken_tables(SERVER_POLICY, SERVER_HEAD, json_types=False, ttl_s=SHORT_TTL),
+    )
+)
 def test_generated_pushes_never_take_the_server_down(yaml_policy_after, flat):
     """Fuzz of SGLang's /set_internal_state (a fixed seed): the server answers every push, applies exactly
     the valid tables and reads back what it applied; a refused push leaves the table in force as it was.
@@ -188,16 +212,19 @@ def test_generated_pushes_never_take_the_server_down(yaml_policy_after, flat):
         assert after["source"] == "pushed" and after["table"] == expected
 
 
-@pytest.mark.parametrize("key, value, applied", [
-    ("jetspec_policy.bs1.drafter", 1.0, False),  # once DRAFTERS[1.0]: a TypeError that killed the scheduler
-    ("jetspec_policy.bs1.tree_sizing", 1.0, False),
-    ("jetspec_policy.bs1.tree_width", 1_000_000, False),
-    ("jetspec_policy.ttl_s", 1e308, False),
-    # SGLang's own request type (Dict[str, int | float], lax) turns these into integers before any
-    # plugin code runs, so the scheduler sees budget 4 and drafter 1 and applies them
-    ("jetspec_policy.bs1.budget", "4", True),
-    ("jetspec_policy.bs1.drafter", True, True),
-])
+@pytest.mark.parametrize(
+    "key, value, applied",
+    [
+        ("jetspec_policy.bs1.drafter", 1.0, False),  # once DRAFTERS[1.0]: a TypeError that killed the scheduler
+        ("jetspec_policy.bs1.tree_sizing", 1.0, False),
+        ("jetspec_policy.bs1.tree_width", 1_000_000, False),
+        ("jetspec_policy.ttl_s", 1e308, False),
+        # SGLang's own request type (Dict[str, int | float], lax) turns these into integers before any
+        # plugin code runs, so the scheduler sees budget 4 and drafter 1 and applies them
+        ("jetspec_policy.bs1.budget", "4", True),
+        ("jetspec_policy.bs1.drafter", True, True),
+    ],
+)
 def test_hostile_values_from_a_probe(yaml_policy_after, key, value, applied):
     url = yaml_policy_after
     flat = {"jetspec_policy.ttl_s": 2.0, "jetspec_policy.bs1.budget": 16, "jetspec_policy.bs2-4.budget": 16, key: value}
@@ -240,8 +267,14 @@ def test_gauges_tell_the_truth_while_the_server_idles(yaml_policy_after, humanev
 def test_metrics_from_the_scheduler_process(jetspec_server, humaneval_ids):
     generate(jetspec_server.url, humaneval_ids[2], 8)
     names = {family.name for family in text_string_to_metric_families(get(f"{jetspec_server.url}/metrics"))}
-    for family in ("jetspec_steps", "jetspec_committed_tokens", "jetspec_verify_seconds", "jetspec_accept_length",
-                   "jetspec_policy_budget", "jetspec_live_draft_states"):
+    for family in (
+        "jetspec_steps",
+        "jetspec_committed_tokens",
+        "jetspec_verify_seconds",
+        "jetspec_accept_length",
+        "jetspec_policy_budget",
+        "jetspec_live_draft_states",
+    ):
         assert family in names, sorted(n for n in names if n.startswith("jetspec"))
     assert {"sglang:spec_accept_length", "sglang:spec_accept_rate"} <= names, sorted(n for n in names if "spec" in n)
     assert steps_at(jetspec_server.url, "bs1", 16) > 0
@@ -265,8 +298,9 @@ def test_step_spans_reach_an_otlp_receiver(jetspec_server, trace_receiver, human
     assert children == {"jetspec.draft", "jetspec.tree", "jetspec.verify", "jetspec.accept", "jetspec.commit"}
 
 
-def test_controller_reads_metrics_and_pushes_a_table_the_steps_use(yaml_policy_after, policy_file, humaneval_ids,
-                                                                   tmp_path):
+def test_controller_reads_metrics_and_pushes_a_table_the_steps_use(
+    yaml_policy_after, policy_file, humaneval_ids, tmp_path
+):
     """`python -m controller` against the real server: it reads /metrics and /server_info, measures bs1 and
     pushes a table; with the controller stopped, the server's next steps run exactly that table's budget
     (or its probe budget) until the table expires."""
@@ -274,9 +308,26 @@ def test_controller_reads_metrics_and_pushes_a_table_the_steps_use(yaml_policy_a
     log = tmp_path / "controller.log"
     with open(log, "w") as out:
         controller = subprocess.Popen(
-            [sys.executable, "-m", "controller", "--policy", str(policy_file), "--server", url,
-             "--admin-key-env", "JETSPEC_E2E_ADMIN", "--metrics-port", "0", "--max-intervals", "20"],
-            cwd=REPO, env={**os.environ, "JETSPEC_E2E_ADMIN": ADMIN_KEY}, stdout=out, stderr=subprocess.STDOUT)
+            [
+                sys.executable,
+                "-m",
+                "controller",
+                "--policy",
+                str(policy_file),
+                "--server",
+                url,
+                "--admin-key-env",
+                "JETSPEC_E2E_ADMIN",
+                "--metrics-port",
+                "0",
+                "--max-intervals",
+                "20",
+            ],
+            cwd=REPO,
+            env={**os.environ, "JETSPEC_E2E_ADMIN": ADMIN_KEY},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     try:
         before = jetspec_state(url)["jetspec_policy"]["generation"]
         deadline = time.monotonic() + 90

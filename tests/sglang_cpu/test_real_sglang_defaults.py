@@ -11,6 +11,7 @@ import time
 import pytest
 from e2e_client import MAX_NEW, generate, generate_all, jetspec_args, jetspec_state, samples, until_eos
 
+
 @pytest.fixture(scope="module")
 def shipped_server(servers, smollm2_dir):
     """JETSPEC with no JETSPEC_POLICY: the packaged policies/default.yaml, nothing pushed."""
@@ -23,8 +24,9 @@ def _ids(replies, eos):
     return [until_eos(r["output_ids"], eos) for r in replies]
 
 
-def test_shipped_defaults_give_plain_sglangs_greedy_tokens_alone_and_four_at_a_time(shipped_server, humaneval_ids,
-                                                                                    hf_greedy, tokenizer):
+def test_shipped_defaults_give_plain_sglangs_greedy_tokens_alone_and_four_at_a_time(
+    shipped_server, humaneval_ids, hf_greedy, tokenizer
+):
     eos = tokenizer.eos_token_id
     alone = generate_all(shipped_server.url, humaneval_ids[:4])
     assert _ids(alone, eos) == hf_greedy[:4]
@@ -33,7 +35,9 @@ def test_shipped_defaults_give_plain_sglangs_greedy_tokens_alone_and_four_at_a_t
     assert _ids(four, eos) == hf_greedy
     # the defaults speculate at both concurrencies: some step committed more than one token
     for replies in (alone, four):
-        assert sum(r["meta_info"]["completion_tokens"] for r in replies) > sum(r["meta_info"]["spec_verify_ct"] for r in replies)
+        assert sum(r["meta_info"]["completion_tokens"] for r in replies) > sum(
+            r["meta_info"]["spec_verify_ct"] for r in replies
+        )
 
 
 def _steps(url: str) -> float:
@@ -57,8 +61,9 @@ def _state_during(url: str, ids: list[int], max_new: int) -> tuple[dict, dict]:
     return state, reply
 
 
-def test_a_cohort_the_yaml_default_gates_off_does_no_draft_work_and_keeps_no_context(controls_server, humaneval_ids,
-                                                                                    hf_greedy, tokenizer, jetspec_server):
+def test_a_cohort_the_yaml_default_gates_off_does_no_draft_work_and_keeps_no_context(
+    controls_server, humaneval_ids, hf_greedy, tokenizer, jetspec_server
+):
     url = controls_server.url
     prompt = humaneval_ids[2]
     state, reply = _state_during(url, prompt, MAX_NEW)

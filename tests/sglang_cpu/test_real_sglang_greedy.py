@@ -22,8 +22,9 @@ def test_plain_sglang_on_the_standin_equals_hf(plain_sequential, hf_greedy):
     assert plain_sequential == hf_greedy
 
 
-def test_jetspec_greedy_equals_plain_and_hf_one_at_a_time(jetspec_server, humaneval_ids, hf_greedy, plain_sequential,
-                                                         tokenizer):
+def test_jetspec_greedy_equals_plain_and_hf_one_at_a_time(
+    jetspec_server, humaneval_ids, hf_greedy, plain_sequential, tokenizer
+):
     replies = generate_all(jetspec_server.url, humaneval_ids)
     assert _ids(replies, tokenizer.eos_token_id) == plain_sequential == hf_greedy
     # speculation really ran: every reply verified trees, and some step kept more than the bonus token
@@ -32,8 +33,9 @@ def test_jetspec_greedy_equals_plain_and_hf_one_at_a_time(jetspec_server, humane
     assert all(s > 0 for s in steps) and sum(tokens) > sum(steps)
 
 
-def test_jetspec_greedy_equals_plain_with_requests_joining_and_leaving(jetspec_server, plain_server, humaneval_ids,
-                                                                      hf_greedy, tokenizer):
+def test_jetspec_greedy_equals_plain_with_requests_joining_and_leaving(
+    jetspec_server, plain_server, humaneval_ids, hf_greedy, tokenizer
+):
     # four clients over eight prompts of different lengths: requests finish at different steps and the
     # next prompt joins the running batch
     lengths = [MAX_NEW - 4 * (i % 4) for i in range(len(humaneval_ids))]

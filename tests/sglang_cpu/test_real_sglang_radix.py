@@ -9,8 +9,17 @@ tight server runs with it."""
 from __future__ import annotations
 
 import pytest
-from e2e_client import (MAX_NEW, REPO, generate, generate_all, get, jetspec_args, jetspec_state, server_args,
-                        wait_for_no_draft_state)
+from e2e_client import (
+    MAX_NEW,
+    REPO,
+    generate,
+    generate_all,
+    get,
+    jetspec_args,
+    jetspec_state,
+    server_args,
+    wait_for_no_draft_state,
+)
 
 RADIX_POOL = 1536  # KV tokens: the shared prefix and four requests fit; everything the module sends does not
 
@@ -24,10 +33,15 @@ QUESTIONS = ["Now write the same function without recursion.", "Add a test for t
 
 @pytest.fixture(scope="module")
 def radix_servers(servers, smollm2_dir, policy_file):
-    plain = servers.start("plain-radix", server_args(smollm2_dir, "--disable-overlap-schedule", radix_cache=True,
-                                                     max_total_tokens=RADIX_POOL))
-    spec = servers.start("jetspec-radix", jetspec_args(smollm2_dir, radix_cache=True, max_total_tokens=RADIX_POOL),
-                         {"JETSPEC_POLICY": str(policy_file)})
+    plain = servers.start(
+        "plain-radix",
+        server_args(smollm2_dir, "--disable-overlap-schedule", radix_cache=True, max_total_tokens=RADIX_POOL),
+    )
+    spec = servers.start(
+        "jetspec-radix",
+        jetspec_args(smollm2_dir, radix_cache=True, max_total_tokens=RADIX_POOL),
+        {"JETSPEC_POLICY": str(policy_file)},
+    )
     yield plain, spec
     servers.stop(plain)
     servers.stop(spec)
@@ -65,8 +79,9 @@ def test_shared_system_prompt_hits_the_cache_and_equals_plain_alone_and_concurre
     assert 0 < steps < tokens / 1.3, (steps, tokens)
 
 
-def test_a_multi_turn_chat_reuses_a_prefix_written_by_speculative_steps(radix_servers, jetspec_server, system_ids,
-                                                                       humaneval_ids, tokenizer):
+def test_a_multi_turn_chat_reuses_a_prefix_written_by_speculative_steps(
+    radix_servers, jetspec_server, system_ids, humaneval_ids, tokenizer
+):
     """Turn 2 extends turn 1's prompt and answer: the answer's KV and head context were written by
     JETSPEC's verify steps. Output equals plain SGLang's (cache on), and the cache hit speculates exactly
     as the same request does on a JETSPEC server without the cache (same steps, same tokens)."""
@@ -96,7 +111,9 @@ def test_an_evicted_prefix_is_computed_again_and_stays_exact(radix_servers, shar
     assert again["output_ids"] == replies["plain"][2]["output_ids"]
 
 
-def test_after_the_server_drains_context_is_held_only_for_cached_tokens(radix_servers, shared_prompt_replies, system_ids):
+def test_after_the_server_drains_context_is_held_only_for_cached_tokens(
+    radix_servers, shared_prompt_replies, system_ids
+):
     spec = radix_servers[1]
     wait_for_no_draft_state(spec.url)
     pool = jetspec_state(spec.url)["jetspec_context_pool"]

@@ -11,8 +11,20 @@ import time
 import urllib.parse
 
 import pytest
-from e2e_client import (copy_spool, generate, jetspec_args, jetspec_state, live_draft_states, post,
-                        retracted_under, server_info, shadow_run, until_eos, wait_for_no_draft_state, wait_for_spooled)
+from e2e_client import (
+    copy_spool,
+    generate,
+    jetspec_args,
+    jetspec_state,
+    live_draft_states,
+    post,
+    retracted_under,
+    server_info,
+    shadow_run,
+    until_eos,
+    wait_for_no_draft_state,
+    wait_for_spooled,
+)
 
 CHAT = [{"role": "user", "content": "Write a Python function that checks whether a string is a palindrome."}]
 
@@ -22,8 +34,14 @@ def stream_chat(url: str, max_tokens: int = 48) -> tuple[str, int, int]:
     from openai import OpenAI
 
     client = OpenAI(base_url=f"{url}/v1", api_key="unused")
-    stream = client.chat.completions.create(model="default", messages=CHAT, temperature=0, max_tokens=max_tokens,
-                                            stream=True, stream_options={"include_usage": True})
+    stream = client.chat.completions.create(
+        model="default",
+        messages=CHAT,
+        temperature=0,
+        max_tokens=max_tokens,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     parts, usage = [], None
     for chunk in stream:
         if chunk.choices and chunk.choices[0].delta.content:
@@ -44,8 +62,9 @@ def sampled(url: str, ids: list[int], seed: int) -> dict:
     return generate(url, ids, 24, temperature=1.0, top_p=0.9, sampling_seed=seed)
 
 
-def test_seeded_sampling_reproduces_and_shadow_checks_clean(jetspec_server, plain_server, confident_prompts,
-                                                            shadow_spool, smollm2_dir, tmp_path):
+def test_seeded_sampling_reproduces_and_shadow_checks_clean(
+    jetspec_server, plain_server, confident_prompts, shadow_spool, smollm2_dir, tmp_path
+):
     """The speculative steps draw from each request's own generator, seeded by sampling_seed, so a seed
     reproduces a request. Its first token comes from SGLang's prefill sampler, which honours seeds only
     under --enable-deterministic-inference (GPU backends): the prompts end where that token is certain
@@ -69,8 +88,10 @@ def test_seeded_sampling_reproduces_and_shadow_checks_clean(jetspec_server, plai
     # the plain server through SGLang's logprob API (a sampled record would ask it for the whole
     # vocabulary at every position: minutes on this CPU)
     greedy = copy_spool(spool, tmp_path / "greedy-spool", lambda record: record["sampling"]["temperature"] == 0)
-    for name, checked, reference, least_sampled in (("engine", spool, "local", 2 * len(prompts)),
-                                                    ("plain-sglang", greedy, plain_server.url, 0)):
+    for name, checked, reference, least_sampled in (
+        ("engine", spool, "local", 2 * len(prompts)),
+        ("plain-sglang", greedy, plain_server.url, 0),
+    ):
         status, reports, output = shadow_run(checked, reference, tmp_path / name, smollm2_dir)
         assert status == 0, output[-3000:]  # 0 = no alarm in the last window (3 = alarm)
         assert reports and not any(r["alarm"] for r in reports), output[-3000:]
@@ -80,12 +101,16 @@ def test_seeded_sampling_reproduces_and_shadow_checks_clean(jetspec_server, plai
         assert sum(r["mismatches"].get("error", 0) + r["mismatches"].get("impossible", 0) for r in reports) == 0
 
 
-def test_client_disconnect_mid_generation_leaves_no_state_and_serving_goes_on(jetspec_server, humaneval_ids,
-                                                                            hf_greedy, tokenizer):
+def test_client_disconnect_mid_generation_leaves_no_state_and_serving_goes_on(
+    jetspec_server, humaneval_ids, hf_greedy, tokenizer
+):
     url = urllib.parse.urlparse(jetspec_server.url)
     conn = http.client.HTTPConnection(url.hostname, url.port, timeout=120)
-    body = {"input_ids": humaneval_ids[0], "stream": True,
-            "sampling_params": {"temperature": 0, "max_new_tokens": 400, "ignore_eos": True}}
+    body = {
+        "input_ids": humaneval_ids[0],
+        "stream": True,
+        "sampling_params": {"temperature": 0, "max_new_tokens": 400, "ignore_eos": True},
+    }
     conn.request("POST", "/generate", json.dumps(body), {"Content-Type": "application/json"})
     response = conn.getresponse()
     assert response.status == 200
@@ -114,9 +139,13 @@ def tight_server(servers, smollm2_dir, policy_file):
     context, for a request that runs up to the context limit; with the radix cache on, as production
     servers run (a retracted request's prefix stays cached, and its prefill again reads the head's context). A low initial new-token ratio makes the
     scheduler admit all four at once whatever their max_new_tokens, so the retraction comes early."""
-    server = servers.start("jetspec-tight", jetspec_args(smollm2_dir, "--context-length", str(TIGHT_CONTEXT),
-                                                         max_total_tokens=TIGHT_POOL, radix_cache=True),
-                           {"JETSPEC_POLICY": str(policy_file), "SGLANG_INIT_NEW_TOKEN_RATIO": "0.1"})
+    server = servers.start(
+        "jetspec-tight",
+        jetspec_args(
+            smollm2_dir, "--context-length", str(TIGHT_CONTEXT), max_total_tokens=TIGHT_POOL, radix_cache=True
+        ),
+        {"JETSPEC_POLICY": str(policy_file), "SGLANG_INIT_NEW_TOKEN_RATIO": "0.1"},
+    )
     yield server
     servers.stop(server)
 
@@ -127,9 +156,18 @@ CODE_REGEX = r"[ -~\n\t]*"
 
 def test_retraction_keeps_output_exact_and_frees_draft_state(tight_server, plain_server, humaneval_ids):
     """Two of the four requests decode under a regex: a retracted request keeps its grammar state."""
-    bodies = [{"input_ids": ids, "sampling_params": {"temperature": 0, "max_new_tokens": RETRACTING_LENGTH, "ignore_eos": True,
-                                                     **({"regex": CODE_REGEX} if i % 2 else {})}}
-              for i, ids in enumerate(_unshared(humaneval_ids[:4]))]
+    bodies = [
+        {
+            "input_ids": ids,
+            "sampling_params": {
+                "temperature": 0,
+                "max_new_tokens": RETRACTING_LENGTH,
+                "ignore_eos": True,
+                **({"regex": CODE_REGEX} if i % 2 else {}),
+            },
+        }
+        for i, ids in enumerate(_unshared(humaneval_ids[:4]))
+    ]
     spec, plain = retracted_under(tight_server, plain_server, bodies)
     assert spec == plain
     wait_for_no_draft_state(tight_server.url)
@@ -142,8 +180,13 @@ def test_aborting_retracted_requests_while_they_wait_frees_their_draft_state(tig
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(4) as pool:
-        bodies = [{"input_ids": ids, "sampling_params": {"temperature": 0, "max_new_tokens": RETRACTING_LENGTH, "ignore_eos": True}}
-                  for ids in _unshared(humaneval_ids[:4])]
+        bodies = [
+            {
+                "input_ids": ids,
+                "sampling_params": {"temperature": 0, "max_new_tokens": RETRACTING_LENGTH, "ignore_eos": True},
+            }
+            for ids in _unshared(humaneval_ids[:4])
+        ]
         replies = [pool.submit(post, f"{tight_server.url}/generate", body) for body in bodies]
         log = tight_server.log
         start = log.read_text().lower().count("retract")
@@ -154,7 +197,9 @@ def test_aborting_retracted_requests_while_they_wait_frees_their_draft_state(tig
         status, _ = post(f"{tight_server.url}/abort_request", {"rid": "", "abort_all": True})
         assert status == 200
         finish = [r.result() for r in replies]
-    assert any(status != 200 or reply["meta_info"]["finish_reason"]["type"] == "abort" for status, reply in finish), finish
+    assert any(status != 200 or reply["meta_info"]["finish_reason"]["type"] == "abort" for status, reply in finish), (
+        finish
+    )
     wait_for_no_draft_state(tight_server.url)
     assert server_info(tight_server.url)  # still serving
     pool = jetspec_state(tight_server.url)["jetspec_context_pool"]

@@ -16,8 +16,16 @@ import urllib.parse
 
 import jsonschema
 import pytest
-from e2e_client import (REPO, copy_spool, generate_batch, live_draft_states, post, shadow_run, wait_for_no_draft_state,
-                        wait_for_spooled)
+from e2e_client import (
+    REPO,
+    copy_spool,
+    generate_batch,
+    live_draft_states,
+    post,
+    shadow_run,
+    wait_for_no_draft_state,
+    wait_for_spooled,
+)
 
 from sglang_jetspec.reference.prompts import constraint_params, encode, read_prompt_file
 
@@ -34,13 +42,22 @@ REGEX = [
     ("When does a typical office open? Answer as HH:MM.", r"[0-2][0-9]:[0-5][0-9]"),
 ]
 EBNF = [
-    ("Write an arithmetic expression that equals 12.", 'root ::= term ([-+*/] term)*\nterm ::= [0-9]+'),
+    ("Write an arithmetic expression that equals 12.", "root ::= term ([-+*/] term)*\nterm ::= [0-9]+"),
     ("Write a Python function header for adding two numbers.", 'root ::= "def " [a-z_]+ "(" [a-z_, ]* "):"'),
     ("List three fruits, comma separated.", 'root ::= item (", " item)*\nitem ::= [a-z]+'),
-    ("Write a SQL query selecting name and age from users.", 'root ::= "SELECT " col (", " col)* " FROM " col ";"\ncol ::= [a-z_]+'),
-    ("Write two settings of a config file as key=value lines.", 'root ::= pair ("\\n" pair)*\npair ::= [a-z_]+ "=" [a-z0-9_.]+'),
+    (
+        "Write a SQL query selecting name and age from users.",
+        'root ::= "SELECT " col (", " col)* " FROM " col ";"\ncol ::= [a-z_]+',
+    ),
+    (
+        "Write two settings of a config file as key=value lines.",
+        'root ::= pair ("\\n" pair)*\npair ::= [a-z_]+ "=" [a-z0-9_.]+',
+    ),
     ("Is 7 a prime number? Reply true or false.", 'root ::= "true" | "false"'),
-    ("Make the word hello bold in HTML.", 'root ::= "<" tag ">" [A-Za-z ]+ "</" tag ">"\ntag ::= "b" | "strong" | "em"'),
+    (
+        "Make the word hello bold in HTML.",
+        'root ::= "<" tag ">" [A-Za-z ]+ "</" tag ">"\ntag ::= "b" | "strong" | "em"',
+    ),
     ("Show the shell command that lists all files, hidden ones too.", 'root ::= "ls" (" -" [a-z]+)* (" " [a-z/._]+)?'),
 ]
 
@@ -55,7 +72,9 @@ def items(tokenizer, humaneval_ids) -> list[tuple[str, list[int], dict]]:
     prompts), 8 regex and 8 EBNF answers, and 2 free-text code completions in the same batch."""
     tools = read_prompt_file(REPO / "bench" / "prompts" / "json-tools.jsonl")[:8]
     greedy = {"temperature": 0, "max_new_tokens": MAX_NEW}
-    out = [("json", encode(r, tokenizer), {**greedy, "max_new_tokens": JSON_NEW, **constraint_params(r)}) for r in tools]
+    out = [
+        ("json", encode(r, tokenizer), {**greedy, "max_new_tokens": JSON_NEW, **constraint_params(r)}) for r in tools
+    ]
     out += [("regex", _chat(tokenizer, q), {**greedy, "regex": pattern}) for q, pattern in REGEX]
     out += [("ebnf", _chat(tokenizer, q), {**greedy, "ebnf": grammar}) for q, grammar in EBNF]
     out += [("free", ids, greedy) for ids in humaneval_ids[:2]]
@@ -73,7 +92,11 @@ def _finished(reply: dict) -> bool:
 
 def test_json_regex_and_ebnf_requests_give_plain_sglangs_tokens_beside_free_text(items, replies, tokenizer):
     plain, spec = replies
-    differ = [(kind, i) for i, ((kind, _, _), p, s) in enumerate(zip(items, plain, spec)) if p["output_ids"] != s["output_ids"]]
+    differ = [
+        (kind, i)
+        for i, ((kind, _, _), p, s) in enumerate(zip(items, plain, spec))
+        if p["output_ids"] != s["output_ids"]
+    ]
     assert not differ, differ
     # speculation ran on the constrained requests: some verify step accepted drafted tokens
     constrained = [s["meta_info"] for (kind, _, _), s in zip(items, spec) if kind != "free"]
@@ -86,55 +109,80 @@ def test_json_regex_and_ebnf_requests_give_plain_sglangs_tokens_beside_free_text
 
 def test_every_finished_json_answer_is_valid_against_its_schema(items, replies, tokenizer):
     _, spec = replies
-    answers = [(json.loads(params["json_schema"]), reply) for (kind, _, params), reply in zip(items, spec) if kind == "json"]
+    answers = [
+        (json.loads(params["json_schema"]), reply) for (kind, _, params), reply in zip(items, spec) if kind == "json"
+    ]
     finished = [(schema, reply) for schema, reply in answers if _finished(reply)]
     assert len(finished) >= 5, [r["meta_info"]["finish_reason"] for _, r in answers]
     for schema, reply in finished:
         jsonschema.validate(json.loads(tokenizer.decode(reply["output_ids"], skip_special_tokens=True)), schema)
 
 
-def test_sampled_json_answers_stay_valid_and_shadow_check_clean(jetspec_server, items, replies, tokenizer,
-                                                                 shadow_spool, smollm2_dir, tmp_path):
+def test_sampled_json_answers_stay_valid_and_shadow_check_clean(
+    jetspec_server, items, replies, tokenizer, shadow_spool, smollm2_dir, tmp_path
+):
     """Temperature 0.8 with seeds: drawn from the masked distribution, so every finished answer is valid
     JSON for its schema, and the draws are not the greedy answers. The shadow checker rescores them, and
     the greedy constrained answers, under their grammars rebuilt from the spool: clean. Negative control:
     the greedy records checked without their grammar show errors (the masks forced tokens)."""
     json_items = [(ids, params) for kind, ids, params in items if kind == "json"][:4]
-    sampled = [{**params, "temperature": 0.8, "top_p": 0.95, "sampling_seed": 7 + i, "max_new_tokens": 96}
-               for i, (_, params) in enumerate(json_items)]
+    sampled = [
+        {**params, "temperature": 0.8, "top_p": 0.95, "sampling_seed": 7 + i, "max_new_tokens": 96}
+        for i, (_, params) in enumerate(json_items)
+    ]
     out = generate_batch(jetspec_server.url, [("json", ids, params) for (ids, _), params in zip(json_items, sampled)])
     greedy = [reply["output_ids"] for (kind, _, _), reply in zip(items, replies[1]) if kind == "json"][:4]
     assert [r["output_ids"] for r in out] != greedy
     finished = [(params, r) for params, r in zip(sampled, out) if _finished(r)]
     assert len(finished) >= 2
     for params, reply in finished:
-        jsonschema.validate(json.loads(tokenizer.decode(reply["output_ids"], skip_special_tokens=True)),
-                            json.loads(params["json_schema"]))
+        jsonschema.validate(
+            json.loads(tokenizer.decode(reply["output_ids"], skip_special_tokens=True)),
+            json.loads(params["json_schema"]),
+        )
 
     sampled_ids = {r["meta_info"]["id"] for r in out}
     greedy_ids = {r["meta_info"]["id"] for (kind, _, _), r in zip(items, replies[1]) if kind != "free"}
     wait_for_spooled(shadow_spool, sampled_ids | greedy_ids)
-    spool = copy_spool(shadow_spool, tmp_path / "spool", lambda record: record["request_id"] in sampled_ids | greedy_ids)
+    spool = copy_spool(
+        shadow_spool, tmp_path / "spool", lambda record: record["request_id"] in sampled_ids | greedy_ids
+    )
     status, reports, output = shadow_run(spool, "local", tmp_path / "checked", smollm2_dir)
     assert status == 0 and reports and not any(r["alarm"] or r["failed"] for r in reports), output[-3000:]
     assert sum(r["requests"]["sampled"] for r in reports) == len(sampled_ids)
     assert sum(r["requests"]["greedy"] for r in reports) == len(greedy_ids)
     assert sum(r["mismatches"].get("error", 0) + r["mismatches"].get("impossible", 0) for r in reports) == 0
 
-    free = copy_spool(shadow_spool, tmp_path / "unmasked", lambda record: record["request_id"] in greedy_ids,
-                      change=lambda record: {**record, "constraint": None})
+    free = copy_spool(
+        shadow_spool,
+        tmp_path / "unmasked",
+        lambda record: record["request_id"] in greedy_ids,
+        change=lambda record: {**record, "constraint": None},
+    )
     _, reports, output = shadow_run(free, "local", tmp_path / "unmasked-checked", smollm2_dir)
     assert sum(r["mismatches"].get("error", 0) for r in reports) > 0, output[-3000:]
 
 
-@pytest.mark.parametrize("field, value", [("json_schema", '{"type": "object", "properties": 5}'), ("json_schema", '{"type": '),
-                                          ("regex", "([0-9]"), ("ebnf", 'root ::= "a" undefined_rule')])
-def test_an_invalid_grammar_gets_plain_sglangs_error_and_serving_goes_on(jetspec_server, plain_server, items, replies,
-                                                                         field, value):
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("json_schema", '{"type": "object", "properties": 5}'),
+        ("json_schema", '{"type": '),
+        ("regex", "([0-9]"),
+        ("ebnf", 'root ::= "a" undefined_rule'),
+    ],
+)
+def test_an_invalid_grammar_gets_plain_sglangs_error_and_serving_goes_on(
+    jetspec_server, plain_server, items, replies, field, value
+):
     answers = []
     for url in (plain_server.url, jetspec_server.url):
-        answers.append(post(f"{url}/generate", {"input_ids": items[8][1], "sampling_params": {
-            "temperature": 0, "max_new_tokens": 8, field: value}}))
+        answers.append(
+            post(
+                f"{url}/generate",
+                {"input_ids": items[8][1], "sampling_params": {"temperature": 0, "max_new_tokens": 8, field: value}},
+            )
+        )
     (plain_status, plain_reply), (status, reply) = answers
     untimed = lambda r: re.sub(r"\[\d\d:\d\d:\d\d\] ", "", json.dumps(r))  # noqa: E731 (xgrammar stamps its errors)
     assert status == plain_status == 400 and untimed(reply) == untimed(plain_reply), answers
@@ -146,8 +194,11 @@ def test_an_invalid_grammar_gets_plain_sglangs_error_and_serving_goes_on(jetspec
 def test_a_grammar_request_aborted_mid_stream_leaves_no_state(jetspec_server, items, replies):
     url = urllib.parse.urlparse(jetspec_server.url)
     conn = http.client.HTTPConnection(url.hostname, url.port, timeout=120)
-    body = {"input_ids": items[-1][1], "stream": True,
-            "sampling_params": {"temperature": 0, "max_new_tokens": 400, "ignore_eos": True, "regex": r"[ -~\n\t]*"}}
+    body = {
+        "input_ids": items[-1][1],
+        "stream": True,
+        "sampling_params": {"temperature": 0, "max_new_tokens": 400, "ignore_eos": True, "regex": r"[ -~\n\t]*"},
+    }
     conn.request("POST", "/generate", json.dumps(body), {"Content-Type": "application/json"})
     response = conn.getresponse()
     assert response.status == 200

@@ -12,8 +12,18 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from e2e_client import (ADMIN_KEY, MAX_NEW, generate, generate_all, jetspec_args, jetspec_state, post, retracted_under,
-                        server_args, until_eos)
+from e2e_client import (
+    ADMIN_KEY,
+    MAX_NEW,
+    generate,
+    generate_all,
+    jetspec_args,
+    jetspec_state,
+    post,
+    retracted_under,
+    server_args,
+    until_eos,
+)
 from launch import TP2_ENV
 
 TP2 = ("--tp-size", "2")
@@ -42,7 +52,9 @@ def tp_jetspec(servers, smollm2_dir):
 
 @pytest.fixture(scope="module")
 def plain_tp_sequential(tp_plain, humaneval_ids, tokenizer):
-    return [until_eos(r["output_ids"], tokenizer.eos_token_id) for r in generate_all(tp_plain.url, humaneval_ids[:PROMPTS])]
+    return [
+        until_eos(r["output_ids"], tokenizer.eos_token_id) for r in generate_all(tp_plain.url, humaneval_ids[:PROMPTS])
+    ]
 
 
 def ranks(url: str) -> list[dict]:
@@ -60,8 +72,9 @@ def test_plain_tp2_on_the_standin_equals_hf(plain_tp_sequential, hf_greedy):
     assert plain_tp_sequential == hf_greedy[:PROMPTS]
 
 
-def test_jetspec_tp2_equals_plain_tp2_and_hf_one_at_a_time(tp_jetspec, plain_tp_sequential, humaneval_ids, hf_greedy,
-                                                            tokenizer):
+def test_jetspec_tp2_equals_plain_tp2_and_hf_one_at_a_time(
+    tp_jetspec, plain_tp_sequential, humaneval_ids, hf_greedy, tokenizer
+):
     replies = generate_all(tp_jetspec.url, humaneval_ids[:PROMPTS])
     assert [until_eos(r["output_ids"], tokenizer.eos_token_id) for r in replies] == plain_tp_sequential
     assert plain_tp_sequential == hf_greedy[:PROMPTS]
@@ -75,8 +88,10 @@ def test_jetspec_tp2_equals_plain_tp2_four_concurrent(tp_jetspec, tp_plain, huma
     eos = tokenizer.eos_token_id
 
     def run(url):
-        return [until_eos(r["output_ids"], eos) for r in generate_all(url, humaneval_ids[:PROMPTS], concurrency=4,
-                                                                     max_new=lengths)]
+        return [
+            until_eos(r["output_ids"], eos)
+            for r in generate_all(url, humaneval_ids[:PROMPTS], concurrency=4, max_new=lengths)
+        ]
 
     spec = run(tp_jetspec.url)
     assert spec == run(tp_plain.url)
@@ -92,11 +107,15 @@ def test_unseeded_sampled_requests_draw_alike_on_both_ranks(tp_jetspec, humaneva
     """Each rank accepts with the request's own generator; unseeded ones start from different random states
     per process unless rank 0's state travels with the trees. If it did not, the ranks' accepted tokens would
     differ and the per-step check would stop the server."""
-    bodies = [{"input_ids": ids, "sampling_params": {"temperature": 0.8, "max_new_tokens": 24}} for ids in humaneval_ids[:4]]
+    bodies = [
+        {"input_ids": ids, "sampling_params": {"temperature": 0.8, "max_new_tokens": 24}} for ids in humaneval_ids[:4]
+    ]
     with ThreadPoolExecutor(4) as pool:
         replies = list(pool.map(lambda body: post(f"{tp_jetspec.url}/generate", body), bodies))
     assert [status for status, _ in replies] == [200] * 4, replies
-    assert sum(r["meta_info"]["spec_verify_ct"] for _, r in replies) < sum(r["meta_info"]["completion_tokens"] for _, r in replies)
+    assert sum(r["meta_info"]["spec_verify_ct"] for _, r in replies) < sum(
+        r["meta_info"]["completion_tokens"] for _, r in replies
+    )
     assert tp_jetspec.process.poll() is None
 
 
@@ -116,8 +135,16 @@ def test_a_pushed_table_reaches_both_ranks_and_budget_0_decodes_plainly(tp_jetsp
 
 
 def test_abort_leaves_no_draft_state_on_any_rank(tp_jetspec, humaneval_ids):
-    long_request = threading.Thread(target=lambda: post(f"{tp_jetspec.url}/generate", {
-        "input_ids": humaneval_ids[1], "rid": "tp-abort-me", "sampling_params": {"max_new_tokens": 400, "ignore_eos": True}}))
+    long_request = threading.Thread(
+        target=lambda: post(
+            f"{tp_jetspec.url}/generate",
+            {
+                "input_ids": humaneval_ids[1],
+                "rid": "tp-abort-me",
+                "sampling_params": {"max_new_tokens": 400, "ignore_eos": True},
+            },
+        )
+    )
     long_request.start()
     deadline = time.monotonic() + 60
     while ranks(tp_jetspec.url)[1]["live_draft_states"] == 0:  # rank 1 holds it too while it runs
@@ -130,20 +157,29 @@ def test_abort_leaves_no_draft_state_on_any_rank(tp_jetspec, humaneval_ids):
 
 
 def test_retraction_keeps_output_exact_and_leaves_no_draft_state_on_any_rank(tp_jetspec, tp_plain, humaneval_ids):
-    bodies = [{"input_ids": ids, "sampling_params": {"temperature": 0, "max_new_tokens": RETRACTING_LENGTH,
-                                                     "ignore_eos": True}} for ids in humaneval_ids[:4]]
+    bodies = [
+        {
+            "input_ids": ids,
+            "sampling_params": {"temperature": 0, "max_new_tokens": RETRACTING_LENGTH, "ignore_eos": True},
+        }
+        for ids in humaneval_ids[:4]
+    ]
     spec, plain = retracted_under(tp_jetspec, tp_plain, bodies)
     assert spec == plain
     wait_for_no_draft_state_on_any_rank(tp_jetspec.url)
 
 
 def test_a_rank_that_drafts_another_tree_is_refused_before_the_verify(servers, smollm2_dir, humaneval_ids):
-    server = servers.start("jetspec-tp2-desync", jetspec_args(smollm2_dir, *TP2),
-                           {**TP2_ENV, "JETSPEC_DEBUG_PERTURB_RANK": "1"})
+    server = servers.start(
+        "jetspec-tp2-desync", jetspec_args(smollm2_dir, *TP2), {**TP2_ENV, "JETSPEC_DEBUG_PERTURB_RANK": "1"}
+    )
     try:
         try:
-            status, reply = post(f"{server.url}/generate", {"input_ids": humaneval_ids[0], "sampling_params":
-                                                            {"max_new_tokens": 8}}, timeout=120)
+            status, reply = post(
+                f"{server.url}/generate",
+                {"input_ids": humaneval_ids[0], "sampling_params": {"max_new_tokens": 8}},
+                timeout=120,
+            )
         except OSError as exc:  # the connection dropped: the server went down mid-request
             status, reply = None, exc
         assert status != 200, reply

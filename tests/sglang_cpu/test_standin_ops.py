@@ -74,16 +74,22 @@ def _paged_batch(gen, seq_lens, ext_lens, *, heads=4, kv_heads=2, dim=32, pool=2
     req_pool_indices = torch.randperm(rows, generator=gen)[:bs]
     at = 0
     for b, n in enumerate(seq_lens):
-        req_to_token[req_pool_indices[b], :n] = slots[at: at + n].int()
+        req_to_token[req_pool_indices[b], :n] = slots[at : at + n].int()
         at += n
     total_ext = sum(ext_lens)
     t = lambda *shape: torch.randn(*shape, generator=gen)  # noqa: E731
     return dict(
-        q=t(total_ext, heads, dim), k_ext=t(total_ext, kv_heads, dim), v_ext=t(total_ext, kv_heads, dim),
-        k_buf=t(pool, kv_heads, dim), v_buf=t(pool, kv_heads, dim), req_to_token=req_to_token,
-        req_pool_indices=req_pool_indices.long(), seq_lens=torch.tensor(seq_lens, dtype=torch.int64),
+        q=t(total_ext, heads, dim),
+        k_ext=t(total_ext, kv_heads, dim),
+        v_ext=t(total_ext, kv_heads, dim),
+        k_buf=t(pool, kv_heads, dim),
+        v_buf=t(pool, kv_heads, dim),
+        req_to_token=req_to_token,
+        req_pool_indices=req_pool_indices.long(),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int64),
         ext_lens=torch.tensor(ext_lens, dtype=torch.int32),
-        starts=torch.tensor([sum(ext_lens[:b]) for b in range(bs)], dtype=torch.int32))
+        starts=torch.tensor([sum(ext_lens[:b]) for b in range(bs)], dtype=torch.int32),
+    )
 
 
 def _reference_extend(d, scale, *, tree=None, causal=True, window=0, sinks=None):
@@ -125,9 +131,29 @@ def _run_extend(d, scale, *, tree_mask=None, max_len=None, causal=True, window=0
     o = torch.full((d["q"].shape[0], d["q"].shape[1], d["v_ext"].shape[2]), float("nan"))
     k_buf, v_buf = d["k_buf"].clone(), d["v_buf"].clone()
     torch.ops.sgl_kernel.extend_attention_cpu(
-        d["q"], d["k_ext"], d["v_ext"], o, k_buf, v_buf, 1.0, 1.0, d["req_to_token"], d["req_pool_indices"],
-        d["seq_lens"], d["ext_lens"], d["starts"], int(max_len or d["ext_lens"].max()), scale, logit_cap, False,
-        window, None, sinks, tree_mask, causal)
+        d["q"],
+        d["k_ext"],
+        d["v_ext"],
+        o,
+        k_buf,
+        v_buf,
+        1.0,
+        1.0,
+        d["req_to_token"],
+        d["req_pool_indices"],
+        d["seq_lens"],
+        d["ext_lens"],
+        d["starts"],
+        int(max_len or d["ext_lens"].max()),
+        scale,
+        logit_cap,
+        False,
+        window,
+        None,
+        sinks,
+        tree_mask,
+        causal,
+    )
     assert torch.equal(k_buf, d["k_buf"]) and torch.equal(v_buf, d["v_buf"])  # extend does not write the cache
     return o
 
@@ -215,8 +241,26 @@ def test_decode_writes_kv_and_matches_reference(sk):
         out = torch.full((bs, heads, dim), float("nan"))
         attn_logits = torch.zeros(bs, heads, 8, dim + 1)
         torch.ops.sgl_kernel.decode_attention_cpu(
-            d["q"], k_buf, v_buf, 1.0, 1.0, out, key, value, loc, attn_logits, d["req_to_token"],
-            d["req_pool_indices"], d["seq_lens"], 0.2, 0.0, False, window, None, sink)
+            d["q"],
+            k_buf,
+            v_buf,
+            1.0,
+            1.0,
+            out,
+            key,
+            value,
+            loc,
+            attn_logits,
+            d["req_to_token"],
+            d["req_pool_indices"],
+            d["seq_lens"],
+            0.2,
+            0.0,
+            False,
+            window,
+            None,
+            sink,
+        )
         assert torch.equal(k_buf[loc], key) and torch.equal(v_buf[loc], value)
         # the same attention as an extend of one token whose K/V are already in the cache
         want = _reference_extend({**d, "k_buf": k_buf, "v_buf": v_buf}, 0.2, window=window, sinks=sink)
@@ -241,7 +285,7 @@ def test_assign_req_to_token_pool_matches_loop(sk):
     want, at = req_to_token.clone(), 0
     for b in range(len(rpi)):
         n = int(end[b] - start[b])
-        want[rpi[b], int(start[b]): int(end[b])] = locs[at: at + n].int()
+        want[rpi[b], int(start[b]) : int(end[b])] = locs[at : at + n].int()
         at += n
     sk.assign_req_to_token_pool_cpu(rpi, req_to_token, start, end, locs, req_to_token.shape[1])
     assert torch.equal(req_to_token, want)
@@ -250,10 +294,10 @@ def test_assign_req_to_token_pool_matches_loop(sk):
 def test_assign_extend_cache_locs_matches_loop(sk):
     gen = torch.Generator().manual_seed(7)
     req_to_token, rpi, start, end = _rows_and_windows(gen)
-    want = torch.cat([req_to_token[rpi[b], int(start[b]): int(end[b])] for b in range(len(rpi))]).long()
+    want = torch.cat([req_to_token[rpi[b], int(start[b]) : int(end[b])] for b in range(len(rpi))]).long()
     out = torch.full((len(want) + 3,), -7, dtype=torch.int64)
     sk.assign_extend_cache_locs_cpu(rpi, req_to_token, start, end, out, req_to_token.shape[1])
-    assert torch.equal(out[: len(want)], want) and bool((out[len(want):] == -7).all())
+    assert torch.equal(out[: len(want)], want) and bool((out[len(want) :] == -7).all())
 
 
 def test_assign_draft_cache_locs_contiguous_matches_loop(sk):
@@ -273,7 +317,7 @@ def test_fill_accept_out_cache_loc_and_bonus_tokens_match_loops(sk):
     got = torch.zeros(8, dtype=torch.int64)
     sk.fill_accept_out_cache_loc_cpu(accept_index, out_cache_loc, got)
     want = [int(out_cache_loc[i]) for i in accept_index.flatten().tolist() if i != -1]
-    assert got[: len(want)].tolist() == want and got[len(want):].tolist() == [0] * (8 - len(want))
+    assert got[: len(want)].tolist() == want and got[len(want) :].tolist() == [0] * (8 - len(want))
 
     accept_tokens = torch.tensor([[5, 6, 7, 0], [8, 0, 0, 0], [1, 2, 3, 4]])
     accept_lens = torch.tensor([3, 1, 4], dtype=torch.int32)
@@ -340,9 +384,16 @@ def test_verify_tree_greedy_matches_walk_over_children(sk):
     predicts = torch.full((bs * n,), -5, dtype=torch.int32)
     accept_index = torch.full((bs, num_spec), -1, dtype=torch.int32)
     accept_num = torch.empty(bs, dtype=torch.int32)
-    sk.verify_tree_greedy_cpu(predicts=predicts, accept_index=accept_index, accept_token_num=accept_num,
-                              candidates=candidates, retrive_index=index, retrive_next_token=next_token,
-                              retrive_next_sibling=next_sibling, target_predict=target)
+    sk.verify_tree_greedy_cpu(
+        predicts=predicts,
+        accept_index=accept_index,
+        accept_token_num=accept_num,
+        candidates=candidates,
+        retrive_index=index,
+        retrive_next_token=next_token,
+        retrive_next_sibling=next_sibling,
+        target_predict=target,
+    )
 
     want_predicts = torch.full((bs * n,), -5, dtype=torch.int32)
     for b, (parents, _) in enumerate(trees):
@@ -373,8 +424,9 @@ def _sglang_function(module: str, qualname: str):
     path, tree = _sglang_source(module)
     node = tree
     for part in qualname.split("."):
-        node = next(n for n in ast.iter_child_nodes(node)
-                    if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name == part)
+        node = next(
+            n for n in ast.iter_child_nodes(node) if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name == part
+        )
     return node, path, tree
 
 
@@ -394,8 +446,9 @@ def test_reconstruct_indices_matches_sglang_host_reference(sk):
     seq_lens = torch.tensor([5, 17, 9])
     positions = torch.empty(bs * n, dtype=torch.int64)
     index, next_token, next_sibling = (torch.empty(bs, n, dtype=torch.int64) for _ in range(3))
-    sk.speculative.reconstruct_indices_from_tree_mask(torch.from_numpy(mask), seq_lens, positions, index, next_token,
-                                                      next_sibling, bs, n)
+    sk.speculative.reconstruct_indices_from_tree_mask(
+        torch.from_numpy(mask), seq_lens, positions, index, next_token, next_sibling, bs, n
+    )
     want_next, want_sibling = namespace["_derive_tree_links"](mask, bs, n)
     assert torch.equal(next_token, want_next) and torch.equal(next_sibling, want_sibling)
     assert torch.equal(index, torch.arange(bs * n).view(bs, n))
@@ -440,10 +493,13 @@ def _sgl_kernel_imports(tree: ast.AST, cpu_only: bool) -> list[tuple[str, str, s
     found = []
     nodes = [tree]
     if cpu_only:
-        nodes = [n for n in ast.walk(tree) if isinstance(n, ast.If) and isinstance(n.test, ast.Name)
-                 and n.test.id == "_is_cpu"]
+        nodes = [
+            n
+            for n in ast.walk(tree)
+            if isinstance(n, ast.If) and isinstance(n.test, ast.Name) and n.test.id == "_is_cpu"
+        ]
     for top in nodes:
-        for stmt in (top.body if cpu_only else [top]):
+        for stmt in top.body if cpu_only else [top]:
             for n in ast.walk(stmt):
                 if isinstance(n, ast.ImportFrom) and (n.module or "").split(".")[0] == "sgl_kernel":
                     found += [(n.module, a.name, a.asname or a.name) for a in n.names]
@@ -460,9 +516,17 @@ def test_every_name_the_cpu_path_imports_is_defined(sk):
     # the unguarded / in-function imports of the CPU path
     assert hasattr(sk.speculative, "reconstruct_indices_from_tree_mask")
     assert hasattr(sk, "build_draft_decode_metadata_cpu")
-    assert {"assign_req_to_token_pool_cpu", "copy_all_layer_kv_cache_cpu", "assign_extend_cache_locs_cpu",
-            "assign_draft_cache_locs_contiguous_cpu", "fill_accept_out_cache_loc_cpu", "fill_bonus_tokens_cpu",
-            "verify_tree_greedy_cpu", "build_tree_kernel_efficient_cpu", "rotate_input_ids_cpu"} <= seen
+    assert {
+        "assign_req_to_token_pool_cpu",
+        "copy_all_layer_kv_cache_cpu",
+        "assign_extend_cache_locs_cpu",
+        "assign_draft_cache_locs_contiguous_cpu",
+        "fill_accept_out_cache_loc_cpu",
+        "fill_bonus_tokens_cpu",
+        "verify_tree_greedy_cpu",
+        "build_tree_kernel_efficient_cpu",
+        "rotate_input_ids_cpu",
+    } <= seen
 
 
 # ---------------------------------------------------------------- argument order at SGLang's call sites
@@ -471,66 +535,187 @@ def test_every_name_the_cpu_path_imports_is_defined(sk):
 # SGLang passes}). The expressions are those of SGLang 0.5.23; a call whose arguments shift, or a
 # renamed keyword, fails here instead of computing garbage.
 CALL_SITES = [
-    ("assign_req_to_token_pool_cpu", "sglang.srt.mem_cache.allocation", "assign_req_to_token_pool_func",
-     "assign_req_to_token_pool_cpu",
-     {"req_pool_indices": "req_pool_indices", "req_to_token": "req_to_token", "start_offset": "start_offset",
-      "end_offset": "end_offset", "out_cache_loc": "out_cache_loc", "pool_len": "req_to_token.shape[1]"}),
-    ("assign_extend_cache_locs_cpu", "sglang.kernels.ops.speculative.cache_locs", "assign_extend_cache_locs_func",
-     "assign_extend_cache_locs_cpu",
-     {"req_pool_indices": "req_pool_indices", "req_to_token": "req_to_token", "start_offset": "start_offset",
-      "end_offset": "end_offset", "out_cache_loc": "out_cache_loc", "pool_len": "req_to_token.shape[1]"}),
-    ("assign_extend_cache_locs_cpu", "sglang.kernels.ops.speculative.cache_locs", "fill_front_out_cache_loc_func",
-     "assign_extend_cache_locs_cpu",
-     {"req_pool_indices": "rows", "req_to_token": "window.int()", "start_offset": "starts",
-      "end_offset": "num_front", "out_cache_loc": "front_out_cache_loc", "pool_len": "window.shape[1]"}),
-    ("assign_draft_cache_locs_contiguous_cpu", "sglang.kernels.ops.speculative.cache_locs",
-     "assign_draft_cache_locs_contiguous_func", "assign_draft_cache_locs_contiguous_cpu",
-     {"req_pool_indices": "req_pool_indices", "req_to_token": "req_to_token", "seq_lens": "seq_lens",
-      "out_cache_loc": "out_cache_loc", "pool_len": "req_to_token.shape[1]", "topk": "topk",
-      "num_steps": "num_cols"}),
-    ("copy_all_layer_kv_cache_cpu", "sglang.kernels.ops.kvcache.cache_move", "copy_all_layer_kv_cache_func",
-     "copy_all_layer_kv_cache_cpu",
-     {"data_ptrs": "data_ptrs", "strides": "strides", "tgt_loc": "tgt_loc[:num_locs]",
-      "src_loc": "src_loc[:num_locs]"}),
-    ("fill_accept_out_cache_loc_cpu", "sglang.kernels.ops.speculative.eagle", "fill_accept_out_cache_loc_func",
-     "fill_accept_out_cache_loc_cpu",
-     {"accept_index": "accept_index", "out_cache_loc": "out_cache_loc",
-      "accept_out_cache_loc": "accept_out_cache_loc"}),
-    ("fill_bonus_tokens_cpu", "sglang.kernels.ops.speculative.eagle", "fill_bonus_tokens_func",
-     "fill_bonus_tokens_cpu",
-     {"accept_tokens": "accept_tokens", "accept_lens": "accept_lens", "bonus_tokens": "bonus_tokens",
-      "accept_stride": "accept_stride"}),
-    ("verify_tree_greedy_cpu", "sglang.kernels.ops.speculative.spec_tree", "verify_tree_greedy_func",
-     "sgl_verify_tree_greedy_cpu",
-     {"predicts": "predicts", "accept_index": "accept_index", "accept_token_num": "accept_token_num",
-      "candidates": "candidates", "retrive_index": "retrieve_index", "retrive_next_token": "retrieve_next_token",
-      "retrive_next_sibling": "retrieve_next_sibling", "target_predict": "target_predict"}),
-    ("reconstruct_indices_from_tree_mask", "sglang.kernels.ops.speculative.reconstruct_tree",
-     "reconstruct_indices_from_tree_mask_func", "reconstruct_indices_from_tree_mask",
-     {"tree_mask": "tree_mask", "verified_seq_len": "verified_seq_len", "positions": "positions",
-      "retrive_index": "retrieve_index", "retrive_next_token": "retrieve_next_token",
-      "retrive_next_sibling": "retrieve_next_sibling", "batch_size": "batch_size",
-      "draft_token_num": "draft_token_num"}),
-    ("extend_attention_cpu", "sglang.srt.layers.attention.intel_amx_backend", "IntelAMXAttnBackend.forward_extend",
-     "self.extend_attention_fwd",
-     {"q_extend": "q.view(-1, layer.tp_q_head_num, layer.qk_head_dim)", "k_extend": "k", "v_extend": "v",
-      "o_extend": "o.view(-1, layer.tp_q_head_num, layer.v_head_dim)", "k_buffer": "key_buffer",
-      "v_buffer": "value_buffer", "k_buf_scale": "key_scale", "v_buf_scale": "value_scale",
-      "req_to_token": "req_to_token", "req_pool_indices": "req_pool_indices", "seq_lens": "seq_lens",
-      "extend_seq_lens": "extend_seq_lens", "extend_start_loc": "extend_start_loc",
-      "max_len_extend": "max_extend_len", "sm_scale": "layer.scaling", "logit_cap": "layer.logit_cap",
-      "is_cross_attn": "layer.is_cross_attention", "sliding_window_size": "layer.sliding_window_size + 1",
-      "encoder_lens": "forward_batch.encoder_lens", "sinks": "sinks", "tree_mask": "tree_mask",
-      "is_causal": "is_causal"}),
-    ("decode_attention_cpu", "sglang.srt.layers.attention.intel_amx_backend", "IntelAMXAttnBackend.forward_decode",
-     "self.decode_attention_fwd",
-     {"query": "q.view(-1, layer.tp_q_head_num, layer.qk_head_dim)", "k_buffer": "key_buffer",
-      "v_buffer": "value_buffer", "k_buf_scale": "key_scale", "v_buf_scale": "value_scale",
-      "output": "o.view(-1, layer.tp_q_head_num, layer.v_head_dim)", "key": "k", "value": "v", "loc": "cache_loc",
-      "attn_logits": "attn_logits", "req_to_token": "req_to_token", "req_pool_indices": "req_pool_indices",
-      "seq_lens": "seq_lens", "sm_scale": "layer.scaling", "logit_cap": "layer.logit_cap",
-      "is_cross_attn": "layer.is_cross_attention", "sliding_window_size": "layer.sliding_window_size + 1",
-      "encoder_lens": "forward_batch.encoder_lens", "sinks": "sinks"}),
+    (
+        "assign_req_to_token_pool_cpu",
+        "sglang.srt.mem_cache.allocation",
+        "assign_req_to_token_pool_func",
+        "assign_req_to_token_pool_cpu",
+        {
+            "req_pool_indices": "req_pool_indices",
+            "req_to_token": "req_to_token",
+            "start_offset": "start_offset",
+            "end_offset": "end_offset",
+            "out_cache_loc": "out_cache_loc",
+            "pool_len": "req_to_token.shape[1]",
+        },
+    ),
+    (
+        "assign_extend_cache_locs_cpu",
+        "sglang.kernels.ops.speculative.cache_locs",
+        "assign_extend_cache_locs_func",
+        "assign_extend_cache_locs_cpu",
+        {
+            "req_pool_indices": "req_pool_indices",
+            "req_to_token": "req_to_token",
+            "start_offset": "start_offset",
+            "end_offset": "end_offset",
+            "out_cache_loc": "out_cache_loc",
+            "pool_len": "req_to_token.shape[1]",
+        },
+    ),
+    (
+        "assign_extend_cache_locs_cpu",
+        "sglang.kernels.ops.speculative.cache_locs",
+        "fill_front_out_cache_loc_func",
+        "assign_extend_cache_locs_cpu",
+        {
+            "req_pool_indices": "rows",
+            "req_to_token": "window.int()",
+            "start_offset": "starts",
+            "end_offset": "num_front",
+            "out_cache_loc": "front_out_cache_loc",
+            "pool_len": "window.shape[1]",
+        },
+    ),
+    (
+        "assign_draft_cache_locs_contiguous_cpu",
+        "sglang.kernels.ops.speculative.cache_locs",
+        "assign_draft_cache_locs_contiguous_func",
+        "assign_draft_cache_locs_contiguous_cpu",
+        {
+            "req_pool_indices": "req_pool_indices",
+            "req_to_token": "req_to_token",
+            "seq_lens": "seq_lens",
+            "out_cache_loc": "out_cache_loc",
+            "pool_len": "req_to_token.shape[1]",
+            "topk": "topk",
+            "num_steps": "num_cols",
+        },
+    ),
+    (
+        "copy_all_layer_kv_cache_cpu",
+        "sglang.kernels.ops.kvcache.cache_move",
+        "copy_all_layer_kv_cache_func",
+        "copy_all_layer_kv_cache_cpu",
+        {
+            "data_ptrs": "data_ptrs",
+            "strides": "strides",
+            "tgt_loc": "tgt_loc[:num_locs]",
+            "src_loc": "src_loc[:num_locs]",
+        },
+    ),
+    (
+        "fill_accept_out_cache_loc_cpu",
+        "sglang.kernels.ops.speculative.eagle",
+        "fill_accept_out_cache_loc_func",
+        "fill_accept_out_cache_loc_cpu",
+        {
+            "accept_index": "accept_index",
+            "out_cache_loc": "out_cache_loc",
+            "accept_out_cache_loc": "accept_out_cache_loc",
+        },
+    ),
+    (
+        "fill_bonus_tokens_cpu",
+        "sglang.kernels.ops.speculative.eagle",
+        "fill_bonus_tokens_func",
+        "fill_bonus_tokens_cpu",
+        {
+            "accept_tokens": "accept_tokens",
+            "accept_lens": "accept_lens",
+            "bonus_tokens": "bonus_tokens",
+            "accept_stride": "accept_stride",
+        },
+    ),
+    (
+        "verify_tree_greedy_cpu",
+        "sglang.kernels.ops.speculative.spec_tree",
+        "verify_tree_greedy_func",
+        "sgl_verify_tree_greedy_cpu",
+        {
+            "predicts": "predicts",
+            "accept_index": "accept_index",
+            "accept_token_num": "accept_token_num",
+            "candidates": "candidates",
+            "retrive_index": "retrieve_index",
+            "retrive_next_token": "retrieve_next_token",
+            "retrive_next_sibling": "retrieve_next_sibling",
+            "target_predict": "target_predict",
+        },
+    ),
+    (
+        "reconstruct_indices_from_tree_mask",
+        "sglang.kernels.ops.speculative.reconstruct_tree",
+        "reconstruct_indices_from_tree_mask_func",
+        "reconstruct_indices_from_tree_mask",
+        {
+            "tree_mask": "tree_mask",
+            "verified_seq_len": "verified_seq_len",
+            "positions": "positions",
+            "retrive_index": "retrieve_index",
+            "retrive_next_token": "retrieve_next_token",
+            "retrive_next_sibling": "retrieve_next_sibling",
+            "batch_size": "batch_size",
+            "draft_token_num": "draft_token_num",
+        },
+    ),
+    (
+        "extend_attention_cpu",
+        "sglang.srt.layers.attention.intel_amx_backend",
+        "IntelAMXAttnBackend.forward_extend",
+        "self.extend_attention_fwd",
+        {
+            "q_extend": "q.view(-1, layer.tp_q_head_num, layer.qk_head_dim)",
+            "k_extend": "k",
+            "v_extend": "v",
+            "o_extend": "o.view(-1, layer.tp_q_head_num, layer.v_head_dim)",
+            "k_buffer": "key_buffer",
+            "v_buffer": "value_buffer",
+            "k_buf_scale": "key_scale",
+            "v_buf_scale": "value_scale",
+            "req_to_token": "req_to_token",
+            "req_pool_indices": "req_pool_indices",
+            "seq_lens": "seq_lens",
+            "extend_seq_lens": "extend_seq_lens",
+            "extend_start_loc": "extend_start_loc",
+            "max_len_extend": "max_extend_len",
+            "sm_scale": "layer.scaling",
+            "logit_cap": "layer.logit_cap",
+            "is_cross_attn": "layer.is_cross_attention",
+            "sliding_window_size": "layer.sliding_window_size + 1",
+            "encoder_lens": "forward_batch.encoder_lens",
+            "sinks": "sinks",
+            "tree_mask": "tree_mask",
+            "is_causal": "is_causal",
+        },
+    ),
+    (
+        "decode_attention_cpu",
+        "sglang.srt.layers.attention.intel_amx_backend",
+        "IntelAMXAttnBackend.forward_decode",
+        "self.decode_attention_fwd",
+        {
+            "query": "q.view(-1, layer.tp_q_head_num, layer.qk_head_dim)",
+            "k_buffer": "key_buffer",
+            "v_buffer": "value_buffer",
+            "k_buf_scale": "key_scale",
+            "v_buf_scale": "value_scale",
+            "output": "o.view(-1, layer.tp_q_head_num, layer.v_head_dim)",
+            "key": "k",
+            "value": "v",
+            "loc": "cache_loc",
+            "attn_logits": "attn_logits",
+            "req_to_token": "req_to_token",
+            "req_pool_indices": "req_pool_indices",
+            "seq_lens": "seq_lens",
+            "sm_scale": "layer.scaling",
+            "logit_cap": "layer.logit_cap",
+            "is_cross_attn": "layer.is_cross_attention",
+            "sliding_window_size": "layer.sliding_window_size + 1",
+            "encoder_lens": "forward_batch.encoder_lens",
+            "sinks": "sinks",
+        },
+    ),
 ]
 
 ATTENTION_OPS = {"extend_attention_cpu", "decode_attention_cpu"}
@@ -545,8 +730,9 @@ def _standin_parameters(sk, op: str) -> list[tuple[str, bool]]:
     return [(p.name, p.default is not inspect.Parameter.empty) for p in inspect.signature(fn).parameters.values()]
 
 
-@pytest.mark.parametrize("op,module,function,callee,expected", CALL_SITES,
-                         ids=[f"{c[0]}@{c[2].split('.')[-1]}" for c in CALL_SITES])
+@pytest.mark.parametrize(
+    "op,module,function,callee,expected", CALL_SITES, ids=[f"{c[0]}@{c[2].split('.')[-1]}" for c in CALL_SITES]
+)
 def test_sglang_call_site_passes_arguments_in_standin_order(sk, op, module, function, callee, expected):
     node, path, tree = _sglang_function(module, function)
     calls = [n for n in ast.walk(node) if isinstance(n, ast.Call) and ast.unparse(n.func) == callee]
@@ -567,8 +753,11 @@ def test_sglang_call_site_passes_arguments_in_standin_order(sk, op, module, func
     if op in ATTENTION_OPS:
         init, _, _ = _sglang_function(module, "IntelAMXAttnBackend.__init__")
         attr = callee.split(".", 1)[1]
-        assigned = {ast.unparse(n.value) for n in ast.walk(init) if isinstance(n, ast.Assign)
-                    and any(ast.unparse(t) == f"self.{attr}" for t in n.targets)}
+        assigned = {
+            ast.unparse(n.value)
+            for n in ast.walk(init)
+            if isinstance(n, ast.Assign) and any(ast.unparse(t) == f"self.{attr}" for t in n.targets)
+        }
         assert assigned == {f"torch.ops.sgl_kernel.{op}"}
     else:
         imports = {local: (mod, name) for mod, name, local in _sgl_kernel_imports(tree, cpu_only=False)}
@@ -594,7 +783,10 @@ def _real_sgl_kernel_wrappers() -> dict[str, list[str]]:
 def test_standin_signatures_match_the_real_sgl_kernel_wrappers(sk):
     real = _real_sgl_kernel_wrappers()
     ops = {c[0] for c in CALL_SITES} - ATTENTION_OPS | {
-        "build_tree_kernel_efficient_cpu", "build_draft_decode_metadata_cpu", "rotate_input_ids_cpu"}
+        "build_tree_kernel_efficient_cpu",
+        "build_draft_decode_metadata_cpu",
+        "rotate_input_ids_cpu",
+    }
     for op in sorted(ops):
         assert op in real, f"sgl-kernel has no {op} wrapper"
         assert [name for name, _ in _standin_parameters(sk, op)] == real[op], op
@@ -611,11 +803,16 @@ def test_sitecustomize_reports_amx_only_when_switched_on(tmp_path):
         import sgl_kernel
         print(get_platform().has_amx, cpu_has_amx_support(), sgl_kernel.STANDIN, sys.modules["sitecustomize"].__file__)
     """)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(STUB), *filter(None, [os.environ.get("PYTHONPATH")])]),
-           "JETSPEC_SGLANG_CPU_STANDIN": "1", "OMP_NUM_THREADS": "1"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(STUB), *filter(None, [os.environ.get("PYTHONPATH")])]),
+        "JETSPEC_SGLANG_CPU_STANDIN": "1",
+        "OMP_NUM_THREADS": "1",
+    }
     env.pop("SGLANG_USE_CPU_ENGINE", None)
-    run = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True,
-                         timeout=120)
+    run = subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     has_amx, amx_kernels, standin, origin = run.stdout.split()
     # intel_amx is kept; the layers still take their PyTorch paths (no convert_weight_packed)
@@ -625,11 +822,16 @@ def test_sitecustomize_reports_amx_only_when_switched_on(tmp_path):
 
 def test_sitecustomize_is_a_no_op_when_not_switched_on(tmp_path):
     code = "from sglang.srt.runtime_context import get_platform; import sys; print(get_platform().has_amx, sys.modules['sitecustomize'].__file__)"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(STUB), *filter(None, [os.environ.get("PYTHONPATH")])]),
-           "OMP_NUM_THREADS": "1"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(STUB), *filter(None, [os.environ.get("PYTHONPATH")])]),
+        "OMP_NUM_THREADS": "1",
+    }
     env.pop("JETSPEC_SGLANG_CPU_STANDIN", None)
     env.pop("SGLANG_USE_CPU_ENGINE", None)
-    run = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     has_amx, origin = run.stdout.split()
     assert Path(origin).resolve() == STUB / "sitecustomize.py"  # it ran, and changed nothing

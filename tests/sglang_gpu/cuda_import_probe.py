@@ -46,8 +46,11 @@ SERVER_MODULES = [
 
 def _top_levels_of(distributions: list[str]) -> set[str]:
     wanted = {d.lower().replace("_", "-") for d in distributions}
-    return {top for top, dists in md.packages_distributions().items()
-            if any(d.lower().replace("_", "-") in wanted for d in dists)}
+    return {
+        top
+        for top, dists in md.packages_distributions().items()
+        if any(d.lower().replace("_", "-") in wanted for d in dists)
+    }
 
 
 def _pretend_cuda() -> None:
@@ -80,12 +83,23 @@ def main() -> None:
         except Exception as exc:  # report every module's failure, not only the first
             failed[name] = "".join(traceback.format_exception_only(type(exc), exc)).strip()
     # top-level packages that came from an installed distribution (not the stand-in, not absent)
-    loaded = {name.split(".")[0] for name, module in list(sys.modules.items())
-              if module is not None and not (getattr(module, "__file__", None) or "").startswith(STUB)}
+    loaded = {
+        name.split(".")[0]
+        for name, module in list(sys.modules.items())
+        if module is not None and not (getattr(module, "__file__", None) or "").startswith(STUB)
+    }
     owners = md.packages_distributions()
     distributions = sorted({d for top in loaded for d in owners.get(top, [])})
-    json.dump({"imported": imported, "failed": failed, "distributions": distributions,
-               "sgl_kernel": getattr(sys.modules.get("sgl_kernel"), "__file__", None)}, sys.stdout, indent=1)
+    json.dump(
+        {
+            "imported": imported,
+            "failed": failed,
+            "distributions": distributions,
+            "sgl_kernel": getattr(sys.modules.get("sgl_kernel"), "__file__", None),
+        },
+        sys.stdout,
+        indent=1,
+    )
     print()
 
 

@@ -51,8 +51,11 @@ def main() -> None:
     cases = {
         "RMSNorm": (norm, lambda op: op(x), lambda op: op.forward_native(x)),
         "SiluAndMul": (act, lambda op: op(gate_up), lambda op: op.forward_native(gate_up)),
-        "RotaryEmbedding": (rope, lambda op: op(positions, q.clone(), k.clone()),
-                            lambda op: op.forward_native(positions, q.clone(), k.clone())),
+        "RotaryEmbedding": (
+            rope,
+            lambda op: op(positions, q.clone(), k.clone()),
+            lambda op: op.forward_native(positions, q.clone(), k.clone()),
+        ),
     }
     result = {}
     for name, (op, call, native) in cases.items():

@@ -54,10 +54,14 @@ def test_every_server_module_imports_on_cuda_with_the_standin_alone(cuda_imports
 
 
 def test_the_committed_carry_list_is_what_the_probe_finds(missing_packages, cuda_imports):
-    lines = missing_packages.carry_list(cuda_imports["distributions"], missing_packages.image_packages(),
-                                        missing_packages.sglang_pins())
-    committed = [line for line in (ROOT / "bench" / "gpu" / "requirements.txt").read_text().splitlines()
-                 if line and not line.startswith("#")]
+    lines = missing_packages.carry_list(
+        cuda_imports["distributions"], missing_packages.image_packages(), missing_packages.sglang_pins()
+    )
+    committed = [
+        line
+        for line in (ROOT / "bench" / "gpu" / "requirements.txt").read_text().splitlines()
+        if line and not line.startswith("#")
+    ]
     assert committed == lines, "regenerate: python bench/gpu/missing_packages.py --write bench/gpu/requirements.txt"
     carried = {line.split("==")[0] for line in lines}
     assert {"sglang", "transformers", "xgrammar", "fastapi"} <= carried  # SGLang itself, a pinned override, two imports
@@ -67,7 +71,9 @@ def test_the_committed_carry_list_is_what_the_probe_finds(missing_packages, cuda
 def test_carry_list_rules(missing_packages):
     image = {"numpy": None, "transformers": "5.17.0", "tokenizers": "0.23.2"}
     pins = {"transformers": "5.19.0", "tokenizers": "0.23.2", "torch": "2.14.1"}
-    got = missing_packages.carry_list(["numpy", "transformers", "tokenizers", "orjson", "sglang_kernel", "torch"], image, pins)
+    got = missing_packages.carry_list(
+        ["numpy", "transformers", "tokenizers", "orjson", "sglang_kernel", "torch"], image, pins
+    )
     installed = {d: importlib.metadata.version(d) for d in ("transformers", "orjson")}
     assert got == [f"orjson=={installed['orjson']}", f"transformers=={installed['transformers']}"]
 
@@ -78,8 +84,14 @@ def test_fused_ops_run_forward_native_on_cuda_only_under_the_switch(switch):
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), **env}
     if not switch:
         full_env.pop("SGLANG_FORCE_FUSED_OP_BACKEND", None)
-    done = subprocess.run([sys.executable, str(HERE / "fused_dispatch_probe.py")], cwd=ROOT, capture_output=True,
-                          text=True, env=full_env, timeout=300)
+    done = subprocess.run(
+        [sys.executable, str(HERE / "fused_dispatch_probe.py")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     expected = True if switch else "forward_cuda reached"
@@ -102,8 +114,9 @@ def _sglang_sgl_kernel_imports() -> dict[str, set[str]]:
 
 @pytest.fixture(scope="module")
 def standin_facts():
-    done = subprocess.run([sys.executable, str(HERE / "standin_facts.py")], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run(
+        [sys.executable, str(HERE / "standin_facts.py")], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout)
 
@@ -136,20 +149,34 @@ def test_dual_gemm_standin_matches_the_real_module_on_sm90():
     finally:
         sys.path.remove(str(STUB))
     real = _real_dual_gemm_source()
-    constants = {t.id: node.value.value for node in real.body if isinstance(node, ast.Assign)
-                 for t in node.targets if isinstance(t, ast.Name) and isinstance(node.value, ast.Constant)}
+    constants = {
+        t.id: node.value.value
+        for node in real.body
+        if isinstance(node, ast.Assign)
+        for t in node.targets
+        if isinstance(t, ast.Name) and isinstance(node.value, ast.Constant)
+    }
     assert constants["MAX_DUAL_GEMM_DECODE_TOKENS"] == standin.MAX_DUAL_GEMM_DECODE_TOKENS
-    members = next({t.id: s.value.value for s in node.body if isinstance(s, ast.Assign) for t in s.targets}
-                   for node in real.body if isinstance(node, ast.ClassDef) and node.name == "DualGemmQuantMode")
+    members = next(
+        {t.id: s.value.value for s in node.body if isinstance(s, ast.Assign) for t in s.targets}
+        for node in real.body
+        if isinstance(node, ast.ClassDef) and node.name == "DualGemmQuantMode"
+    )
     assert members == {m.name: m.value for m in standin.DualGemmQuantMode}
     # the real predicate answers False off SM100, which is what the stand-in answers on the device's SM90
-    predicate = next(node for node in real.body if isinstance(node, ast.FunctionDef) and node.name == "can_use_dual_gemm")
+    predicate = next(
+        node for node in real.body if isinstance(node, ast.FunctionDef) and node.name == "can_use_dual_gemm"
+    )
     assert "is_sm100_supported()" in ast.unparse(predicate)
     assert standin.can_use_dual_gemm(1, 576, 1536, standin.DualGemmQuantMode.UNQUANT) is False
     # and the names sglang/srt/layers/dual_gemm.py imports from it exist
     layer = ast.parse((Path(importlib.util.find_spec("sglang.srt.layers.dual_gemm").origin)).read_text())
-    wanted = {a.name for node in ast.walk(layer) if isinstance(node, ast.ImportFrom)
-              and node.module == "sglang.kernels.ops.gemm.cutedsl_dual_gemm" for a in node.names}
+    wanted = {
+        a.name
+        for node in ast.walk(layer)
+        if isinstance(node, ast.ImportFrom) and node.module == "sglang.kernels.ops.gemm.cutedsl_dual_gemm"
+        for a in node.names
+    }
     assert wanted and all(hasattr(standin, name) for name in wanted)
 
 

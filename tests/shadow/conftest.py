@@ -32,8 +32,12 @@ def serve_and_spool(engine, policy, spool: Path, bodies: list[dict]) -> list:
     from sglang_jetspec.serving.server import JetspecServer
 
     def post(url: str, body: dict) -> dict:
-        request = urllib.request.Request(f"{url}/generate", data=json.dumps(body).encode(), method="POST",
-                                         headers={"Content-Type": "application/json"})
+        request = urllib.request.Request(
+            f"{url}/generate",
+            data=json.dumps(body).encode(),
+            method="POST",
+            headers={"Content-Type": "application/json"},
+        )
         with urllib.request.urlopen(request, timeout=300) as response:
             return json.loads(response.read())
 
@@ -50,8 +54,10 @@ def prompt_bodies(tokenizer, sampling: list[dict], tokens: int = 32) -> list[dic
     from sglang_jetspec.reference.prompts import humaneval_prompts
 
     prompts = humaneval_prompts(range(len(sampling)))
-    return [{"input_ids": tokenizer(p)["input_ids"], "sampling_params": {**s, "max_new_tokens": tokens, "ignore_eos": True}}
-            for p, s in zip(prompts, sampling)]
+    return [
+        {"input_ids": tokenizer(p)["input_ids"], "sampling_params": {**s, "max_new_tokens": tokens, "ignore_eos": True}}
+        for p, s in zip(prompts, sampling)
+    ]
 
 
 @pytest.fixture()

@@ -14,13 +14,13 @@ import math
 import pytest
 import torch
 
+from sglang_jetspec.core.sampling import SamplingParams, processed_probs
+from sglang_jetspec.reference.target import Segment
+from sglang_jetspec.spool.record import RecordConstraint, RecordSampling, ShadowRecord
 from shadow.checker import ShadowChecker
 from shadow.constraints import ConstraintMasks
 from shadow.metrics import ShadowMetrics
 from shadow.reference import LocalReference
-from sglang_jetspec.core.sampling import SamplingParams, processed_probs
-from sglang_jetspec.reference.target import Segment
-from sglang_jetspec.spool.record import RecordConstraint, RecordSampling, ShadowRecord
 
 xgr = pytest.importorskip("xgrammar")
 pytest.importorskip("sglang.srt.constrained.xgrammar_backend")
@@ -58,13 +58,20 @@ def masked_decode(smollm2, prompt_ids: list[int], vocab: int, params: SamplingPa
     return out
 
 
-def constrained_record(smollm2, output_ids: list[int], temperature: float, constraint: RecordConstraint | None,
-                       request_id: str = "r") -> ShadowRecord:
-    return ShadowRecord(request_id=request_id, model="smollm2", prompt_ids=smollm2.tokenizer(PROMPT)["input_ids"],
-                        output_ids=output_ids, finish_reason="eos", started_at=1.0, finished_at=2.0,
-                        sampling=RecordSampling(temperature=temperature, top_p=1.0, top_k=-1, min_p=0.0, seed=1,
-                                                max_new_tokens=24),
-                        constraint=constraint)
+def constrained_record(
+    smollm2, output_ids: list[int], temperature: float, constraint: RecordConstraint | None, request_id: str = "r"
+) -> ShadowRecord:
+    return ShadowRecord(
+        request_id=request_id,
+        model="smollm2",
+        prompt_ids=smollm2.tokenizer(PROMPT)["input_ids"],
+        output_ids=output_ids,
+        finish_reason="eos",
+        started_at=1.0,
+        finished_at=2.0,
+        sampling=RecordSampling(temperature=temperature, top_p=1.0, top_k=-1, min_p=0.0, seed=1, max_new_tokens=24),
+        constraint=constraint,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -83,8 +90,9 @@ def checker(smollm2, with_tokenizer: bool = True) -> ShadowChecker:
     from opentelemetry.trace import NoOpTracerProvider
 
     masks = ConstraintMasks(lambda: smollm2.path) if with_tokenizer else None
-    return ShadowChecker(LocalReference(smollm2), 0.001, ShadowMetrics(), NoOpTracerProvider().get_tracer("t"),
-                         constraints=masks)
+    return ShadowChecker(
+        LocalReference(smollm2), 0.001, ShadowMetrics(), NoOpTracerProvider().get_tracer("t"), constraints=masks
+    )
 
 
 def test_a_greedy_constrained_record_checks_clean_with_its_grammar_and_not_without(smollm2, greedy_ids, regex):
@@ -98,7 +106,7 @@ def test_a_greedy_constrained_record_checks_clean_with_its_grammar_and_not_witho
 def test_a_token_the_grammar_forbids_is_an_error_of_infinite_margin(smollm2, greedy_ids, regex):
     letter = smollm2.tokenizer("x", add_special_tokens=False)["input_ids"][0]
     position = next(i for i, t in enumerate(greedy_ids) if smollm2.tokenizer.decode([t]).strip().isdigit())
-    broken = greedy_ids[:position] + [letter] + greedy_ids[position + 1:]
+    broken = greedy_ids[:position] + [letter] + greedy_ids[position + 1 :]
     check, _ = checker(smollm2).check_request(constrained_record(smollm2, broken, 0.0, regex))
     wrong = [m for m in check.mismatches if m.position == position]
     assert wrong and wrong[0].kind == "error" and math.isinf(wrong[0].margin)
@@ -107,8 +115,10 @@ def test_a_token_the_grammar_forbids_is_an_error_of_infinite_margin(smollm2, gre
 def test_sampled_constrained_records_have_every_token_inside_the_masked_support(smollm2, vocab, regex):
     params = SamplingParams(temperature=1.0)
     prompt = smollm2.tokenizer(PROMPT)["input_ids"]
-    records = [constrained_record(smollm2, masked_decode(smollm2, prompt, vocab, params, seed), 1.0, regex, f"s{seed}")
-               for seed in range(3)]
+    records = [
+        constrained_record(smollm2, masked_decode(smollm2, prompt, vocab, params, seed), 1.0, regex, f"s{seed}")
+        for seed in range(3)
+    ]
     report = checker(smollm2).check_window(1, records)
     assert report.requests.sampled == 3 and not report.failed
     assert report.mismatches.get("impossible", 0) == 0 and report.mismatches.get("error", 0) == 0
@@ -118,7 +128,9 @@ def test_sampled_constrained_records_have_every_token_inside_the_masked_support(
 
 
 def test_a_constrained_record_without_a_tokenizer_fails_its_window(smollm2, greedy_ids, regex):
-    report = checker(smollm2, with_tokenizer=False).check_window(1, [constrained_record(smollm2, greedy_ids, 0.0, regex)])
+    report = checker(smollm2, with_tokenizer=False).check_window(
+        1, [constrained_record(smollm2, greedy_ids, 0.0, regex)]
+    )
     assert "r" in report.failed and "grammar" in report.failed["r"] and report.requests.greedy == 0
 
 

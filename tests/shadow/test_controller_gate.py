@@ -30,8 +30,15 @@ class NoTelemetry:
 
 def controller(gate: bool, source: ShadowAlarmSource) -> Controller:
     observer = Observer(TracerProvider().get_tracer("test"))
-    return Controller(parse_policy_text(POLICY % str(gate).lower()), NoTelemetry(), [], lambda: 100.0, observer,
-                      dry_run=True, shadow_alarm=source)
+    return Controller(
+        parse_policy_text(POLICY % str(gate).lower()),
+        NoTelemetry(),
+        [],
+        lambda: 100.0,
+        observer,
+        dry_run=True,
+        shadow_alarm=source,
+    )
 
 
 def test_alarm_in_the_textfile_gates_every_cohort_off_and_release_restores(tmp_path):
@@ -43,8 +50,10 @@ def test_alarm_in_the_textfile_gates_every_cohort_off_and_release_restores(tmp_p
     decisions = ctl.step()
     assert ctl.table.budgets() == {"bs1": 0, "bs2-8": 0}
     assert all(c.probe is None for c in ctl.table.cohorts)
-    assert {(d.cohort, d.previous, d.budget, d.reason) for d in decisions} == {("bs1", 16, 0, SHADOW_ALARM),
-                                                                                ("bs2-8", 4, 0, SHADOW_ALARM)}
+    assert {(d.cohort, d.previous, d.budget, d.reason) for d in decisions} == {
+        ("bs1", 16, 0, SHADOW_ALARM),
+        ("bs2-8", 4, 0, SHADOW_ALARM),
+    }
     metrics.alarm.set(0)
     metrics.write_textfile(prom)
     ctl.step()
@@ -63,8 +72,12 @@ def test_alarm_read_from_the_checkers_metrics_endpoint_and_kept_when_unreadable(
     server.server_close()
     ctl.step()  # checker gone: keep the last value read, count the failure
     assert ctl.table.budgets() == {"bs1": 0, "bs2-8": 0}
-    assert ctl._observer.registry.get_sample_value("jetspec_controller_telemetry_failures_total",
-                                                   {"source": source.location}) == 1
+    assert (
+        ctl._observer.registry.get_sample_value(
+            "jetspec_controller_telemetry_failures_total", {"source": source.location}
+        )
+        == 1
+    )
 
 
 def test_policy_without_gate_on_alarm_ignores_the_alarm(tmp_path):

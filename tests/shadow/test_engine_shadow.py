@@ -26,15 +26,21 @@ from shadow.regenerate import Regenerator
 from shadow.window import WindowReport
 from tests.shadow.conftest import prompt_bodies, serve_and_spool
 
-CLEAN = [{"temperature": 0.0}, {"temperature": 0.8}, {"temperature": 1.0, "top_p": 0.9}, {"temperature": 0.7, "top_k": 20}]
+CLEAN = [
+    {"temperature": 0.0},
+    {"temperature": 0.8},
+    {"temperature": 1.0, "top_p": 0.9},
+    {"temperature": 0.7, "top_k": 20},
+]
 
 
 def _checker(smollm2, alpha=0.001, regenerator=None):
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    checker = ShadowChecker(LocalReference(smollm2), alpha, ShadowMetrics(), provider.get_tracer("jetspec.shadow"),
-                            regenerator=regenerator)
+    checker = ShadowChecker(
+        LocalReference(smollm2), alpha, ShadowMetrics(), provider.get_tracer("jetspec.shadow"), regenerator=regenerator
+    )
     return checker, exporter
 
 
@@ -42,14 +48,34 @@ def test_clean_speculative_run_passes_with_reports_and_metrics(engine, spool_pol
     spool, out = tmp_path / "spool", tmp_path / "reports"
     records = serve_and_spool(engine, spool_policy, spool, prompt_bodies(smollm2.tokenizer, CLEAN))
     assert len(records) == 4
-    assert all(r.spec.budgets and set(r.spec.budgets) == {8} and len(r.spec.budgets) == len(r.spec.accept_lengths)
-               for r in records)
+    assert all(
+        r.spec.budgets and set(r.spec.budgets) == {8} and len(r.spec.budgets) == len(r.spec.accept_lengths)
+        for r in records
+    )
     # the spool holds each request's own sampling configuration
     assert sorted((r.sampling.temperature, r.sampling.top_p, r.sampling.top_k) for r in records) == [
-        (0.0, 1.0, -1), (0.7, 1.0, 20), (0.8, 1.0, -1), (1.0, 0.9, -1)]
+        (0.0, 1.0, -1),
+        (0.7, 1.0, 20),
+        (0.8, 1.0, -1),
+        (1.0, 0.9, -1),
+    ]
 
-    code = main(["shadow", "run", "--spool", str(spool), "--reference", "local", "--window", "4", "--out", str(out),
-                 "--alpha", "0.001"])
+    code = main(
+        [
+            "shadow",
+            "run",
+            "--spool",
+            str(spool),
+            "--reference",
+            "local",
+            "--window",
+            "4",
+            "--out",
+            str(out),
+            "--alpha",
+            "0.001",
+        ]
+    )
     assert code == 0, capsys.readouterr()
     report = WindowReport.model_validate_json((out / "window-0001.json").read_text())
     assert not report.alarm and report.alarm_reasons == []
@@ -75,8 +101,12 @@ def test_clean_speculative_run_passes_with_reports_and_metrics(engine, spool_pol
 
 def test_temperature_on_one_side_only_is_caught(engine, spool_policy, smollm2, tmp_path, monkeypatch):
     # The engine draws at temperature 1 whatever the request asked: the request's own T=0.5 is ignored.
-    monkeypatch.setattr(acceptance, "processed_probs", lambda logits, p: processed_probs(logits, replace(p, temperature=1.0)))
-    records = serve_and_spool(engine, spool_policy, tmp_path, prompt_bodies(smollm2.tokenizer, [{"temperature": 0.5}] * 4))
+    monkeypatch.setattr(
+        acceptance, "processed_probs", lambda logits, p: processed_probs(logits, replace(p, temperature=1.0))
+    )
+    records = serve_and_spool(
+        engine, spool_policy, tmp_path, prompt_bodies(smollm2.tokenizer, [{"temperature": 0.5}] * 4)
+    )
     checker, spans = _checker(smollm2)
     report = checker.check_window(1, records)
     assert report.alarm and "window_test" in report.alarm_reasons
@@ -90,7 +120,9 @@ def test_temperature_on_one_side_only_is_caught(engine, spool_policy, smollm2, t
 
 def test_top_p_on_one_side_only_is_caught(engine, spool_policy, smollm2, tmp_path, monkeypatch):
     monkeypatch.setattr(acceptance, "processed_probs", lambda logits, p: processed_probs(logits, replace(p, top_p=1.0)))
-    records = serve_and_spool(engine, spool_policy, tmp_path, prompt_bodies(smollm2.tokenizer, [{"temperature": 1.0, "top_p": 0.5}] * 4))
+    records = serve_and_spool(
+        engine, spool_policy, tmp_path, prompt_bodies(smollm2.tokenizer, [{"temperature": 1.0, "top_p": 0.5}] * 4)
+    )
     checker, _ = _checker(smollm2)
     report = checker.check_window(1, records)
     assert report.mismatches["impossible"] > 0 and "impossible_token" in report.alarm_reasons
@@ -101,13 +133,17 @@ def test_top_p_on_one_side_only_is_caught(engine, spool_policy, smollm2, tmp_pat
 def test_greedy_divergence_classified_and_regenerated(engine, spool_policy, smollm2, tmp_path):
     from sglang_jetspec.serving.server import JetspecServer
 
-    records = serve_and_spool(engine, spool_policy, tmp_path / "spool", prompt_bodies(smollm2.tokenizer, [{"temperature": 0.0}] * 2, 24))
+    records = serve_and_spool(
+        engine, spool_policy, tmp_path / "spool", prompt_bodies(smollm2.tokenizer, [{"temperature": 0.0}] * 2, 24)
+    )
     good, bad = records
     # A server that emitted the runner-up at position 5 (and continued from there).
     logits = LocalReference(smollm2).score(bad).logits
     runner_up, original = int(logits[5].topk(2).indices[1]), bad.output_ids[5]
     bad = bad.model_copy(update={"output_ids": bad.output_ids[:5] + [runner_up] + bad.output_ids[6:]})
-    with JetspecServer(engine, spool_policy.model_copy(update={"cohorts": [spool_policy.cohorts[0].model_copy(update={"default": 0})]})) as plain:
+    with JetspecServer(
+        engine, spool_policy.model_copy(update={"cohorts": [spool_policy.cohorts[0].model_copy(update={"default": 0})]})
+    ) as plain:
         checker, _ = _checker(smollm2, regenerator=Regenerator(plain.url, smollm2.tokenizer))
         report = checker.check_window(1, [good, bad])
     assert report.first_divergence == {bad.request_id: 5}

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from shadow.checks import sampled_transform
 from sglang_jetspec.spool.record import RecordSampling, ShadowRecord
+from shadow.checks import sampled_transform
 from shadow.reference import HttpReference, LocalReference, ReferenceError
 
 
@@ -30,15 +30,27 @@ def sglang_like(smollm2):
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             requests.append(body)
             ids, start, top = body["input_ids"], body["logprob_start_len"], body["top_logprobs_num"]
-            probe = ShadowRecord(request_id="x", model="", prompt_ids=ids[: start + 1], output_ids=ids[start + 1 :],
-                                 sampling=RecordSampling(temperature=0, top_p=1, top_k=-1, min_p=0, max_new_tokens=1),
-                                 finish_reason="length", started_at=0, finished_at=0)
+            probe = ShadowRecord(
+                request_id="x",
+                model="",
+                prompt_ids=ids[: start + 1],
+                output_ids=ids[start + 1 :],
+                sampling=RecordSampling(temperature=0, top_p=1, top_k=-1, min_p=0, max_new_tokens=1),
+                finish_reason="length",
+                started_at=0,
+                finished_at=0,
+            )
             logprobs = torch.log_softmax(local.score(probe).logits.double(), -1)
             values, indices = logprobs.topk(top, dim=-1)
-            meta = {"input_token_logprobs": [[None, ids[start], None]] + [[float(logprobs[j, t]), t, None]
-                                                                          for j, t in enumerate(ids[start + 1 :])],
-                    "input_top_logprobs": [None] + [[[float(v), int(i), None] for v, i in zip(vs, ix)]
-                                                    for vs, ix in zip(values.tolist(), indices.tolist())]}
+            meta = {
+                "input_token_logprobs": [[None, ids[start], None]]
+                + [[float(logprobs[j, t]), t, None] for j, t in enumerate(ids[start + 1 :])],
+                "input_top_logprobs": [None]
+                + [
+                    [[float(v), int(i), None] for v, i in zip(vs, ix)]
+                    for vs, ix in zip(values.tolist(), indices.tolist())
+                ],
+            }
             payload = json.dumps({"text": "", "output_ids": [], "meta_info": meta}).encode()
             self.send_response(200)
             self.send_header("Content-Length", str(len(payload)))
@@ -57,9 +69,16 @@ def sglang_like(smollm2):
 def _record(smollm2, temperature: float) -> ShadowRecord:
     prompt = smollm2.tokenizer("def fibonacci(n):")["input_ids"]
     output = smollm2.tokenizer("\n    if n < 2:\n        return n")["input_ids"]
-    return ShadowRecord(request_id="7", model="smollm2", prompt_ids=prompt, output_ids=output,
-                        sampling=RecordSampling(temperature=temperature, top_p=0.95, top_k=-1, min_p=0.0, max_new_tokens=32),
-                        finish_reason="length", started_at=0.0, finished_at=1.0)
+    return ShadowRecord(
+        request_id="7",
+        model="smollm2",
+        prompt_ids=prompt,
+        output_ids=output,
+        sampling=RecordSampling(temperature=temperature, top_p=0.95, top_k=-1, min_p=0.0, max_new_tokens=32),
+        finish_reason="length",
+        started_at=0.0,
+        finished_at=1.0,
+    )
 
 
 def test_full_vocabulary_scores_match_the_local_target(sglang_like, smollm2):

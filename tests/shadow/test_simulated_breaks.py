@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import torch
 
+from sglang_jetspec.core.sampling import SamplingParams
 from shadow import calibration as cal
 from shadow.checks import RANK_EDGES
 from shadow.stats import tokens_to_cross, window_tests
-from sglang_jetspec.core.sampling import SamplingParams
 
 
 @pytest.fixture(scope="module")

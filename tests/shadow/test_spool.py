@@ -13,15 +13,22 @@ import time
 from prometheus_client import CollectorRegistry, generate_latest
 
 from sglang_jetspec.spool.record import RecordSampling, ShadowRecord
-from shadow.spool import SpoolReader, read_spool
-from sglang_jetspec.spool.writer import SpoolWriter, spool_files
 from sglang_jetspec.spool.tee import ShadowTee
+from sglang_jetspec.spool.writer import SpoolWriter, spool_files
+from shadow.spool import SpoolReader, read_spool
 
 
 def record(i: int) -> ShadowRecord:
-    return ShadowRecord(request_id=str(i), model="m", prompt_ids=[1, 2, 3], output_ids=list(range(i % 7 + 1)),
-                        sampling=RecordSampling(temperature=0.7, top_p=0.9, top_k=-1, min_p=0.0, seed=i, max_new_tokens=8),
-                        finish_reason="length", started_at=1.0, finished_at=2.0)
+    return ShadowRecord(
+        request_id=str(i),
+        model="m",
+        prompt_ids=[1, 2, 3],
+        output_ids=list(range(i % 7 + 1)),
+        sampling=RecordSampling(temperature=0.7, top_p=0.9, top_k=-1, min_p=0.0, seed=i, max_new_tokens=8),
+        finish_reason="length",
+        started_at=1.0,
+        finished_at=2.0,
+    )
 
 
 def test_truncated_mid_line_keeps_earlier_records(tmp_path):

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
+from sglang_jetspec.core.sampling import SamplingParams, processed_probs
 from shadow.checks import greedy_mismatches, sampled_transform
 from shadow.stats import BettingMonitor, WindowTestResult, holm, merge_small, tokens_to_cross, window_tests
-from sglang_jetspec.core.sampling import SamplingParams, processed_probs
 
 
 def test_holm_step_down():
@@ -30,7 +30,9 @@ def test_randomized_pit_is_uniform_for_a_correct_sampler():
     assert not t.outside_support and len(t.pit) == 4000
     assert min(r.p_holm for r in window_tests(t.pit, t.rank_observed, t.rank_expected)) > 0.01
     # ...and skewed for one drawing at temperature 1.0 instead
-    wrong = torch.multinomial(processed_probs(logits, SamplingParams(temperature=1.0, top_p=0.9)), 1, generator=gen)[:, 0].tolist()
+    wrong = torch.multinomial(processed_probs(logits, SamplingParams(temperature=1.0, top_p=0.9)), 1, generator=gen)[
+        :, 0
+    ].tolist()
     t = sampled_transform(logits, wrong, params, np.random.default_rng(0))
     assert min(r.p_holm for r in window_tests(t.pit, t.rank_observed, t.rank_expected)) < 1e-6
 
@@ -59,14 +61,17 @@ def test_monitor_state_round_trips_and_stays_crossed():
     assert again.crossed_at == monitor.crossed_at and again.state.tokens == 600
 
 
-@pytest.mark.parametrize("params, inside, far", [
-    # top_p 0.81: token 2 starts after mass 0.813 (0.805 with the band), or after 0.987
-    (SamplingParams(temperature=1.0, top_p=0.81), [3.0, 2.5, 2.0, -3.0], [3.0, 2.5, -1.0, -3.0]),
-    # top-k 2: token 2's logit is 0.01 below the second's, or 1.0 below
-    (SamplingParams(temperature=1.0, top_k=2), [3.0, 2.5, 2.49, 0.0], [3.0, 2.5, 1.5, 0.0]),
-    # min-p 0.5: p(token 2) / p(max) = exp(-0.7 - 0.01) just under 0.5, or exp(-2)
-    (SamplingParams(temperature=1.0, min_p=0.5), [3.0, 2.9, 3.0 - 0.7031, 0.0], [3.0, 2.9, 1.0, 0.0]),
-])
+@pytest.mark.parametrize(
+    "params, inside, far",
+    [
+        # top_p 0.81: token 2 starts after mass 0.813 (0.805 with the band), or after 0.987
+        (SamplingParams(temperature=1.0, top_p=0.81), [3.0, 2.5, 2.0, -3.0], [3.0, 2.5, -1.0, -3.0]),
+        # top-k 2: token 2's logit is 0.01 below the second's, or 1.0 below
+        (SamplingParams(temperature=1.0, top_k=2), [3.0, 2.5, 2.49, 0.0], [3.0, 2.5, 1.5, 0.0]),
+        # min-p 0.5: p(token 2) / p(max) = exp(-0.7 - 0.01) just under 0.5, or exp(-2)
+        (SamplingParams(temperature=1.0, min_p=0.5), [3.0, 2.9, 3.0 - 0.7031, 0.0], [3.0, 2.9, 1.0, 0.0]),
+    ],
+)
 def test_a_token_just_outside_the_support_is_a_tie_and_far_outside_impossible(params, inside, far):
     logits = torch.tensor([inside, far])
     assert (processed_probs(logits, params)[:, 2] == 0).all()  # both emitted tokens are outside the support
