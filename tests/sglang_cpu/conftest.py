@@ -2,8 +2,8 @@
 
 One plain server and one JETSPEC server (metrics, traces to a gRPC receiver in this process, the admin
 key, a shadow spool) serve every end-to-end test; servers for a single purpose (the negative control,
-retraction) are module-scoped so they stop when their module ends; the two negative controls share one. Every server sleeps when idle, so
-the ones waiting for later tests leave the two cores to the ones working.
+retraction) are module-scoped so they stop when their module ends; the two negative controls share one.
+Every server sleeps when idle, so the ones waiting for later tests leave the two cores to the ones working.
 """
 
 from __future__ import annotations

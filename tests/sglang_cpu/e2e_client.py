@@ -126,21 +126,25 @@ def generate_batch(url: str, items: list[tuple[str, list[int], dict]]) -> list[d
     return replies
 
 
-def retracted_under(retracting, reference, bodies: list[dict]) -> tuple[list[list[int]], list[list[int]]]:
-    """Output ids of `bodies` sent 4 at a time to the `retracting` server (a pool too small for them) and
-    to `reference`; asserts every request answered and that the first server logged a new retraction."""
+def output_ids_four_at_a_time(url: str, bodies: list[dict]) -> list[list[int]]:
+    """Output ids of `bodies` (whole /generate bodies) sent 4 at a time; asserts every request answered."""
+    with ThreadPoolExecutor(4) as pool:
+        replies = list(pool.map(lambda body: post(f"{url}/generate", body), bodies))
+    assert all(status == 200 for status, _ in replies), replies
+    return [reply["output_ids"] for _, reply in replies]
+
+
+def retracted_under(retracting, bodies: list[dict]) -> list[list[int]]:
+    """Output ids of `bodies` sent 4 at a time to `retracting` (a server whose pool is too small for them);
+    asserts that it logged a new retraction meanwhile."""
 
     def count() -> int:
         return retracting.log.read_text().lower().count("retract")  # the logged server arguments name it too
 
-    before, outputs = count(), []
-    for server in (retracting, reference):
-        with ThreadPoolExecutor(4) as pool:
-            replies = list(pool.map(lambda body: post(f"{server.url}/generate", body), bodies))
-        assert all(status == 200 for status, _ in replies), replies
-        outputs.append([reply["output_ids"] for _, reply in replies])
+    before = count()
+    outputs = output_ids_four_at_a_time(retracting.url, bodies)
     assert count() > before, "the pool was large enough: nothing was retracted"
-    return outputs[0], outputs[1]
+    return outputs
 
 
 def until_eos(ids: list[int], eos: int) -> list[int]:

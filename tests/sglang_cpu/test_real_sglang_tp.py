@@ -2,8 +2,10 @@
 
 The ranks reduce over gloo (launch.TP2_ENV says how and why).
 
-One plain and one JETSPEC TP=2 server serve every test but the last, which starts a JETSPEC TP=2 server
-whose rank 1 alters every tree it receives (JETSPEC_DEBUG_PERTURB_RANK): it must refuse to go on."""
+The first test starts a JETSPEC TP=2 server whose rank 1 alters every tree it receives
+(JETSPEC_DEBUG_PERTURB_RANK): it must refuse to go on. Then a plain TP=2 server answers everything the
+others compare with and stops, and one JETSPEC TP=2 server serves the rest: one TP server at a time,
+since each holds two ranks' processes (memory) and both cores."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from e2e_client import (
     generate_all,
     jetspec_args,
     jetspec_state,
+    output_ids_four_at_a_time,
     post,
     retracted_under,
     server_args,
@@ -33,28 +36,44 @@ RETRACTING_LENGTH = 96
 AUTH = {"Authorization": f"Bearer {ADMIN_KEY}"}
 
 
+CONCURRENT_LENGTHS = [MAX_NEW - 4 * (i % 4) for i in range(PROMPTS)]  # requests leave and join mid-batch
+BUDGET_0_TOKENS = 16
+
+
+def retracting_bodies(humaneval_ids) -> list[dict]:
+    sampling = {"temperature": 0, "max_new_tokens": RETRACTING_LENGTH, "ignore_eos": True}
+    return [{"input_ids": ids, "sampling_params": sampling} for ids in humaneval_ids[:4]]
+
+
 @pytest.fixture(scope="module")
-def tp_plain(servers, smollm2_dir):
+def plain_tp(servers, smollm2_dir, humaneval_ids, tokenizer) -> dict:
+    """Plain TP=2 SGLang's outputs for every comparison below, from one server that stops before the JETSPEC
+    one starts."""
     server = servers.start("plain-tp2", server_args(smollm2_dir, *TP2, "--disable-overlap-schedule"), TP2_ENV)
-    yield server
-    servers.stop(server)
+    eos, prompts = tokenizer.eos_token_id, humaneval_ids[:PROMPTS]
+    try:
+        return {
+            "sequential": [until_eos(r["output_ids"], eos) for r in generate_all(server.url, prompts)],
+            "concurrent": [
+                until_eos(r["output_ids"], eos)
+                for r in generate_all(server.url, prompts, concurrency=4, max_new=CONCURRENT_LENGTHS)
+            ],
+            "budget 0": generate(server.url, humaneval_ids[0], BUDGET_0_TOKENS, ignore_eos=True)["output_ids"],
+            "retraction": output_ids_four_at_a_time(server.url, retracting_bodies(humaneval_ids)),
+        }
+    finally:
+        servers.stop(server)
 
 
 @pytest.fixture(scope="module")
-def tp_jetspec(servers, smollm2_dir):
+def tp_jetspec(servers, smollm2_dir, plain_tp):
     """Pushes need the admin key; a tight KV pool makes SGLang retract (a low initial new-token ratio admits
-    four long requests at once); retraction is lossless, so every test's outputs stay comparable."""
+    four long requests at once); retraction is lossless, so every test's outputs stay comparable. Starts once
+    plain TP=2's outputs are in (`plain_tp`)."""
     args = jetspec_args(smollm2_dir, *TP2, "--admin-api-key", ADMIN_KEY, max_total_tokens=TIGHT_POOL)
     server = servers.start("jetspec-tp2", args, {**TP2_ENV, "SGLANG_INIT_NEW_TOKEN_RATIO": "0.1"})
     yield server
     servers.stop(server)
-
-
-@pytest.fixture(scope="module")
-def plain_tp_sequential(tp_plain, humaneval_ids, tokenizer):
-    return [
-        until_eos(r["output_ids"], tokenizer.eos_token_id) for r in generate_all(tp_plain.url, humaneval_ids[:PROMPTS])
-    ]
 
 
 def ranks(url: str) -> list[dict]:
@@ -68,34 +87,49 @@ def wait_for_no_draft_state_on_any_rank(url: str, timeout_s: float = 30) -> None
         time.sleep(0.5)
 
 
-def test_plain_tp2_on_the_standin_equals_hf(plain_tp_sequential, hf_greedy):
-    assert plain_tp_sequential == hf_greedy[:PROMPTS]
+def test_a_rank_that_drafts_another_tree_is_refused_before_the_verify(servers, smollm2_dir, humaneval_ids):
+    server = servers.start(
+        "jetspec-tp2-desync", jetspec_args(smollm2_dir, *TP2), {**TP2_ENV, "JETSPEC_DEBUG_PERTURB_RANK": "1"}
+    )
+    try:
+        try:
+            status, reply = post(
+                f"{server.url}/generate",
+                {"input_ids": humaneval_ids[0], "sampling_params": {"max_new_tokens": 8}},
+                timeout=120,
+            )
+        except OSError as exc:  # the connection dropped: the server went down mid-request
+            status, reply = None, exc
+        assert status != 200, reply
+        deadline = time.monotonic() + 60
+        while server.process.poll() is None:  # the scheduler's error takes the whole server down
+            assert time.monotonic() < deadline, "the server kept running after its ranks disagreed"
+            time.sleep(0.5)
+        log = server.log.read_text()
+        assert "JETSPEC tensor-parallel ranks disagree on this step's trees" in log
+        assert "stopping before the KV cache diverges" in log
+    finally:
+        servers.stop(server)
 
 
-def test_jetspec_tp2_equals_plain_tp2_and_hf_one_at_a_time(
-    tp_jetspec, plain_tp_sequential, humaneval_ids, hf_greedy, tokenizer
-):
+def test_plain_tp2_on_the_standin_equals_hf(plain_tp, hf_greedy):
+    assert plain_tp["sequential"] == hf_greedy[:PROMPTS]
+
+
+def test_jetspec_tp2_equals_plain_tp2_and_hf_one_at_a_time(tp_jetspec, plain_tp, humaneval_ids, hf_greedy, tokenizer):
     replies = generate_all(tp_jetspec.url, humaneval_ids[:PROMPTS])
-    assert [until_eos(r["output_ids"], tokenizer.eos_token_id) for r in replies] == plain_tp_sequential
-    assert plain_tp_sequential == hf_greedy[:PROMPTS]
+    assert [until_eos(r["output_ids"], tokenizer.eos_token_id) for r in replies] == plain_tp["sequential"]
+    assert plain_tp["sequential"] == hf_greedy[:PROMPTS]
     steps = sum(r["meta_info"]["spec_verify_ct"] for r in replies)
     tokens = sum(r["meta_info"]["completion_tokens"] for r in replies)
     assert steps * 1.3 < tokens, (steps, tokens)  # rank 0's trees were verified and kept by both ranks
 
 
-def test_jetspec_tp2_equals_plain_tp2_four_concurrent(tp_jetspec, tp_plain, humaneval_ids, hf_greedy, tokenizer):
-    lengths = [MAX_NEW - 4 * (i % 4) for i in range(PROMPTS)]  # requests leave and join mid-batch
-    eos = tokenizer.eos_token_id
-
-    def run(url):
-        return [
-            until_eos(r["output_ids"], eos)
-            for r in generate_all(url, humaneval_ids[:PROMPTS], concurrency=4, max_new=lengths)
-        ]
-
-    spec = run(tp_jetspec.url)
-    assert spec == run(tp_plain.url)
-    assert spec == [ref[:n] for ref, n in zip(hf_greedy, lengths)]
+def test_jetspec_tp2_equals_plain_tp2_four_concurrent(tp_jetspec, plain_tp, humaneval_ids, hf_greedy, tokenizer):
+    replies = generate_all(tp_jetspec.url, humaneval_ids[:PROMPTS], concurrency=4, max_new=CONCURRENT_LENGTHS)
+    spec = [until_eos(r["output_ids"], tokenizer.eos_token_id) for r in replies]
+    assert spec == plain_tp["concurrent"]
+    assert spec == [ref[:n] for ref, n in zip(hf_greedy, CONCURRENT_LENGTHS)]
 
 
 def push_budgets(url: str, budgets: dict[str, int], ttl_s: float) -> tuple[int, object]:
@@ -119,7 +153,7 @@ def test_unseeded_sampled_requests_draw_alike_on_both_ranks(tp_jetspec, humaneva
     assert tp_jetspec.process.poll() is None
 
 
-def test_a_pushed_table_reaches_both_ranks_and_budget_0_decodes_plainly(tp_jetspec, tp_plain, humaneval_ids):
+def test_a_pushed_table_reaches_both_ranks_and_budget_0_decodes_plainly(tp_jetspec, plain_tp, humaneval_ids):
     yaml = {c["name"]: c["budget"] for c in jetspec_state(tp_jetspec.url)["jetspec_policy"]["table"]["cohorts"]}
     status, reply = push_budgets(tp_jetspec.url, {**yaml, "bs1": 0}, ttl_s=120)
     assert status == 200 and all(reply), reply
@@ -127,9 +161,9 @@ def test_a_pushed_table_reaches_both_ranks_and_budget_0_decodes_plainly(tp_jetsp
         tables = [rank["policy_table"] for rank in ranks(tp_jetspec.url)]
         assert len(tables) == 2 and tables[0] == tables[1]
         assert {c["name"]: c["budget"] for c in tables[1]["cohorts"]}["bs1"] == 0
-        spec = generate(tp_jetspec.url, humaneval_ids[0], 16, ignore_eos=True)
+        spec = generate(tp_jetspec.url, humaneval_ids[0], BUDGET_0_TOKENS, ignore_eos=True)
         assert spec["meta_info"]["spec_verify_ct"] == spec["meta_info"]["completion_tokens"] - 1  # one token a step
-        assert spec["output_ids"] == generate(tp_plain.url, humaneval_ids[0], 16, ignore_eos=True)["output_ids"]
+        assert spec["output_ids"] == plain_tp["budget 0"]
     finally:  # a push that expires at once: the YAML's table again, on both ranks
         push_budgets(tp_jetspec.url, yaml, ttl_s=0.001)
 
@@ -156,39 +190,6 @@ def test_abort_leaves_no_draft_state_on_any_rank(tp_jetspec, humaneval_ids):
     wait_for_no_draft_state_on_any_rank(tp_jetspec.url)
 
 
-def test_retraction_keeps_output_exact_and_leaves_no_draft_state_on_any_rank(tp_jetspec, tp_plain, humaneval_ids):
-    bodies = [
-        {
-            "input_ids": ids,
-            "sampling_params": {"temperature": 0, "max_new_tokens": RETRACTING_LENGTH, "ignore_eos": True},
-        }
-        for ids in humaneval_ids[:4]
-    ]
-    spec, plain = retracted_under(tp_jetspec, tp_plain, bodies)
-    assert spec == plain
+def test_retraction_keeps_output_exact_and_leaves_no_draft_state_on_any_rank(tp_jetspec, plain_tp, humaneval_ids):
+    assert retracted_under(tp_jetspec, retracting_bodies(humaneval_ids)) == plain_tp["retraction"]
     wait_for_no_draft_state_on_any_rank(tp_jetspec.url)
-
-
-def test_a_rank_that_drafts_another_tree_is_refused_before_the_verify(servers, smollm2_dir, humaneval_ids):
-    server = servers.start(
-        "jetspec-tp2-desync", jetspec_args(smollm2_dir, *TP2), {**TP2_ENV, "JETSPEC_DEBUG_PERTURB_RANK": "1"}
-    )
-    try:
-        try:
-            status, reply = post(
-                f"{server.url}/generate",
-                {"input_ids": humaneval_ids[0], "sampling_params": {"max_new_tokens": 8}},
-                timeout=120,
-            )
-        except OSError as exc:  # the connection dropped: the server went down mid-request
-            status, reply = None, exc
-        assert status != 200, reply
-        deadline = time.monotonic() + 60
-        while server.process.poll() is None:  # the scheduler's error takes the whole server down
-            assert time.monotonic() < deadline, "the server kept running after its ranks disagreed"
-            time.sleep(0.5)
-        log = server.log.read_text()
-        assert "JETSPEC tensor-parallel ranks disagree on this step's trees" in log
-        assert "stopping before the KV cache diverges" in log
-    finally:
-        servers.stop(server)

@@ -821,7 +821,10 @@ def test_sitecustomize_reports_amx_only_when_switched_on(tmp_path):
 
 
 def test_sitecustomize_is_a_no_op_when_not_switched_on(tmp_path):
-    code = "from sglang.srt.runtime_context import get_platform; import sys; print(get_platform().has_amx, sys.modules['sitecustomize'].__file__)"
+    code = (
+        "from sglang.srt.runtime_context import get_platform; import sys; "
+        "print(get_platform().has_amx, sys.modules['sitecustomize'].__file__)"
+    )
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(STUB), *filter(None, [os.environ.get("PYTHONPATH")])]),
