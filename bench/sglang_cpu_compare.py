@@ -90,7 +90,8 @@ def pass_slices(available: int, num_prompts: int, levels: list[int]) -> list[sli
         start += n
     if start > available:
         raise BenchArgsError(
-            f"--prompts: {available} prompts, but {len(levels)} passes of max(--num-prompts {num_prompts}, concurrency) "
+            f"--prompts: {available} prompts, but {len(levels)} passes of "
+            f"max(--num-prompts {num_prompts}, concurrency) "
             f"new prompts need {start}; use a longer prompt file or range, fewer --concurrency levels or a smaller "
             "--num-prompts"
         )
@@ -374,7 +375,8 @@ def markdown(results: list[ConfigResult], meta: dict) -> str:
         f"{meta['threads']} threads, {meta['date']}. Attention and KV kernels are the test stand-in's PyTorch "
         "code (tests/sglang_cpu/stub), not sgl-kernel's."
         + (
-            f" Every prompt starts with the {meta['shared_prefix_tokens']}-token shared prefix {meta['shared_prefix']}; "
+            f" Every prompt starts with the {meta['shared_prefix_tokens']}-token shared prefix "
+            f"{meta['shared_prefix']}; "
             f"`{RADIX}` configs run with SGLang's radix cache on, the others without."
             if meta["shared_prefix"]
             else ""
@@ -466,13 +468,15 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted({c for c in configs if base_config(c) not in CONFIGS})
     if unknown:
         p.error(
-            f"--configs: unknown {unknown}; choose from {','.join(CONFIGS)}, each optionally with {RADIX} and then {TP2}"
+            f"--configs: unknown {unknown}; choose from {','.join(CONFIGS)}, "
+            f"each optionally with {RADIX} and then {TP2}"
         )
     if args.baseline not in configs:
         p.error(f"--baseline {args.baseline}: not among --configs {args.configs}; add it or pick one of them")
     if args.shared_prefix is not None and not args.shared_prefix.is_file():
         p.error(
-            f"--shared-prefix {args.shared_prefix}: no such file; pass a text file (e.g. bench/prompts/system-prompt.txt)"
+            f"--shared-prefix {args.shared_prefix}: no such file; "
+            "pass a text file (e.g. bench/prompts/system-prompt.txt)"
         )
     try:
         levels = parse_concurrency(args.concurrency)
@@ -534,7 +538,8 @@ def main(argv: list[str] | None = None) -> int:
         "baseline": args.baseline,
         "shared_prefix": str(args.shared_prefix or ""),
         "shared_prefix_tokens": len(shared),
-        "prompt_range": f"{args.prompt_range.start or 0}:{'' if args.prompt_range.stop is None else args.prompt_range.stop}",
+        "prompt_range": f"{args.prompt_range.start or 0}:"
+        f"{'' if args.prompt_range.stop is None else args.prompt_range.stop}",
         "prompts_per_pass": [s.stop - s.start for s in slices],
         "constrained_prompts": constrained,
         "concurrency": levels,

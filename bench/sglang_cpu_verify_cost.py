@@ -29,11 +29,12 @@ from sglang_cpu_compare import generate, server_args  # noqa: E402
 
 ADMIN_KEY = "verify-cost-bench"
 BUDGETS = (0, 2, 4, 8, 16, 32, 64)  # 0: the ordinary decode step, N = 1
-POLICY = """\
-cohorts:
-  - {name: all, min_batch: 1, max_batch: 256, budgets: [0, 2, 4, 8, 16, 32, 64], default: 0, drafter: head, tree_sizing: fixed}
-head: {max_budget: 64, max_draft_rounds: 0}
-"""
+POLICY = (
+    "cohorts:\n"
+    "  - {name: all, min_batch: 1, max_batch: 256, budgets: [0, 2, 4, 8, 16, 32, 64], default: 0, drafter: head, "
+    "tree_sizing: fixed}\n"
+    "head: {max_budget: 64, max_draft_rounds: 0}\n"
+)
 
 
 COUNTERS = ("jetspec_verify_seconds_total", "jetspec_steps_total", "jetspec_verified_nodes_total")
@@ -140,14 +141,16 @@ def main(argv: list[str] | None = None) -> int:
         f"Reference: one HF forward over N new tokens after {context} tokens, best of {args.rounds}. "
         f"torch {torch.__version__}, 2 threads, {time.strftime('%Y-%m-%d %H:%M')}.",
         "",
-        "| budget | harness nodes/step | harness ms | harness r | reference N | reference ms | reference r | harness r / reference r |",
+        "| budget | harness nodes/step | harness ms | harness r "
+        "| reference N | reference ms | reference r | harness r / reference r |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for budget, (ms, nodes) in harness.items():
         n = 1 if budget == 0 else budget
         r_h, r_ref = ms / decode_ms, reference[n] / reference[1]
         lines.append(
-            f"| {budget} | {nodes:.1f} | {ms:.1f} | {r_h:.2f} | {n} | {reference[n]:.1f} | {r_ref:.2f} | {r_h / r_ref:.2f} |"
+            f"| {budget} | {nodes:.1f} | {ms:.1f} | {r_h:.2f} "
+            f"| {n} | {reference[n]:.1f} | {r_ref:.2f} | {r_h / r_ref:.2f} |"
         )
     args.markdown.parent.mkdir(parents=True, exist_ok=True)
     args.markdown.write_text("\n".join(lines) + "\n")

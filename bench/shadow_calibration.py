@@ -177,10 +177,18 @@ def main() -> int:
     power = power_rows(logits, rng, args.reps, args.seq_streams)
     band = tie_band_row(logits)
     print(band, flush=True)
+    command = (
+        f"OMP_NUM_THREADS=1 python bench/shadow_calibration.py --prompts {args.prompts} --tokens {args.tokens} "
+        f"--reps {args.reps} --seq-streams {args.seq_streams}"
+    )
+    calib_header = (
+        "| request | windows x tokens | window alarm rate at alpha 0.05 | 0.01 | 0.001 "
+        "| sequential streams x tokens | ever crossed at alpha 0.05 | 0.01 |"
+    )
     text = (
         f"""# Shadow verification: calibration and power
 
-Command: `OMP_NUM_THREADS=1 python bench/shadow_calibration.py --prompts {args.prompts} --tokens {args.tokens} --reps {args.reps} --seq-streams {args.seq_streams}` ({time.time() - started:.0f} s on 2 shared CPU cores).
+Command: `{command}` ({time.time() - started:.0f} s on 2 shared CPU cores).
 
 Method. Decoding 1e5+ tokens with the reference engine on this CPU is infeasible (~15 tokens/s), so
 the tests are calibrated on REAL SmolLM2-135M-Instruct distributions at REAL positions: {args.prompts} prompts
@@ -197,7 +205,7 @@ chi-square, Holm-corrected; sequential: the betting e-process (shadow/stats.py),
 
 ## (a) False alarms of a correct sampler
 
-| request | windows x tokens | window alarm rate at alpha 0.05 | 0.01 | 0.001 | sequential streams x tokens | ever crossed at alpha 0.05 | 0.01 |
+{calib_header}
 |---|---|---|---|---|---|---|---|
 """
         + "\n".join(calib)
@@ -223,7 +231,8 @@ The checker counts a token outside the request's support as a `tie` (no alarm, n
 moving every logit by at most tie_margin / 2 = {DEFAULT_TIE_MARGIN / 2} nats in its favour would put it inside
 (shadow/checks.py): serving and reference may disagree on where a cutoff falls. (b) treats every
 out-of-support token as an immediate alarm, so its row for the one break that emits them is
-optimistic by the band's share. Per emitted token, averaged over the {logits.shape[0]} positions, exact on the full vocabulary:
+optimistic by the band's share. Per emitted token, averaged over the {logits.shape[0]} positions, \
+exact on the full vocabulary:
 
 | broken sampler | P(token outside the support) | P(inside the tie band) | band share |
 |---|---|---|---|

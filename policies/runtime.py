@@ -52,7 +52,8 @@ class ActivePolicy:
         return self.state(now).table
 
     def step_plan(self, batch_size: int, now: float) -> StepPlan:
-        """The plan (cohort, budget, rounds, width, drafter, sizing) of the next step of a batch of `batch_size` requests."""
+        """The plan (cohort, budget, rounds, width, drafter, sizing) of the next step of a batch of
+        `batch_size` requests."""
         state = self.state(now)
         table = state.table
         cohort = table.cohorts[cohort_index_for_batch(table.cohorts, batch_size)]

@@ -1,6 +1,7 @@
 """Spans of the checker: one `jetspec.shadow.check` per re-checked request, tracer `jetspec.shadow`.
 
-Provider set-up is shared with the worker and the controller (sglang_jetspec/observability/tracing.py, OTEL_* variables).
+Provider set-up is shared with the worker and the controller (sglang_jetspec/observability/tracing.py,
+OTEL_* variables).
 """
 
 from __future__ import annotations

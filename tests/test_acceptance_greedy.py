@@ -38,8 +38,8 @@ TREE = tree_of([9, 1, 2, 3, 4, 5], [-1, 0, 0, 1, 2, 3])
 def run(trees, logits_list):
     n = max(t.size for t in trees)
     logits = torch.zeros(len(trees), n, VOCAB)
-    for b, l in enumerate(logits_list):
-        logits[b, : l.shape[0]] = l
+    for b, request_logits in enumerate(logits_list):
+        logits[b, : request_logits.shape[0]] = request_logits
     greedy = SamplingParams()
     return accept_batch(trees, logits, [greedy] * len(trees), [make_generator(0) for _ in trees])
 

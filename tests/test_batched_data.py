@@ -1,4 +1,5 @@
-"""The accelerator data path (train/batched_data.py), sampled-response counts, --data-only and the training time budget."""
+"""The accelerator data path (train/batched_data.py), sampled-response counts, --data-only and the
+training time budget."""
 
 import json
 import shutil

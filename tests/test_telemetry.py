@@ -173,7 +173,8 @@ from policies import ActivePolicy, parse_policy_text
 from sglang_jetspec.observability.metrics import JetspecMetrics
 metrics = JetspecMetrics(CollectorRegistry())
 record = types.SimpleNamespace(batch_size=2, budget=4, committed_tokens=5, accept_lengths=[2, 3],
-                               draft_s=0.1, tree_s=0.01, verify_s=0.2, accept_s=0.02, commit_s=0.005, wall_s=0.4, verified_nodes=7)
+                               draft_s=0.1, tree_s=0.01, verify_s=0.2, accept_s=0.02, commit_s=0.005, wall_s=0.4,
+                               verified_nodes=7)
 metrics.record_step("bs2-4", record)
 metrics.show_policy(ActivePolicy(parse_policy_text(sys.stdin.read())).state(0.0))
 """

@@ -99,7 +99,8 @@ def markdown(report: dict) -> str:
     return (
         "\n".join(
             [
-                "| device | dtype | attention | budget | requests | outputs differing | largest margin at divergence (nats) | accept length |",
+                "| device | dtype | attention | budget | requests | outputs differing "
+                "| largest margin at divergence (nats) | accept length |",
                 "|---|---|---|---|---|---|---|---|",
                 *rows,
             ]

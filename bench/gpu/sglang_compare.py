@@ -17,8 +17,9 @@ pytorch sampler), sends the first 50 HumanEval prompts greedily, and writes `sgl
   of each worker phase (its `jetspec_<phase>_seconds_total` counters).
 `--deadline-s` skips servers that would start after it (each is expected to take `--server-budget-s`).
 Every server runs with the radix cache off (each prompt is sent once, so no server gains from a cached
-prefix; bench/sglang_cpu_compare.py --shared-prefix measures that workload) and without the overlap scheduler or decode CUDA graphs (JETSPEC refuses both;
-plain and NGRAM are also measured with their defaults, labelled "+defaults").
+prefix; bench/sglang_cpu_compare.py --shared-prefix measures that workload) and without the overlap
+scheduler or decode CUDA graphs (JETSPEC refuses both; plain and NGRAM are also measured with their
+defaults, labelled "+defaults").
 """
 
 from __future__ import annotations
@@ -120,8 +121,9 @@ def results_markdown(
         f"# SGLang GPU comparison ({meta.get('device', '?')}, SGLang {meta.get('sglang', '?')})",
         "",
         f"Model {meta.get('model', '?')}, head {meta.get('head', '?')}; the first {meta.get('prompts', '?')} HumanEval "
-        f"prompts greedy for identity, then {meta.get('throughput_prompts', '?')} new ones per timed pass; max_new_tokens "
-        f"{meta.get('max_new_tokens', '?')}, attention {meta.get('attention_backend', '?')}, torch {meta.get('torch', '?')}.",
+        f"prompts greedy for identity, then {meta.get('throughput_prompts', '?')} new ones per timed pass; "
+        f"max_new_tokens {meta.get('max_new_tokens', '?')}, attention {meta.get('attention_backend', '?')}, "
+        f"torch {meta.get('torch', '?')}.",
         "",
     ]
     for dtype, rows in identity.items():

@@ -9,8 +9,9 @@ custom-mask path read them:
 - positions [bs*N] int64: seq_len_b + depth (padding nodes at seq_len_b + 1).
 - qlen_mask [bs, N, N] bool: row i is True at node i's ancestors and at i (tree part only);
   flattened, it is the QLEN_ONLY layout SGLang's CPU backend (intel_amx) reads.
-- full_mask (the FULL layout of FlashInfer / Triton): for every request, N row-major rows of width seq_len_b + N: the prefix columns all
-  True, then the qlen row. Concatenated over the batch: length sum_b N*(seq_len_b + N).
+- full_mask (the FULL layout of FlashInfer / Triton): for every request, N row-major rows of width
+  seq_len_b + N: the prefix columns all True, then the qlen row. Concatenated over the batch:
+  length sum_b N*(seq_len_b + N).
 - retrieve_index [bs, N]: b*N + i.  retrieve_next_token [bs, N]: first child (lowest index),
   retrieve_next_sibling [bs, N]: next sibling by index; -1 for none. Children are in index order,
   which for core trees is sibling-rank order.

@@ -66,8 +66,9 @@ def gap(args) -> dict:
         raise BenchError(f"--head {args.head}: {exc}") from exc
     if max(args.draft_rounds) > 0 and not drafter.reads_tree_tokens:
         raise BenchError(
-            f"--draft-rounds {','.join(map(str, args.draft_rounds))}: --head {args.head or '(shipped head)'} was not trained "
-            "with revealed tokens (config.json dflash_config.draft_reveal); train one with `jetspec train --reveal prefix`"
+            f"--draft-rounds {','.join(map(str, args.draft_rounds))}: --head {args.head or '(shipped head)'} "
+            "was not trained with revealed tokens (config.json dflash_config.draft_reveal); "
+            "train one with `jetspec train --reveal prefix`"
         )
     requests = make_requests([encode(p, target.tokenizer) for p in prompts], 0.0, args.max_new_tokens, args.seed)
     records, first_outputs, raw = [], None, {}
@@ -98,8 +99,10 @@ def gap(args) -> dict:
             raw[f"{record.method}@{budget}"] = [round(g.gap, 4) for g in gaps]
             records.append(record)
             print(
-                f"{record.method:<12} budget {budget:>4}: accept {record.mean_accept_length:5.2f}  gap p50 {record.gap_quantiles.get('p50', float('nan')):7.2f}  "
-                f"p90 {record.gap_quantiles.get('p90', float('nan')):7.2f}  share >= 10 nats {record.share_at_least.get('10', float('nan')):.3f}  "
+                f"{record.method:<12} budget {budget:>4}: accept {record.mean_accept_length:5.2f}  "
+                f"gap p50 {record.gap_quantiles.get('p50', float('nan')):7.2f}  "
+                f"p90 {record.gap_quantiles.get('p90', float('nan')):7.2f}  "
+                f"share >= 10 nats {record.share_at_least.get('10', float('nan')):.3f}  "
                 f"mismatches {record.greedy_mismatches}",
                 flush=True,
             )

@@ -137,7 +137,8 @@ def run(args) -> dict:
             "draft_rounds": args.draft_rounds,
             "sizing": args.tree_sizing,
         },
-        "device": f"{args.device} ({cpu_model()}, {torch.get_num_threads()} threads), {target.precision[0]} ({target.precision[1]})",
+        "device": f"{args.device} ({cpu_model()}, {torch.get_num_threads()} threads), "
+        f"{target.precision[0]} ({target.precision[1]})",
         "autoregressive": asdict(ar),
         "jetspec": asdict(spec),
         "speedup": spec.tokens_per_s / ar.tokens_per_s,

@@ -63,7 +63,8 @@ def run_summary_lines(h: dict) -> list[str]:
     """Markdown lines naming a run's machine, prompts, tree and exact command (from its JSON header)."""
     return [
         f"- machine: {h['machine']['device']}, {h['machine']['cpu']}; torch {h['torch']}, {h['dtype']}",
-        f"- prompts: {h['prompts']} [{h['prompt_range']}], {h['max_new_tokens']} new tokens; tree width {h['tree']['width']} ({h['tree']['fanout']})",
+        f"- prompts: {h['prompts']} [{h['prompt_range']}], {h['max_new_tokens']} new tokens; "
+        f"tree width {h['tree']['width']} ({h['tree']['fanout']})",
         f"- command: `{h['command_line']}`",
         "",
     ]
@@ -85,7 +86,8 @@ def _lookup_line(lookup: dict | None) -> list[str]:
         return []
     corpus = ", ".join(lookup.get("draft_corpus") or ["none recorded"])
     return [
-        f"- lookup: n-grams {lookup['min_ngram']}-{lookup['max_ngram']}, accept {lookup['accept']}, hybrid draft corpus {corpus}"
+        f"- lookup: n-grams {lookup['min_ngram']}-{lookup['max_ngram']}, accept {lookup['accept']}, "
+        f"hybrid draft corpus {corpus}"
     ]
 
 
@@ -96,11 +98,13 @@ def markdown_report(report: dict) -> str:
     lines = [
         "# jetspec bench",
         "",
-        f"- machine: {machine['device']}, {machine.get('gpu') or machine['cpu']}, {machine['threads']} threads; torch {h['torch']}, {h['dtype']}, {h.get('attention', 'sdpa')} attention",
+        f"- machine: {machine['device']}, {machine.get('gpu') or machine['cpu']}, {machine['threads']} threads; "
+        f"torch {h['torch']}, {h['dtype']}, {h.get('attention', 'sdpa')} attention",
         f"- target: `{h['target']}`",
         f"- heads: {heads or 'none (lookup only)'}",
         *_lookup_line(h.get("lookup")),
-        f"- prompts: {h['prompts']} [{h['prompt_range']}], {h['max_new_tokens']} new tokens; tree width {h['tree']['width']} ({h['tree']['fanout']})",
+        f"- prompts: {h['prompts']} [{h['prompt_range']}], {h['max_new_tokens']} new tokens; "
+        f"tree width {h['tree']['width']} ({h['tree']['fanout']})",
         f"- command: `{h['command_line']}`",
         "",
         "## Results",

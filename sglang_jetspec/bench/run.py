@@ -45,7 +45,8 @@ class BenchRecord:
     mean_accept_length: float  # committed tokens per verify, bonus included
     speedup_vs_ar: float
     greedy_mismatches: int | None  # requests whose output differs from autoregressive; None when sampled
-    # per differing greedy request: where it first departs and the target's logit margins there (reference/divergence.py)
+    # per differing greedy request: where it first departs and the target's logit margins there
+    # (reference/divergence.py)
     divergences: list[dict] | None
     draft_round_s: list[float]  # mean draft head seconds per verify step by round: [marginal pass, round 1, ...]
     phase_ms: dict[str, float]  # mean ms per verify step: draft, tree, verify, accept
@@ -105,7 +106,8 @@ class GridRunner:
             for tally, engine in cells:
                 tally.run(engine, chunk)
             print(
-                f"batch {batch_size} T={temperature:g}: round {i}/{rounds} done ({len(cells)} cells x {len(chunk)} requests)",
+                f"batch {batch_size} T={temperature:g}: round {i}/{rounds} done "
+                f"({len(cells)} cells x {len(chunk)} requests)",
                 flush=True,
             )
         baseline, baseline_outputs = cells[0][0].figures(), cells[0][0].outputs
@@ -131,7 +133,8 @@ class GridRunner:
                 draft_token_cost(run.phase_ms, run.budget),
             )
             print(
-                f"batch {batch_size} T={temperature:g} {cell.method:<15} budget {cell.budget:>4}: {cell.tokens_per_s:8.2f} tok/s  "
+                f"batch {batch_size} T={temperature:g} {cell.method:<15} budget {cell.budget:>4}: "
+                f"{cell.tokens_per_s:8.2f} tok/s  "
                 f"accept {cell.mean_accept_length:5.2f}  speedup {cell.speedup_vs_ar:5.2f}x  "
                 f"draft ms/step by round {[round(1000 * s, 1) for s in cell.draft_round_s]}",
                 flush=True,

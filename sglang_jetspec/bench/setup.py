@@ -71,12 +71,14 @@ def check_options(args) -> None:
     if "dflash" in methods:
         if not args.dflash_head:
             raise BenchError(
-                "--methods includes dflash but --dflash-head is missing: pass a bidirectional (DFlash-style) head directory, or drop dflash from --methods"
+                "--methods includes dflash but --dflash-head is missing: pass a bidirectional (DFlash-style) head "
+                "directory, or drop dflash from --methods"
             )
         if _head_is_causal("--dflash-head", args.dflash_head):
             raise BenchError(
-                f"--dflash-head {args.dflash_head}: config.json has dflash_config.causal_head true, a causal (JetSpec) head; "
-                "dflash needs a bidirectional head (causal_head false). Pass this head as --head instead"
+                f"--dflash-head {args.dflash_head}: config.json has dflash_config.causal_head true, "
+                "a causal (JetSpec) head; dflash needs a bidirectional head (causal_head false). "
+                "Pass this head as --head instead"
             )
     # --head unset or 'untrained' means the shipped or a fresh head, both causal
     if (
@@ -90,9 +92,10 @@ def check_options(args) -> None:
         )
     if "jetspec" in methods and max(args.draft_rounds) > 0 and not _reads_tree_tokens(args.head):
         raise BenchError(
-            f"--draft-rounds {','.join(map(str, args.draft_rounds))} needs a head trained with revealed tokens (config.json "
-            f"dflash_config.draft_reveal); --head {args.head or '(shipped head)'} drafts per-depth marginals only. "
-            "Train one with `jetspec train --reveal prefix` and pass it as --head, or use --draft-rounds 0"
+            f"--draft-rounds {','.join(map(str, args.draft_rounds))} needs a head trained with revealed tokens "
+            f"(config.json dflash_config.draft_reveal); --head {args.head or '(shipped head)'} drafts per-depth "
+            "marginals only. Train one with `jetspec train --reveal prefix` and pass it as --head, "
+            "or use --draft-rounds 0"
         )
     check_lookup_options(args)
 
@@ -113,7 +116,8 @@ def select_prompts(source: str, selection: slice | None) -> tuple[list, range]:
         records: list = humaneval_prompts()
     elif not Path(source).is_file():
         raise BenchError(
-            f"--prompts {source}: no such file; pass 'humaneval' or a JSONL file with a prompt or messages field per line"
+            f"--prompts {source}: no such file; pass 'humaneval' or a JSONL file with a prompt or messages field "
+            "per line"
         )
     else:
         try:
@@ -124,7 +128,8 @@ def select_prompts(source: str, selection: slice | None) -> tuple[list, range]:
     indices = range(len(records))[selection or slice(None)]
     if not indices:
         raise BenchError(
-            f"--prompt-range selects none of the {len(records)} prompts in {source}; pick start:stop within 0:{len(records)}"
+            f"--prompt-range selects none of the {len(records)} prompts in {source}; "
+            f"pick start:stop within 0:{len(records)}"
         )
     return [records[i] for i in indices], indices
 

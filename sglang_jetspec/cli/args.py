@@ -149,7 +149,8 @@ acceptance_list = comma_list(
 def add_tree_arguments(parser: argparse.ArgumentParser, rounds: str | None = "one", acceptances: str = "one") -> None:
     """Tree flags. --draft-rounds takes one value (rounds="one"), a list, one jetspec method each
     (rounds="several": bench, replay, gap), or is absent (None: serve, where the policy sets rounds per cohort).
-    --acceptance takes one rule, or (acceptances="several": bench, replay) a list, each speculative method run once per rule."""
+    --acceptance takes one rule, or (acceptances="several": bench, replay) a list, each speculative method
+    run once per rule."""
     parser.add_argument("--tree-width", type=int, default=8, help="top-K candidates per depth")
     parser.add_argument("--fanout", choices=["uniform", "top2gap"], default="uniform")
     if acceptances == "several":

@@ -64,7 +64,8 @@ def _drafting_arguments(p) -> None:
     p.add_argument(
         "--threads",
         type=positive_int,
-        help="torch CPU threads (default: torch's choice); on a busy shared CPU, fewer threads than cores avoids stalls",
+        help="torch CPU threads (default: torch's choice); on a busy shared CPU, fewer threads than cores "
+        "avoids stalls",
     )
     add_lookup_arguments(p)
     p.add_argument("--json", required=True, help="write the header and every cell's record here")

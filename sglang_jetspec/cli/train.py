@@ -1,5 +1,5 @@
-"""`jetspec train` (distil a draft head), `jetspec draft-vocab` (its reduced draft vocabulary) and `jetspec draft-corpus`
-(its draft corpus): the flags.
+"""`jetspec train` (distil a draft head), `jetspec draft-vocab` (its reduced draft vocabulary) and
+`jetspec draft-corpus` (its draft corpus): the flags.
 
 The runs themselves are sglang_jetspec/train/command.py, train/vocab_command.py and train/corpus_command.py.
 """
@@ -29,11 +29,11 @@ def register(sub) -> None:
         "--prompt-set",
         default="default",
         help="built-in prompts when --prompts is not given, one set or several comma-separated (each regenerated "
-        "into its own data directory, trained on together): default (stdlib completion/chat + instructions, the shipped "
-        "head's set) or code-mix (HumanEval-shaped completions from stdlib/numpy/scipy/... docstrings mixed with chat; "
-        "train/code_prompts.py; --prompt-count prompts, --code-share of them completions) or chat (templated "
-        "general-assistant requests: explanations, tips, emails, poems, recipes, travel, how-to in several "
-        "languages; train/chat_prompts.py; --prompt-count prompts)",
+        "into its own data directory, trained on together): default (stdlib completion/chat + instructions, "
+        "the shipped head's set) or code-mix (HumanEval-shaped completions from stdlib/numpy/scipy/... docstrings "
+        "mixed with chat; train/code_prompts.py; --prompt-count prompts, --code-share of them completions) or chat "
+        "(templated general-assistant requests: explanations, tips, emails, poems, recipes, travel, how-to in "
+        "several languages; train/chat_prompts.py; --prompt-count prompts)",
     )
     p.add_argument("--prompt-count", type=int, default=4000, help="--prompt-set code-mix / chat: number of prompts")
     p.add_argument(
@@ -63,7 +63,8 @@ def register(sub) -> None:
         "--sampled-share",
         type=float,
         default=RegenerationConfig.sampled_share,
-        help="share of prompts that also get a sampled response; above 1, a whole number of sampled responses per prompt",
+        help="share of prompts that also get a sampled response; above 1, a whole number of sampled responses "
+        "per prompt",
     )
     p.add_argument("--regen-batch-size", type=int, default=RegenerationConfig.batch_size)
     p.add_argument(
@@ -104,7 +105,8 @@ def register(sub) -> None:
         choices=REVEALS,
         default=TrainConfig.reveal,
         help="prefix: blocks may show the true tokens before their masks, so the head can draft conditioned on a "
-        "tree branch (--draft-rounds at decode time); causal heads only; recorded in config.json dflash_config.draft_reveal",
+        "tree branch (--draft-rounds at decode time); causal heads only; recorded in config.json "
+        "dflash_config.draft_reveal",
     )
     p.add_argument(
         "--all-mask-share",

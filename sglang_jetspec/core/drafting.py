@@ -6,8 +6,9 @@ trees, files every node's conditioned top-K under its token path (kept across ro
 conditioned distribution depends only on the path), and rebuilds each tree best-first within the
 same budget, so nodes whose parents were evaluated are scored by their real branch. With a
 `LookupMerge` (the hybrid drafter), each request's looked-up guesses (prompt lookup's chain, the
-suffix stores' paths) join its tree as conditioned candidates along their paths (core/prompt_lookup.py). The reference engine, `jetspec replay`
-and the SGLang worker all draft through this module.
+suffix stores' paths) join its tree as conditioned candidates along their paths
+(core/prompt_lookup.py). The reference engine, `jetspec replay` and the SGLang worker all draft
+through this module.
 """
 
 from __future__ import annotations

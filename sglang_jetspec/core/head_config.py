@@ -74,13 +74,15 @@ class HeadConfig:
             raise HeadConfigError(f"block_size={self.block_size}: must be >= 2 (root + at least one drafted depth)")
         if self.num_attention_heads % self.num_key_value_heads:
             raise HeadConfigError(
-                f"num_attention_heads={self.num_attention_heads} is not a multiple of num_key_value_heads={self.num_key_value_heads}"
+                f"num_attention_heads={self.num_attention_heads} is not a multiple of "
+                f"num_key_value_heads={self.num_key_value_heads}"
             )
         if not self.target_layer_ids:
             raise HeadConfigError("dflash_config.target_layer_ids is empty: list the target layers the head reads")
         if not 0 <= self.mask_token_id < self.vocab_size:
             raise HeadConfigError(
-                f"dflash_config.mask_token_id={self.mask_token_id}: must be a token id below vocab_size={self.vocab_size}"
+                f"dflash_config.mask_token_id={self.mask_token_id}: "
+                f"must be a token id below vocab_size={self.vocab_size}"
             )
         if self.draft_reveal is not None:
             scheme = self.draft_reveal.get("scheme") if isinstance(self.draft_reveal, dict) else None
@@ -136,7 +138,8 @@ class HeadConfig:
             raise HeadConfigError("config.json: dflash_config.mask_token_id is missing")
         if dflash.get("target_hidden_size") not in (None, raw.get("hidden_size")):
             raise HeadConfigError(
-                f"dflash_config.target_hidden_size={dflash['target_hidden_size']} differs from hidden_size={raw.get('hidden_size')}: "
+                f"dflash_config.target_hidden_size={dflash['target_hidden_size']} "
+                f"differs from hidden_size={raw.get('hidden_size')}: "
                 "heads with a hidden-size adapter are not supported"
             )
         taps = dflash.get("target_layer_ids")
@@ -210,8 +213,8 @@ def check_tap_layers(taps: tuple[int, ...] | list[int], num_target_layers: int) 
         fix = (
             f"list each layer once, in ascending order ({sorted(set(taps))}), and retrain the head"
             if repeated
-            else f"list them in ascending order ({sorted(taps)}) and permute the head's fc.weight input blocks to match "
-            "(or retrain it)"
+            else f"list them in ascending order ({sorted(taps)}) and permute the head's fc.weight input blocks "
+            "to match (or retrain it)"
         )
         raise HeadConfigError(
             f"{field}: {what}; the target captures tap layers once each and packs them in ascending layer order, "

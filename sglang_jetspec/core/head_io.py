@@ -87,7 +87,8 @@ def load_head(
     for key, value in state.items():
         if value.shape != expected[key].shape:
             raise HeadConfigError(
-                f"{head_dir}: weight {key} has shape {tuple(value.shape)}, config.json implies {tuple(expected[key].shape)}"
+                f"{head_dir}: weight {key} has shape {tuple(value.shape)}, "
+                f"config.json implies {tuple(expected[key].shape)}"
             )
     head.load_state_dict(state)
     return head.to(device=device, dtype=dtype).eval()

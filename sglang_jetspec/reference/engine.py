@@ -63,7 +63,8 @@ FROM_CONFIG = "config"  # RunningBatch.step: use the engine config's lookup merg
 class EngineConfig:
     tree_width: int = 8
     fanout: str = "uniform"
-    acceptance: str = "match"  # sampled requests: "match", "residual" or "draw" (children drawn from the head: core/drawn_children.py)
+    # sampled requests: "match", "residual" or "draw" (children drawn from the head: core/drawn_children.py)
+    acceptance: str = "match"
     max_batch_size: int = 4
     check_invariants: bool = False  # verify KV / hidden-row bookkeeping after every step (debugging, tests)
     draft_rounds: int = 0  # tree-causal rounds after the marginal tree (0 = per-depth marginals only)
@@ -183,8 +184,8 @@ class ReferenceEngine:
         if rounds and not getattr(self.drafter, "reads_tree_tokens", False):
             raise ValueError(
                 f"draft_rounds={rounds} needs a head trained with revealed tokens (config.json "
-                "dflash_config.draft_reveal, written by `jetspec train --reveal prefix`); this drafter only gives per-depth "
-                "marginals: use draft rounds 0 or such a head"
+                "dflash_config.draft_reveal, written by `jetspec train --reveal prefix`); this drafter only gives "
+                "per-depth marginals: use draft rounds 0 or such a head"
             )
 
     def start_batch(self) -> "RunningBatch":
@@ -294,7 +295,9 @@ class ReferenceEngine:
         t_accept = settled_clock(logits)
         if sizer is not None:  # the forward pads every lane to the longest tree
             self.verify_costs.observe(len(lanes) * max(tree.size for tree in trees), t_accept - t_verify)
-        results = accept_batch(trees, logits, [l.params for l in lanes], [l.generator for l in lanes], acceptance)
+        results = accept_batch(
+            trees, logits, [lane.params for lane in lanes], [lane.generator for lane in lanes], acceptance
+        )
         if sizer is not None and budget > 1:
             sizer.observe([r.path for r in results])
         t_commit = time.perf_counter()

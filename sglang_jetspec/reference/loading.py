@@ -33,7 +33,8 @@ def resolve_target_dir(spec: str) -> Path:
     path = Path(spec)
     if not path.is_dir():
         raise SystemExit(
-            f"--target {spec}: not a directory and not one of {sorted(MODELS)}; pass a HF checkpoint directory or 'smollm2'"
+            f"--target {spec}: not a directory and not one of {sorted(MODELS)}; "
+            "pass a HF checkpoint directory or 'smollm2'"
         )
     return path
 

@@ -51,13 +51,15 @@ def read_target_config(target_dir: str | Path) -> dict:
     path = Path(target_dir) / "config.json"
     if not path.is_file():
         raise TargetError(
-            f"{target_dir}: no config.json; pass a Hugging Face checkpoint directory (or run `jetspec model fetch smollm2`)"
+            f"{target_dir}: no config.json; pass a Hugging Face checkpoint directory "
+            "(or run `jetspec model fetch smollm2`)"
         )
     cfg = json.loads(path.read_text())
     model_type = cfg.get("model_type")
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise TargetError(
-            f"{path}: model_type={model_type!r} is not supported; use a Llama- or Qwen3-family model ({', '.join(SUPPORTED_MODEL_TYPES)})"
+            f"{path}: model_type={model_type!r} is not supported; "
+            f"use a Llama- or Qwen3-family model ({', '.join(SUPPORTED_MODEL_TYPES)})"
         )
     return cfg
 

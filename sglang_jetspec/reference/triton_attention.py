@@ -31,7 +31,7 @@ def _masked_attention_kernel(
     K,
     V,
     M,
-    O,
+    Out,
     scale,
     sqb,
     sqh,
@@ -115,8 +115,8 @@ def _masked_attention_kernel(
         m_i = m_new
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # padding rows (past N) have l = 0 and are not stored
     tl.store(
-        O + b * sob + h * soh + rows[:, None] * son + dims[None, :] * sod,
-        out.to(O.dtype.element_ty),
+        Out + b * sob + h * soh + rows[:, None] * son + dims[None, :] * sod,
+        out.to(Out.dtype.element_ty),
         mask=row_ok[:, None] & dim_ok[None, :],
     )
 

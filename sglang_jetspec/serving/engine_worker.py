@@ -1,10 +1,11 @@
 """The engine thread of the reference server: the only thread that touches the engine.
 
 Continuous batching: between steps it admits queued requests while the running batch has room,
-asks the policy for (cohort, budget, draft rounds, tree width, drafter) for the batch about to step, runs one verify step, records
-its telemetry and resolves the futures of the requests that finished, so requests join and leave
-mid-batch. A failing step fails the requests of that batch and the thread goes on with a fresh
-batch: one bad step never hangs the waiting HTTP handlers or stops the server.
+asks the policy for (cohort, budget, draft rounds, tree width, drafter) for the batch about to
+step, runs one verify step, records its telemetry and resolves the futures of the requests that
+finished, so requests join and leave mid-batch. A failing step fails the requests of that batch
+and the thread goes on with a fresh batch: one bad step never hangs the waiting HTTP handlers or
+stops the server.
 """
 
 from __future__ import annotations

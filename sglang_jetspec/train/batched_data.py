@@ -115,7 +115,8 @@ def regenerate_batched(
                 if time.time() - last_log >= log_every_s:
                     last_log = time.time()
                     print(
-                        f"[regenerate] {finished}/{len(todo)} sequences, {tokens} response tokens, {tokens / (last_log - start):.0f} tok/s",
+                        f"[regenerate] {finished}/{len(todo)} sequences, {tokens} response tokens, "
+                        f"{tokens / (last_log - start):.0f} tok/s",
                         flush=True,
                     )
     finally:

@@ -62,8 +62,8 @@ def run(args) -> int:
     sources = prompt_records(args)
     if args.data_dir and len(sources) > 1:
         raise SystemExit(
-            f"jetspec train: --data-dir names one directory for {len(sources)} prompt sets; drop it (each set gets its own "
-            "directory under the cache) or train on one set"
+            f"jetspec train: --data-dir names one directory for {len(sources)} prompt sets; "
+            "drop it (each set gets its own directory under the cache) or train on one set"
         )
     target = load_target(args.target, args.regen_dtype, args.device, args.attention)
     head_cfg = untrained_head_config(target, layers=args.layers, block_size=args.block_size, taps=args.taps)
@@ -183,7 +183,8 @@ def run(args) -> int:
         "heldout_sequences": len(trainer.heldout),
         "steps": trainer.step,
         "elapsed_s": getattr(trainer, "elapsed_s", None),
-        "machine": f"{platform.machine()} {platform.processor()}, {torch.get_num_threads()} threads, torch {torch.__version__}, {target.device}",
+        "machine": f"{platform.machine()} {platform.processor()}, {torch.get_num_threads()} threads, "
+        f"torch {torch.__version__}, {target.device}",
         "final": next((h for h in reversed(history) if "heldout_loss" in h), None),
         "history": [h for h in history if "heldout_loss" in h or h["step"] == 1 or h["step"] % 50 == 0],
         "files_sha256": {
@@ -201,8 +202,9 @@ def _check_same_regeneration(data_dir: Path, regen: RegenerationConfig) -> None:
         previous = json.loads(manifest.read_text()).get("regeneration")
         if previous and not same_regeneration(previous, regen):
             raise SystemExit(
-                f"{data_dir} was generated with {previous}; pass the same --max-new-tokens/--sampled-share/--regen-batch-size/"
-                "--regen-dtype/--features/--seed (and taps, for --features generation) or a new --data-dir"
+                f"{data_dir} was generated with {previous}; "
+                "pass the same --max-new-tokens/--sampled-share/--regen-batch-size/--regen-dtype/--features/--seed "
+                "(and taps, for --features generation) or a new --data-dir"
             )
 
 

@@ -56,7 +56,8 @@ class RegenerationConfig:
             raise ValueError(f"backend={self.backend!r}: choose one of {REGEN_BACKENDS}")
         if self.backend == "hf-generate" and self.features != "teacher-forced":
             raise ValueError(
-                "backend='hf-generate' computes teacher-forced features; generation features come from the engine backend"
+                "backend='hf-generate' computes teacher-forced features; "
+                "generation features come from the engine backend"
             )
         if self.sampled_share > 1 and self.sampled_share != int(self.sampled_share):
             raise ValueError(
@@ -273,7 +274,8 @@ def regenerate_with_features(
             rate = finished_count / elapsed
             eta = (len(todo) - finished_count) / rate if rate else float("inf")
             print(
-                f"[regenerate] {finished_count}/{len(todo)} sequences, {tokens} response tokens, {tokens / elapsed:.1f} tok/s, "
+                f"[regenerate] {finished_count}/{len(todo)} sequences, {tokens} response tokens, "
+                f"{tokens / elapsed:.1f} tok/s, "
                 f"{elapsed / 60:.1f} min elapsed, ETA {eta / 60:.1f} min",
                 flush=True,
             )

@@ -117,11 +117,13 @@ class Trainer:
     ) -> None:
         if cfg.reveal != "none" and not head_cfg.causal_head:
             raise ValueError(
-                f"reveal={cfg.reveal!r} needs a causal head: revealed tokens would leak into earlier rows of a bidirectional block"
+                f"reveal={cfg.reveal!r} needs a causal head: "
+                "revealed tokens would leak into earlier rows of a bidirectional block"
             )
         if cfg.reveal != "none" and head_cfg.block_size < 3:
             raise ValueError(
-                f"reveal={cfg.reveal!r} needs block_size >= 3 (root, a revealed token, a masked one); got {head_cfg.block_size}"
+                f"reveal={cfg.reveal!r} needs block_size >= 3 (root, a revealed token, a masked one); "
+                f"got {head_cfg.block_size}"
             )
         self.head_cfg, self.cfg, self.out_dir, self.device = head_cfg, cfg, out_dir, device
         self.embed_tokens, self.lm_head = embed_tokens, lm_head
@@ -157,7 +159,8 @@ class Trainer:
         return self.cfg.min_lr_ratio + (1 - self.cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
     def _anchors(self, seq: Sequence, rng: random.Random, count: int) -> torch.Tensor:
-        """Distinct anchors in the response (on the host): the root is a committed response position (or the prompt's last token)."""
+        """Distinct anchors in the response (on the host): the root is a committed response position
+        (or the prompt's last token)."""
         low, high = seq.prompt_len - 1, seq.ids.numel() - 2
         picks = rng.sample(range(low, high + 1), min(count, high - low + 1))
         return torch.tensor(sorted(picks))
@@ -325,7 +328,8 @@ class Trainer:
         if fits < self.cfg.steps:
             self.cfg = replace(self.cfg, steps=max(self.step + 1, fits))
             tqdm.write(
-                f"time budget {self.cfg.time_budget_s / 60:.1f} min at {per_step * 1000:.0f} ms/step: {self.cfg.steps} steps "
+                f"time budget {self.cfg.time_budget_s / 60:.1f} min at {per_step * 1000:.0f} ms/step: "
+                f"{self.cfg.steps} steps "
                 f"(asked for {self.requested_steps})"
             )
 

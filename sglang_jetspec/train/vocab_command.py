@@ -46,7 +46,8 @@ def write_draft_vocab(head_dir: Path, data_dir: Path, size: int, append: bool = 
     kept = kept.tolist() if kept is not None else []
     if size < len(kept):
         raise SystemExit(
-            f"jetspec draft-vocab: --size {size} with --append: the head's vocabulary already holds {len(kept)} tokens; "
+            f"jetspec draft-vocab: --size {size} with --append: "
+            f"the head's vocabulary already holds {len(kept)} tokens; "
             f"pass --size above {len(kept)}"
         )
     earlier = current_record(head_dir, "draft_vocab") if append else None

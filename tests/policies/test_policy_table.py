@@ -202,7 +202,8 @@ def test_flat_keys_outside_the_scheme_are_unknown(key, expected):
     with pytest.raises(PolicyError) as caught:
         table_from_flat_args({**flat()["server_args"], key: 4}, POLICY)
     assert [str(p) for p in caught.value.problems] == [
-        f"{expected} -- send jetspec_policy.ttl_s and jetspec_policy.<cohort>.{{budget,draft_rounds,tree_width,drafter,tree_sizing,"
+        f"{expected} -- send jetspec_policy.ttl_s and "
+        "jetspec_policy.<cohort>.{budget,draft_rounds,tree_width,drafter,tree_sizing,"
         "sampled_children,probe_budget,probe_share} "
         "for cohorts ['bs1', 'bs2-8']"
     ]

@@ -109,7 +109,8 @@ def test_cpu_without_amx_falls_back_to_torch_native_and_is_refused_with_the_reas
         (
             "cuda",
             "intel_amx",
-            "--attention-backend intel_amx: a CPU-only backend, but --device is cuda; pass --attention-backend flashinfer",
+            "--attention-backend intel_amx: a CPU-only backend, but --device is cuda; "
+            "pass --attention-backend flashinfer",
         ),
     ],
 )

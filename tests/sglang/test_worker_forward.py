@@ -386,7 +386,10 @@ def _plain_constrained_greedy(target, prompt, n, grammar):
     return ids[len(prompt) :]
 
 
-PERSON = '{"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}}, "required": ["name", "age"]}'
+PERSON = (
+    '{"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}}, '
+    '"required": ["name", "age"]}'
+)
 CONSTRAINED = [
     ("json", PERSON, "Describe a person as JSON with a name and an age."),
     ("regex", r"(yes|no), because [a-z ]{5,40}\.", "Is the sky blue? Answer yes or no and say why."),

@@ -5,9 +5,10 @@
 Runs in its own process (it patches torch): without a GPU, ``torch.cuda`` reports one Hopper GPU, so SGLang's
 module-level ``if is_cuda():`` imports run; ``sgl_kernel`` is the GPU stand-in (``stub/``, put first
 on ``sys.path`` here); each distribution named by ``--block`` is made absent (import raises
-ModuleNotFoundError and ``find_spec`` answers None, as on the device image, which lacks it) so SGLang takes its without-it paths. Prints one JSON object:
-``imported`` / ``failed`` modules, and ``distributions``, every installed distribution whose top-level
-package ended up in ``sys.modules``. Nothing is executed beyond imports (no CUDA call is made).
+ModuleNotFoundError and ``find_spec`` answers None, as on the device image, which lacks it) so
+SGLang takes its without-it paths. Prints one JSON object: ``imported`` / ``failed`` modules, and
+``distributions``, every installed distribution whose top-level package ended up in
+``sys.modules``. Nothing is executed beyond imports (no CUDA call is made).
 
 Used by bench/gpu/missing_packages.py (what the device image lacks) and tests/sglang_gpu (the stand-in
 provides every name the CUDA import path asks for).

@@ -186,7 +186,10 @@ def test_sitecustomize_registers_the_dual_gemm_standin_only_when_switched_on(ena
     env.pop("JETSPEC_SGLANG_GPU_STANDIN", None)
     if enabled:
         env["JETSPEC_SGLANG_GPU_STANDIN"] = "1"
-    code = "import sys; m = sys.modules.get('sglang.kernels.ops.gemm.cutedsl_dual_gemm'); print(getattr(m, '__file__', None))"
+    code = (
+        "import sys; m = sys.modules.get('sglang.kernels.ops.gemm.cutedsl_dual_gemm'); "
+        "print(getattr(m, '__file__', None))"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
     assert done.returncode == 0, done.stderr
     printed = done.stdout.strip()
