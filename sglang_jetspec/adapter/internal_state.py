@@ -8,8 +8,9 @@ Two hooks on `SchedulerInternalStateController` (the scheduler-side handler of b
 - AFTER `get_internal_state`: adds the state in force under `jetspec_policy`, the number of
   requests holding draft state under `jetspec_live_draft_states` and the head's context pool
   (slots, bytes, valid slots) under `jetspec_context_pool`, and under `jetspec_ranks` each
-  tensor-parallel rank's live draft states and policy table (one entry with --tp-size 1); SGLang serves them on GET
-  /server_info as `internal_states[i].jetspec_policy` (it has no /get_internal_state route).
+  tensor-parallel rank's live draft states, policy table and valid context slots (one entry with
+  --tp-size 1); SGLang serves them on GET /server_info as `internal_states[i].jetspec_policy` (it has
+  no /get_internal_state route).
 The scheduler runs these requests between forward steps, so a table never changes inside a step.
 """
 
@@ -72,6 +73,10 @@ def after_get_internal_state(result, controller, recv_req):
         result.internal_state[CONTEXT_POOL_KEY] = worker.context_pool_state()
         # every tensor-parallel rank's own view (SGLang hands this request to every rank's scheduler)
         result.internal_state[RANKS_KEY] = worker.ranks.gather(
-            {"live_draft_states": worker.live_draft_states(), "policy_table": control.readback(time.time())["table"]}
+            {
+                "live_draft_states": worker.live_draft_states(),
+                "policy_table": control.readback(time.time())["table"],
+                "context_valid_slots": worker.context_pool.valid_slots(),  # 0 on ranks that do not draft
+            }
         )
     return result

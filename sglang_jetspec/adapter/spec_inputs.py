@@ -33,7 +33,9 @@ class JetSpecVerifyInput(NgramVerifyInput):
     capture_hidden_mode = CaptureHiddenMode.FULL
 
 
-def bind_verify_batch(batch, tensors, seq_lens: list[int], num_nodes: int, mask_layout, device) -> None:
+def bind_verify_batch(
+    batch, tensors, seq_lens: list[int], num_nodes: int, mask_layout, device, capture_taps: bool = True
+) -> None:
     """Rebind the batch for a TARGET_VERIFY pass over `num_nodes` tree nodes per request, as
     NGRAMWorker._prepare_for_speculative_decoding does; the scheduler's _forward_isolation restores
     every field afterwards. `tensors`: verify_inputs.build_verify_tensors of the step's trees."""
@@ -58,6 +60,8 @@ def bind_verify_batch(batch, tensors, seq_lens: list[int], num_nodes: int, mask_
         retrieve_next_sibling=tensors.retrieve_next_sibling.to(device, non_blocking=True),
         draft_token_num=num_nodes,
     )
+    if not capture_taps:  # nothing will read the tap rows (no rank-0 lane drafts): skip gathering them
+        batch.spec_info.capture_hidden_mode = CaptureHiddenMode.NULL
 
 
 def bind_decode_batch(batch, root_tokens: torch.Tensor, device) -> None:

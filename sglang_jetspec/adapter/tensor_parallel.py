@@ -5,8 +5,9 @@ one collective computation: every rank must verify the same tree and keep the sa
 or their KV caches part ways silently. The ranks agree this way:
 - **Rank 0 drafts alone.** Tree sizing, the draft gate and the runtime policy's expiry read wall-clock
   timings, which differ between processes, so one rank decides: rank 0 runs the head (beside the full
-  embedding and lm_head, gathered once from the vocabulary-parallel shards) and sends the step's trees
-  and plan to the others (one small broadcast over the CPU group). The others hold no head context.
+  embedding and lm_head, gathered once from the vocabulary-parallel shards) and sends the step's plan
+  (before drafting) and trees (after) to the others, two small broadcasts over the CPU group. The others
+  hold no head context and do not gather the target's tap rows.
 - **Every rank accepts.** The verify logits are gathered over the vocabulary on every rank, so each
   rank accepts from the same logits and trees; the generator state of each sampled request travels with
   the trees (rank 0's drafting may have drawn from it), so seeded and unseeded requests draw alike.

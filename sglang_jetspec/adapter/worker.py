@@ -248,7 +248,10 @@ class JetSpecWorker(BaseSpecWorker):
         NGRAMWorker); FULL capture returns the tap rows of every computed position."""
         is_extend = batch.forward_mode.is_extend()
         result = self._target_worker.forward_batch_generation(
-            batch, pp_proxy_tensors=pp_proxy_tensors, capture_hidden_mode=CaptureHiddenMode.FULL if is_extend else None
+            batch,
+            pp_proxy_tensors=pp_proxy_tensors,
+            # the tap rows feed the head's context, which only the drafting rank keeps
+            capture_hidden_mode=CaptureHiddenMode.FULL if is_extend and self.ranks.drafts else None,
         )
         logits_output = result.logits_output
         if is_extend:
@@ -276,7 +279,8 @@ class JetSpecWorker(BaseSpecWorker):
         keep, positions, offset = [], [], 0
         for req, prefix_len, extend_len in zip(batch.reqs, batch.prefix_lens, batch.extend_lens):
             params = core_sampling_params(req.sampling_params, self.vocab_size)
-            held = self.context_pool.holds(req_to_token[req.kv.req_pool_idx, :prefix_len])  # no prefix: held
+            # no prefix: held; ranks that do not draft keep no context and judge nothing
+            held = not self.ranks.drafts or self.context_pool.holds(req_to_token[req.kv.req_pool_idx, :prefix_len])
             state = self.states.extended(req.rid, params, held)
             self._attach(state, req)
             if not state.blind:
@@ -433,16 +437,16 @@ class JetSpecWorker(BaseSpecWorker):
         # samples as on every step), cheaper than a one-node TARGET_VERIFY. Logprob requests keep the
         # verify path, whose rows compute_spec_logprobs reads.
         decode = num_nodes == 1 and not batch.return_logprob
+        # the tap rows feed the head's context, which only the drafting rank keeps
+        drafting = self.ranks.drafts and any(not lane.blind for lane in lanes)
         if decode:
             bind_decode_batch(batch, torch.tensor([lane.root_token for lane in lanes]), device)
         else:
-            bind_verify_batch(
-                batch, build_verify_tensors(trees, seq_lens, num_nodes), seq_lens, num_nodes, self.mask_layout, device
-            )
+            tensors = build_verify_tensors(trees, seq_lens, num_nodes)
+            bind_verify_batch(batch, tensors, seq_lens, num_nodes, self.mask_layout, device, capture_taps=drafting)
         grammar_mask = grammar.mask(trees, num_nodes, device) if grammar is not None else None
         t_verify = self._sync(timed)
         tree_s += t_verify - t_bind  # the verify tensors and grammar masks are part of building the trees
-        drafting = self.ranks.drafts and any(not lane.blind for lane in lanes)
         capture = CaptureHiddenMode.FULL if drafting else CaptureHiddenMode.NULL
         result = self._target_worker.forward_batch_generation(
             batch, is_verify=True, capture_hidden_mode=capture if decode else None

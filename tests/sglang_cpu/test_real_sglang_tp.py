@@ -168,7 +168,7 @@ def test_a_pushed_table_reaches_both_ranks_and_budget_0_decodes_plainly(tp_jetsp
         push_budgets(tp_jetspec.url, yaml, ttl_s=0.001)
 
 
-def test_abort_leaves_no_draft_state_on_any_rank(tp_jetspec, humaneval_ids):
+def test_head_context_on_rank_0_alone_and_abort_leaves_no_draft_state_on_any_rank(tp_jetspec, humaneval_ids):
     long_request = threading.Thread(
         target=lambda: post(
             f"{tp_jetspec.url}/generate",
@@ -181,9 +181,11 @@ def test_abort_leaves_no_draft_state_on_any_rank(tp_jetspec, humaneval_ids):
     )
     long_request.start()
     deadline = time.monotonic() + 60
-    while ranks(tp_jetspec.url)[1]["live_draft_states"] == 0:  # rank 1 holds it too while it runs
+    while (running := ranks(tp_jetspec.url))[1]["live_draft_states"] == 0:  # rank 1 holds it too while it runs
         assert time.monotonic() < deadline, "the request never reached rank 1"
         time.sleep(0.2)
+    # the head's context lives on rank 0 alone (rank 1 does not even gather tap rows)
+    assert [rank["context_valid_slots"] > 0 for rank in running] == [True, False], running
     status, _ = post(f"{tp_jetspec.url}/abort_request", {"rid": "tp-abort-me"}, AUTH)
     assert status == 200
     long_request.join(60)
