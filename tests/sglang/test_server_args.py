@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -246,3 +247,15 @@ def test_prefill_cuda_graphs_are_switched_off_with_a_warning(resolve, monkeypatc
     assert cfg.cuda_graph_config.prefill.backend == "disabled"
     assert cfg.cuda_graph_config.decode.backend == "disabled"
     assert any("prefill CUDA graphs (breakable) switched off" in w for w in warnings)
+
+
+def test_the_kubernetes_manifest_passes_jetspec_validation(resolve):
+    """ops/k8s/sglang.yaml's server arguments, with this machine's model and head in place of its volumes."""
+    import yaml
+
+    manifest = Path(__file__).parents[2] / "ops" / "k8s" / "sglang.yaml"
+    (deployment,) = [doc for doc in yaml.safe_load_all(manifest.read_text()) if doc and doc["kind"] == "StatefulSet"]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    paths = ("--model-path=", "--speculative-draft-model-path=", "--speculative-algorithm=")
+    args = [arg for arg in container["args"] if not arg.startswith(paths)]
+    assert resolve(base=[*args, "--device", "cuda"]).speculative_algorithm.upper() == "JETSPEC"
