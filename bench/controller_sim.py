@@ -13,9 +13,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from controller.sim_goals import format_scores, score_run  # noqa: E402
-from controller.sim_scenarios import SCENARIOS  # noqa: E402
-from controller.simulator import run_scenario  # noqa: E402
+from controller.sim.goals import format_scores, score_run  # noqa: E402
+from controller.sim.scenarios import SCENARIOS  # noqa: E402
+from controller.sim.simulator import run_scenario  # noqa: E402
 
 
 def main(argv: list[str]) -> int:

@@ -23,7 +23,7 @@ from controller.loop import Controller
 from controller.observability import Observer, decision_log, make_tracer
 from controller.server_client import ServerClient
 from controller.shadow_alarm import ShadowAlarmSource
-from controller.sim_scenarios import SCENARIOS
+from controller.sim.scenarios import SCENARIOS
 from controller.telemetry import PrometheusApiSource, ScrapeSource, TelemetrySource
 from policies.loader import load_policy
 from policies.problems import PolicyError
@@ -108,9 +108,9 @@ def _configure_logging(level: str) -> None:
 
 
 def _simulate(args: argparse.Namespace) -> int:
-    from controller.sim_goals import format_scores, score_run
-    from controller.sim_output import plot_run, write_json
-    from controller.simulator import run_scenario
+    from controller.sim.goals import format_scores, score_run
+    from controller.sim.output import plot_run, write_json
+    from controller.sim.simulator import run_scenario
 
     # Thousands of simulated decisions and pushes would flood the terminal: report only the outcome.
     logging.getLogger("controller").setLevel(logging.ERROR)

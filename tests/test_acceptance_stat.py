@@ -15,10 +15,10 @@ from scipy.stats import chisquare
 
 from sglang_jetspec.core import acceptance
 from sglang_jetspec.core.acceptance import accept_batch
-from sglang_jetspec.core.drafting import TreeDraft
 from sglang_jetspec.core.prompt_lookup import chain_guesses
 from sglang_jetspec.core.sampling import SamplingParams, make_generator, processed_probs
 from sglang_jetspec.core.tree import TreeSpec, build_tree, top_k_per_depth
+from sglang_jetspec.core.tree_drafting import TreeDraft
 
 VOCAB = 6
 # enough power: each broken acceptor below already fails at 10,000 draws with p = 0 (measured)

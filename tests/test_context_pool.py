@@ -12,8 +12,8 @@ from torch import nn
 
 from sglang_jetspec.core.context_cache import ContextCache, context_bytes_per_token
 from sglang_jetspec.core.context_pool import SlotContextPool
-from sglang_jetspec.core.drafter import HeadDrafter
 from sglang_jetspec.core.head_config import HeadConfig
+from sglang_jetspec.core.head_drafter import HeadDrafter
 from sglang_jetspec.core.head_io import init_head
 
 HIDDEN, VOCAB = 64, 50

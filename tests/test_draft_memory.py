@@ -12,8 +12,8 @@ import torch
 from torch import nn
 
 from sglang_jetspec.core.context_cache import ContextCache
-from sglang_jetspec.core.drafter import HeadDrafter
 from sglang_jetspec.core.head_config import HeadConfig
+from sglang_jetspec.core.head_drafter import HeadDrafter
 from sglang_jetspec.core.head_io import init_head
 
 HIDDEN, TAPS, VOCAB = 64, 3, 50

@@ -12,7 +12,7 @@ from sglang_jetspec.core.draft_vocab import (
     rank_tokens,
     save_draft_vocab,
 )
-from sglang_jetspec.core.drafter import HeadDrafter
+from sglang_jetspec.core.head_drafter import HeadDrafter
 from sglang_jetspec.core.sampling import SamplingParams
 from sglang_jetspec.reference.engine import EngineConfig, ReferenceEngine, Request
 from sglang_jetspec.reference.prompts import humaneval_prompts
@@ -78,7 +78,7 @@ def test_reduced_logits_are_the_full_logits_columns_and_the_causal_block_is_cut(
 
 
 def test_reduced_vocabulary_greedy_equals_autoregressive_and_drafts_only_its_tokens(smollm2, drafters, monkeypatch):
-    from sglang_jetspec.core import drafting
+    from sglang_jetspec.core import tree_drafting as drafting
 
     _, reduced, vocab = drafters
     params = SamplingParams(max_new_tokens=16, ignore_eos=True)

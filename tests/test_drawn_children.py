@@ -15,11 +15,11 @@ from scipy.stats import chisquare
 from test_acceptance_stat import ROOT, VOCAB, accept_padded, expected_joint, target_logits, tree_logits
 
 from sglang_jetspec.core import acceptance
-from sglang_jetspec.core.drafting import TreeDraft, drawn_trees
 from sglang_jetspec.core.drawn_children import draw_children, proposals_from_logits
 from sglang_jetspec.core.prompt_lookup import chain_guesses
 from sglang_jetspec.core.sampling import SamplingParams, make_generator
 from sglang_jetspec.core.tree import DrawnChildren, TreeSpec, top_k_per_depth
+from sglang_jetspec.core.tree_drafting import TreeDraft, drawn_trees
 from sglang_jetspec.core.tree_sizing import truncate
 
 DRAWS = 10_000

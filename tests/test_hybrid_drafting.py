@@ -7,10 +7,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from sglang_jetspec.core.drafting import TreeDraft, draft_trees
 from sglang_jetspec.core.prompt_lookup import LookupMerge, chain_guesses, merge_guesses, noisy_or, with_guess
 from sglang_jetspec.core.sampling import SamplingParams
 from sglang_jetspec.core.tree import Candidates, TreeSpec, top_k_per_depth
+from sglang_jetspec.core.tree_drafting import TreeDraft, draft_trees
 from sglang_jetspec.reference.engine import EngineConfig, ReferenceEngine, Request
 
 VOCAB = 12

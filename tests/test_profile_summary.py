@@ -35,7 +35,7 @@ def _step(t0: float, correlation: int) -> list[dict]:
     target forward with one launch; the device runs each kernel for a known time."""
     return [
         _x("python_function", f"{ROOT}/adapter/worker.py(328): _verify", t0, 100),
-        _x("python_function", f"{ROOT}/core/drafting.py(88): draft_trees", t0 + 1, 40),
+        _x("python_function", f"{ROOT}/core/tree_drafting.py(88): draft_trees", t0 + 1, 40),
         _x("cpu_op", "aten::mm", t0 + 2),
         _x("cuda_runtime", "cudaLaunchKernel", t0 + 3, correlation=correlation),
         _x("kernel", "gemm", t0 + 5, dur=4.0, tid=99, correlation=correlation),
@@ -59,10 +59,10 @@ def test_per_step_rows_hold_exactly_what_ran_inside_each_function(summary):
     assert profile.steps == 2
     assert set(totals) == {
         "adapter/worker:_verify",
-        "core/drafting:draft_trees",
+        "core/tree_drafting:draft_trees",
         "sglang tp_worker:forward_batch_generation",
     }
-    draft = totals["core/drafting:draft_trees"]
+    draft = totals["core/tree_drafting:draft_trees"]
     assert (draft.calls, draft.wall_us, draft.ops, draft.launches, draft.d2h) == (2, 80.0, 2, 4, 2)
     # the stream sync and the blocking D2H copy, and their time waiting
     assert (draft.syncs, draft.sync_us) == (4, 16.0)
@@ -96,18 +96,18 @@ def test_markdown_is_per_step_and_sorted_by_wall_time(summary, tmp_path):
     rows = [line for line in functions.splitlines() if line.startswith("| ") and not line.startswith("| function")]
     assert [r.split(" | ")[0] for r in rows] == [
         "| adapter/worker:_verify",
-        "| core/drafting:draft_trees",
+        "| core/tree_drafting:draft_trees",
         "| sglang tp_worker:forward_batch_generation",
     ]
     # draft_trees per step: 1 call, 0.04 ms, 1 op, 2 launches, 2 syncs waiting 0.008 ms, 1 D2H, 0.006 ms of kernels
-    assert rows[1] == "| core/drafting:draft_trees | 1.0 | 0.04 | 1 | 2 | 2.0 (0.01) | 1.0 | 0.01 |"
+    assert rows[1] == "| core/tree_drafting:draft_trees | 1.0 | 0.04 | 1 | 2 | 2.0 (0.01) | 1.0 | 0.01 |"
     assert text.startswith("2 verify steps profiled")
     assert text.rstrip().endswith("| aten::mm | 1.0 | 0.00 |")
 
 
 def test_region_labels(summary):
     assert summary.region_label(f"{ROOT}/core/head.py(12): forward") == "core/head:forward@12"
-    assert summary.region_label(f"{ROOT}/core/drafting.py(88): draft_trees") == "core/drafting:draft_trees"
+    assert summary.region_label(f"{ROOT}/core/tree_drafting.py(88): draft_trees") == "core/tree_drafting:draft_trees"
     assert summary.region_label("/x/sglang/srt/managers/scheduler.py(9): run_batch") == "sglang scheduler:run_batch"
     assert summary.region_label("/x/sglang/srt/managers/scheduler.py(9): other") is None
     assert summary.region_label("aten::mm") is None

@@ -7,7 +7,6 @@ import math
 
 import pytest
 
-from sglang_jetspec.core.drafting import headless_trees
 from sglang_jetspec.core.prompt_lookup import STORE_FACTOR, LookupMerge, lookup_guesses, noisy_or, store_guesses
 from sglang_jetspec.core.sampling import SamplingParams
 from sglang_jetspec.core.suffix_store import (
@@ -19,6 +18,7 @@ from sglang_jetspec.core.suffix_store import (
     save_draft_corpus,
 )
 from sglang_jetspec.core.tree import TreeSpec
+from sglang_jetspec.core.tree_drafting import headless_trees
 from sglang_jetspec.reference.engine import EngineConfig, ReferenceEngine, Request
 
 LOG = math.log

@@ -12,10 +12,9 @@ from hypothesis import strategies as st
 
 from sglang_jetspec.core.branch_gap import rank1_branch_gap
 from sglang_jetspec.core.context_cache import ContextCache
-from sglang_jetspec.core.drafter import HeadDrafter
-from sglang_jetspec.core.drafting import TreeDraft, draft_trees
 from sglang_jetspec.core.head import block_mask, tree_causal_mask
 from sglang_jetspec.core.head_config import HeadConfig, HeadConfigError
+from sglang_jetspec.core.head_drafter import HeadDrafter
 from sglang_jetspec.core.head_io import init_head
 from sglang_jetspec.core.tree import (
     Candidates,
@@ -26,6 +25,7 @@ from sglang_jetspec.core.tree import (
     fanout_caps,
     top_k_per_depth,
 )
+from sglang_jetspec.core.tree_drafting import TreeDraft, draft_trees
 
 VOCAB, HIDDEN, TAPS = 50, 32, 2
 REVEAL = {"scheme": "prefix", "all_mask_share": 0.5}

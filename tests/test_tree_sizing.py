@@ -5,10 +5,10 @@ import math
 import pytest
 import torch
 
-from sglang_jetspec.core.drafting import headless_trees
 from sglang_jetspec.core.prompt_lookup import LookupMerge
 from sglang_jetspec.core.sampling import SamplingParams
 from sglang_jetspec.core.tree import DraftTree, TreeSpec, build_tree
+from sglang_jetspec.core.tree_drafting import headless_trees
 from sglang_jetspec.core.tree_sizing import (
     AcceptCalibration,
     BandedCalibration,

@@ -42,7 +42,7 @@ SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize
 
 
 def region_label(event_name: str) -> str | None:
-    """`.../sglang_jetspec/core/drafting.py(88): draft_trees` -> `core/drafting:draft_trees`, with the
+    """`.../sglang_jetspec/core/tree_drafting.py(88): draft_trees` -> `core/tree_drafting:draft_trees`, with the
     line where one file has several functions of that name (the head's modules' `forward`s:
     `core/head:forward@145`); SGLang's regions by file stem; None for every other frame."""
     match = _FRAME.search(event_name)

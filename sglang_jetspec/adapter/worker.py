@@ -4,8 +4,8 @@ Structure follows SGLang's NGRAMWorker (speculative/ngram_worker.py), the in-tre
 verifies arbitrary trees: no draft TpModelWorker, the target's memory pools, a TARGET_VERIFY pass
 with a FULL custom mask, `move_accept_tokens_to_target_kvcache`, the same GenerationBatchResult.
 What differs:
-- drafting: the core's DraftHead in plain PyTorch beside the target (core.drafter.HeadDrafter,
-  core.drafting.draft_trees), fed by tap-layer rows the target captures in every forward
+- drafting: the core's DraftHead in plain PyTorch beside the target (core.head_drafter.HeadDrafter,
+  core.tree_drafting.draft_trees), fed by tap-layer rows the target captures in every forward
   (`set_dflash_layers_to_capture`, the hook SGLang's DFLASH uses), projected into the head's
   context K/V at once and kept per KV slot (core.context_pool.SlotContextPool, addressed by the
   target's own slots: a prefix the radix cache hands over brings the head's context along);
@@ -62,14 +62,14 @@ from sglang_jetspec.adapter.worker_observability import (
 )
 from sglang_jetspec.core.context_pool import SlotContextPool
 from sglang_jetspec.core.draft_vocab import load_draft_vocab
-from sglang_jetspec.core.drafter import HeadDrafter
-from sglang_jetspec.core.drafting import draft_trees, headless_trees, sampled_draws
+from sglang_jetspec.core.head_drafter import HeadDrafter
 from sglang_jetspec.core.head_io import load_head
 from sglang_jetspec.core.learned_verify_cost import LearnedVerifyCost
 from sglang_jetspec.core.prompt_lookup import LookupMerge
 from sglang_jetspec.core.step_record import StepRecord
 from sglang_jetspec.core.suffix_store import RECENT_OUTPUT_TOKENS, SuffixStore, load_draft_corpus
 from sglang_jetspec.core.tree import DraftTree, TreeSpec, root_only_tree
+from sglang_jetspec.core.tree_drafting import draft_trees, headless_trees, sampled_draws
 from sglang_jetspec.core.tree_sizing import TreeSizer
 
 log = logging.getLogger(__name__)

@@ -23,10 +23,10 @@ from pathlib import Path
 import torch
 
 from ..core.context_cache import ContextCache
-from ..core.drafting import TreeDraft, refine
 from ..core.prompt_lookup import LookupMerge, lookup_guesses
 from ..core.suffix_store import RECENT_OUTPUT_TOKENS, SuffixStore
 from ..core.tree import DraftTree, TreeSpec, top_k_per_depth
+from ..core.tree_drafting import TreeDraft, refine
 from ..reference.engine import Drafter, EngineConfig, ReferenceEngine, RequestOutput
 from ..reference.target import Segment, TargetModel
 from .report import markdown_table, run_summary_lines, speculative_by_method, style_budget_axes

@@ -18,13 +18,13 @@ import torch
 from ..core.acceptance import AcceptResult, accept_batch
 from ..core.branch_gap import rank1_branch_gap
 from ..core.context_cache import ContextCache
-from ..core.drafting import draft_trees, headless_trees, sampled_draws, settled_clock
 from ..core.learned_verify_cost import LearnedVerifyCost
 from ..core.prompt_lookup import LookupMerge
 from ..core.sampling import SamplingParams, make_generator
 from ..core.step_record import StepRecord
 from ..core.suffix_store import RECENT_OUTPUT_TOKENS, SuffixStore
 from ..core.tree import DraftTree, TreeSpec, root_only_tree
+from ..core.tree_drafting import draft_trees, headless_trees, sampled_draws, settled_clock
 from ..core.tree_sizing import SIZINGS, TreeSizer
 from .invariants import check_invariants
 from .kv_cache import SlotKVCache

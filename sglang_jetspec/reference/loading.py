@@ -11,8 +11,8 @@ from pathlib import Path
 import torch
 
 from ..core.draft_vocab import load_draft_vocab
-from ..core.drafter import HeadDrafter
 from ..core.head_config import HeadConfig, default_tap_layers
+from ..core.head_drafter import HeadDrafter
 from ..core.head_io import init_head, load_head
 from ..core.prompt_lookup import LookupMerge, PromptLookupDrafter
 from ..core.suffix_store import SuffixStore, load_draft_corpus

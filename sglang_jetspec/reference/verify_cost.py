@@ -12,7 +12,7 @@ from weakref import WeakKeyDictionary
 
 import torch
 
-from ..core.drafting import settled_clock
+from ..core.tree_drafting import settled_clock
 from ..core.tree_sizing import VerifyCost, relative_costs
 from .target import Segment, TargetModel
 

@@ -41,7 +41,7 @@ from .doc_sources import (
     doc_summary,
     harvest,
 )
-from .stubs import completion_prompt, descriptive_name, safe_name, signature_text
+from .function_stubs import completion_prompt, descriptive_name, safe_name, signature_text
 
 MAX_PROMPT_CHARS = 1500
 STYLES = ("summary", "examples", "description", "args")

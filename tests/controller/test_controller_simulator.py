@@ -6,11 +6,11 @@ import random
 
 import pytest
 
-from controller.sim_costs import CODE, CostModel, forward_cost
-from controller.sim_goals import score_run
-from controller.sim_scenarios import SCENARIOS
-from controller.sim_server import FakeServer, SimNetwork
-from controller.simulator import ADMIN_KEY, POLICIES_DIR, run_scenario
+from controller.sim.costs import CODE, CostModel, forward_cost
+from controller.sim.goals import score_run
+from controller.sim.scenarios import SCENARIOS
+from controller.sim.server import FakeServer, SimNetwork
+from controller.sim.simulator import ADMIN_KEY, POLICIES_DIR, run_scenario
 from controller.telemetry import ScrapeSource
 from policies.loader import load_policy
 from policies.table import default_table

@@ -35,7 +35,7 @@ from sglang_jetspec.adapter.request_state import DraftStateStore  # noqa: E402
 from sglang_jetspec.adapter.tensor_parallel import SingleRank  # noqa: E402
 from sglang_jetspec.adapter.worker_observability import WorkerShadow  # noqa: E402
 from sglang_jetspec.core.context_pool import SlotContextPool  # noqa: E402
-from sglang_jetspec.core.drafter import HeadDrafter  # noqa: E402
+from sglang_jetspec.core.head_drafter import HeadDrafter  # noqa: E402
 from sglang_jetspec.core.head_io import load_head  # noqa: E402
 from sglang_jetspec.core.learned_verify_cost import LearnedVerifyCost  # noqa: E402
 from sglang_jetspec.core.prompt_lookup import LookupMerge  # noqa: E402

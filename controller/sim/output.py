@@ -6,8 +6,8 @@ import dataclasses
 import json
 from pathlib import Path
 
-from controller.sim_goals import ScenarioScore
-from controller.simulator import SimResult
+from controller.sim.goals import ScenarioScore
+from controller.sim.simulator import SimResult
 
 
 def run_to_json(result: SimResult, score: ScenarioScore) -> dict:

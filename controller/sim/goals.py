@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from controller.sim_scenarios import GATE_OFF, GOODPUT, NO_FLAP, OUTAGE
-from controller.simulator import SimResult
+from controller.sim.scenarios import GATE_OFF, GOODPUT, NO_FLAP, OUTAGE
+from controller.sim.simulator import SimResult
 
 MIN_GOODPUT_RATIO = 0.95
 MAX_SWITCHES_PER_HOUR = 2.0

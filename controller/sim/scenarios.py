@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from controller.sim_costs import CHAT, CODE, LOW_ACCEPTANCE, AcceptanceProfile
+from controller.sim.costs import CHAT, CODE, LOW_ACCEPTANCE, AcceptanceProfile
 
-# Goals a scenario is scored on (see controller/sim_goals.py).
+# Goals a scenario is scored on (see controller/sim/goals.py).
 GOODPUT = "goodput"  # per cohort >= 95% of the best static budget in hindsight
 NO_FLAP = "no_flap"  # <= 2 budget switches per hour per cohort after warm-up
 GATE_OFF = "gate_off"  # off within two dwell periods; loss vs plain decoding <= 2%

@@ -13,7 +13,7 @@ import math
 import random
 from dataclasses import dataclass
 
-from controller.sim_costs import AcceptanceProfile, CostModel, StepCost
+from controller.sim.costs import AcceptanceProfile, CostModel, StepCost
 from policies.cohorts import cohort_index_for_batch
 from policies.control_api import handle_server_info, handle_set_internal_state
 from policies.runtime import ActivePolicy

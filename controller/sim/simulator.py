@@ -16,9 +16,9 @@ import policies
 from controller.loop import Controller
 from controller.observability import Observer, make_tracer
 from controller.server_client import ServerClient
-from controller.sim_costs import AcceptanceProfile, CostModel
-from controller.sim_scenarios import Phase, Scenario
-from controller.sim_server import FakeServer, SimNetwork
+from controller.sim.costs import AcceptanceProfile, CostModel
+from controller.sim.scenarios import Phase, Scenario
+from controller.sim.server import FakeServer, SimNetwork
 from controller.telemetry import ScrapeSource
 from policies.cohorts import cohort_index_for_batch
 from policies.loader import load_policy
