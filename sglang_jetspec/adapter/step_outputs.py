@@ -1,10 +1,13 @@
-"""What one verify step hands back to SGLang, derived from the acceptance (pure PyTorch).
+"""One verify step's acceptance, in the layout SGLang's spec-V2 contract reads (pure PyTorch).
 
-- next_token_ids [bs*stride]: row b = its committed tokens (accepted drafts, then the bonus),
-  zero padded; SGLang's `_resolve_spec_v2_tokens` slices `[b*stride : b*stride + accept_lens[b]]`
-  with stride = GenerationBatchResult.speculative_output_stride.
+The decision itself is the core's `accept_batch` (greedy, or lossless sampling with each request's own
+parameters and generator: core/acceptance.py); this module lays its per-request results out as:
+- tokens [bs, stride]: row b = its committed tokens (accepted drafts, then the bonus), zero padded;
+  next_token_ids is it flattened: SGLang's `_resolve_spec_v2_tokens` slices
+  `[b*stride : b*stride + accept_lens[b]]` with stride = GenerationBatchResult.speculative_output_stride.
 - accept_lens [bs] int32: committed tokens incl. the bonus; accept_index [bs, stride] int32: flat
-  verify row b*N + node of each kept node, -1 padded (`move_accept_tokens_to_target_kvcache`).
+  verify row b*N + node of each kept node, root first, -1 padded (`move_accept_tokens_to_target_kvcache`
+  moves exactly these KV slots to the front of each request's verify window).
 - predict [bs*N] int32: EAGLE/NGRAM layout, predict[row of node] = the token the target chose
   after that node, so predict[accept_index] are the committed tokens (`compute_spec_logprobs`).
 - bonus_tokens [bs]: each request's last committed token (the next step's root).
@@ -18,33 +21,62 @@ from dataclasses import dataclass
 
 import torch
 
-from sglang_jetspec.adapter.accept import StepAcceptance
+from sglang_jetspec.core.acceptance import AcceptResult, accept_batch
+from sglang_jetspec.core.sampling import SamplingParams
+from sglang_jetspec.core.tree import DraftTree
 
 
 @dataclass
 class StepOutputs:
-    next_token_ids: torch.Tensor
+    results: list[AcceptResult]  # the core's decision per request (accepted path, tokens)
+    tokens: torch.Tensor
     accept_lens: torch.Tensor
     accept_index: torch.Tensor
     predict: torch.Tensor
     bonus_tokens: torch.Tensor
     row_index: torch.Tensor
     row_counts: list[int]
-    stride: int
+
+    @property
+    def stride(self) -> int:
+        return int(self.tokens.shape[1])
+
+    @property
+    def next_token_ids(self) -> torch.Tensor:
+        return self.tokens.flatten()
 
 
-def step_outputs(acceptance: StepAcceptance, num_nodes: int) -> StepOutputs:
-    kept = acceptance.accept_index >= 0  # per row a prefix of length accept_lens[b]
-    row_index = acceptance.accept_index[kept]
-    predict = torch.zeros(acceptance.accept_index.shape[0] * num_nodes, dtype=torch.int32)
-    predict[row_index] = acceptance.tokens[kept].to(torch.int32)
+def accept_step(
+    trees: list[DraftTree],
+    logits: torch.Tensor,
+    num_nodes: int,
+    params: list[SamplingParams],
+    generators: list[torch.Generator],
+    method: str = "match",
+) -> StepOutputs:
+    """`logits` are the verify pass's rows, [bs*num_nodes, V] in draft_token order."""
+    bs = len(trees)
+    if logits.shape[0] != bs * num_nodes:
+        raise ValueError(f"logits has {logits.shape[0]} rows, expected bs*num_nodes = {bs}*{num_nodes}")
+    results = accept_batch(trees, logits.view(bs, num_nodes, -1), params, generators, method)
+    stride = max(t.max_depth for t in trees) + 1
+    accept_index = torch.full((bs, stride), -1, dtype=torch.int32)
+    tokens = torch.zeros(bs, stride, dtype=torch.long)
+    for b, result in enumerate(results):
+        accept_index[b, : len(result.path)] = torch.tensor(result.path, dtype=torch.int32) + b * num_nodes
+        tokens[b, : len(result.tokens)] = torch.tensor(result.tokens)
+    accept_lens = torch.tensor([r.accept_length for r in results], dtype=torch.int32)
+    kept = accept_index >= 0  # per row a prefix of length accept_lens[b]
+    row_index = accept_index[kept].long()
+    predict = torch.zeros(bs * num_nodes, dtype=torch.int32)
+    predict[row_index] = tokens[kept].to(torch.int32)
     return StepOutputs(
-        next_token_ids=acceptance.tokens.flatten(),
-        accept_lens=acceptance.accept_lens,
-        accept_index=acceptance.accept_index.to(torch.int32),
+        results=results,
+        tokens=tokens,
+        accept_lens=accept_lens,
+        accept_index=accept_index,
         predict=predict,
-        bonus_tokens=acceptance.tokens[torch.arange(len(acceptance.results)), acceptance.accept_lens.long() - 1],
+        bonus_tokens=tokens[torch.arange(bs), accept_lens.long() - 1],
         row_index=row_index,
-        row_counts=acceptance.accept_lens.tolist(),
-        stride=acceptance.stride,
+        row_counts=accept_lens.tolist(),
     )

@@ -9,7 +9,7 @@ What differs:
   (`set_dflash_layers_to_capture`, the hook SGLang's DFLASH uses), projected into the head's
   context K/V at once and kept per KV slot (core.context_pool.SlotContextPool, addressed by the
   target's own slots: a prefix the radix cache hands over brings the head's context along);
-- acceptance: the core's lossless rules (adapter.accept.accept_step) with each request's own
+- acceptance: the core's lossless rules (adapter.step_outputs.accept_step) with each request's own
   sampling parameters and generator, instead of `eagle_sample`; a cohort whose policy says
   `sampled_children: drawn` draws its sampled requests' children from the head's distribution and
   accepts them against it (core.drawn_children);
@@ -38,7 +38,6 @@ from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 from sglang.srt.speculative.spec_utils import move_accept_tokens_to_target_kvcache, record_stream_for_v2_verify
 
 from policies import StepPlan, read_head_capacity
-from sglang_jetspec.adapter.accept import accept_step
 from sglang_jetspec.adapter.attention_backends import tree_mask_layout, verify_attention_backend
 from sglang_jetspec.adapter.context_pool import allocate_context_pool
 from sglang_jetspec.adapter.draft_model import register_draft_models
@@ -47,7 +46,7 @@ from sglang_jetspec.adapter.request_sampling import core_sampling_params
 from sglang_jetspec.adapter.request_state import DraftStateStore, RequestDraftState
 from sglang_jetspec.adapter.server_args import JetSpecArgsError, target_info
 from sglang_jetspec.adapter.spec_inputs import JetSpecDraftState, bind_decode_batch, bind_verify_batch
-from sglang_jetspec.adapter.step_outputs import step_outputs
+from sglang_jetspec.adapter.step_outputs import accept_step
 from sglang_jetspec.adapter.target_views import target_tables
 from sglang_jetspec.adapter.tensor_parallel import perturbed, sglang_ranks
 from sglang_jetspec.adapter.tree_grammar import TreeGrammar
@@ -467,7 +466,7 @@ class JetSpecWorker(BaseSpecWorker):
         if timed:
             self.verify_costs.observe(bs * num_nodes, t_accept - t_verify)
 
-        acceptance = accept_step(
+        out = accept_step(
             trees,
             logits,
             num_nodes,
@@ -476,8 +475,7 @@ class JetSpecWorker(BaseSpecWorker):
             "draw" if plan.sampled_children == "drawn" else "match",
         )
         if sized:
-            self.sizer.observe([result.path for result in acceptance.results])
-        out = step_outputs(acceptance, num_nodes)
+            self.sizer.observe([result.path for result in out.results])
         self.ranks.agree("accepted tokens", [out.accept_lens, out.next_token_ids])
         t_commit = time.perf_counter()
         accept_lens = out.accept_lens.to(device)

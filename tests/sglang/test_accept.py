@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from sglang_jetspec.adapter.accept import accept_step
+from sglang_jetspec.adapter.step_outputs import accept_step
 from sglang_jetspec.adapter.verify_inputs import build_verify_tensors
 from sglang_jetspec.core.sampling import SamplingParams, make_generator
 from sglang_jetspec.core.tree import TreeSpec, build_tree, top_k_per_depth

@@ -10,7 +10,6 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from sglang_jetspec.adapter.accept import accept_step
 from sglang_jetspec.adapter.request_sampling import (
     UNLIMITED_NEW_TOKENS,
     core_sampling_params,
@@ -18,7 +17,7 @@ from sglang_jetspec.adapter.request_sampling import (
     unsupported_feature,
 )
 from sglang_jetspec.adapter.request_state import DraftStateStore
-from sglang_jetspec.adapter.step_outputs import step_outputs
+from sglang_jetspec.adapter.step_outputs import accept_step
 from sglang_jetspec.core.sampling import SamplingParams, make_generator
 from sglang_jetspec.core.tree import TreeSpec, build_tree, root_only_tree, top_k_per_depth
 
@@ -177,12 +176,11 @@ def test_outputs_follow_sglang_slicing_and_the_kv_mover_layout():
         for node, kids in enumerate(tree.children()):
             if kids:
                 logits[b * n + node, int(tree.tokens[kids[0]])] = 50.0
-    acc = accept_step(trees, logits, n, [SamplingParams()] * 3, [make_generator(0)] * 3)
-    out = step_outputs(acc, n)
+    out = accept_step(trees, logits, n, [SamplingParams()] * 3, [make_generator(0)] * 3)
     lens = out.accept_lens.tolist()
     assert lens[1] == 1 and lens[0] > 1 and lens[2] > 1  # bonus included; root-only commits one token
     flat = out.next_token_ids.tolist()
-    for b, result in enumerate(acc.results):
+    for b, result in enumerate(out.results):
         # what batch_result_processor._resolve_spec_v2_tokens takes for request b
         assert flat[b * out.stride : b * out.stride + lens[b]] == result.tokens
         assert out.accept_index[b, : lens[b]].tolist() == [b * n + node for node in result.path]
@@ -190,9 +188,9 @@ def test_outputs_follow_sglang_slicing_and_the_kv_mover_layout():
         assert out.bonus_tokens[b] == result.tokens[-1]
     # compute_spec_logprobs reads predict[accept_index]: the committed tokens again
     kept = out.accept_index >= 0
-    assert out.predict[out.accept_index[kept].long()].tolist() == [t for r in acc.results for t in r.tokens]
+    assert out.predict[out.accept_index[kept].long()].tolist() == [t for r in out.results for t in r.tokens]
     # tap rows for the draft context: root + accepted nodes, request-major
-    assert out.row_index.tolist() == [b * n + node for b, r in enumerate(acc.results) for node in r.path]
+    assert out.row_index.tolist() == [b * n + node for b, r in enumerate(out.results) for node in r.path]
     assert out.row_counts == lens and out.accept_index.dtype == torch.int32
 
 
