@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 
 import torch
 from sglang.srt.arg_groups.overrides import resolving_view
@@ -72,6 +73,25 @@ from sglang_jetspec.core.tree_drafting import draft_trees, headless_trees, sampl
 from sglang_jetspec.core.tree_sizing import TreeSizer
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class VerifyStep:
+    """One decode step as it passes JetSpecWorker._verify's phases."""
+
+    lanes: list[RequestDraftState]
+    seq_lens: list[int]  # committed KV length per request
+    budget: int  # the plan's node budget
+    trees: list[DraftTree]
+    num_nodes: int  # verify rows per request
+    grammar: TreeGrammar | None
+    draft_s: float
+    tree_s: float
+    sized: bool  # adaptive sizing cut the trees (it learns from their accepted paths)
+    adaptive: bool  # the cohort sizes its trees adaptively (it learns the verify cost from every step)
+    capture_taps: bool = False
+    verify_s: float = 0.0
+    accept_started: float = 0.0
 
 
 class JetSpecWorker(BaseSpecWorker):
@@ -392,17 +412,68 @@ class JetSpecWorker(BaseSpecWorker):
         return time.perf_counter()
 
     def _verify(self, batch, on_publish) -> GenerationBatchResult:
+        """One decode step: plan, draft, verify, accept, commit, report."""
         t_start, t_start_ns = time.perf_counter(), time.time_ns()
         tracer = step_tracer() if self.ranks.drafts else None  # spans come from rank 0 alone
         observed = tracer is not None or self.metrics is not None
-        bs = len(batch.reqs)
         committed_lens = batch.seq_lens  # a decode forward rebinds batch.seq_lens to count the root
         seq_lens = (batch.seq_lens_cpu if batch.seq_lens_cpu is not None else batch.seq_lens.cpu()).tolist()
         # rank 0's plan on every rank: the policy's expiry reads this process's clock
-        plan = self.ranks.share(self.policy_control.step_plan(bs, time.time()) if self.ranks.drafts else None)
-        cohort, budget = plan.cohort, plan.budget
-        # KV reservations and buffers were sized for speculative_num_draft_tokens nodes
-        num_nodes = max(1, min(budget, self.speculative_num_draft_tokens))
+        plan = self.ranks.share(
+            self.policy_control.step_plan(len(batch.reqs), time.time()) if self.ranks.drafts else None
+        )
+        lanes = self._lanes(batch, plan, seq_lens)
+        step = self._draft(batch, lanes, plan, seq_lens)
+        timed = observed or step.adaptive  # adaptive sizing learns the verify cost from these timings
+        logits_output, can_run_cuda_graph = self._verify_forward(batch, step, timed)
+
+        out = accept_step(
+            step.trees,
+            logits_output.next_token_logits,
+            step.num_nodes,
+            [lane.params for lane in lanes],
+            [lane.generator for lane in lanes],
+            "draw" if plan.sampled_children == "drawn" else "match",
+        )
+        if step.sized:
+            self.sizer.observe([result.path for result in out.results])
+        self.ranks.agree("accepted tokens", [out.accept_lens, out.next_token_ids])
+        t_commit = time.perf_counter()
+        accept_lens, new_seq_lens = self._commit(batch, step, out, logits_output, committed_lens, on_publish)
+        t_end = self._sync(observed)
+
+        if observed:
+            record = StepRecord(
+                batch_size=len(lanes),
+                budget=plan.budget,
+                committed_tokens=sum(out.row_counts),
+                accept_lengths=out.row_counts,
+                draft_s=step.draft_s,
+                tree_s=step.tree_s,
+                verify_s=step.verify_s,
+                accept_s=t_end - step.accept_started,
+                commit_s=t_end - t_commit,
+                wall_s=t_end - t_start,
+                verified_nodes=sum(tree.size for tree in step.trees),
+            )
+            if self.metrics is not None:
+                self.metrics.record_step(plan.cohort, record)
+            if tracer is not None:
+                trace_step(tracer, plan.cohort, record, t_start_ns, [req.rid for req in batch.reqs])
+        device = self.device
+        return GenerationBatchResult(
+            logits_output=logits_output,
+            next_token_ids=out.next_token_ids.to(device),
+            can_run_cuda_graph=can_run_cuda_graph,
+            accept_lens=accept_lens,
+            new_seq_lens=new_seq_lens,
+            next_draft_input=JetSpecDraftState(out.bonus_tokens.to(device), new_seq_lens),
+            speculative_num_draft_tokens=self.speculative_num_draft_tokens,
+            speculative_output_stride=out.stride,
+        )
+
+    def _lanes(self, batch, plan: StepPlan, seq_lens: list[int]) -> list[RequestDraftState]:
+        """Each request's draft state, with this step's root token and (drafting requests) context slots."""
         lanes = []
         for req, kv_len in zip(batch.reqs, seq_lens):
             state = self.states.get(req.rid)
@@ -417,7 +488,12 @@ class JetSpecWorker(BaseSpecWorker):
             if not state.blind:  # a view of its req_to_token row: the slots of positions 0..kv_len-1
                 state.context_slots = batch.req_to_token_pool.req_to_token[req.kv.req_pool_idx, :kv_len]
             lanes.append(state)
+        return lanes
 
+    def _draft(self, batch, lanes: list[RequestDraftState], plan: StepPlan, seq_lens: list[int]) -> VerifyStep:
+        """The step's trees (rank 0 drafts, every rank receives them) and how many nodes the verify takes."""
+        # KV reservations and buffers were sized for speculative_num_draft_tokens nodes
+        num_nodes = max(1, min(plan.budget, self.speculative_num_draft_tokens))
         set_time_batch(batch.reqs, "set_spec_draft_start_time", trace_only=True)
         sizer = self.sizer if plan.tree_sizing == "adaptive" and num_nodes > 1 else None
         grammar = TreeGrammar.of_batch(batch)
@@ -429,30 +505,36 @@ class JetSpecWorker(BaseSpecWorker):
         set_time_batch(batch.reqs, "set_spec_draft_end_time", trace_only=True)
         if sizer is not None or grammar is not None:  # trees cut by sizing or by grammars
             num_nodes = max(tree.size for tree in trees)  # the verify pads every request to the longest tree
-        timed = observed or sizer is not None  # adaptive sizing learns the verify cost from these timings
+        return VerifyStep(
+            lanes, seq_lens, plan.budget, trees, num_nodes, grammar, draft_s, tree_s, sized, sizer is not None
+        )
+
+    def _verify_forward(self, batch, step: VerifyStep, timed: bool):
+        """The target's forward over every request's tree, then each node's logits processed as SGLang's
+        sampler would a plain decode's. Returns the logits output and whether it ran as a CUDA graph."""
         t_bind = time.perf_counter()
-        device = self.device
-        # Root-only trees verify nothing: an ordinary decode forward (logits only; the acceptance below
+        device, lanes, trees, num_nodes = self.device, step.lanes, step.trees, step.num_nodes
+        # Root-only trees verify nothing: an ordinary decode forward (logits only; the acceptance
         # samples as on every step), cheaper than a one-node TARGET_VERIFY. Logprob requests keep the
         # verify path, whose rows compute_spec_logprobs reads.
         decode = num_nodes == 1 and not batch.return_logprob
         # the tap rows feed the head's context, which only the drafting rank keeps
-        drafting = self.ranks.drafts and any(not lane.blind for lane in lanes)
+        step.capture_taps = self.ranks.drafts and any(not lane.blind for lane in lanes)
         if decode:
             bind_decode_batch(batch, torch.tensor([lane.root_token for lane in lanes]), device)
         else:
-            tensors = build_verify_tensors(trees, seq_lens, num_nodes)
-            bind_verify_batch(batch, tensors, seq_lens, num_nodes, self.mask_layout, device, capture_taps=drafting)
-        grammar_mask = grammar.mask(trees, num_nodes, device) if grammar is not None else None
+            tensors = build_verify_tensors(trees, step.seq_lens, num_nodes)
+            bind_verify_batch(
+                batch, tensors, step.seq_lens, num_nodes, self.mask_layout, device, capture_taps=step.capture_taps
+            )
+        grammar_mask = step.grammar.mask(trees, num_nodes, device) if step.grammar is not None else None
         t_verify = self._sync(timed)
-        tree_s += t_verify - t_bind  # the verify tensors and grammar masks are part of building the trees
-        capture = CaptureHiddenMode.FULL if drafting else CaptureHiddenMode.NULL
+        step.tree_s += t_verify - t_bind  # the verify tensors and grammar masks are part of building the trees
+        capture = CaptureHiddenMode.FULL if step.capture_taps else CaptureHiddenMode.NULL
         result = self._target_worker.forward_batch_generation(
             batch, is_verify=True, capture_hidden_mode=capture if decode else None
         )
-        logits_output = result.logits_output
-        taps = logits_output.hidden_states  # [bs*N, taps*H]: every node's tap rows
-        logits = logits_output.next_token_logits
+        logits = result.logits_output.next_token_logits
         # each node's row penalised as a plain decode at its output position (not SGLang's relaxed
         # per-step penalties), masked to what the request's grammar allows after the node's path, then
         # the request's logit bias: the order of SGLang's own sampler
@@ -463,68 +545,33 @@ class JetSpecWorker(BaseSpecWorker):
             grammar_mask.apply(logits)
         apply_logit_bias(logits, batch.sampling_info.logit_bias, num_nodes)
         t_accept = self._sync(timed)
+        step.verify_s = t_accept - t_verify
         if timed:
-            self.verify_costs.observe(bs * num_nodes, t_accept - t_verify)
+            self.verify_costs.observe(len(lanes) * num_nodes, step.verify_s)
+        step.accept_started = t_accept
+        return result.logits_output, result.can_run_cuda_graph
 
-        out = accept_step(
-            trees,
-            logits,
-            num_nodes,
-            [lane.params for lane in lanes],
-            [lane.generator for lane in lanes],
-            "draw" if plan.sampled_children == "drawn" else "match",
-        )
-        if sized:
-            self.sizer.observe([result.path for result in out.results])
-        self.ranks.agree("accepted tokens", [out.accept_lens, out.next_token_ids])
-        t_commit = time.perf_counter()
+    def _commit(self, batch, step: VerifyStep, out, logits_output, committed_lens, on_publish):
+        """Keep the accepted nodes: their target KV, logprobs, the head's context of their tap rows, and
+        each request's accept length. Returns the accept lengths and new sequence lengths (device)."""
+        device = self.device
         accept_lens = out.accept_lens.to(device)
         accept_index = out.accept_index.to(device)
         new_seq_lens = committed_lens + accept_lens
         # Target KV of the kept nodes moves to the front of each request's verify window (a root-only
         # step has nothing to move: the root's KV is already in place).
-        if num_nodes > 1:
+        if step.num_nodes > 1:
             move_accept_tokens_to_target_kvcache(batch, accept_index, accept_lens - 1, self.token_to_kv_pool_allocator)
         if batch.return_logprob:
             compute_spec_logprobs(batch, logits_output, out.predict.to(device), accept_index=accept_index)
         if on_publish is not None:
             on_publish(new_seq_lens)  # once per forward, right after acceptance (overlap_utils contract)
-
-        if taps is not None:  # none captured when every request is blind
-            self._keep_context(lanes, taps, out, seq_lens, batch.out_cache_loc, num_nodes)
-        for lane, length in zip(lanes, out.row_counts):
-            lane.budgets.append(budget)
+        taps = logits_output.hidden_states  # [bs*N, taps*H]: every node's tap rows (none when not captured)
+        if taps is not None:
+            self._keep_context(step.lanes, taps, out, step.seq_lens, batch.out_cache_loc, step.num_nodes)
+        for lane, length in zip(step.lanes, out.row_counts):
+            lane.budgets.append(step.budget)
             lane.accept_lengths.append(length)
         logits_output.hidden_states = None
         batch.forward_mode = ForwardMode.DECODE
-        t_end = self._sync(observed)
-
-        if observed:
-            record = StepRecord(
-                batch_size=bs,
-                budget=budget,
-                committed_tokens=sum(out.row_counts),
-                accept_lengths=out.row_counts,
-                draft_s=draft_s,
-                tree_s=tree_s,
-                verify_s=t_accept - t_verify,
-                accept_s=t_end - t_accept,
-                commit_s=t_end - t_commit,
-                wall_s=t_end - t_start,
-                verified_nodes=sum(tree.size for tree in trees),
-            )
-            if self.metrics is not None:
-                self.metrics.record_step(cohort, record)
-            if tracer is not None:
-                trace_step(tracer, cohort, record, t_start_ns, [req.rid for req in batch.reqs])
-        next_token_ids = out.next_token_ids.to(device)
-        return GenerationBatchResult(
-            logits_output=logits_output,
-            next_token_ids=next_token_ids,
-            can_run_cuda_graph=result.can_run_cuda_graph,
-            accept_lens=accept_lens,
-            new_seq_lens=new_seq_lens,
-            next_draft_input=JetSpecDraftState(out.bonus_tokens.to(device), new_seq_lens),
-            speculative_num_draft_tokens=self.speculative_num_draft_tokens,
-            speculative_output_stride=out.stride,
-        )
+        return accept_lens, new_seq_lens
