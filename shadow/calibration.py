@@ -1,6 +1,6 @@
 """Calibration and power of the shadow tests on real SmolLM2 distributions, without decoding 1e5 tokens.
 
-Generating enough tokens with the CPU engine is infeasible (~15 tokens/s), so: sample continuations
+Generating enough tokens with the CPU engine is infeasible at CPU decoding speeds, so: sample continuations
 of real prompts once (non-speculative reference engine), score them with one prefill, and cache the
 target logits at those real positions. Emitted tokens are then drawn at random cached positions from
 a correct or a deliberately broken sampler applied to those distributions, and checked exactly as the

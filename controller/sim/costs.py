@@ -60,7 +60,7 @@ class StepCost:
 
 @dataclass(frozen=True)
 class CostModel:
-    token_forward_s: float = 0.04  # SmolLM2 fp32 on this CPU: ~25 tokens/s greedy
+    token_forward_s: float = 0.04  # the order of SmolLM2 fp32 on a 2-core CPU (docs/benchmarks.md)
     draft_relative: float = 0.05  # draft head pass vs a target pass over the same tokens
     block_size: int = 16
     tree_node_s: float = 2e-5  # best-first tree build, per node and request

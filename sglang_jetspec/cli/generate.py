@@ -14,8 +14,8 @@ def register(sub) -> None:
     add_target_arguments(gen)
     gen.set_defaults(dtype="auto")  # the main job shows this machine's best configuration
     add_tree_arguments(gen)
-    add_drafter_arguments(gen, default="hybrid")  # the best drafter on this CPU (README, "Speed")
-    add_sizing_argument(gen, default="adaptive")  # ahead of fixed on HumanEval and chat (README, "Speed")
+    add_drafter_arguments(gen, default="hybrid")  # the best drafter measured (docs/benchmarks.md)
+    add_sizing_argument(gen, default="adaptive")  # ahead of fixed on HumanEval and chat (docs/benchmarks.md)
     gen.add_argument("--prompts", default="humaneval", help="'humaneval' or a JSONL file with prompt/messages per line")
     gen.add_argument("--num-prompts", type=int, default=8)
     gen.add_argument("--max-new-tokens", type=int, default=64)

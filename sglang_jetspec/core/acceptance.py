@@ -66,8 +66,8 @@ class _PaddedTrees:
 
 def target_argmax(logits: torch.Tensor) -> torch.Tensor:
     """argmax over the last dimension. On a CPU, bf16/fp16 logits are widened first: the CPU has no
-    vectorised half-precision argmax (8 x 49,152 bf16 logits: 0.76 ms, against 0.27 ms widened on
-    an AMD EPYC Zen 4), and widening is exact, so the same index wins, ties included (the first)."""
+    vectorised half-precision argmax (docs/design/reference-engine.md, "Measured costs behind code
+    choices"), and widening is exact, so the same index wins, ties included (the first)."""
     if logits.device.type == "cpu" and logits.dtype in (torch.bfloat16, torch.float16):
         logits = logits.float()
     return logits.argmax(-1)

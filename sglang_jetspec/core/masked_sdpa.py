@@ -2,10 +2,10 @@
 
 On Hopper, torch sends a masked SDPA call to cuDNN first, and cuDNN builds (and caches) an execution
 plan per input shape. A drafting or decoding step attends over one more position than the step
-before, so every step is a new shape and pays a fresh plan: about 45 ms of host time per call on an
-H200 (bench/results/gpu-sglang/2026-11-27-h200-run3: 94% of the draft phase), against microseconds
-for the kernels themselves. The memory-efficient, flash and math backends have no per-shape plan.
-Off CUDA the choice changes nothing.
+before, so every step is a new shape and pays a fresh plan, far more host time than the kernels
+themselves take (it was most of the draft phase in bench/results/gpu-sglang/2026-11-27-h200-run3).
+The memory-efficient, flash and math backends have no per-shape plan. Off CUDA the choice changes
+nothing.
 """
 
 from __future__ import annotations

@@ -2,12 +2,9 @@
 when the reference engine loads one.
 
 PyTorch's plain CPU linear lays the weight out for its kernel on every call; oneDNN's pre-packed form
-does it once. Measured on a 2-core AMD EPYC Zen 4 (SmolLM2-135M's 210 decoder linears in bf16, one
-pass, cold weights): plain 22.9 ms for 1 row, 24.5 ms for 8; packed 12.9 ms for 3 rows, 14.7 ms for 8
-(the lm_head: 3.4 ms plain for 1 row, 1.5 ms packed for 4); the head's shapes 30-50% less per call.
-oneDNN's packed kernel is slow for fewer than MIN_ROWS rows (about 9 ms a call for one row, and 2
-rows cost 40% more than 3 there), so fewer rows are zero-padded to MIN_ROWS: rows never mix, so a
-row's result does not depend on the padding.
+does it once (the measured costs: docs/design/reference-engine.md, "Measured costs behind code
+choices"). oneDNN's packed kernel is slow for fewer than MIN_ROWS rows, so fewer rows are zero-padded
+to MIN_ROWS: rows never mix, so a row's result does not depend on the padding.
 
 Only without autograd (training keeps the plain op) and on CPU tensors. A packed copy is kept per
 version of its weight, so a weight update or reload is seen at the next call. fp32 targets keep the

@@ -75,7 +75,7 @@ class PromptLookupDrafter:
 class LookupMerge:
     """How the hybrid drafter finds and scores looked-up tokens. `logprob` is the log-probability that a
     token looked up after a 3-token match in the request's own text is accepted given that its parent
-    was (HumanEval 0-99 tuning: see the README's speed section); other guesses scale it (guess_logprob).
+    was (tuned on HumanEval 0-99: docs/design/hybrid-lookup.md); other guesses scale it (guess_logprob).
     The request's own tokens are matched on suffixes of `max_ngram` down to `min_ngram` tokens. Besides
     them, guesses come from `corpus` (the head directory's draft corpus: text the target wrote) and
     `recent` (outputs of requests the engine finished)."""
