@@ -68,8 +68,8 @@ from sglang_jetspec.core.learned_verify_cost import LearnedVerifyCost
 from sglang_jetspec.core.prompt_lookup import LookupMerge
 from sglang_jetspec.core.step_record import StepRecord
 from sglang_jetspec.core.suffix_store import RECENT_OUTPUT_TOKENS, SuffixStore, load_draft_corpus
-from sglang_jetspec.core.tree import DraftTree, TreeSpec, root_only_tree
-from sglang_jetspec.core.tree_drafting import draft_trees, headless_trees, sampled_draws
+from sglang_jetspec.core.tree import DraftTree, root_only_tree
+from sglang_jetspec.core.tree_drafting import budget_spec, step_trees
 from sglang_jetspec.core.tree_sizing import TreeSizer
 
 log = logging.getLogger(__name__)
@@ -336,31 +336,22 @@ class JetSpecWorker(BaseSpecWorker):
         probe = self.verify_costs.probe(len(lanes), budget) if sizer is not None else None
         if not drafting or probe == 1:  # probe 1: time an ordinary step, without draft work
             return trees, 0.0, 0.0, False
-        # a tree of `budget` nodes is at most budget-1 deep: never pay for deeper draft rows
-        spec = TreeSpec(
-            budget=budget, max_depth=min(self.drafter.max_depth, budget - 1), width=plan.tree_width or self.tree_width
-        )
-        lookup = self.hybrid if plan.drafter == "hybrid" else None
+        spec = budget_spec(self.drafter.max_depth, budget, plan.tree_width or self.tree_width)
         sizing = sizer is not None and probe is None
-        head_runs = not sizing or sizer.gate.should_draft()
-        start = time.perf_counter()
-        drafting_lanes = [lanes[b] for b in drafting]
-        if head_runs:
-            draws = sampled_draws(drafting_lanes, plan.sampled_children == "drawn", plan.draft_rounds)
-            roots = [grammar.root_allowed(b) for b in drafting] if grammar is not None else None
-            drafted, timing = draft_trees(
-                self.drafter, drafting_lanes, spec, plan.draft_rounds, lookup, draws, root_allowed=roots
-            )
-            draft_s, tree_s = timing.draft_s, timing.tree_s
-        else:  # the head has not been paying: the looked-up trees alone (or the roots)
-            drafted, draft_s, tree_s = headless_trees(drafting_lanes, spec, lookup), 0.0, 0.0
-        for b, tree in zip(drafting, drafted):
-            trees[b] = grammar.prune(b, tree) if grammar is not None else tree
-        if sizing:
-            # every lane counts, blind ones too: a batched verify pads each to the longest tree
-            trees = sizer.size(trees, draft_s, drafted=head_runs, cost=self.verify_costs.curve(len(lanes)))
-            tree_s = time.perf_counter() - start - draft_s
-        return trees, draft_s, tree_s, sizing
+        trees, timing = step_trees(
+            self.drafter,
+            lanes,
+            spec,
+            rounds=plan.draft_rounds,
+            lookup=self.hybrid if plan.drafter == "hybrid" else None,
+            draw=plan.sampled_children == "drawn",
+            sizer=sizer if sizing else None,
+            cost=self.verify_costs.curve(len(lanes)) if sizing else None,
+            drafting=drafting,
+            root_allowed=[grammar.root_allowed(b) for b in drafting] if grammar is not None else None,
+            prune=grammar.prune if grammar is not None else None,
+        )
+        return trees, timing.draft_s, timing.tree_s, sizing
 
     def _agree_on_trees(self, trees: list[DraftTree], lanes: list[RequestDraftState]) -> list[DraftTree]:
         """Rank 0's trees on every rank, with the generator state of each sampled request (rank 0's

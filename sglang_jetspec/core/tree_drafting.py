@@ -23,6 +23,7 @@ import torch
 from .drawn_children import draw_children, proposals_from_logits
 from .prompt_lookup import Guesses, LookupMerge, lookup_guesses, merge_guesses, with_guesses
 from .tree import Candidates, DraftTree, TreeSpec, build_tree, candidate_lists, root_only_tree, top_k_per_depth
+from .tree_sizing import TreeSizer, VerifyCost
 
 
 class TreeDrafter(Protocol):
@@ -171,6 +172,51 @@ def draft_trees(
         start = time.perf_counter()
         trees = drawn_trees(drafts, depth_logits, draws)
         timing.tree_s += time.perf_counter() - start
+    return trees, timing
+
+
+def budget_spec(max_depth: int, budget: int, width: int, fanout: str = "uniform") -> TreeSpec:
+    """The tree shape for a node budget: a tree of `budget` nodes is at most budget-1 deep, so the head
+    never pays for deeper draft rows than the budget can use."""
+    return TreeSpec(budget=budget, max_depth=min(max_depth, budget - 1), width=width, fanout=fanout)
+
+
+def step_trees(
+    drafter: TreeDrafter,
+    lanes: list,
+    spec: TreeSpec,
+    *,
+    rounds: int = 0,
+    lookup: LookupMerge | None = None,
+    draw: bool = False,
+    sizer: TreeSizer | None = None,
+    cost: VerifyCost | None = None,
+    drafting: list[int] | None = None,
+    root_allowed: list[torch.Tensor | None] | None = None,
+    prune=None,
+) -> tuple[list[DraftTree], DraftTiming]:
+    """One step's tree per lane, as both engines plan it. The head drafts the `drafting` lanes (all by
+    default; the others keep their root alone), or, when `sizer`'s draft gate finds the head has not
+    been paying, their looked-up trees stand alone (headless_trees). `draw`: sampled lanes draw their
+    marginal children (sampled_draws). `prune(i, tree)` then cuts lane i's drafted tree (its grammar),
+    and `sizer` cuts every lane's tree to what pays against `cost`. The timing's tree seconds are all
+    but the head's."""
+    start = time.perf_counter()
+    drafting = list(range(len(lanes))) if drafting is None else drafting
+    drafting_lanes = [lanes[i] for i in drafting]
+    head_runs = sizer is None or sizer.gate.should_draft()
+    if head_runs:
+        draws = sampled_draws(drafting_lanes, draw, rounds)
+        drafted, timing = draft_trees(drafter, drafting_lanes, spec, rounds, lookup, draws, root_allowed=root_allowed)
+    else:
+        drafted, timing = headless_trees(drafting_lanes, spec, lookup), DraftTiming([], 0.0)
+    trees = [root_only_tree(lane.root_token) for lane in lanes]
+    for i, tree in zip(drafting, drafted):
+        trees[i] = prune(i, tree) if prune is not None else tree
+    if sizer is not None:
+        # every lane counts, undrafted ones too: a batched verify pads each to the longest tree
+        trees = sizer.size(trees, timing.draft_s, drafted=head_runs, cost=cost)
+    timing.tree_s = time.perf_counter() - start - timing.draft_s
     return trees, timing
 
 

@@ -23,8 +23,8 @@ from ..core.prompt_lookup import LookupMerge
 from ..core.sampling import SamplingParams, make_generator
 from ..core.step_record import StepRecord
 from ..core.suffix_store import RECENT_OUTPUT_TOKENS, SuffixStore
-from ..core.tree import DraftTree, TreeSpec, root_only_tree
-from ..core.tree_drafting import draft_trees, headless_trees, sampled_draws, settled_clock
+from ..core.tree import DraftTree, root_only_tree
+from ..core.tree_drafting import budget_spec, settled_clock, step_trees
 from ..core.tree_sizing import SIZINGS, TreeSizer
 from .invariants import check_invariants
 from .kv_cache import SlotKVCache
@@ -255,21 +255,18 @@ class ReferenceEngine:
                     f"budget={budget} needs a drafter; pass a head (or use budget 0 for ordinary decoding)"
                 )
             return [root_only_tree(lane.root_token) for lane in lanes], [], 0.0
-        # a tree of `budget` nodes is at most budget-1 deep: never pay for deeper draft rows
-        depth = min(self.drafter.max_depth, budget - 1)
-        spec = TreeSpec(budget=budget, max_depth=depth, width=tree_width, fanout=self.config.fanout)
-        if sizer is not None and not sizer.gate.should_draft():  # the head has not been paying
-            start = time.perf_counter()
-            trees = sizer.size(
-                headless_trees(lanes, spec, lookup), 0.0, drafted=False, cost=self.verify_costs.curve(len(lanes))
-            )
-            return trees, [], time.perf_counter() - start
-        draws = sampled_draws(lanes, acceptance == "draw", draft_rounds)
-        trees, timing = draft_trees(self.drafter, lanes, spec, draft_rounds, lookup, draws)
-        if sizer is not None:
-            start = time.perf_counter()
-            trees = sizer.size(trees, timing.draft_s, cost=self.verify_costs.curve(len(lanes)))
-            timing.tree_s += time.perf_counter() - start
+        spec = budget_spec(self.drafter.max_depth, budget, tree_width, self.config.fanout)
+        cost = self.verify_costs.curve(len(lanes)) if sizer is not None else None
+        trees, timing = step_trees(
+            self.drafter,
+            lanes,
+            spec,
+            rounds=draft_rounds,
+            lookup=lookup,
+            draw=acceptance == "draw",
+            sizer=sizer,
+            cost=cost,
+        )
         return trees, timing.round_s, timing.tree_s
 
     def _step(
