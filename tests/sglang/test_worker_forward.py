@@ -34,6 +34,7 @@ from sglang_jetspec.adapter.policy import PolicyControl, policy_path  # noqa: E4
 from sglang_jetspec.adapter.request_state import DraftStateStore  # noqa: E402
 from sglang_jetspec.adapter.tensor_parallel import SingleRank  # noqa: E402
 from sglang_jetspec.adapter.worker_observability import WorkerShadow  # noqa: E402
+from sglang_jetspec.core import tree_drafting as tree_drafting_module  # noqa: E402
 from sglang_jetspec.core.context_pool import SlotContextPool  # noqa: E402
 from sglang_jetspec.core.head_drafter import HeadDrafter  # noqa: E402
 from sglang_jetspec.core.head_io import load_head  # noqa: E402
@@ -574,7 +575,7 @@ def test_a_hybrid_cohort_merges_each_requests_prompt_lookup_and_stays_lossless(
     fresh.policy_control = _one_budget(tmp_path, 16, drafter="hybrid")
     fresh.hybrid = LookupMerge(math.log(0.9), 2, 4, SuffixStore(), SuffixStore())
     merges = []
-    real = worker_module.draft_trees
+    real = tree_drafting_module.draft_trees
 
     def spy(drafter, lanes, spec, rounds=0, lookup=None, draws=None, **kwargs):
         merges.append(lookup)
@@ -582,7 +583,7 @@ def test_a_hybrid_cohort_merges_each_requests_prompt_lookup_and_stays_lossless(
         assert all(lane.committed_ids[-1] == lane.root_token for lane in lanes)
         return real(drafter, lanes, spec, rounds, lookup, draws, **kwargs)
 
-    monkeypatch.setattr(worker_module, "draft_trees", spy)
+    monkeypatch.setattr(tree_drafting_module, "draft_trees", spy)
     encode = lambda text: smollm2.tokenizer(text)["input_ids"]  # noqa: E731
     reqs = [
         FakeReq("r0", encode("1, 2, 3, 4, 1, 2, 3, 4, 1, 2,"), 16, temperature=0.0),
@@ -637,8 +638,8 @@ def test_an_adaptive_cohort_on_a_costly_verify_keeps_the_roots_and_rests_the_hea
         fresh.verify_costs.observe(rows, seconds)
     monkeypatch.setattr(fresh.verify_costs, "observe", lambda rows, seconds: None)  # the curve stays as set
     counts = _verified_node_counts(fresh, monkeypatch)
-    head_steps, real = [], worker_module.draft_trees
-    monkeypatch.setattr(worker_module, "draft_trees", lambda *a, **k: head_steps.append(1) or real(*a, **k))
+    head_steps, real = [], tree_drafting_module.draft_trees
+    monkeypatch.setattr(tree_drafting_module, "draft_trees", lambda *a, **k: head_steps.append(1) or real(*a, **k))
     reqs = [FakeReq("t", smollm2.tokenizer(PROMPTS[1])["input_ids"], 12, temperature=0.0)]
     Scheduler(fresh).run(reqs)
     assert reqs[0].output_ids == _plain_greedy(smollm2, reqs[0].origin_input_ids, 12)
