@@ -1,7 +1,7 @@
 """Every sampling parameter through JETSPEC gives plain SGLang's tokens (fp32, greedy), and one request
 cannot take the server down.
 
-The matrix runs as one batch per server with per-item parameters (four HumanEval prompts x 48 tokens
+The matrix runs as one batch per server with per-item parameters (two HumanEval prompts x 48 tokens
 per penalty setting, short-answer chat prompts for min_new_tokens), so requests of different settings
 share verify steps as they would in production. The negative control (penalties advanced once per
 verify step, SGLang's relaxed way) lives in tests/sglang/test_worker_forward.py and
@@ -24,6 +24,7 @@ MIN_NEW = {
     "min-at-max": dict(min_new_tokens=40, max_new_tokens=40),
 }
 PENALTY_TOKENS = 48
+PENALTY_PROMPTS = 2  # HumanEval prompts per penalty setting
 # answered in a few tokens, so EOS comes early unless min_new_tokens holds it back
 SHORT_QUESTIONS = [
     "What is 2 + 2? Answer with the number only.",
@@ -45,7 +46,7 @@ def _matrix(humaneval_ids, short_chat_ids) -> list[tuple[str, list[int], dict]]:
     items = [
         (name, ids, {"temperature": 0, "max_new_tokens": PENALTY_TOKENS, **params})
         for name, params in PENALTIES.items()
-        for ids in humaneval_ids[:4]
+        for ids in humaneval_ids[:PENALTY_PROMPTS]
     ]
     items += [(name, ids, {"temperature": 0, **params}) for name, params in MIN_NEW.items() for ids in short_chat_ids]
     return items

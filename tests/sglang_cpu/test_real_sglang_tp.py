@@ -2,10 +2,10 @@
 
 The ranks reduce over gloo (launch.TP2_ENV says how and why).
 
-The first test starts a JETSPEC TP=2 server whose rank 1 alters every tree it receives
-(JETSPEC_DEBUG_PERTURB_RANK): it must refuse to go on. Then a plain TP=2 server answers everything the
-others compare with and stops, and one JETSPEC TP=2 server serves the rest: one TP server at a time,
-since each holds two ranks' processes (memory) and both cores."""
+A plain TP=2 server answers everything the tests compare with and stops, then one JETSPEC TP=2 server
+serves the rest: one TP server at a time, since each holds two ranks' processes (memory) and both
+cores. The first test (slow) starts a JETSPEC TP=2 server whose rank 1 alters every tree it receives
+(JETSPEC_DEBUG_PERTURB_RANK): it must refuse to go on."""
 
 from __future__ import annotations
 
@@ -87,7 +87,10 @@ def wait_for_no_draft_state_on_any_rank(url: str, timeout_s: float = 30) -> None
         time.sleep(0.5)
 
 
+@pytest.mark.slow  # the agreement check itself runs in the default suite: tests/test_rank_agreement.py
 def test_a_rank_that_drafts_another_tree_is_refused_before_the_verify(servers, smollm2_dir, humaneval_ids):
+    """The whole server stops when rank 1 alters its trees (a third TP server: minutes on 2 cores). The
+    default suite proves the per-step check over two gloo processes (tests/test_rank_agreement.py)."""
     server = servers.start(
         "jetspec-tp2-desync", jetspec_args(smollm2_dir, *TP2), {**TP2_ENV, "JETSPEC_DEBUG_PERTURB_RANK": "1"}
     )
