@@ -31,7 +31,8 @@ MAX_TREE_WIDTH = 64
 # Longest a pushed table stays in force without a renewal (a controller renews every interval_s)
 MAX_TTL_S = 3600.0
 TreeWidth = Annotated[int, Field(ge=0, le=MAX_TREE_WIDTH)]
-# head: the draft head's tree; hybrid: the same tree with the request's prompt-lookup guess merged in
+# head: the draft head's tree; hybrid: the same tree with looked-up continuations merged in (the request's
+# own tokens, the draft corpus, finished outputs: core/prompt_lookup.py)
 DrafterName = Literal["head", "hybrid"]
 DRAFTERS: tuple[str, ...] = ("head", "hybrid")  # a push sends the index (SGLang admits numbers only)
 # fixed: verify the whole tree; adaptive: only the nodes that pay for themselves (core/tree_sizing.py)
