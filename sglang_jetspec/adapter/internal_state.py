@@ -76,7 +76,7 @@ def after_get_internal_state(result, controller, recv_req):
             {
                 "live_draft_states": worker.live_draft_states(),
                 "policy_table": control.readback(time.time())["table"],
-                "context_valid_slots": worker.context_pool.valid_slots(),  # 0 on ranks that do not draft
+                "context_valid_slots": worker.context_pool_state()["valid_slots"],  # 0 on ranks that do not draft
             }
         )
     return result

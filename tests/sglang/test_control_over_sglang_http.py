@@ -72,7 +72,10 @@ def sglang_server(monkeypatch, admin_key: str | None, api_key: str | None = None
     scheduler = SchedulerInternalStateController(
         SimpleNamespace(
             draft_worker=SimpleNamespace(
-                policy_control=control, live_draft_states=lambda: 0, context_pool_state=lambda: {}, ranks=SingleRank()
+                policy_control=control,
+                live_draft_states=lambda: 0,
+                context_pool_state=lambda: {"slots": 0, "bytes": 0, "valid_slots": 0},
+                ranks=SingleRank(),
             )
         ),
         record_step_time=False,
