@@ -89,7 +89,6 @@ class VerifyStep:
     tree_s: float
     sized: bool  # adaptive sizing cut the trees (it learns from their accepted paths)
     adaptive: bool  # the cohort sizes its trees adaptively (it learns the verify cost from every step)
-    capture_taps: bool = False
     verify_s: float = 0.0
     accept_started: float = 0.0
 
@@ -510,18 +509,18 @@ class JetSpecWorker(BaseSpecWorker):
         # verify path, whose rows compute_spec_logprobs reads.
         decode = num_nodes == 1 and not batch.return_logprob
         # the tap rows feed the head's context, which only the drafting rank keeps
-        step.capture_taps = self.ranks.drafts and any(not lane.blind for lane in lanes)
+        capture_taps = self.ranks.drafts and any(not lane.blind for lane in lanes)
         if decode:
             bind_decode_batch(batch, torch.tensor([lane.root_token for lane in lanes]), device)
         else:
             tensors = build_verify_tensors(trees, step.seq_lens, num_nodes)
             bind_verify_batch(
-                batch, tensors, step.seq_lens, num_nodes, self.mask_layout, device, capture_taps=step.capture_taps
+                batch, tensors, step.seq_lens, num_nodes, self.mask_layout, device, capture_taps=capture_taps
             )
         grammar_mask = step.grammar.mask(trees, num_nodes, device) if step.grammar is not None else None
         t_verify = self._sync(timed)
         step.tree_s += t_verify - t_bind  # the verify tensors and grammar masks are part of building the trees
-        capture = CaptureHiddenMode.FULL if step.capture_taps else CaptureHiddenMode.NULL
+        capture = CaptureHiddenMode.FULL if capture_taps else CaptureHiddenMode.NULL
         result = self._target_worker.forward_batch_generation(
             batch, is_verify=True, capture_hidden_mode=capture if decode else None
         )
