@@ -56,10 +56,10 @@ def test_a_learned_curve_sizes_trees_as_the_same_costs_measured_per_token_would(
     tree = chain([0.95, 0.9, 0.8, 0.6, 0.4, 0.2, 0.1, 0.05])
     learned = size_trees([tree], costs.curve(1), draft_steps=0.2)
     sizer = TreeSizer()  # no cost of its own: each step passes the learned one
-    assert sizer.size([tree], draft_s=0.01, cost=costs.curve(1))[0].size == learned.trees[0].size
+    assert sizer.size([tree], spent_s=0.01, cost=costs.curve(1))[0].size == learned.trees[0].size
     assert 1 < learned.trees[0].size < tree.size
     with pytest.raises(ValueError, match="no verify cost"):
-        TreeSizer().size([tree], draft_s=0.0)
+        TreeSizer().size([tree], spent_s=0.0)
 
 
 def test_a_curve_started_from_a_measurement_is_it_until_timings_correct_it():

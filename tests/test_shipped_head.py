@@ -29,3 +29,9 @@ def test_loads_for_smollm2_with_the_recorded_shape():
     assert head.config.causal_head is True
     assert head.config.to_json_dict()["dflash_config"] == record["head_config"]["dflash_config"]
     assert record["command"].startswith("jetspec train ")
+
+
+def test_config_names_the_targets_depth_not_the_last_tap():
+    config = json.loads((HEAD / "config.json").read_text())
+    assert config["num_target_layers"] == SMOLLM2.num_hidden_layers
+    assert max(config["dflash_config"]["target_layer_ids"]) + 1 < SMOLLM2.num_hidden_layers

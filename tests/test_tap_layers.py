@@ -77,6 +77,14 @@ def test_the_shipped_head_fits_smollm2():
     cfg.check_fits(TargetInfo(hidden_size=576, vocab_size=49152, num_hidden_layers=30, rope_theta=100000.0))
 
 
+def test_a_new_head_config_names_the_targets_depth(smollm2):
+    from sglang_jetspec.reference.loading import untrained_head_config
+
+    written = untrained_head_config(smollm2).to_json_dict()
+    assert written["num_target_layers"] == 30  # SmolLM2-135M's decoder layers, not the last tap + 1
+    assert HeadConfig.from_json_dict(written).to_json_dict()["num_target_layers"] == 30  # survives a round trip
+
+
 def test_reference_target_taps_are_the_outputs_sglang_captures(smollm2, single_thread):
     """Tap t = output of decoder layer t = HF hidden_states[t + 1] = the input SGLang captures before
     layer t + 1; concatenated in the listed (ascending) order."""

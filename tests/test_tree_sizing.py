@@ -14,6 +14,7 @@ from sglang_jetspec.core.tree_sizing import (
     BandedCalibration,
     DraftGate,
     TreeSizer,
+    TreeStepOverhead,
     VerifyCost,
     calibrated_probabilities,
     conditional_probabilities,
@@ -117,6 +118,36 @@ def test_a_step_pays_only_when_it_beats_an_ordinary_step_without_the_draft():
     assert not size_trees([chain([0.01])], cost, draft_steps=0.0).pays  # roots alone at no draft cost: a tie is no gain
 
 
+def test_what_a_tree_costs_after_its_verify_is_charged_to_every_tree_not_to_the_roots():
+    cost = VerifyCost((1, 2, 4), (1.0, 1.2, 1.6), unit_s=0.1)
+    tree = chain([0.9, 0.8])
+    assert size_trees([tree], cost, draft_steps=0.1).trees[0].size == 3  # (1 + 1.7) / (1.4 + 0.1) = 1.8
+    # 1 unit of acceptance and commit per tree step: 2.7 / 2.5 = 1.08 still beats the roots (1 / 1.1)...
+    assert size_trees([tree], cost, draft_steps=0.1, tree_steps=1.0).trees[0].size == 3
+    # ...2 units: 2.7 / 3.5 < 1 / 1.1, the roots alone; and the step did not pay
+    sized = size_trees([tree], cost, draft_steps=0.1, tree_steps=2.0)
+    assert sized.trees[0].size == 1 and not sized.pays
+
+
+def test_a_sizer_learns_the_overhead_of_a_tree_step_over_a_roots_step():
+    overhead = TreeStepOverhead(weight=0.5)
+    overhead.observe(0.004, verified_tree=True)
+    assert overhead.extra_s == 0.0  # no roots-alone step timed yet: nothing charged
+    overhead.observe(0.001, verified_tree=False)
+    assert overhead.extra_s == pytest.approx(0.003)
+    overhead.observe(0.002, verified_tree=True)  # moving average: 0.004 + 0.5 (0.002 - 0.004)
+    assert overhead.extra_s == pytest.approx(0.002)
+    overhead.observe(0.009, verified_tree=False)  # roots dearer than trees: never a negative charge
+    assert overhead.extra_s == 0.0
+    # the sizer charges it in its own unit: 0.02 s over unit 0.1 s = tree_steps 0.2
+    sizer = TreeSizer(VerifyCost((1, 2, 4), (1.0, 1.2, 1.6), unit_s=0.1))
+    sizer.overhead.observe(0.03, verified_tree=True)
+    sizer.overhead.observe(0.01, verified_tree=False)
+    tree = chain([0.5, 0.1])
+    # rates: roots 1 / 1; 2 nodes 1.5 / (1.2 + 0.2) = 1.07; 3 nodes 1.6 / (1.4 + 0.2) = 1.0
+    assert sizer.size([tree], spent_s=0.0)[0].size == 2
+
+
 def test_the_gate_backs_off_while_the_head_loses_and_returns_once_it_pays():
     gate = DraftGate(max_skip=4)
     pattern = []
@@ -182,14 +213,14 @@ def test_each_band_of_draft_probability_learns_its_own_factor():
 
 def test_a_sizer_learns_from_the_nodes_the_target_accepted():
     sizer = TreeSizer(FREE, BandedCalibration(edges=(0.5,), decay=0.0, prior=1.0))
-    sizer.size([chain([0.9, 0.3]), chain([0.4])], draft_s=0.0)
+    sizer.size([chain([0.9, 0.3]), chain([0.4])], spent_s=0.0)
     sizer.observe([[0, 1], [0]])  # lane 0 accepted its r=0.9 node, not the next (r=1/3); lane 1 nothing (r=0.4)
     assert sizer.calibration.factors == pytest.approx([1.0, 0.1])
 
 
 def test_a_node_whose_parent_was_rejected_teaches_nothing():
     sizer = TreeSizer(FREE, BandedCalibration(edges=(0.5,), decay=0.0, prior=1.0))
-    sizer.size([chain([0.9, 0.3])], draft_s=0.0)
+    sizer.size([chain([0.9, 0.3])], spent_s=0.0)
     sizer.observe([[0]])  # the r=0.9 node rejected; its child (r=1/3) was never really tried
     assert sizer.calibration.factors == pytest.approx([0.1, 1.0])
 
@@ -198,9 +229,9 @@ def test_headless_steps_learn_their_own_calibration():
     sizer = TreeSizer(
         FREE, BandedCalibration(decay=0.0, prior=1.0), headless_calibration=BandedCalibration(decay=0.0, prior=1.0)
     )
-    sizer.size([chain([0.9, 0.9])], draft_s=0.0)
+    sizer.size([chain([0.9, 0.9])], spent_s=0.0)
     sizer.observe([[0]])  # the head's two sure nodes: both rejected
-    sizer.size([chain([0.9, 0.81])], draft_s=0.0, drafted=False)
+    sizer.size([chain([0.9, 0.81])], spent_s=0.0, drafted=False)
     sizer.observe([[0, 1, 2]])  # lookup's chain: both accepted
     assert sizer.calibration.factors[0] == 0.1 and sizer.headless_calibration.factors[0] == 1.0
 

@@ -431,6 +431,8 @@ class JetSpecWorker(BaseSpecWorker):
         t_commit = time.perf_counter()
         accept_lens, new_seq_lens = self._commit(batch, step, out, logits_output, committed_lens, on_publish)
         t_end = self._sync(observed)
+        if step.adaptive:  # what a tree costs after its verify forward, charged by the next steps' sizing
+            self.sizer.overhead.observe(t_end - step.accept_started, verified_tree=step.num_nodes > 1)
 
         if observed:
             record = StepRecord(

@@ -215,7 +215,7 @@ def step_trees(
         trees[i] = prune(i, tree) if prune is not None else tree
     if sizer is not None:
         # every lane counts, undrafted ones too: a batched verify pads each to the longest tree
-        trees = sizer.size(trees, timing.draft_s, drafted=head_runs, cost=cost)
+        trees = sizer.size(trees, time.perf_counter() - start, drafted=head_runs, cost=cost)
     timing.tree_s = time.perf_counter() - start - timing.draft_s
     return trees, timing
 

@@ -156,18 +156,21 @@ def size_trees(
     cost: VerifyCost,
     draft_steps: float,
     calibrate: Callable[[torch.Tensor], torch.Tensor] = lambda p: p,
+    tree_steps: float = 0.0,
 ) -> SizedTrees:
     """Every tree cut to its first n nodes (a smaller tree keeps all of its own), n common to the batch
     because a batched verify pads every lane to the longest tree (the reference engine's forward and
     SGLang's verify alike): n maximises expected committed tokens per unit of step cost,
-    (B + sum of the kept nodes' q) / (V(B n) + D). `draft_steps`: D, this step's draft time in one-token
-    forwards (cost.unit_s); `calibrate`: p -> q."""
+    (B + sum of the kept nodes' q) / (V(B n) + D + T [n > 1]). `draft_steps`: D, what the step has spent
+    before sizing (head and tree building) in one-token forwards (cost.unit_s); `tree_steps`: T, what
+    verifying a tree adds outside the verify forward over verifying the roots alone (acceptance and
+    commit of more rows), same unit; `calibrate`: p -> q."""
     lanes = len(trees)
     q = [calibrated_probabilities(tree, calibrate) for tree in trees]
     best_n, best_rate, best_expected, expected = 1, lanes / (cost(lanes) + draft_steps), 0.0, 0.0
     for n in range(2, max(tree.size for tree in trees) + 1):
         expected += sum(lane_q[n - 2] for lane_q in q if len(lane_q) >= n - 1)
-        rate = (lanes + expected) / (cost(lanes * n) + draft_steps)
+        rate = (lanes + expected) / (cost(lanes * n) + draft_steps + tree_steps)
         if rate > best_rate:
             best_n, best_rate, best_expected = n, rate, expected
     pays = best_rate > lanes / cost(lanes)
@@ -198,6 +201,27 @@ class DraftGate:
         self.skip_left = self.backoff
 
 
+class TreeStepOverhead:
+    """Seconds a step spends after its verify forward (acceptance, commit, bookkeeping), learned
+    separately for steps that verified a tree and steps that verified the roots alone (exponential
+    moving averages, new timing weighted `weight`): their difference is what a tree costs beyond its
+    verify rows, which sizing charges to every n > 1 (0 until both kinds of step are timed)."""
+
+    def __init__(self, weight: float = 0.2) -> None:
+        self.weight = weight
+        self.mean_s: dict[bool, float] = {}
+
+    def observe(self, seconds: float, verified_tree: bool) -> None:
+        old = self.mean_s.get(verified_tree)
+        self.mean_s[verified_tree] = seconds if old is None else old + self.weight * (seconds - old)
+
+    @property
+    def extra_s(self) -> float:
+        if len(self.mean_s) < 2:
+            return 0.0
+        return max(0.0, self.mean_s[True] - self.mean_s[False])
+
+
 class TreeSizer:
     """Adaptive sizing for one engine: its target's verify cost, the gate that skips the head while it
     does not pay, and one calibration per kind of step: drafted trees (head, with any lookup guess
@@ -214,19 +238,23 @@ class TreeSizer:
         self.calibration = calibration or BandedCalibration()
         self.headless_calibration = headless_calibration or BandedCalibration()
         self.gate = gate or DraftGate()
+        self.overhead = TreeStepOverhead()
         self._kept: list[DraftTree] = []
         self._last = self.calibration
 
     def size(
-        self, trees: list[DraftTree], draft_s: float, drafted: bool = True, cost: VerifyCost | None = None
+        self, trees: list[DraftTree], spent_s: float, drafted: bool = True, cost: VerifyCost | None = None
     ) -> list[DraftTree]:
-        """The trees cut to what pays; `drafted`: the head ran for them (only such steps teach the gate);
-        `cost`: this step's verify cost when it is learned while serving (else the sizer's own)."""
+        """The trees cut to what pays; `spent_s`: the step's seconds so far (head and tree building);
+        `drafted`: the head ran for them (only such steps teach the gate); `cost`: this step's verify
+        cost when it is learned while serving (else the sizer's own)."""
         cost = cost or self.cost
         if cost is None:
             raise ValueError("no verify cost: build the TreeSizer with one or pass this step's")
         self._last = self.calibration if drafted else self.headless_calibration
-        sized = size_trees(trees, cost, draft_s / cost.unit_s, self._last.scale)
+        sized = size_trees(
+            trees, cost, spent_s / cost.unit_s, self._last.scale, tree_steps=self.overhead.extra_s / cost.unit_s
+        )
         self._kept = sized.trees
         if drafted:
             self.gate.observe(sized.pays)

@@ -300,6 +300,8 @@ class ReferenceEngine:
         t_commit = time.perf_counter()
         committed = self._commit(cache, lanes, results, out.taps)
         t_end = time.perf_counter()
+        if sizer is not None:
+            sizer.overhead.observe(t_end - t_accept, verified_tree=any(tree.size > 1 for tree in trees))
         record = StepRecord(
             batch_size=len(lanes),
             budget=budget,

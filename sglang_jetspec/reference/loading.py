@@ -69,6 +69,8 @@ def untrained_head_config(target: TargetModel, layers: int = 1, block_size: int 
         mask_token_id=target.tokenizer.pad_token_id or 0,
         rope_theta=target.info.rope_theta,
         rms_norm_eps=cfg.rms_norm_eps,
+        # the target's depth, not max(tap) + 1: a published-layout consumer reads it as the target's
+        extra={"num_target_layers": cfg.num_hidden_layers},
     )
 
 

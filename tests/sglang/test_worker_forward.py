@@ -628,6 +628,8 @@ def test_an_adaptive_cohort_times_both_ends_of_its_verify_cost_then_sizes_and_st
     # an ordinary step, then the full tree, then what the learned curve says pays (never more than the budget)
     assert counts[:2] == [1, 16] and max(counts[2:]) <= 16
     assert fresh.verify_costs.rows[0] == 1 and 16 in fresh.verify_costs.rows and fresh.verify_costs.probe(1, 16) is None
+    # both kinds of step timed after their verify: what a tree costs beyond the roots is charged from then on
+    assert set(fresh.sizer.overhead.mean_s) == {True, False} and fresh.sizer.overhead.extra_s >= 0
 
 
 def test_an_adaptive_cohort_on_a_costly_verify_keeps_the_roots_and_rests_the_head(
