@@ -51,9 +51,9 @@ SCENARIOS = {
         ),
         Scenario(
             "speculation-hurts",
-            "large batches (16-24, budget 8 by default) with low acceptance: speculation only costs",
+            "batches of 8-12 (budget 8 by default) with low acceptance: speculation only costs",
             2 * 3600.0,
-            (Phase(0.0, {16: 0.5, 24: 0.5}, LOW_ACCEPTANCE),),
+            (Phase(0.0, {8: 0.5, 12: 0.5}, LOW_ACCEPTANCE),),
             frozenset({GOODPUT, GATE_OFF}),
         ),
         Scenario(

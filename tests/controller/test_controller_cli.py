@@ -190,7 +190,7 @@ def test_simulate_writes_json_and_plot(tmp_path, capsys):
     assert run["scenario"] == "speculation-hurts" and run["score"]["passed"] is True
     intervals = run["intervals"]
     assert len(intervals) == 720 and intervals[0]["t"] == 0.0
-    first, last = intervals[0]["cohorts"]["bs7-24"], intervals[-1]["cohorts"]["bs7-24"]
+    first, last = intervals[0]["cohorts"]["bs7-12"], intervals[-1]["cohorts"]["bs7-12"]
     assert first["budget"] == 8 and last["budget"] == 0
     assert set(first) == {"budget", "probe_budget", "source", "request_seconds", "goodput", "gain", "best_gain"}
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out_png.stat().st_size > 20_000

@@ -70,7 +70,7 @@ def test_stationary_load_does_not_flap(scores):
     for cohort in scores["stationary"].cohorts:
         assert cohort.switches_per_hour <= 2.0, cohort
     best = {c.cohort: c.best_static_budget for c in scores["stationary"].cohorts}
-    assert best == {"bs1": 32, "bs2-6": 16, "bs7-24": 0, "bs25-256": 0}
+    assert best == {"bs1": 32, "bs2-6": 16, "bs7-12": 0, "bs25-256": 0}
 
 
 def test_speculation_that_hurts_is_gated_off_quickly_and_cheaply(scores):
