@@ -34,10 +34,16 @@ REFERENCE_RUNS = {
     "speed/bf16-humaneval-164-t1-draw-adaptive.json": "T = 1, drawn children: the newest all-164 run",
     "sglang_cpu/reference-humaneval-100-108-fp32.json": "the reference engine on the SGLang sweep's first 8 prompts",
     "sglang_cpu/reference-chat-0-8-fp32.json": "the same for the chat sweep (same machine and session)",
+    "sglang_cpu/reference-humaneval-100-108-bf16.json": "the reference engine on the bf16 code sweep's first 8 prompts",
+    "sglang_cpu/reference-chat-0-8-bf16.json": "the same for the bf16 chat sweep (same machine and session)",
 }
 
 # bench/sglang_cpu_compare.py runs (real SGLang on CPU): the shipped policy, each the newest of its workload.
 SGLANG_CPU_RUNS = {
+    "sglang_cpu/defaults-humaneval-100-164-bf16.json": "the shipped policy's concurrency sweep on code, bf16",
+    "sglang_cpu/defaults-chat-bf16.json": "the shipped policy's concurrency sweep on chat, bf16",
+    "sglang_cpu/shared-prefix-radix-bf16.json": "a shared system prompt, with and without the radix cache, bf16",
+    "structured/json-tools-bf16.json": "JSON-schema constrained tool calls, bf16",
     "sglang_cpu/defaults-humaneval-100-164-fp32.json": "the shipped policy's concurrency sweep on code",
     "sglang_cpu/defaults-chat-fp32.json": "the shipped policy's concurrency sweep on chat",
     "sglang_cpu/shared-prefix-radix-fp32.json": "a shared system prompt, with and without the radix cache",
@@ -45,8 +51,8 @@ SGLANG_CPU_RUNS = {
     "structured/json-tools-fp32.json": "JSON-schema constrained tool calls",
     "structured/chat-fp32.json": "free-text chat in the same setup as the tool calls",
 }
-# The runs among them that sweep concurrency, plotted against it.
-CONCURRENCY_SWEEPS = ("sglang_cpu/defaults-humaneval-100-164-fp32.json", "sglang_cpu/defaults-chat-fp32.json")
+# The runs among them that sweep concurrency, plotted against it (one machine and dtype: the panel's title).
+CONCURRENCY_SWEEPS = ("sglang_cpu/defaults-humaneval-100-164-bf16.json", "sglang_cpu/defaults-chat-bf16.json")
 
 # bench/gpu/sglang_compare.py runs (one JSON per device call) and the dtype each is current for.
 GPU_RUNS = {

@@ -71,13 +71,13 @@ def harness_curve(
     args = server_args("jetspec", model, dtype, 1, 8, 31177) + ["--admin-api-key", ADMIN_KEY]
     server = launch(args, log_dir / "verify-cost.log", {"OMP_NUM_THREADS": "2", "JETSPEC_POLICY": str(policy)})
     try:
-        generate(server.url, prompts[0][:8], 4)  # warm-up
+        generate(server.url, (prompts[0][:8], {}), 4)  # warm-up: free text (no constraint)
         out = {}
         for budget in BUDGETS:
             push_budget(server.url, budget)
             before = counters(server.url)
             for ids in prompts:
-                generate(server.url, ids, max_new)
+                generate(server.url, (ids, {}), max_new)
             after = counters(server.url)
             d = {name: after.get((name, str(budget)), 0.0) - before.get((name, str(budget)), 0.0) for name in COUNTERS}
             steps = d["jetspec_steps_total"]
