@@ -108,3 +108,36 @@ def test_bad_radix_and_prefix_flags_name_the_flag(compare, argv, message, capsys
     with pytest.raises(SystemExit):
         compare.main([*argv, "--json", str(tmp_path / "x.json"), "--markdown", str(tmp_path / "x.md")])
     assert message in capsys.readouterr().err
+
+
+def test_the_verify_cost_bench_sends_each_prompt_as_the_compare_bench_does(tmp_path, monkeypatch):
+    """bench/sglang_cpu_verify_cost.py drives a server through the compare bench's `generate`, whose prompts
+    are (ids, constraint) pairs: a bare id list broke it once without any test noticing."""
+    spec = importlib.util.spec_from_file_location("sglang_cpu_verify_cost", BENCH / "sglang_cpu_verify_cost.py")
+    vc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(vc)
+    compare = sys.modules["sglang_cpu_compare"]
+    sent, steps = [], {"n": 0}
+
+    def fake_post(url, body, *args, **kwargs):
+        sent.append(body)
+        steps["n"] += 1
+        return json.dumps({"output_ids": [1] * body["sampling_params"]["max_new_tokens"]})
+
+    class FakeServer:
+        url = "http://127.0.0.1:9"
+
+        def stop(self):
+            return 0
+
+    def fake_counters(url):
+        n = float(steps["n"])  # one step per request, 10 ms and 3 nodes each, credited to every budget
+        return {(name, str(b)): n * k for b in vc.BUDGETS for name, k in zip(vc.COUNTERS, (0.01, 1.0, 3.0))}
+
+    monkeypatch.setattr(compare, "_post", fake_post)
+    monkeypatch.setattr(vc, "launch", lambda *a, **k: FakeServer())
+    monkeypatch.setattr(vc, "push_budget", lambda url, budget: None)
+    monkeypatch.setattr(vc, "counters", fake_counters)
+    curve = vc.harness_curve("model", "bfloat16", [[5, 6, 7], [8, 9]], 4, tmp_path)
+    assert curve == {b: (pytest.approx(10.0), pytest.approx(3.0)) for b in vc.BUDGETS}
+    assert sent[1]["input_ids"] == [5, 6, 7] and sent[1]["sampling_params"] == {"temperature": 0, "max_new_tokens": 4}
