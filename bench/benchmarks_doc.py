@@ -44,6 +44,8 @@ SGLANG_CPU_RUNS = {
     "sglang_cpu/defaults-chat-bf16.json": "the shipped policy's concurrency sweep on chat, bf16",
     "sglang_cpu/shared-prefix-radix-bf16.json": "a shared system prompt, with and without the radix cache, bf16",
     "structured/json-tools-bf16.json": "JSON-schema constrained tool calls, bf16",
+    "sglang_cpu/defaults-humaneval-100-164-fp32-xeon.json": "the code sweep in fp32 on the Intel Xeon: exactness",
+    "sglang_cpu/defaults-chat-fp32-xeon.json": "the chat sweep in fp32 on the Intel Xeon: exactness",
     "sglang_cpu/defaults-humaneval-100-164-fp32.json": "the shipped policy's concurrency sweep on code",
     "sglang_cpu/defaults-chat-fp32.json": "the shipped policy's concurrency sweep on chat",
     "sglang_cpu/shared-prefix-radix-fp32.json": "a shared system prompt, with and without the radix cache",
