@@ -130,7 +130,7 @@ def test_what_a_tree_costs_after_its_verify_is_charged_to_every_tree_not_to_the_
 
 
 def test_a_sizer_learns_the_overhead_of_a_tree_step_over_a_roots_step():
-    overhead = TreeStepOverhead(weight=0.5)
+    overhead = TreeStepOverhead(decay=0.5)
     overhead.observe(0.004, verified_tree=True)
     assert overhead.extra_s == 0.0  # no roots-alone step timed yet: nothing charged
     overhead.observe(0.001, verified_tree=False)

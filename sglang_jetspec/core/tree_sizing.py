@@ -204,16 +204,17 @@ class DraftGate:
 class TreeStepOverhead:
     """Seconds a step spends after its verify forward (acceptance, commit, bookkeeping), learned
     separately for steps that verified a tree and steps that verified the roots alone (exponential
-    moving averages, new timing weighted `weight`): their difference is what a tree costs beyond its
-    verify rows, which sizing charges to every n > 1 (0 until both kinds of step are timed)."""
+    moving averages, `decay` the weight of the older average, as LearnedVerifyCost's): their difference
+    is what a tree costs beyond its verify rows, which sizing charges to every n > 1 (0 until both kinds
+    of step are timed)."""
 
-    def __init__(self, weight: float = 0.2) -> None:
-        self.weight = weight
+    def __init__(self, decay: float = 0.8) -> None:
+        self.decay = decay
         self.mean_s: dict[bool, float] = {}
 
     def observe(self, seconds: float, verified_tree: bool) -> None:
         old = self.mean_s.get(verified_tree)
-        self.mean_s[verified_tree] = seconds if old is None else old + self.weight * (seconds - old)
+        self.mean_s[verified_tree] = seconds if old is None else self.decay * old + (1 - self.decay) * seconds
 
     @property
     def extra_s(self) -> float:
