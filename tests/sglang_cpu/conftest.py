@@ -16,6 +16,13 @@ import pytest
 from e2e_client import ADMIN_KEY, MAX_NEW, NUM_PROMPTS, POLICY_YAML, jetspec_args, server_args, until_eos
 from launch import LaunchedServer, launch
 
+# A test session keeps several servers and the test process on 2 cores: OpenMP threads that spin after
+# each parallel region would take the cores from the others, so they sleep. Benchmarks run one server
+# alone and keep OpenMP's default (spin briefly, then sleep): sleeping at once made a decode forward
+# ~1.4x and a verify over 64 nodes ~2x slower (bench/results/sglang_cpu/verify-cost-bf16-omp-passive.md
+# beside verify-cost-bf16.md).
+TEST_SERVER_ENV = {"OMP_NUM_THREADS": "2", "OMP_WAIT_POLICY": "PASSIVE"}
+
 
 @pytest.fixture(scope="session")
 def tokenizer(smollm2_dir):
@@ -84,7 +91,7 @@ class Servers:
         self.logs, self.running = logs, []
 
     def start(self, name: str, args: list[str], env: dict | None = None) -> LaunchedServer:
-        server = launch(args, self.logs / f"{name}.log", {"OMP_NUM_THREADS": "2", **(env or {})})
+        server = launch(args, self.logs / f"{name}.log", {**TEST_SERVER_ENV, **(env or {})})
         self.running.append(server)
         return server
 

@@ -44,9 +44,6 @@ def standin_env(base: dict | None = None) -> dict:
     """`base` (default os.environ) plus what SGLang's CPU path needs to run on the stand-in."""
     env = dict(os.environ if base is None else base)
     env.update(STANDIN_ENV)
-    # OpenMP threads that spin after each parallel region would take the cores from the other servers
-    # and processes of a test session; sleeping costs a single server nothing measurable
-    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     env["PYTHONPATH"] = os.pathsep.join([str(STUB), *filter(None, [env.get("PYTHONPATH")])])
     return env
 

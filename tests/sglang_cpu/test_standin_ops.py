@@ -218,6 +218,63 @@ def test_extend_sliding_window_sinks_and_non_causal_match_reference(sk):
     assert torch.allclose(got.double(), _reference_extend(d, 0.25, causal=False), atol=1e-5)
 
 
+def test_extend_layers_of_one_forward_share_its_layout_and_the_next_forward_rebuilds_it(sk):
+    """Layers of a forward pass the same metadata objects with their own KV buffers: the layout built by
+    the first layer serves the others. The next forward may mutate those objects in place; it starts at
+    a buffer already seen (layer 0), so it rebuilds and matches the reference for its own metadata."""
+    gen = torch.Generator().manual_seed(6)
+    d = _paged_batch(gen, seq_lens=[9, 5, 20], ext_lens=[4, 5, 1])
+    layers = [(d["k_buf"].clone(), d["v_buf"].clone()) for _ in range(3)]
+    layers[1][0].mul_(2.0)  # a different layer's cache: the same layout, other values
+
+    def forward():
+        outs = []
+        for k_buf, v_buf in layers:
+            o = torch.full((d["q"].shape[0], d["q"].shape[1], d["v_ext"].shape[2]), float("nan"))
+            torch.ops.sgl_kernel.extend_attention_cpu(
+                d["q"],
+                d["k_ext"],
+                d["v_ext"],
+                o,
+                k_buf,
+                v_buf,
+                1.0,
+                1.0,
+                d["req_to_token"],
+                d["req_pool_indices"],
+                d["seq_lens"],
+                d["ext_lens"],
+                d["starts"],
+                int(d["ext_lens"].max()),
+                0.2,
+                0.0,
+                False,
+                0,
+                None,
+                None,
+                None,
+                True,
+            )
+            outs.append(o)
+        return outs
+
+    def want(layer):
+        return _reference_extend({**d, "k_buf": layers[layer][0], "v_buf": layers[layer][1]}, 0.2)
+
+    first = forward()
+    for layer in range(3):
+        assert torch.allclose(first[layer].double(), want(layer), atol=1e-5)
+    assert not torch.allclose(first[0], first[1], atol=1e-3)  # each layer read its own cache
+    # the next forward: one more prefix token for request 0, the metadata tensors changed in place
+    row = d["req_to_token"][d["req_pool_indices"][0]]
+    row[9] = 250
+    d["seq_lens"][0] += 1
+    second = forward()
+    for layer in range(3):
+        assert torch.allclose(second[layer].double(), want(layer), atol=1e-5)
+    assert not torch.allclose(second[0][:4], first[0][:4], atol=1e-4)
+
+
 def test_extend_refuses_what_it_does_not_implement(sk):
     gen = torch.Generator().manual_seed(4)
     d = _paged_batch(gen, seq_lens=[6, 7], ext_lens=[3, 4])
