@@ -48,3 +48,28 @@ def test_seeded_sampling_is_reproducible_per_request():
     a = accept_step(trees, logits, 10, params, [make_generator(3), make_generator(4)])
     b = accept_step(trees, logits, 10, params, [make_generator(3), make_generator(4)])
     assert torch.equal(a.tokens, b.tokens) and torch.equal(a.accept_lens, b.accept_lens)
+
+
+def test_greedy_roots_alone_lay_out_what_the_general_walk_does(monkeypatch):
+    """A gated-off step (every tree its root, every request greedy) takes a vectorised path; its outputs
+    are field for field the general walk's, ties included (the first maximum wins)."""
+    from sglang_jetspec.adapter import step_outputs
+    from sglang_jetspec.core.tree import root_only_tree
+
+    gen = torch.Generator().manual_seed(7)
+    trees = [root_only_tree(t) for t in (3, 9, 4, 11)]
+    logits = torch.randn(4, 40, generator=gen)
+    logits[2, 5] = logits[2, 17] = logits[2].max() + 1.0  # a tie: token 5 wins
+    fast = accept_step(trees, logits, 1, [SamplingParams()] * 4, [make_generator(0)] * 4)
+    general = step_outputs.accept_batch(trees, logits.view(4, 1, -1), [SamplingParams()] * 4, [None] * 4)
+    assert [r.tokens for r in fast.results] == [r.tokens for r in general] == [[t] for t in logits.argmax(-1).tolist()]
+    assert fast.tokens[2, 0] == 5 and fast.stride == 1
+    assert fast.accept_lens.tolist() == [1] * 4 and fast.accept_index.tolist() == [[0], [1], [2], [3]]
+    assert fast.predict.tolist() == logits.argmax(-1).tolist() and fast.row_counts == [1] * 4
+    assert fast.bonus_tokens.tolist() == fast.tokens[:, 0].tolist() and fast.row_index.tolist() == [0, 1, 2, 3]
+    # a sampled request in the batch keeps the general walk (its draw comes from its own generator)
+    sampled = [SamplingParams(), SamplingParams(temperature=1.0, seed=1), SamplingParams(), SamplingParams()]
+    calls = []
+    monkeypatch.setattr(step_outputs, "_greedy_roots", lambda *a: calls.append(a))
+    accept_step(trees, logits, 1, sampled, [make_generator(i) for i in range(4)])
+    assert calls == []
