@@ -66,9 +66,16 @@ def test_a_cohort_the_yaml_default_gates_off_does_no_draft_work_and_keeps_no_con
 ):
     url = controls_server.url
     prompt = humaneval_ids[2]
+
+    def draft_s_and_off_steps() -> tuple[float, float]:  # the server's totals: other tests' requests count too
+        steps = samples(url, "jetspec_steps_total").items()
+        return sum(samples(url, "jetspec_draft_seconds_total").values()), sum(
+            v for labels, v in steps if dict(labels)["budget"] == "0"
+        )
+
+    before = draft_s_and_off_steps()
     state, reply = _state_during(url, prompt, MAX_NEW)
-    draft_s = sum(samples(url, "jetspec_draft_seconds_total").values())
-    off_steps = sum(v for labels, v in samples(url, "jetspec_steps_total").items() if dict(labels)["budget"] == "0")
+    draft_s, off_steps = (after - earlier for after, earlier in zip(draft_s_and_off_steps(), before))
     # mid-decode the pool holds the prompt's context (the prefill writes it before a step plan is
     # known) and nothing of the decoded tokens: their steps kept none
     assert state["jetspec_live_draft_states"] == 1 and state["jetspec_context_pool"]["valid_slots"] == len(prompt)
