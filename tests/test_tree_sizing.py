@@ -8,7 +8,7 @@ import torch
 from sglang_jetspec.core.prompt_lookup import LookupMerge
 from sglang_jetspec.core.sampling import SamplingParams
 from sglang_jetspec.core.tree import DraftTree, TreeSpec, build_tree
-from sglang_jetspec.core.tree_drafting import headless_trees
+from sglang_jetspec.core.tree_drafting import FORCED_LOGPROB, headless_trees
 from sglang_jetspec.core.tree_sizing import (
     AcceptCalibration,
     BandedCalibration,
@@ -178,6 +178,23 @@ def test_headless_trees_are_the_lookup_guess_as_a_scored_chain_within_the_budget
     assert guessed.cum_logprobs.exp().tolist() == pytest.approx([1.0, 0.5 * 0.9, (0.5 * 0.9) ** 2])
     assert unmatched.tokens.tolist() == [3]
     assert [t.tokens.tolist() for t in headless_trees(lanes, spec, None)] == [[6], [3]]
+
+
+def test_forced_tokens_join_as_a_trusted_chain_with_or_without_lookup():
+    """A lane's forced tokens (a grammar's) are a chain from its root at FORCED_LOGPROB per token, merged
+    with what lookup guesses; a lane without any keeps what it had."""
+    lanes = [Committed([5, 6, 7, 8, 9, 5, 6]), Committed([1, 2, 3])]
+    spec = TreeSpec(budget=4, max_depth=15, width=4)
+    alone, chained = headless_trees(lanes, spec, None, forced=[[], [40, 41, 42, 43]])
+    assert alone.tokens.tolist() == [6]  # no lookup and nothing forced: the root alone
+    assert chained.tokens.tolist() == [3, 40, 41, 42] and chained.parents.tolist() == [-1, 0, 1, 2]
+    assert chained.cum_logprobs.tolist() == pytest.approx([0.0, *(FORCED_LOGPROB * d for d in (1, 2, 3))])
+    # beside a looked-up chain (7 8 9 ...: "5 6" recurred): where both guess 7 the evidence combines
+    # (noisy-or); below it the forced 30 outranks lookup's 8
+    merge = LookupMerge(logprob=math.log(0.5))
+    (both,) = headless_trees(lanes[:1], spec, merge, forced=[[7, 30]])
+    assert both.tokens.tolist() == [6, 7, 30, 8] and both.parents.tolist() == [-1, 0, 1, 1]
+    assert both.cum_logprobs[1].exp() == pytest.approx(1 - (1 - 0.9) * (1 - 0.5 * 0.9))
 
 
 def test_truncate_keeps_a_prefix():

@@ -11,6 +11,9 @@ is wasted):
   with its subtree, so the verify never pays for it (a tree with drawn children keeps every node: its
   acceptance reads the draw order, and a forbidden node is rejected there with probability 1);
 - after the verify, the kept nodes' rows mask the logits before acceptance, greedy and sampled alike.
+Where the grammar forces the next characters (a key of the schema, the rest of an enum value: what
+SGLang's jump-forward would insert), their tokens join the draft as a chain (`forced_tokens`); the
+walk prunes any the grammar does not take, so a forced chain never costs acceptance anything.
 After acceptance SGLang's result processor advances the matcher over the committed tokens and cuts
 them at the grammar's end, exactly as for its own speculative workers.
 A batch without a constrained request builds nothing here.
@@ -81,6 +84,20 @@ class TreeGrammar:
         row = grammar.allocate_vocab_mask(vocab_size=self.vocab_size, batch_size=1, device="cpu")
         grammar.fill_vocab_mask(row, 0)
         return unpacked(row[0], self.vocab_size)
+
+    def forced_tokens(self, lane: int, tokenizer) -> list[int]:
+        """The tokens of the text lane's grammar forces next (its jump-forward string, as the tokenizer
+        spells it on its own); [] for free text, a finished grammar, or nothing forced."""
+        grammar = self.grammars[lane]
+        if grammar is None or tokenizer is None or grammar.is_terminated():
+            return []
+        helper = grammar.try_jump_forward(tokenizer)
+        if helper is None:
+            return []
+        text, _ = grammar.jump_forward_str_state(helper)
+        # the last token stops where the forced text stops; the target spells across that boundary
+        # (`city"` then `:` comes out as `city` `":`), so only the tokens before it are sure
+        return tokenizer.encode(text, add_special_tokens=False)[:-1] if text else []
 
     def _walk(self, lane: int, tree: DraftTree) -> torch.Tensor:
         grammar = self.grammars[lane]

@@ -103,6 +103,8 @@ class JetSpecWorker(BaseSpecWorker):
         self._target_worker = target_worker
         self._draft_worker = None  # no draft TpModelWorker: the head runs in PyTorch beside the target
         self.model_runner = target_worker.model_runner  # NGRAMWorker exposes the target's runner the same way
+        # spells the text a request's grammar forces next (None under --skip-tokenizer-init: nothing forced)
+        self.tokenizer = target_worker.tokenizer
         self.device = get_device().device
         self.mask_layout = tree_mask_layout(verify_attention_backend(cfg)[1])  # validated: a tree-mask backend
         # Read by SGLang's metrics reporter (sglang:spec_num_steps / spec_num_draft_tokens) and
@@ -348,6 +350,7 @@ class JetSpecWorker(BaseSpecWorker):
             cost=self.verify_costs.curve(len(lanes)) if sizing else None,
             drafting=drafting,
             root_allowed=[grammar.root_allowed(b) for b in drafting] if grammar is not None else None,
+            forced=[grammar.forced_tokens(b, self.tokenizer) for b in drafting] if grammar is not None else None,
             prune=grammar.prune if grammar is not None else None,
         )
         return trees, timing.draft_s, timing.tree_s, sizing

@@ -7,8 +7,9 @@ conditioned distribution depends only on the path), and rebuilds each tree best-
 same budget, so nodes whose parents were evaluated are scored by their real branch. With a
 `LookupMerge` (the hybrid drafter), each request's looked-up guesses (prompt lookup's chain, the
 suffix stores' paths) join its tree as conditioned candidates along their paths
-(core/prompt_lookup.py). The reference engine, `jetspec replay` and the SGLang worker all draft
-through this module.
+(core/prompt_lookup.py). A lane may also bring tokens it knows come next (a constrained request's
+grammar forcing them): they join the same way, as a chain trusted at FORCED_LOGPROB. The reference
+engine, `jetspec replay` and the SGLang worker all draft through this module.
 """
 
 from __future__ import annotations
@@ -21,9 +22,29 @@ from typing import Protocol
 import torch
 
 from .drawn_children import draw_children, proposals_from_logits
-from .prompt_lookup import Guesses, LookupMerge, lookup_guesses, merge_guesses, with_guesses
+from .prompt_lookup import (
+    Guesses,
+    LookupMerge,
+    chain_guesses,
+    combine_guesses,
+    lookup_guesses,
+    merge_guesses,
+    with_guesses,
+)
 from .tree import Candidates, DraftTree, TreeSpec, build_tree, candidate_lists, root_only_tree, top_k_per_depth
 from .tree_sizing import TreeSizer, VerifyCost
+
+# A forced token is what the grammar allows there, spelled as the tokenizer spells the forced text: the
+# target may still spell it otherwise (another split of the same text), so it is trusted below certainty.
+FORCED_LOGPROB = math.log(0.9)
+
+
+def lane_guesses(lane, spec: TreeSpec, lookup: LookupMerge | None, forced: list[int] | None) -> Guesses:
+    """A lane's guesses: its looked-up ones (hybrid drafter) and the chain of tokens it knows come next."""
+    guesses = lookup_guesses(lane.committed_ids, spec, lookup) if lookup else {}
+    if forced:
+        combine_guesses(guesses, chain_guesses(forced[: spec.max_depth], FORCED_LOGPROB))
+    return guesses
 
 
 class TreeDrafter(Protocol):
@@ -102,18 +123,21 @@ def refine(drafter: TreeDrafter, lanes: list, drafts: list[TreeDraft]) -> tuple[
     return t1 - t0, time.perf_counter() - t1
 
 
-def headless_trees(lanes: list, spec: TreeSpec, lookup: LookupMerge | None) -> list[DraftTree]:
-    """Each lane's tree on a step the head sits out: the best-first tree of its looked-up guesses alone
-    (within the budget), or the root alone."""
-    if lookup is None:
-        return [root_only_tree(lane.root_token) for lane in lanes]
+def headless_trees(
+    lanes: list, spec: TreeSpec, lookup: LookupMerge | None, forced: list[list[int]] | None = None
+) -> list[DraftTree]:
+    """Each lane's tree on a step the head sits out: the best-first tree of its guesses alone (within the
+    budget), or the root alone."""
     no_head = torch.zeros(spec.max_depth, 0)  # no marginal candidates at any depth
-    return [
-        TreeDraft(
-            lane.root_token, no_head.long(), no_head, spec, guesses=lookup_guesses(lane.committed_ids, spec, lookup)
-        ).tree
-        for lane in lanes
-    ]
+    trees = []
+    for lane, known in zip(lanes, forced or [[]] * len(lanes)):
+        guesses = lane_guesses(lane, spec, lookup, known)
+        trees.append(
+            TreeDraft(lane.root_token, no_head.long(), no_head, spec, guesses=guesses).tree
+            if guesses
+            else root_only_tree(lane.root_token)
+        )
+    return trees
 
 
 Draw = tuple[float, torch.Generator]  # a sampled request's temperature and random stream
@@ -127,13 +151,15 @@ def draft_trees(
     lookup: LookupMerge | None = None,
     draws: list[Draw | None] | None = None,
     root_allowed: list[torch.Tensor | None] | None = None,
+    forced: list[list[int]] | None = None,
 ) -> tuple[list[DraftTree], DraftTiming]:
     """Every lane's tree after the marginal pass and `rounds` tree-causal rounds (0 = marginal only),
     with each lane's prompt-lookup guess merged in when `lookup` is given (the hybrid drafter). With
     `draws`, the marginal children of each lane that has one are drawn from the head's distribution at
     its temperature (core/drawn_children.py; marginal trees only: rounds must be 0). `root_allowed`
     ([V] bool over target ids per lane, None = all): the only tokens a lane's root may have as children
-    (a constrained request's grammar), so its first-depth candidates are all possible."""
+    (a constrained request's grammar), so its first-depth candidates are all possible. `forced` (per
+    lane, may be empty): tokens the lane knows come next, merged as a chain."""
     if draws is not None and rounds:
         raise ValueError(f"draws with draft rounds {rounds}: drawn children need the marginal tree (rounds 0)")
     t0 = time.perf_counter()
@@ -151,13 +177,14 @@ def draft_trees(
     # copy per request would stall a GPU once per request
     tokens, logprobs = (t.cpu() for t in top_k_per_depth(depth_logits, spec.width, vocab))
     # lanes need committed_ids only when something is looked up
+    forced = forced or [[]] * len(lanes)
     drafts = [
         TreeDraft(
             lane.root_token,
             tokens[b],
             logprobs[b],
             spec,
-            guesses=lookup_guesses(lane.committed_ids, spec, lookup) if lookup else {},
+            guesses=lane_guesses(lane, spec, lookup, forced[b]),
             vocab=vocab,
         )
         for b, lane in enumerate(lanes)
@@ -193,12 +220,14 @@ def step_trees(
     cost: VerifyCost | None = None,
     drafting: list[int] | None = None,
     root_allowed: list[torch.Tensor | None] | None = None,
+    forced: list[list[int]] | None = None,
     prune=None,
 ) -> tuple[list[DraftTree], DraftTiming]:
     """One step's tree per lane, as both engines plan it. The head drafts the `drafting` lanes (all by
     default; the others keep their root alone), or, when `sizer`'s draft gate finds the head has not
     been paying, their looked-up trees stand alone (headless_trees). `draw`: sampled lanes draw their
-    marginal children (sampled_draws). `prune(i, tree)` then cuts lane i's drafted tree (its grammar),
+    marginal children (sampled_draws). `root_allowed` and `forced` are per drafting lane (draft_trees).
+    `prune(i, tree)` then cuts lane i's drafted tree (its grammar),
     and `sizer` cuts every lane's tree to what pays against `cost`. The timing's tree seconds are all
     but the head's."""
     start = time.perf_counter()
@@ -207,9 +236,11 @@ def step_trees(
     head_runs = sizer is None or sizer.gate.should_draft()
     if head_runs:
         draws = sampled_draws(drafting_lanes, draw, rounds)
-        drafted, timing = draft_trees(drafter, drafting_lanes, spec, rounds, lookup, draws, root_allowed=root_allowed)
+        drafted, timing = draft_trees(
+            drafter, drafting_lanes, spec, rounds, lookup, draws, root_allowed=root_allowed, forced=forced
+        )
     else:
-        drafted, timing = headless_trees(drafting_lanes, spec, lookup), DraftTiming([], 0.0)
+        drafted, timing = headless_trees(drafting_lanes, spec, lookup, forced), DraftTiming([], 0.0)
     trees = [root_only_tree(lane.root_token) for lane in lanes]
     for i, tree in zip(drafting, drafted):
         trees[i] = prune(i, tree) if prune is not None else tree

@@ -162,3 +162,28 @@ def test_allowed_by_parent_reads_the_parents_row_bit():
     assert allowed_by_parent(rows, tree) == [True, True, True]
     tree.tokens[2] = 6
     assert allowed_by_parent(rows, tree) == [True, True, False]
+
+
+def test_forced_tokens_spell_what_the_grammar_forces_and_the_matcher_takes_them(backend, smollm2):
+    """After `{"na` the schema forces the rest of the key (`me"`): its tokens but the last (the target
+    may spell across the end of the forced text) are what the grammar takes next, one by one, and the
+    matcher ends where it started. Free text and a grammar with a free choice next force nothing."""
+    tokenizer = smollm2.tokenizer
+    grammar = backend.dispatch_json(SCHEMA)
+    for token in tokenizer('{"na', add_special_tokens=False)["input_ids"]:
+        grammar.accept_token(token)
+    before = list(grammar.accepted_tokens)
+    tg = TreeGrammar([None, grammar], backend.vocab_size)
+    forced = tg.forced_tokens(1, tokenizer)
+    text, _ = grammar.jump_forward_str_state(grammar.try_jump_forward(tokenizer))
+    assert text.startswith('me"') and forced == tokenizer.encode(text, add_special_tokens=False)[:-1]
+    assert forced and grammar.accepted_tokens == before
+    for token in forced:  # every forced token is one the grammar takes at its place
+        grammar.accept_token(token)
+    grammar.rollback(len(forced))
+    assert tg.forced_tokens(0, tokenizer) == [] and tg.forced_tokens(1, None) == []
+
+    free_choice = backend.dispatch_json(SCHEMA)
+    for token in tokenizer('{"name": "', add_special_tokens=False)["input_ids"]:
+        free_choice.accept_token(token)  # inside a string value: anything may come
+    assert TreeGrammar([free_choice], backend.vocab_size).forced_tokens(0, tokenizer) == []

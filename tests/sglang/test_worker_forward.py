@@ -153,6 +153,7 @@ def worker(smollm2, head_dir):
     w.context_pool = SlotContextPool(head.config, 1 + MAX_REQS * MAX_LEN, torch.float32, "cpu")
     w.drafter = HeadDrafter(head, smollm2.embed_tokens, smollm2.lm_head, context=w.context_pool)
     w.tree_width, w.vocab_size = 8, head.config.vocab_size
+    w.tokenizer = smollm2.tokenizer  # spells what a grammar forces (as TpModelWorker.tokenizer)
     w.metrics = w.shadow = w.token_to_kv_pool_allocator = None
     w.ranks = SingleRank()  # tests/sglang_cpu/test_real_sglang_tp.py runs two
     w.hybrid = LookupMerge(math.log(0.9), 2, 4, SuffixStore(), SuffixStore())  # as __init__ makes it, with empty stores
@@ -794,7 +795,7 @@ def test_the_worker_builds_from_resolved_server_arguments(
         lm_head=smollm2.lm_head,
         get_input_embeddings=lambda: smollm2.embed_tokens,
     )
-    target_worker = SimpleNamespace(model_runner=SimpleNamespace(dtype=torch.float32, model=model))
+    target_worker = SimpleNamespace(model_runner=SimpleNamespace(dtype=torch.float32, model=model), tokenizer=None)
     monkeypatch.setattr(worker_module, "get_device", lambda: SimpleNamespace(device=torch.device("cpu")))
     monkeypatch.setattr(
         worker_module, "get_spec", lambda: SimpleNamespace(speculative_num_steps=15, speculative_num_draft_tokens=256)
