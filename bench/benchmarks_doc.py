@@ -39,19 +39,22 @@ REFERENCE_RUNS = {
 }
 
 # bench/sglang_cpu_compare.py runs (real SGLang on CPU): the shipped policy, each the newest of its workload.
+# "OpenMP slept then": run before 2026-11-28 06:00, when the harness's servers ran with OMP_WAIT_POLICY=PASSIVE
+# (bench/results/INDEX.md, sglang_cpu/).
 SGLANG_CPU_RUNS = {
     "sglang_cpu/defaults-humaneval-100-164-bf16.json": "the shipped policy's concurrency sweep on code, bf16",
     "sglang_cpu/defaults-chat-bf16.json": "the shipped policy's concurrency sweep on chat, bf16",
-    "sglang_cpu/shared-prefix-radix-bf16.json": "shared system prompt, radix cache on and off, bf16 (at 5fd062e)",
+    "sglang_cpu/shared-prefix-radix-bf16.json": "shared prefix, radix on/off, bf16 (5fd062e; OpenMP slept then)",
     "structured/json-tools-bf16.json": "JSON-schema constrained tool calls, bf16",
-    "sglang_cpu/defaults-humaneval-100-164-fp32-xeon.json": "the code sweep in fp32 on the Intel Xeon: exactness",
-    "sglang_cpu/defaults-chat-fp32-xeon.json": "the chat sweep in fp32 on the Intel Xeon: exactness",
-    "sglang_cpu/defaults-humaneval-100-164-fp32.json": "the concurrency sweep on code (bs7-24 shipped at 8 then)",
-    "sglang_cpu/defaults-chat-fp32.json": "the concurrency sweep on chat (bs7-24 shipped at 8 then)",
-    "sglang_cpu/shared-prefix-radix-fp32.json": "a shared system prompt, with and without the radix cache",
-    "sglang_cpu/tp2-cost-fp32.json": "tensor parallelism (2 ranks over gloo)",
-    "structured/json-tools-fp32.json": "JSON-schema constrained tool calls",
-    "structured/chat-fp32.json": "free-text chat in the same setup as the tool calls",
+    "sglang_cpu/gated-off-tax-bf16.json": "every cohort gated off against plain SGLang: the fallback's tax, bf16",
+    "sglang_cpu/defaults-humaneval-100-164-fp32-xeon.json": "code, fp32, Intel Xeon: exactness (OpenMP slept then)",
+    "sglang_cpu/defaults-chat-fp32-xeon.json": "chat, fp32, Intel Xeon: exactness (OpenMP slept then)",
+    "sglang_cpu/defaults-humaneval-100-164-fp32.json": "concurrency sweep on code (bs7-24 at 8; OpenMP slept then)",
+    "sglang_cpu/defaults-chat-fp32.json": "concurrency sweep on chat (bs7-24 at 8; OpenMP slept then)",
+    "sglang_cpu/shared-prefix-radix-fp32.json": "shared system prompt, radix on and off (OpenMP slept then)",
+    "sglang_cpu/tp2-cost-fp32.json": "tensor parallelism (2 ranks over gloo; OpenMP slept then)",
+    "structured/json-tools-fp32.json": "JSON-schema constrained tool calls (OpenMP slept then)",
+    "structured/chat-fp32.json": "free-text chat in the same setup as the tool calls (OpenMP slept then)",
 }
 # The runs among them that sweep concurrency, plotted against it (one machine and dtype: the panel's title).
 CONCURRENCY_SWEEPS = ("sglang_cpu/defaults-humaneval-100-164-bf16.json", "sglang_cpu/defaults-chat-bf16.json")
