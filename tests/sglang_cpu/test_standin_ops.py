@@ -128,15 +128,16 @@ def _reference_extend(d, scale, *, tree=None, causal=True, window=0, sinks=None)
 
 
 def _run_extend(d, scale, *, tree_mask=None, max_len=None, causal=True, window=0, sinks=None, logit_cap=0.0):
+    """One extend call over the batch's own KV buffers (a layer's), which it must leave as they were."""
     o = torch.full((d["q"].shape[0], d["q"].shape[1], d["v_ext"].shape[2]), float("nan"))
-    k_buf, v_buf = d["k_buf"].clone(), d["v_buf"].clone()
+    k_before, v_before = d["k_buf"].clone(), d["v_buf"].clone()
     torch.ops.sgl_kernel.extend_attention_cpu(
         d["q"],
         d["k_ext"],
         d["v_ext"],
         o,
-        k_buf,
-        v_buf,
+        d["k_buf"],
+        d["v_buf"],
         1.0,
         1.0,
         d["req_to_token"],
@@ -154,7 +155,7 @@ def _run_extend(d, scale, *, tree_mask=None, max_len=None, causal=True, window=0
         tree_mask,
         causal,
     )
-    assert torch.equal(k_buf, d["k_buf"]) and torch.equal(v_buf, d["v_buf"])  # extend does not write the cache
+    assert torch.equal(k_before, d["k_buf"]) and torch.equal(v_before, d["v_buf"])  # extend does not write the cache
     return o
 
 
@@ -227,36 +228,8 @@ def test_extend_layers_of_one_forward_share_its_layout_and_the_next_forward_rebu
     layers = [(d["k_buf"].clone(), d["v_buf"].clone()) for _ in range(3)]
     layers[1][0].mul_(2.0)  # a different layer's cache: the same layout, other values
 
-    def forward():
-        outs = []
-        for k_buf, v_buf in layers:
-            o = torch.full((d["q"].shape[0], d["q"].shape[1], d["v_ext"].shape[2]), float("nan"))
-            torch.ops.sgl_kernel.extend_attention_cpu(
-                d["q"],
-                d["k_ext"],
-                d["v_ext"],
-                o,
-                k_buf,
-                v_buf,
-                1.0,
-                1.0,
-                d["req_to_token"],
-                d["req_pool_indices"],
-                d["seq_lens"],
-                d["ext_lens"],
-                d["starts"],
-                int(d["ext_lens"].max()),
-                0.2,
-                0.0,
-                False,
-                0,
-                None,
-                None,
-                None,
-                True,
-            )
-            outs.append(o)
-        return outs
+    def forward():  # each layer's call on its own cache, the metadata objects shared
+        return [_run_extend({**d, "k_buf": k_buf, "v_buf": v_buf}, 0.2) for k_buf, v_buf in layers]
 
     def want(layer):
         return _reference_extend({**d, "k_buf": layers[layer][0], "v_buf": layers[layer][1]}, 0.2)
