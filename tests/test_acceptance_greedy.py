@@ -89,7 +89,7 @@ def test_greedy_and_sampled_rows_mix_in_one_batch():
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_target_argmax_is_the_first_maximum_in_every_dtype(dtype):
-    """Half-precision logits are widened before the argmax on a CPU: the same winner, ties to the first."""
+    """The winner is torch.argmax's in every dtype (target_argmax goes through max), ties to the first."""
     gen = torch.Generator().manual_seed(0)
     logits = torch.randn(3, 5, 4096, generator=gen).to(dtype)
     logits[0, 0, 7] = logits[0, 0, 4000] = 50.0  # a tie: the lower index wins
@@ -99,3 +99,5 @@ def test_target_argmax_is_the_first_maximum_in_every_dtype(dtype):
     assert got[0, 0] == 7 and got[1, 2] == 4095
     first_max = (logits == logits.amax(-1, keepdim=True)).int().argmax(-1)  # first index holding the maximum
     assert torch.equal(got, first_max)
+    many_ties = torch.randint(0, 3, (8, 49152), generator=gen).to(dtype)  # vectorised kernels split rows
+    assert torch.equal(target_argmax(many_ties), many_ties.float().argmax(-1))

@@ -65,12 +65,11 @@ class _PaddedTrees:
 
 
 def target_argmax(logits: torch.Tensor) -> torch.Tensor:
-    """argmax over the last dimension. On a CPU, bf16/fp16 logits are widened first: the CPU has no
-    vectorised half-precision argmax (docs/design/reference-engine.md, "Measured costs behind code
-    choices"), and widening is exact, so the same index wins, ties included (the first)."""
-    if logits.device.type == "cpu" and logits.dtype in (torch.bfloat16, torch.float16):
-        logits = logits.float()
-    return logits.argmax(-1)
+    """argmax over the last dimension, ties to the first index (as torch.argmax, SGLang's greedy sampler).
+    Through `max`, whose CPU kernel is vectorised in every dtype where `argmax`'s is not
+    (docs/design/reference-engine.md, "Measured costs behind code choices"); both return the first
+    maximum, so the same index wins."""
+    return logits.max(-1).indices
 
 
 def sample_from_probs(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:

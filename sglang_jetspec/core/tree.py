@@ -104,10 +104,8 @@ class DraftTree:
     def child_table(self) -> torch.Tensor:
         """[N, K] child indices in sibling-rank order, -1 padded; K = the largest fanout (at least 1)."""
         kids = self.children()
-        table = torch.full((self.size, max(1, max(len(k) for k in kids))), -1, dtype=torch.long)
-        for node, ks in enumerate(kids):
-            table[node, : len(ks)] = torch.tensor(ks, dtype=torch.long)
-        return table
+        width = max(1, max(len(k) for k in kids))
+        return torch.tensor([ks + [-1] * (width - len(ks)) for ks in kids], dtype=torch.long)  # one tensor, not N
 
     @property
     def max_depth(self) -> int:
