@@ -2,9 +2,10 @@
 objects SGLang built for each request.
 
 A node's verify row must be masked to the tokens the request's grammar allows after the node's own
-path, as a plain decode at that position would mask it. SGLang's `traverse_tree` (the walk its EAGLE
-and NGRAM verifies use) visits a tree on the request's matcher: accept the node's token, fill the
-node's bitmask row, descend, roll back; the matcher ends where it started. One walk per request
+path, as a plain decode at that position would mask it. The walk is SGLang's `traverse_tree` (what its
+EAGLE and NGRAM verifies use) on Python ints rather than per-node tensor reads: on the request's
+matcher, accept the node's token, fill the node's bitmask row, descend, roll back; the matcher ends
+where it started. One walk per request
 serves twice (and the head's first depth is masked to what the grammar allows next, so no root child
 is wasted):
 - before the verify, a node whose token its parent's row forbids can never be accepted: it is pruned
@@ -23,26 +24,8 @@ from __future__ import annotations
 
 import torch
 from sglang.srt.constrained.base_grammar_backend import GrammarMask
-from sglang.srt.speculative.spec_utils import traverse_tree
 
 from sglang_jetspec.core.tree import DraftTree, kept_nodes
-
-
-def tree_links(tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each node's first child and next sibling ([N] long, -1 for none), the links `traverse_tree` walks;
-    siblings in node order."""
-    first_child = torch.full((tree.size,), -1, dtype=torch.long)
-    next_sibling = torch.full((tree.size,), -1, dtype=torch.long)
-    last_child: dict[int, int] = {}
-    for node, parent in enumerate(tree.parents.tolist()):
-        if parent < 0:
-            continue
-        if parent in last_child:
-            next_sibling[last_child[parent]] = node
-        else:
-            first_child[parent] = node
-        last_child[parent] = node
-    return first_child, next_sibling
 
 
 def allowed_by_parent(rows: torch.Tensor, tree: DraftTree) -> list[bool]:
@@ -100,9 +83,25 @@ class TreeGrammar:
         return tokenizer.encode(text, add_special_tokens=False)[:-1] if text else []
 
     def _walk(self, lane: int, tree: DraftTree) -> torch.Tensor:
-        grammar = self.grammars[lane]
-        rows = grammar.allocate_vocab_mask(vocab_size=self.vocab_size, batch_size=tree.size, device="cpu")
-        traverse_tree(*tree_links(tree), tree.tokens, grammar, rows, vocab_size=self.vocab_size)
+        """Every reachable node's row (unreached rows stay all set). A child is entered only when its
+        token is set in its node's row; a finished grammar fills nothing and is not descended."""
+        grammar, vocab = self.grammars[lane], self.vocab_size
+        rows = grammar.allocate_vocab_mask(vocab_size=vocab, batch_size=tree.size, device="cpu")
+        words = rows.numpy()  # rows' own memory: the bit tests read what fill_vocab_mask wrote
+        tokens, kids = tree.tokens.tolist(), tree.children()
+
+        def visit(node: int) -> None:
+            if grammar.is_terminated():
+                return
+            grammar.fill_vocab_mask(rows, node)
+            for child in kids[node]:
+                token = tokens[child]
+                if token < vocab and (int(words[node, token >> 5]) >> (token & 31)) & 1:
+                    grammar.accept_token(token)
+                    visit(child)
+                    grammar.rollback(1)
+
+        visit(0)
         self._walked[lane] = (tree, rows)
         return rows
 

@@ -11,7 +11,7 @@ import torch
 
 pytest.importorskip("sglang")
 
-from sglang_jetspec.adapter.tree_grammar import TreeGrammar, allowed_by_parent, tree_links  # noqa: E402
+from sglang_jetspec.adapter.tree_grammar import TreeGrammar, allowed_by_parent  # noqa: E402
 from sglang_jetspec.core.tree import DraftTree  # noqa: E402
 
 SCHEMA = json.dumps(
@@ -71,19 +71,6 @@ def _mixed_tree(backend, committed: list[int], depth: int = 3) -> DraftTree:
         torch.zeros(n, dtype=torch.long),
         torch.zeros(n),
     )
-
-
-def test_tree_links_walk_every_child_in_node_order():
-    tree = DraftTree(
-        torch.arange(6),
-        torch.tensor([-1, 0, 0, 1, 1, 2]),
-        torch.tensor([0, 1, 1, 2, 2, 2]),
-        torch.zeros(6, dtype=torch.long),
-        torch.zeros(6),
-    )
-    first_child, next_sibling = tree_links(tree)
-    assert first_child.tolist() == [1, 3, 5, -1, -1, -1]
-    assert next_sibling.tolist() == [-1, 2, -1, 4, -1, -1]
 
 
 def test_kept_rows_equal_a_fresh_matchers_after_each_path_and_forbidden_nodes_go(backend, smollm2):
