@@ -20,6 +20,12 @@ SGLang's radix cache on (the others run without it), and `--shared-prefix FILE` 
 `--baseline` names the config the ratios and exact matches compare with (default plain). A config
 named with `+tp2` (after `+radix` if both) runs its server with `--tp-size 2`, one core per rank.
 
+`--repeats R` runs the whole set of configs R times in turn (plain, NGRAM, JETSPEC, plain, NGRAM, ...),
+each time on fresh servers and the same prompt slices: a ratio is taken between runs side by side in one
+round, and the reported x plain is the median over rounds (each round's ratio is listed too); tokens/s,
+exact matches and phases are over all rounds together. Single runs on a shared 2-core machine vary by
+several percent, more than some of the differences a goal asks about.
+
 Reported per config and concurrency: tokens/s (and x plain), mean accept length, exact matches against
 plain SGLang (and against HF transformers greedy with --hf), and where the time of a decode iteration
 goes, in ms: the scheduler's own work (tests/sglang_cpu/stub/step_profile.py: building the batch, the
@@ -34,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -126,6 +133,7 @@ class ConfigResult:
     speedup_vs_plain_by_concurrency: dict[str, float] = field(default_factory=dict)
     tokens_per_s: float = 0.0  # concurrency 1 (or the first level)
     tokens_per_s_concurrent: float = 0.0  # the highest level
+    speedup_by_round: dict[str, list[float]] = field(default_factory=dict)  # level -> each round's x baseline
 
 
 def base_config(config: str) -> str:
@@ -361,6 +369,54 @@ def summarise(results: list[ConfigResult], baseline: str) -> None:
         r.tokens_per_s_concurrent = max(r.passes, key=lambda p: p.concurrency).tokens_per_s
 
 
+def combine_rounds(rounds: list[ConfigResult]) -> ConfigResult:
+    """One config's rounds (each already summarised against its own round's baseline) as one result: its
+    passes hold every round's prompts (round k's prompt i is prompt k * n + i of the pass), tokens and
+    seconds; accept length, phases and mean batch are weighted by prompts or decode iterations; x
+    baseline is the median of the rounds' ratios, each listed in `speedup_by_round`."""
+    first = rounds[0]
+    passes = []
+    for level_passes in zip(*(r.passes for r in rounds)):
+        iters = sum(q.decode_iterations for q in level_passes)
+        prompts = sum(q.prompts for q in level_passes)
+        accepts = [(q.accept_length, q.prompts) for q in level_passes if q.accept_length is not None]
+        exact = [q.exact_match_vs_plain for q in level_passes]
+        hf = [q.exact_match_vs_hf for q in level_passes]
+        offset, divergence = 0, {}
+        for q in level_passes:
+            divergence.update({offset + i: at for i, at in q.first_divergence_vs_plain.items()})
+            offset += q.prompts
+        columns = [c for c in PHASE_COLUMNS if any(c in q.phases_ms for q in level_passes)] if iters else []
+        passes.append(
+            PassResult(
+                concurrency=level_passes[0].concurrency,
+                prompts=prompts,
+                tokens=sum(q.tokens for q in level_passes),
+                seconds=sum(q.seconds for q in level_passes),
+                accept_length=sum(a * n for a, n in accepts) / sum(n for _, n in accepts) if accepts else None,
+                exact_match_vs_plain=None if None in exact else sum(exact),
+                first_divergence_vs_plain=divergence,
+                exact_match_vs_hf=None if None in hf else sum(hf),
+                phases_ms={
+                    c: sum(q.phases_ms.get(c, 0.0) * q.decode_iterations for q in level_passes) / iters for c in columns
+                },
+                decode_iterations=iters,
+                mean_batch=sum(q.mean_batch * q.decode_iterations for q in level_passes) / iters if iters else 0.0,
+            )
+        )
+    by_round = {
+        c: [r.speedup_vs_plain_by_concurrency[c] for r in rounds] for c in first.speedup_vs_plain_by_concurrency
+    }
+    combined = ConfigResult(first.config, passes, statistics.median(r.server_start_s for r in rounds))
+    combined.tokens_per_s_by_concurrency = {str(q.concurrency): q.tokens_per_s for q in passes}
+    combined.speedup_vs_plain_by_concurrency = {c: statistics.median(x) for c, x in by_round.items()}
+    combined.speedup_by_round = by_round if len(rounds) > 1 else {}
+    first_level = next((q for q in passes if q.concurrency == 1), passes[0])
+    combined.tokens_per_s = first_level.tokens_per_s
+    combined.tokens_per_s_concurrent = max(passes, key=lambda q: q.concurrency).tokens_per_s
+    return combined
+
+
 def markdown(results: list[ConfigResult], meta: dict) -> str:
     levels = [p.concurrency for p in results[0].passes]
     baseline = meta["baseline"]
@@ -384,6 +440,15 @@ def markdown(results: list[ConfigResult], meta: dict) -> str:
         "",
         f"## Tokens/s by concurrency (x {baseline})",
         "",
+        *(
+            [
+                f"{meta['repeats']} rounds: tokens/s over all rounds; x {baseline} the median of the rounds' "
+                "side-by-side ratios (each round below).",
+                "",
+            ]
+            if meta.get("repeats", 1) > 1
+            else []
+        ),
         "| config | " + " | ".join(f"c={c}" for c in levels) + f" | accept length by c | exact vs {baseline} by c |",
         "|---|" + "---|" * (len(levels) + 2),
     ]
@@ -397,6 +462,17 @@ def markdown(results: list[ConfigResult], meta: dict) -> str:
             "-" if p.exact_match_vs_plain is None else f"{p.exact_match_vs_plain}/{p.prompts}" for p in r.passes
         )
         lines.append(f"| {r.config} | " + " | ".join(cells) + f" | {accept} | {exact} |")
+    if any(r.speedup_by_round for r in results):
+        lines += [
+            "",
+            f"## x {baseline} in each round",
+            "",
+            "| config | " + " | ".join(f"c={c}" for c in levels) + " |",
+            "|---|" + "---|" * len(levels),
+        ]
+        for r in results:
+            rounds = [" / ".join(f"{x:.2f}" for x in r.speedup_by_round[str(c)]) for c in levels]
+            lines.append(f"| {r.config} | " + " | ".join(rounds) + " |")
     lines += [
         "",
         "## Where a decode iteration's time goes (ms per iteration, mean batch)",
@@ -456,6 +532,9 @@ def main(argv: list[str] | None = None) -> int:
         "--baseline", default="plain", help="the config ratios and exact matches compare with (one of --configs)"
     )
     p.add_argument("--shared-prefix", type=Path, help="a text file put before every prompt (a shared system prompt)")
+    p.add_argument(
+        "--repeats", type=int, default=1, help="rounds of every config in turn; x plain is the median round's ratio"
+    )
     p.add_argument("--ngram-draft-tokens", type=int, default=8)
     p.add_argument("--threads", type=int, default=2, help="OMP threads of each server")
     p.add_argument("--hf", action="store_true", help="also compare with HF transformers greedy (slow)")
@@ -473,6 +552,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     if args.baseline not in configs:
         p.error(f"--baseline {args.baseline}: not among --configs {args.configs}; add it or pick one of them")
+    if args.repeats < 1:
+        p.error(f"--repeats {args.repeats}: give at least 1 (rounds of every config, each on fresh servers)")
     if args.shared_prefix is not None and not args.shared_prefix.is_file():
         p.error(
             f"--shared-prefix {args.shared_prefix}: no such file; "
@@ -511,25 +592,31 @@ def main(argv: list[str] | None = None) -> int:
     warmup_ids = tokenizer(WARMUP_TEXT)["input_ids"]
     torch.set_num_threads(args.threads)
 
-    results, outputs = [], {}
-    for config in configs:
-        result, outputs[config] = run_config(config, args, model, prompts, slices, levels, warmup_ids, args.port)
-        results.append(result)
-        print(
-            f"[{config}] "
-            + ", ".join(
-                f"c={q.concurrency}: {q.tokens_per_s:.1f} tok/s accept {q.accept_length}" for q in result.passes
-            ),
-            flush=True,
-        )
-    if args.baseline in outputs:
+    hf = (
+        [hf_greedy(model, [ids for ids, _ in prompts[part]], args.max_new_tokens, args.dtype) for part in slices]
+        if args.hf
+        else None
+    )
+    rounds = []  # per round, every config's result
+    for k in range(args.repeats):
+        results, outputs = [], {}
+        for config in configs:
+            result, outputs[config] = run_config(config, args, model, prompts, slices, levels, warmup_ids, args.port)
+            results.append(result)
+            print(
+                f"[{config}{f' round {k + 1}' if args.repeats > 1 else ''}] "
+                + ", ".join(
+                    f"c={q.concurrency}: {q.tokens_per_s:.1f} tok/s accept {q.accept_length}" for q in result.passes
+                ),
+                flush=True,
+            )
         for r in results:
             compare_outputs(r, outputs[r.config], outputs[args.baseline], "exact_match_vs_plain", divergences=True)
-    if args.hf:
-        hf = [hf_greedy(model, [ids for ids, _ in prompts[part]], args.max_new_tokens, args.dtype) for part in slices]
-        for r in results:
-            compare_outputs(r, outputs[r.config], hf, "exact_match_vs_hf", divergences=False)
-    summarise(results, args.baseline)
+            if hf is not None:
+                compare_outputs(r, outputs[r.config], hf, "exact_match_vs_hf", divergences=False)
+        summarise(results, args.baseline)
+        rounds.append(results)
+    results = [combine_rounds(list(config_rounds)) for config_rounds in zip(*rounds)]
     meta = {
         "command": "python bench/sglang_cpu_compare.py " + " ".join(sys.argv[1:] if argv is None else argv),
         "cpu": cpu_model(),
@@ -544,6 +631,7 @@ def main(argv: list[str] | None = None) -> int:
         "constrained_prompts": constrained,
         "concurrency": levels,
         "max_new_tokens": args.max_new_tokens,
+        "repeats": args.repeats,
         "threads": args.threads,
         "sglang": sglang.__version__,
         "torch": torch.__version__,

@@ -86,6 +86,56 @@ def test_speedups_are_per_concurrency_against_plain(compare):
     assert spec.tokens_per_s == 15.0 and spec.tokens_per_s_concurrent == 27.0
 
 
+def test_rounds_combine_into_the_median_paired_ratio_and_keep_every_rounds_prompts(compare):
+    """--repeats: each round's ratio is taken within the round; the median of those is reported, tokens
+    and exact matches add up, phases weigh by iterations, and divergences keep their round's prompt."""
+
+    def result(config, rate, exact, divergence, verify_ms, iterations):
+        phases = {c: 0.0 for c in compare.PHASE_COLUMNS} | {"verify": verify_ms}
+        passes = [compare.PassResult(1, 8, int(rate * 10), 10.0, 2.0, exact, divergence, None, phases, iterations, 1.0)]
+        return compare.ConfigResult(config, passes, 30.0)
+
+    rounds = []
+    for plain_rate, spec_rate, divergence in ((10.0, 13.0, {}), (12.0, 18.0, {3: 7}), (10.0, 14.0, {})):
+        pair = [
+            result("plain", plain_rate, 8, {}, 50.0, 10),
+            result("jetspec", spec_rate, 8 - len(divergence), divergence, 70.0 if divergence else 60.0, 10),
+        ]
+        compare.summarise(pair, "plain")
+        rounds.append(pair)
+    plain, spec = (compare.combine_rounds(list(r)) for r in zip(*rounds))
+    assert spec.speedup_by_round == {"1": pytest.approx([1.3, 1.5, 1.4])}
+    assert spec.speedup_vs_plain_by_concurrency == {"1": pytest.approx(1.4)}  # the median round, not 45/32
+    assert spec.tokens_per_s == pytest.approx(45.0 / 3) and plain.tokens_per_s == pytest.approx(32.0 / 3)
+    (q,) = spec.passes
+    assert (q.prompts, q.exact_match_vs_plain, q.first_divergence_vs_plain) == (24, 23, {8 + 3: 7})
+    assert q.phases_ms["verify"] == pytest.approx(190.0 / 3) and q.decode_iterations == 30
+    assert "## x plain in each round" in compare.markdown([plain, spec], _meta(repeats=3))
+
+    single = compare.combine_rounds([rounds[0][1]])
+    assert single.speedup_by_round == {} and single.passes[0].phases_ms == rounds[0][1].passes[0].phases_ms
+    assert "in each round" not in compare.markdown([compare.combine_rounds([rounds[0][0]]), single], _meta(repeats=1))
+
+
+def _meta(repeats: int) -> dict:
+    return {
+        "cpu": "cpu",
+        "dtype": "bfloat16",
+        "command": "c",
+        "source": "s",
+        "prompt_range": "0:8",
+        "prompts_per_pass": [8],
+        "max_new_tokens": 64,
+        "sglang": "0",
+        "torch": "0",
+        "threads": 2,
+        "date": "d",
+        "baseline": "plain",
+        "shared_prefix": "",
+        "repeats": repeats,
+    }
+
+
 def test_a_radix_config_runs_its_server_with_the_radix_cache_and_its_base_policy(compare, tmp_path, monkeypatch):
     args = lambda config: compare.server_args(config, "m", "float32", 4, 8, 1)  # noqa: E731
     assert "--disable-radix-cache" in args("jetspec") and "--disable-radix-cache" in args("plain")
@@ -102,6 +152,7 @@ def test_a_radix_config_runs_its_server_with_the_radix_cache_and_its_base_policy
         (["--configs", "plain,jetspec+cache"], "--configs: unknown ['jetspec+cache']"),
         (["--configs", "jetspec+radix", "--baseline", "plain"], "--baseline plain: not among --configs"),
         (["--shared-prefix", "no/such/file.txt"], "--shared-prefix no/such/file.txt: no such file"),
+        (["--repeats", "0"], "--repeats 0: give at least 1"),
     ],
 )
 def test_bad_radix_and_prefix_flags_name_the_flag(compare, argv, message, capsys, tmp_path):
