@@ -232,6 +232,8 @@ def harness_workload(meta: dict) -> str:
         text += f", {meta['shared_prefix_tokens']}-token shared prefix"
     if meta.get("constrained_prompts"):
         text += ", JSON-schema constrained"
+    if meta.get("repeats", 1) > 1:
+        text += f", {meta['repeats']} rounds (x: the median round's ratio)"
     return text
 
 
