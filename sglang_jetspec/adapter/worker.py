@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -48,6 +49,7 @@ from sglang_jetspec.adapter.request_state import DraftStateStore, RequestDraftSt
 from sglang_jetspec.adapter.server_args import JetSpecArgsError, target_info
 from sglang_jetspec.adapter.spec_inputs import JetSpecDraftState, bind_decode_batch, bind_verify_batch
 from sglang_jetspec.adapter.step_outputs import accept_step
+from sglang_jetspec.adapter.tap_capture import taps_uncaptured
 from sglang_jetspec.adapter.target_views import target_tables
 from sglang_jetspec.adapter.tensor_parallel import perturbed, sglang_ranks
 from sglang_jetspec.adapter.tree_grammar import TreeGrammar
@@ -91,6 +93,7 @@ class VerifyStep:
     adaptive: bool  # the cohort sizes its trees adaptively (it learns the verify cost from every step)
     verify_s: float = 0.0
     accept_started: float = 0.0
+    taps: bool = True  # the target captures its tap layers (off when the plan keeps no draft context)
 
 
 class JetSpecWorker(BaseSpecWorker):
@@ -501,7 +504,17 @@ class JetSpecWorker(BaseSpecWorker):
         if sizer is not None or grammar is not None:  # trees cut by sizing or by grammars
             num_nodes = max(tree.size for tree in trees)  # the verify pads every request to the longest tree
         return VerifyStep(
-            lanes, seq_lens, plan.budget, trees, num_nodes, grammar, draft_s, tree_s, sized, sizer is not None
+            lanes,
+            seq_lens,
+            plan.budget,
+            trees,
+            num_nodes,
+            grammar,
+            draft_s,
+            tree_s,
+            sized,
+            sizer is not None,
+            taps=plan.keep_draft_context,
         )
 
     def _verify_forward(self, batch, step: VerifyStep, timed: bool):
@@ -526,9 +539,10 @@ class JetSpecWorker(BaseSpecWorker):
         t_verify = self._sync(timed)
         step.tree_s += t_verify - t_bind  # the verify tensors and grammar masks are part of building the trees
         capture = CaptureHiddenMode.FULL if capture_taps else CaptureHiddenMode.NULL
-        result = self._target_worker.forward_batch_generation(
-            batch, is_verify=True, capture_hidden_mode=capture if decode else None
-        )
+        with nullcontext() if step.taps else taps_uncaptured(self.model_runner.model):
+            result = self._target_worker.forward_batch_generation(
+                batch, is_verify=True, capture_hidden_mode=capture if decode else None
+            )
         logits = result.logits_output.next_token_logits
         # each node's row penalised as a plain decode at its output position (not SGLang's relaxed
         # per-step penalties), masked to what the request's grammar allows after the node's path, then

@@ -61,6 +61,10 @@ class FakeTarget:
 
     def __init__(self, target, taps):
         self.target, self.taps = target, tuple(taps)
+        # SGLang's model object as set_dflash_layers_to_capture leaves it; each forward records whether
+        # the capture path was on
+        self.model = SimpleNamespace(capture_aux_hidden_states=True, model=SimpleNamespace(layers_to_capture=[2]))
+        self.captured: list[bool] = []
 
     def _run(self, lanes):  # lanes: (ids, positions, mask) per request
         cache = self.target.new_cache(lanes=len(lanes), capacity=max(len(ids) for ids, _, _ in lanes) + 1)
@@ -68,6 +72,7 @@ class FakeTarget:
         return self.target.logits(out.hidden), out.taps
 
     def forward_batch_generation(self, batch, pp_proxy_tensors=None, is_verify=False, capture_hidden_mode=None):
+        self.captured.append(self.model.capture_aux_hidden_states)
         if batch.forward_mode == ForwardMode.TARGET_VERIFY:
             assert is_verify and batch.spec_info.capture_hidden_mode == CaptureHiddenMode.FULL
             return self._verify(batch)
@@ -147,6 +152,7 @@ def worker(smollm2, head_dir):
     head = load_head(head_dir, smollm2.info)
     w = worker_module.JetSpecWorker.__new__(worker_module.JetSpecWorker)  # no SGLang runtime on this CPU
     w._target_worker = FakeTarget(smollm2, head.config.target_layer_ids)
+    w.model_runner = SimpleNamespace(model=w._target_worker.model)
     w.device = torch.device("cpu")
     w.speculative_num_draft_tokens = 256
     w.mask_layout = MaskLayout.FULL  # the fake target applies the tree part of either layout
@@ -491,6 +497,7 @@ def test_budget_zero_is_plain_decoding_with_no_draft_work(fresh, smollm2, single
     sched = Scheduler(fresh)
     decodes = getattr(fresh._target_worker, "decodes", 0)
     sched.admit([req])
+    forwards = len(fresh._target_worker.captured)  # after the prefill's, which captures the prompt's taps
     sched.step()
     # the YAML default gates this cohort off: the request's decoded tokens keep no head context
     state = fresh.states.get("z")
@@ -499,6 +506,10 @@ def test_budget_zero_is_plain_decoding_with_no_draft_work(fresh, smollm2, single
         sched.step()
     assert sched.accept_lens == [1] * 5
     assert fresh._target_worker.decodes - decodes == 5  # every step an ordinary decode forward, no TARGET_VERIFY
+    # ... without SGLang's tap capture, which nothing reads while the cohort keeps no context; then back on
+    assert (
+        fresh._target_worker.captured[forwards:] == [False] * 5 and fresh._target_worker.model.capture_aux_hidden_states
+    )
     assert req.output_ids == _plain_greedy(smollm2, req.origin_input_ids, 6)
     (record,) = tee.records
     assert record.spec.budgets == [0] * 5
@@ -521,6 +532,7 @@ def test_a_pushed_budget_zero_keeps_the_draft_context_so_speculation_can_resume(
         sched.step()
     state = fresh.states.get("p")
     assert not state.blind and fresh.context_pool.valid_slots() == len(prompt) + 3  # one per KV position
+    assert fresh._target_worker.captured[-3:] == [True] * 3  # their taps are read: SGLang captures them
     fresh.policy_control = PolicyControl(fresh.policy_control.policy, admin_key_configured=False)  # YAML: speculate
     while sched.running:
         sched.step()
