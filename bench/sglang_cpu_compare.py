@@ -355,18 +355,22 @@ def compare_outputs(result: ConfigResult, outputs, reference, attr: str, diverge
             p.first_divergence_vs_plain = {i: v for i, v in at.items() if v is not None}
 
 
+def set_rates(r: ConfigResult) -> None:
+    """r's tokens/s by concurrency, at concurrency 1 (or the first level) and at the highest level."""
+    r.tokens_per_s_by_concurrency = {str(p.concurrency): p.tokens_per_s for p in r.passes}
+    r.tokens_per_s = next((p for p in r.passes if p.concurrency == 1), r.passes[0]).tokens_per_s
+    r.tokens_per_s_concurrent = max(r.passes, key=lambda p: p.concurrency).tokens_per_s
+
+
 def summarise(results: list[ConfigResult], baseline: str) -> None:
     plain = next((r for r in results if r.config == baseline), None)
     for r in results:
-        r.tokens_per_s_by_concurrency = {str(p.concurrency): p.tokens_per_s for p in r.passes}
+        set_rates(r)
         if plain is not None:
             base = {p.concurrency: p.tokens_per_s for p in plain.passes}
             r.speedup_vs_plain_by_concurrency = {
                 str(p.concurrency): p.tokens_per_s / base[p.concurrency] for p in r.passes
             }
-        first = next((p for p in r.passes if p.concurrency == 1), r.passes[0])
-        r.tokens_per_s = first.tokens_per_s
-        r.tokens_per_s_concurrent = max(r.passes, key=lambda p: p.concurrency).tokens_per_s
 
 
 def combine_rounds(rounds: list[ConfigResult]) -> ConfigResult:
@@ -408,12 +412,9 @@ def combine_rounds(rounds: list[ConfigResult]) -> ConfigResult:
         c: [r.speedup_vs_plain_by_concurrency[c] for r in rounds] for c in first.speedup_vs_plain_by_concurrency
     }
     combined = ConfigResult(first.config, passes, statistics.median(r.server_start_s for r in rounds))
-    combined.tokens_per_s_by_concurrency = {str(q.concurrency): q.tokens_per_s for q in passes}
+    set_rates(combined)
     combined.speedup_vs_plain_by_concurrency = {c: statistics.median(x) for c, x in by_round.items()}
     combined.speedup_by_round = by_round if len(rounds) > 1 else {}
-    first_level = next((q for q in passes if q.concurrency == 1), passes[0])
-    combined.tokens_per_s = first_level.tokens_per_s
-    combined.tokens_per_s_concurrent = max(passes, key=lambda q: q.concurrency).tokens_per_s
     return combined
 
 
