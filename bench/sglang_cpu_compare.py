@@ -24,7 +24,11 @@ named with `+tp2` (after `+radix` if both) runs its server with `--tp-size 2`, o
 each time on fresh servers and the same prompt slices: a ratio is taken between runs side by side in one
 round, and the reported x plain is the median over rounds (each round's ratio is listed too); tokens/s,
 exact matches and phases are over all rounds together. Single runs on a shared 2-core machine vary by
-several percent, more than some of the differences a goal asks about.
+several percent, more than some of the differences a goal asks about. `--interleave` pairs the runs
+closer: every config's server stays up (all run with --sleep-on-idle, so idle ones take no CPU) and at
+each concurrency level the configs take turns on the same prompts, seconds apart, the order rotating
+each round; since the servers live through all rounds, round k sends its own new prompts (the file must
+hold R rounds' worth). A machine whose speed drifts over minutes then moves both sides of a ratio alike.
 
 Reported per config and concurrency: tokens/s (and x plain), mean accept length, exact matches against
 plain SGLang (and against HF transformers greedy with --hf), and where the time of a decode iteration
@@ -283,31 +287,16 @@ def quiet(profile: Path, timeout_s: float = 10.0) -> dict[str, float]:
     return last
 
 
-def run_passes(
-    url: str,
-    prompts: list[Prompt],
-    slices: list[slice],
-    levels: list[int],
-    max_new_tokens: int,
-    profile: Path,
-    warmup_ids: list[int],
-) -> list[tuple[list[dict], float, dict, dict]]:
-    """(replies, seconds, scheduler sums, worker seconds) per pass."""
-    generate(url, (warmup_ids, {}), 8)  # first-call allocations stay out of the timings
-    out = []
-    for level, part in zip(levels, slices):
-        sched0, worker0 = quiet(profile), worker_seconds(url)
-        start = time.perf_counter()
-        with ThreadPoolExecutor(level) as pool:
-            replies = list(pool.map(lambda prompt: generate(url, prompt, max_new_tokens), prompts[part]))
-        seconds = time.perf_counter() - start
-        out.append((replies, seconds, diff(quiet(profile), sched0), diff(worker_seconds(url), worker0)))
-    return out
+@dataclass
+class Running:
+    """One config's server, up, warmed, with its step-profile file."""
+
+    config: str
+    server: object  # launch.Server
+    profile: Path
 
 
-def run_config(
-    config: str, args, model: str, prompts, slices, levels, warmup_ids, port: int
-) -> tuple[ConfigResult, list[list[list[int]]]]:
+def start_server(config: str, args, model: str, levels: list[int], warmup_ids: list[int], port: int) -> Running:
     profile = (args.log_dir / f"{config}-profile.json").resolve()
     profile.unlink(missing_ok=True)
     env = {
@@ -322,11 +311,31 @@ def run_config(
         env,
     )
     try:
-        raw = run_passes(server.url, prompts, slices, levels, args.max_new_tokens, profile, warmup_ids)
-    finally:
+        generate(server.url, (warmup_ids, {}), 8)  # first-call allocations stay out of the timings
+    except BaseException:
         server.stop()
+        raise
+    return Running(config, server, profile)
+
+
+RawPass = tuple  # (replies, seconds, scheduler sums, worker seconds) of one pass
+
+
+def run_pass(running: Running, prompts: list[Prompt], level: int, max_new_tokens: int) -> RawPass:
+    """`prompts` sent `level` at a time to one server; its replies, seconds and phase sums."""
+    url = running.server.url
+    sched0, worker0 = quiet(running.profile), worker_seconds(url)
+    start = time.perf_counter()
+    with ThreadPoolExecutor(level) as pool:
+        replies = list(pool.map(lambda prompt: generate(url, prompt, max_new_tokens), prompts))
+    seconds = time.perf_counter() - start
+    return replies, seconds, diff(quiet(running.profile), sched0), diff(worker_seconds(url), worker0)
+
+
+def config_result(config: str, levels: list[int], raw: list[RawPass], start_s: float):
+    """One config's passes (one per level) as a ConfigResult, and each pass's output token ids."""
     passes, outputs = [], []
-    for level, part, (replies, seconds, sched, worker) in zip(levels, slices, raw):
+    for level, (replies, seconds, sched, worker) in zip(levels, raw):
         outputs.append([list(r["output_ids"]) for r in replies])
         n = sched.get("iterations", 0)
         passes.append(
@@ -344,7 +353,46 @@ def run_config(
                 mean_batch=sched.get("requests", 0) / n if n else 0.0,
             )
         )
-    return ConfigResult(config, passes, server.start_s), outputs
+    return ConfigResult(config, passes, start_s), outputs
+
+
+def sequential_rounds(configs, repeats, levels, slices, start, run):
+    """Every round starts each config's server in turn, runs all its passes on `slices`, stops it.
+    `start(config)` -> Running; `run(running, slice, level)` -> RawPass. Per round: {config: raws}, start s."""
+    rounds = []
+    for _ in range(repeats):
+        raws, starts = {}, {}
+        for config in configs:
+            running = start(config)
+            try:
+                raws[config] = [run(running, part, level) for level, part in zip(levels, slices)]
+            finally:
+                running.server.stop()
+            starts[config] = running.server.start_s
+        rounds.append((raws, starts))
+    return rounds
+
+
+def interleaved_rounds(configs, repeats, levels, round_slices, start, run):
+    """Every config's server up at once (idle ones sleep: --sleep-on-idle); at each level of each round the
+    configs run the same fresh prompts one after another, the order rotating by one per round, so each
+    ratio pairs passes seconds apart. Round k sends `round_slices[k]`."""
+    running = []
+    try:
+        for config in configs:
+            running.append(start(config))
+        rounds = []
+        for k in range(repeats):
+            raws = {config: [] for config in configs}
+            order = running[k % len(running) :] + running[: k % len(running)]
+            for level, part in zip(levels, round_slices[k]):
+                for r in order:
+                    raws[r.config].append(run(r, part, level))
+            rounds.append((raws, {r.config: r.server.start_s for r in running}))
+        return rounds
+    finally:
+        for r in running:
+            r.server.stop()
 
 
 def compare_outputs(result: ConfigResult, outputs, reference, attr: str, divergences: bool) -> None:
@@ -450,6 +498,16 @@ def markdown(results: list[ConfigResult], meta: dict) -> str:
             if meta.get("repeats", 1) > 1
             else []
         ),
+        *(
+            [
+                "Interleaved: every config's server up at once (idle ones asleep), the configs taking turns pass "
+                "by pass on the same prompts (the order rotating each round), each round on new prompts "
+                f"({', '.join(' '.join(parts) for parts in meta['prompt_slices_by_round'])}).",
+                "",
+            ]
+            if meta.get("interleave")
+            else []
+        ),
         "| config | " + " | ".join(f"c={c}" for c in levels) + f" | accept length by c | exact vs {baseline} by c |",
         "|---|" + "---|" * (len(levels) + 2),
     ]
@@ -536,6 +594,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--repeats", type=int, default=1, help="rounds of every config in turn; x plain is the median round's ratio"
     )
+    p.add_argument(
+        "--interleave",
+        action="store_true",
+        help="keep every config's server up and alternate them pass by pass (each round on new prompts)",
+    )
     p.add_argument("--ngram-draft-tokens", type=int, default=8)
     p.add_argument("--threads", type=int, default=2, help="OMP threads of each server")
     p.add_argument("--hf", action="store_true", help="also compare with HF transformers greedy (slow)")
@@ -587,22 +650,41 @@ def main(argv: list[str] | None = None) -> int:
             "them with plain SGLang (the default) instead"
         )
     try:
-        slices = pass_slices(len(prompts), args.num_prompts, levels)
+        # interleaved rounds run on servers that stay up, so each round needs prompts of its own
+        all_slices = pass_slices(len(prompts), args.num_prompts, levels * (args.repeats if args.interleave else 1))
     except BenchArgsError as exc:
-        p.error(str(exc))
+        why = f" (--interleave: each of the {args.repeats} rounds sends new prompts)" if args.interleave else ""
+        p.error(f"{exc}{why}")
+    round_slices = [all_slices[k * len(levels) : (k + 1) * len(levels)] for k in range(len(all_slices) // len(levels))]
+    slices = round_slices[0]
     warmup_ids = tokenizer(WARMUP_TEXT)["input_ids"]
     torch.set_num_threads(args.threads)
 
-    hf = (
-        [hf_greedy(model, [ids for ids, _ in prompts[part]], args.max_new_tokens, args.dtype) for part in slices]
+    hf_by_slice = (
+        {
+            (part.start, part.stop): hf_greedy(
+                model, [ids for ids, _ in prompts[part]], args.max_new_tokens, args.dtype
+            )
+            for parts in round_slices
+            for part in parts
+        }
         if args.hf
-        else None
+        else {}
     )
+    ports = {config: args.port + i for i, config in enumerate(configs)}
+    start = lambda config: start_server(config, args, model, levels, warmup_ids, ports[config])  # noqa: E731
+    run = lambda running, part, level: run_pass(running, prompts[part], level, args.max_new_tokens)  # noqa: E731
+    if args.interleave:
+        raw_rounds = interleaved_rounds(configs, args.repeats, levels, round_slices, start, run)
+    else:
+        raw_rounds = sequential_rounds(configs, args.repeats, levels, slices, start, run)
     rounds = []  # per round, every config's result
-    for k in range(args.repeats):
+    for k, (raws, starts) in enumerate(raw_rounds):
+        parts = round_slices[k] if args.interleave else slices
+        hf = [hf_by_slice[(part.start, part.stop)] for part in parts] if args.hf else None
         results, outputs = [], {}
         for config in configs:
-            result, outputs[config] = run_config(config, args, model, prompts, slices, levels, warmup_ids, args.port)
+            result, outputs[config] = config_result(config, levels, raws[config], starts[config])
             results.append(result)
             print(
                 f"[{config}{f' round {k + 1}' if args.repeats > 1 else ''}] "
@@ -629,10 +711,12 @@ def main(argv: list[str] | None = None) -> int:
         "prompt_range": f"{args.prompt_range.start or 0}:"
         f"{'' if args.prompt_range.stop is None else args.prompt_range.stop}",
         "prompts_per_pass": [s.stop - s.start for s in slices],
+        "prompt_slices_by_round": [[f"{s.start}:{s.stop}" for s in parts] for parts in round_slices],
         "constrained_prompts": constrained,
         "concurrency": levels,
         "max_new_tokens": args.max_new_tokens,
         "repeats": args.repeats,
+        "interleave": args.interleave,
         "threads": args.threads,
         "sglang": sglang.__version__,
         "torch": torch.__version__,

@@ -192,3 +192,68 @@ def test_the_verify_cost_bench_sends_each_prompt_as_the_compare_bench_does(tmp_p
     curve = vc.harness_curve("model", "bfloat16", [[5, 6, 7], [8, 9]], 4, tmp_path)
     assert curve == {b: (pytest.approx(10.0), pytest.approx(3.0)) for b in vc.BUDGETS}
     assert sent[1]["input_ids"] == [5, 6, 7] and sent[1]["sampling_params"] == {"temperature": 0, "max_new_tokens": 4}
+
+
+class _FakeServer:
+    def __init__(self, log: list, config: str) -> None:
+        self.log, self.config, self.start_s, self.url = log, config, 1.0, f"http://{config}"
+
+    def stop(self) -> None:
+        self.log.append(("stop", self.config))
+
+
+def _fake_runner(compare, log):
+    start = lambda config: (log.append(("start", config)), compare.Running(config, _FakeServer(log, config), None))[1]  # noqa: E731
+    run = lambda running, part, level: (log.append(("run", running.config, part.start, level)), running.config)[1]  # noqa: E731
+    return start, run
+
+
+def test_interleaved_rounds_alternate_configs_on_shared_new_prompts_with_servers_up_throughout(compare):
+    """--interleave: all servers start first and stop last; at each level the configs run the same slice
+    back to back, the order rotating per round; round k sends its own slices."""
+    log = []
+    start, run = _fake_runner(compare, log)
+    levels = [1, 4]
+    slices = compare.pass_slices(32, 8, levels * 2)
+    round_slices = [slices[0:2], slices[2:4]]
+    rounds = compare.interleaved_rounds(["plain", "jetspec"], 2, levels, round_slices, start, run)
+    assert log == [
+        ("start", "plain"), ("start", "jetspec"),
+        ("run", "plain", 0, 1), ("run", "jetspec", 0, 1), ("run", "plain", 8, 4), ("run", "jetspec", 8, 4),
+        ("run", "jetspec", 16, 1), ("run", "plain", 16, 1), ("run", "jetspec", 24, 4), ("run", "plain", 24, 4),
+        ("stop", "plain"), ("stop", "jetspec"),
+    ]  # fmt: skip
+    assert [raws for raws, _ in rounds] == [{"plain": ["plain"] * 2, "jetspec": ["jetspec"] * 2}] * 2
+
+
+def test_sequential_rounds_restart_every_server_on_the_same_prompts(compare):
+    log = []
+    start, run = _fake_runner(compare, log)
+    slices = compare.pass_slices(16, 8, [1, 4])
+    compare.sequential_rounds(["plain", "jetspec"], 2, [1, 4], slices, start, run)
+    one_round = [
+        ("start", "plain"), ("run", "plain", 0, 1), ("run", "plain", 8, 4), ("stop", "plain"),
+        ("start", "jetspec"), ("run", "jetspec", 0, 1), ("run", "jetspec", 8, 4), ("stop", "jetspec"),
+    ]  # fmt: skip
+    assert log == one_round * 2
+
+
+def test_interleaved_servers_stop_when_a_pass_fails(compare):
+    log = []
+    start, _ = _fake_runner(compare, log)
+
+    def failing(running, part, level):
+        raise RuntimeError("server died")
+
+    with pytest.raises(RuntimeError, match="server died"):
+        compare.interleaved_rounds(["plain", "jetspec"], 1, [1], [compare.pass_slices(8, 8, [1])], start, failing)
+    assert log[-2:] == [("stop", "plain"), ("stop", "jetspec")]
+
+
+def test_interleave_asks_for_every_rounds_prompts_by_name(compare, capsys):
+    argv = ["--prompts", "bench/prompts/chat.jsonl", "--prompt-range", "48:64", "--num-prompts", "16",
+            "--concurrency", "16", "--repeats", "3", "--interleave", "--json", "x", "--markdown", "x"]  # fmt: skip
+    with pytest.raises(SystemExit):
+        compare.main(argv)
+    err = capsys.readouterr().err
+    assert "new prompts need 48" in err and "--interleave: each of the 3 rounds sends new prompts" in err
