@@ -71,23 +71,14 @@ class VerifyTensors:
 
 
 def _links(tree: DraftTree, width: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """First-child and next-sibling links of one tree, -1 padded to `width`."""
-    parents = tree.parents
-    n = tree.size
-    idx = torch.arange(n)
-    first_child = torch.full((width,), -1, dtype=torch.long)
-    next_sibling = torch.full((width,), -1, dtype=torch.long)
-    if n > 1:
-        # same parent, larger index: the sibling with the smallest such index is the next one
-        same_parent = (parents.unsqueeze(0) == parents.unsqueeze(1)) & (idx.unsqueeze(0) > idx.unsqueeze(1))
-        same_parent[0] = False  # the root has no siblings
-        later = torch.where(same_parent, idx.unsqueeze(0), n)
-        nearest = later.min(dim=1).values
-        next_sibling[:n] = torch.where(nearest < n, nearest, -1)
-        is_child = parents.unsqueeze(0) == idx.unsqueeze(1)  # [parent, child]
-        kids = torch.where(is_child, idx.unsqueeze(0), n).min(dim=1).values
-        first_child[:n] = torch.where(kids < n, kids, -1)
-    return first_child, next_sibling
+    """First-child and next-sibling links of one tree, -1 padded to `width`. One pass over the parents
+    on the host (a tree has tens of nodes; a dozen tensor ops per tree cost more than the walk)."""
+    first_child = [-1] * width
+    next_sibling = [-1] * width
+    for node, parent in reversed(list(enumerate(tree.parents.tolist()))[1:]):
+        # from the last node back: the parent's latest child seen is this node's next sibling
+        next_sibling[node], first_child[parent] = first_child[parent], node
+    return torch.tensor(first_child, dtype=torch.long), torch.tensor(next_sibling, dtype=torch.long)
 
 
 def build_verify_tensors(trees: list[DraftTree], seq_lens: list[int], num_nodes: int | None = None) -> VerifyTensors:
