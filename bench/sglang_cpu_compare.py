@@ -28,7 +28,12 @@ several percent, more than some of the differences a goal asks about. `--interle
 closer: every config's server stays up (all run with --sleep-on-idle, so idle ones take no CPU) and at
 each concurrency level the configs take turns on the same prompts, seconds apart, the order rotating
 each round; since the servers live through all rounds, round k sends its own new prompts (the file must
-hold R rounds' worth). A machine whose speed drifts over minutes then moves both sides of a ratio alike.
+hold R rounds' worth). A machine whose speed drifts over minutes then moves both sides of a ratio alike,
+but every round reuses the same server processes, so a server that happens to run slow stays slow in
+every round (bench/results/sglang_cpu/c16-chat-fallback-interleaved-bf16.md: plain's decode forward
+ran 15% slower than `jetspec-off`'s same forward in all four rounds, where the fresh servers of
+c16-chat-fallback-bf16.md put it 7% faster). It tells drift from per-server speed; for a ratio, rounds
+on fresh servers sample both.
 
 Reported per config and concurrency: tokens/s (and x plain), mean accept length, exact matches against
 plain SGLang (and against HF transformers greedy with --hf), and where the time of a decode iteration
@@ -673,7 +678,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     ports = {config: args.port + i for i, config in enumerate(configs)}
     start = lambda config: start_server(config, args, model, levels, warmup_ids, ports[config])  # noqa: E731
-    run = lambda running, part, level: run_pass(running, prompts[part], level, args.max_new_tokens)  # noqa: E731
+
+    def run(running: Running, part: slice, level: int) -> RawPass:
+        raw = run_pass(running, prompts[part], level, args.max_new_tokens)
+        replies, seconds = raw[0], raw[1]
+        tokens = sum(r["meta_info"]["completion_tokens"] for r in replies)
+        print(
+            f"[{running.config}] prompts {part.start}:{part.stop} c={level}: {tokens / seconds:.1f} tok/s "
+            f"accept {mean_accept_length(replies)}",
+            flush=True,
+        )
+        return raw
+
     if args.interleave:
         raw_rounds = interleaved_rounds(configs, args.repeats, levels, round_slices, start, run)
     else:
@@ -686,13 +702,6 @@ def main(argv: list[str] | None = None) -> int:
         for config in configs:
             result, outputs[config] = config_result(config, levels, raws[config], starts[config])
             results.append(result)
-            print(
-                f"[{config}{f' round {k + 1}' if args.repeats > 1 else ''}] "
-                + ", ".join(
-                    f"c={q.concurrency}: {q.tokens_per_s:.1f} tok/s accept {q.accept_length}" for q in result.passes
-                ),
-                flush=True,
-            )
         for r in results:
             compare_outputs(r, outputs[r.config], outputs[args.baseline], "exact_match_vs_plain", divergences=True)
             if hf is not None:

@@ -4,8 +4,8 @@ The worker asks SGLang once, at start-up, to capture the tap layers' hidden stat
 (`set_dflash_layers_to_capture`); SGLang then runs its capture path on every forward of the target: a
 copy of the hidden state at each tap layer, handed through the logits processor. A step whose cohort
 is gated off keeps no draft context and reads none of it, yet paid for it: on a 2-core CPU at 16
-concurrent requests that decode ran several ms longer than plain SGLang's
-(bench/results/sglang_cpu/c16-chat-fallback-bf16.md). The switch follows the step's plan, which every
+concurrent requests that decode ran several ms longer than plain SGLang's (the run before this switch,
+bench/results/INDEX.md under c16-chat-fallback-bf16.md). The switch follows the step's plan, which every
 tensor-parallel rank shares, so all ranks run the same forward. Only targets whose hook sets the two
 attributes SGLang's Llama-family classes use are switched; any other keeps capturing (exact, slower).
 """
