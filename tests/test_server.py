@@ -388,13 +388,13 @@ def test_pushed_draft_rounds_tree_width_and_drafter_reach_the_engine_and_stay_lo
     policy = parse_policy_text(POLICY_YAML + "head: {max_draft_rounds: 2}\nlookup: {accept: 0.7}\n")
     engine = ReferenceEngine(smollm2, reveal_drafter, EngineConfig(max_batch_size=4))
     rounds_run = []
-    real_trees = engine._trees
+    real_draft = engine._draft
     monkeypatch.setattr(
         engine,
-        "_trees",
+        "_draft",
         lambda lanes, budget, rounds, width, lookup, sizer, acceptance: (
             rounds_run.append((rounds, width, lookup, acceptance))
-            or real_trees(lanes, budget, rounds, width, lookup, sizer, acceptance)
+            or real_draft(lanes, budget, rounds, width, lookup, sizer, acceptance)
         ),
     )
     ids = smollm2.tokenizer(PROMPTS[0])["input_ids"]

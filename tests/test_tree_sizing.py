@@ -306,7 +306,9 @@ def test_adaptive_sizing_is_greedy_exact_and_sizes_by_confidence(
     nodes_per_lane = sum(r.verified_nodes for r in records) / sum(r.batch_size for r in records)
     if drafter == "oracle":  # right about every top-1 node, with the target's own (under-)confidence:
         # calibration stays at 1 and trees stay deep until path probabilities fall below a node's cost (~6 here)
-        assert nodes_per_lane > 4.5 and engine.sizer.calibration.factors[0] > 0.9 and skipped < len(records) / 4
+        assert (
+            nodes_per_lane > 4.5 and engine.learners.sizer.calibration.factors[0] > 0.9 and skipped < len(records) / 4
+        )
     else:  # a random head is unsure of everything and wrong: next to no node pays for its share of the verify,
         # and the gate soon stops paying for its drafts: most steps run without the head
         assert nodes_per_lane < 3 and skipped > len(records) / 2
@@ -323,7 +325,7 @@ def test_a_policy_step_can_size_adaptively_on_an_engine_started_fixed(
     for request in workload[:2]:
         assert batch.admit(request) is None
     record, _ = batch.step(16)
-    assert engine.sizer is None and record.verified_nodes == 2 * 16  # fixed: the whole budget
+    assert engine.learners is None and record.verified_nodes == 2 * 16  # fixed: the whole budget
     with pytest.raises(ValueError, match="fixed, adaptive"):
         batch.step(16, tree_sizing="sometimes")
     outputs, records = {}, []
@@ -331,7 +333,7 @@ def test_a_policy_step_can_size_adaptively_on_an_engine_started_fixed(
         record, finished = batch.step(16, tree_sizing="adaptive")
         records.append(record)
         outputs.update({request.request_id: output.output_ids for request, output in finished})
-    assert engine.sizer is not None and [outputs["0"], outputs["1"]] == autoregressive[:2]
+    assert engine.learners is not None and [outputs["0"], outputs["1"]] == autoregressive[:2]
     # a random head: next to nothing pays for its share of the verify (fixed sizing verifies 16; the sizer
     # reads measured draft times, and under two test workers it kept exactly 3 nodes a request once)
     assert sum(r.verified_nodes for r in records) / sum(r.batch_size for r in records) < 4
@@ -346,9 +348,11 @@ def test_the_engine_sizes_with_the_verify_cost_its_own_steps_teach(smollm2, untr
     engine = ReferenceEngine(
         smollm2, untrained_drafter, EngineConfig(tree_width=4, max_batch_size=2, tree_sizing="adaptive")
     )
-    assert engine.sizer.cost is None and engine.verify_costs.seconds == pytest.approx([10.0, 15.0, 43.5])
+    assert engine.learners.sizer.cost is None and engine.learners.verify_costs.seconds == pytest.approx(
+        [10.0, 15.0, 43.5]
+    )
     engine.generate(workload[:2], budget=16)
-    learned = dict(zip(engine.verify_costs.rows, engine.verify_costs.seconds))
+    learned = dict(zip(engine.learners.verify_costs.rows, engine.learners.verify_costs.seconds))
     timed = {rows: seconds for rows, seconds in learned.items() if rows % 2 == 0}
     assert timed and max(timed.values()) < 1.0  # two lanes' verify passes as timed, not the seconds the seed implies
     assert [learned[1], learned[3], learned[63]] == pytest.approx([10.0, 15.0, 43.5])  # never verified: still the seed

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from sglang_jetspec.adapter import (
     attention_backends,
-    context_pool,
+    context_pool_memory,
     dummy_verify,
     internal_state,
     kv_reserve,
@@ -23,7 +23,7 @@ HOOKS = (
     (scheduler_hooks.IDLE_TARGET, scheduler_hooks.after_on_idle, "AFTER"),
     (dummy_verify.TARGET, dummy_verify.after_create_dummy_verify_input, "AFTER"),
     (kv_reserve.TARGET, kv_reserve.after_req_to_token_extra_context_len, "AFTER"),
-    (context_pool.CELL_SIZE_TARGET, context_pool.after_dflash_draft_cell_size, "AFTER"),
+    (context_pool_memory.CELL_SIZE_TARGET, context_pool_memory.after_dflash_draft_cell_size, "AFTER"),
     (attention_backends.AMX_METADATA_TARGET, attention_backends.after_intel_amx_init_forward_metadata, "AFTER"),
 )
 

@@ -4,9 +4,10 @@ For every running request the worker keeps what the core's drafter and acceptanc
 head's context: the request's SamplingParams and its own random generator, its penalties, and, set
 before each draft, its root token and the KV slots of its context positions. The head's context K/V
 itself lives in the worker's pool per KV slot (core.context_pool), beside SGLang's KV, so a prefix
-the radix cache hands over brings it along. A request whose context is not all in the pool (its
-prefix was written while speculation was off) is `blind`: it still decodes, root-only, with no
-draft work, so it stays lossless and only loses speculation.
+the radix cache hands over brings it along. A request stops drafting for good for one of two
+reasons: its context is not all in the pool (`context_lost`: its prefix was written while speculation
+was off), or its cohort is gated off by default (`gated_off`: no draft context is kept, so none could
+be drafted from later). It still decodes, root-only, with no draft work: lossless, only unspeculated.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ import time
 
 import torch
 
-from sglang_jetspec.adapter.tree_penalties import RequestPenalties
+from sglang_jetspec.adapter.request_sampling import core_sampling_params
+from sglang_jetspec.adapter.tree_penalties import RequestPenalties, request_penalties
 from sglang_jetspec.core.sampling import SamplingParams, make_generator
 
 log = logging.getLogger(__name__)
@@ -29,7 +31,8 @@ class RequestDraftState:
         self.rid = rid
         self.params = params
         self.generator = make_generator(params.seed)  # acceptance draws its uniforms on the host
-        self.blind = False
+        self.context_lost = False  # its prefix's context is not all in the pool
+        self.gated_off = False  # its cohort keeps no draft context
         self.req = None  # the engine's own request object (SGLang's Req), for its finish state and token ids
         self.penalties = RequestPenalties()  # its frequency / presence / repetition / min_new_tokens
         self.root_token = -1  # set before each draft: the request's last committed token
@@ -43,10 +46,10 @@ class RequestDraftState:
         """Prompt and output tokens, from the engine's request (prompt lookup reads them for the hybrid drafter)."""
         return list(self.req.origin_input_ids) + list(self.req.output_ids)
 
-    def stop_drafting(self) -> None:
-        """Never draft for this request again (its cohort is gated off by default): from now on its
-        forwards keep no draft context. It decodes root-only until it finishes."""
-        self.blind = True
+    @property
+    def drafts(self) -> bool:
+        """The head drafts for this request and keeps its context."""
+        return not (self.context_lost or self.gated_off)
 
 
 class DraftStateStore:
@@ -64,19 +67,29 @@ class DraftStateStore:
     def get(self, rid: str) -> RequestDraftState | None:
         return self._states.get(rid)
 
+    def admit(self, req, vocab_size: int, prefix_held: bool) -> RequestDraftState:
+        """The state of SGLang request `req` (created here, and only here) at a prefill, one chunk of it,
+        a prefill again after a retraction, or a first decode of a request this worker did not prefill;
+        `prefix_held`: its prefix's context is all in the pool. Attached to the live Req: its finish
+        reason and token ids for the sweep and the shadow, and its penalties."""
+        state = self.extended(req.rid, core_sampling_params(req.sampling_params, vocab_size), prefix_held)
+        state.req = req
+        state.penalties = request_penalties(req)
+        return state
+
     def extended(self, rid: str, params: SamplingParams, prefix_held: bool) -> RequestDraftState:
-        """A prefill (or one chunk of it, or a prefill again after a retraction) of a request whose
-        prefix context is (`prefix_held`) or is not all in the pool."""
+        """`admit`'s bookkeeping, by request id: the state, created on first sight, loses its
+        context for good when its prefix's is not held."""
         state = self._states.get(rid)
         if state is None:
             state = self._states[rid] = RequestDraftState(rid, params)
-        if not prefix_held and not state.blind:
+        if not prefix_held and not state.context_lost:
             log.info(
                 "request %s: the head's context of its cached prefix is not in the pool (written while "
                 "speculation was off); it decodes without speculation",
                 rid,
             )
-            state.blind = True
+            state.context_lost = True
         return state
 
     def drop(self, rid: str) -> RequestDraftState | None:

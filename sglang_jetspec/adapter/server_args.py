@@ -96,7 +96,7 @@ def _runtime_problems(cfg) -> list[str]:
             f"--page-size {cfg.page_size}: JETSPEC compacts accepted tree nodes slot by slot and keeps the "
             "head's context per slot; use --page-size 1"
         )
-    # The radix cache works: the head's context lives per KV slot (adapter.context_pool). KV that
+    # The radix cache works: the head's context lives per KV slot (adapter.context_pool_memory). KV that
     # reaches a slot without passing a forward of this worker would come without it:
     if cfg.enable_hierarchical_cache:
         problems.append(

@@ -11,8 +11,8 @@
   NGRAM_VERIFY type, the type SGLang's own NGRAM worker gives its between-round input.
 - bind_verify_batch: puts a step's verify tensors on the batch.
 - bind_decode_batch: the same batch as one ordinary decode forward of each request's root, for a step
-  whose trees are all root-only (speculation gated off, adaptive sizing keeping no node, blind
-  requests): SGLang's decode path is cheaper than a one-node TARGET_VERIFY, and the root's KV lands in
+  whose trees are all root-only (speculation gated off, adaptive sizing keeping no node, no
+  request drafting): SGLang's decode path is cheaper than a one-node TARGET_VERIFY, and the root's KV lands in
   the same slot either way.
 """
 

@@ -14,7 +14,8 @@ or their KV caches part ways silently. The ranks agree this way:
 - **Checked every step.** A checksum of the trees (before the verify forward, so a disagreement is
   refused before it reaches the KV cache) and of the accepted tokens (before they are committed) is
   compared across ranks with one all-reduce each; a mismatch raises RankDesyncError, which stops the
-  server loudly. `JETSPEC_DEBUG_PERTURB_RANK=<r>` makes rank r alter every tree it receives (tests).
+  server loudly. `JETSPEC_DEBUG_PERTURB_RANK=<r>` makes rank r a `PerturbingRanks`, which alters every
+  tree it receives (the fault the checks must catch; tests only).
 """
 
 from __future__ import annotations
@@ -34,10 +35,13 @@ class RankDesyncError(RuntimeError):
 class SingleRank:
     """`--tp-size 1`: this rank drafts, and there is nobody to agree with."""
 
-    size, rank, drafts, perturbs = 1, 0, True, False
+    size, rank, drafts = 1, 0, True
 
     def share(self, obj):
         return obj
+
+    def received_trees(self, trees: list) -> list:
+        return trees
 
     def agree(self, what: str, tensors: list[torch.Tensor]) -> None:
         pass
@@ -52,17 +56,20 @@ class SingleRank:
 class TensorParallelRanks:
     """SGLang's TP group (its GroupCoordinator): broadcasts and checks over its CPU (gloo) group."""
 
-    def __init__(self, group, perturb_rank: int | None = None) -> None:
+    def __init__(self, group) -> None:
         self.group = group
         self.size, self.rank = group.world_size, group.rank_in_group
         self.drafts = self.rank == 0
-        self.perturbs = perturb_rank == self.rank
 
     def share(self, obj):
         """Rank 0's `obj` on every rank (what other ranks pass is ignored)."""
         box = [obj]
         torch.distributed.broadcast_object_list(box, src=self.group.ranks[0], group=self.group.cpu_group)
         return box[0]
+
+    def received_trees(self, trees: list) -> list:
+        """The trees this rank verifies, as rank 0 shared them."""
+        return trees
 
     def agree(self, what: str, tensors: list[torch.Tensor]) -> None:
         """Raise RankDesyncError unless every rank holds the same `tensors` (by checksum)."""
@@ -99,11 +106,16 @@ def sglang_ranks() -> SingleRank | TensorParallelRanks:
     if group.world_size == 1:
         return SingleRank()
     perturb = os.environ.get(PERTURB_ENV, "").strip()
-    return TensorParallelRanks(group, int(perturb) if perturb else None)
+    if perturb and int(perturb) == group.rank_in_group:
+        return PerturbingRanks(group)
+    return TensorParallelRanks(group)
 
 
-def perturbed(trees: list) -> list:
-    """The debug hook's trees: every non-root node's token moved to the next vocabulary id."""
-    for tree in trees:
-        tree.tokens[1:] += 1
-    return trees
+class PerturbingRanks(TensorParallelRanks):
+    """A rank that corrupts what it receives (JETSPEC_DEBUG_PERTURB_RANK): every non-root node's token
+    moved to the next vocabulary id, so the tree check must refuse the step."""
+
+    def received_trees(self, trees: list) -> list:
+        for tree in trees:
+            tree.tokens[1:] += 1
+        return trees

@@ -9,7 +9,6 @@ the next root, has neither yet).
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field, replace
 from typing import Callable, Protocol
 
@@ -21,10 +20,11 @@ from ..core.context_cache import ContextCache
 from ..core.learned_verify_cost import LearnedVerifyCost
 from ..core.prompt_lookup import LookupMerge
 from ..core.sampling import SamplingParams, make_generator
+from ..core.step_clock import Drafted, SizingLearners, StepClock
 from ..core.step_record import StepRecord
 from ..core.suffix_store import RECENT_OUTPUT_TOKENS, SuffixStore
-from ..core.tree import DraftTree, root_only_tree
-from ..core.tree_drafting import budget_spec, settled_clock, step_trees
+from ..core.tree import root_only_tree
+from ..core.tree_drafting import DraftTiming, budget_spec, step_trees
 from ..core.tree_sizing import SIZINGS, TreeSizer
 from .invariants import check_invariants
 from .kv_cache import SlotKVCache
@@ -158,10 +158,7 @@ class ReferenceEngine:
         self.tap_layers: tuple[int, ...] = tuple(getattr(drafter, "tap_layers", ()))
         self.tap_width = target.info.hidden_size * len(self.tap_layers)
         self.check_draft_rounds(self.config.draft_rounds)
-        self.sizer: TreeSizer | None = None
-        self.verify_costs: LearnedVerifyCost | None = (
-            None  # with the sizer: its verify cost, refined by every sized step
-        )
+        self.learners: SizingLearners | None = None  # adaptive sizing's sizer and verify cost, once used
         if self.config.tree_sizing == "adaptive":
             self.sizer_for("adaptive")  # measured before the first request, so no request pays for it
         # what this engine's finished requests wrote: the hybrid drafter looks its continuations up too
@@ -174,10 +171,10 @@ class ReferenceEngine:
             raise ValueError(f"tree_sizing={tree_sizing!r}: choose one of {', '.join(SIZINGS)}")
         if tree_sizing == "fixed" or self.drafter is None:
             return None
-        if self.sizer is None:
-            self.sizer = TreeSizer()
-            self.verify_costs = LearnedVerifyCost.starting_from(verify_cost(self.target, self.tap_layers))
-        return self.sizer
+        if self.learners is None:
+            start = LearnedVerifyCost.starting_from(verify_cost(self.target, self.tap_layers))
+            self.learners = SizingLearners(TreeSizer(), start)
+        return self.learners.sizer
 
     def check_draft_rounds(self, rounds: int) -> None:
         """ValueError unless this engine's drafter can run `rounds` tree-causal rounds."""
@@ -237,7 +234,7 @@ class ReferenceEngine:
         lane.commit(first.tokens)
         return lane, cache
 
-    def _trees(
+    def _draft(
         self,
         lanes: list[Lane],
         budget: int,
@@ -246,17 +243,16 @@ class ReferenceEngine:
         lookup: LookupMerge | None,
         sizer: TreeSizer | None,
         acceptance: str,
-    ) -> tuple[list[DraftTree], list[float], float]:
-        """Each lane's tree (cut to what pays by `sizer`, if any), the draft head seconds per round and the
-        tree-building seconds."""
+    ) -> Drafted:
+        """Each lane's tree (cut to what pays by `sizer`, if any): the draft phase."""
         if budget <= 1 or self.drafter is None:
             if budget > 1:
                 raise ValueError(
                     f"budget={budget} needs a drafter; pass a head (or use budget 0 for ordinary decoding)"
                 )
-            return [root_only_tree(lane.root_token) for lane in lanes], [], 0.0
+            trees = [root_only_tree(lane.root_token) for lane in lanes]
+            return Drafted(trees, 1, DraftTiming([], 0.0), adaptive=sizer is not None)
         spec = budget_spec(self.drafter.max_depth, budget, tree_width, self.config.fanout)
-        cost = self.verify_costs.curve(len(lanes)) if sizer is not None else None
         trees, timing = step_trees(
             self.drafter,
             lanes,
@@ -265,9 +261,10 @@ class ReferenceEngine:
             lookup=lookup,
             draw=acceptance == "draw",
             sizer=sizer,
-            cost=cost,
+            cost=self.learners.verify_costs.curve(len(lanes)) if sizer is not None else None,
         )
-        return trees, timing.round_s, timing.tree_s
+        adaptive = sizer is not None
+        return Drafted(trees, max(tree.size for tree in trees), timing, adaptive=adaptive, sized=adaptive)
 
     def _step(
         self,
@@ -280,46 +277,34 @@ class ReferenceEngine:
         sizer: TreeSizer | None,
         acceptance: str,
     ) -> StepRecord:
-        t_start = time.perf_counter()
-        trees, draft_round_s, tree_s = self._trees(lanes, budget, draft_rounds, tree_width, lookup, sizer, acceptance)
-        t_verify = time.perf_counter()
+        """One step, phase by phase as the SGLang worker's (adapter/worker.py `_decode_step`)."""
+        clock = StepClock(settle_on=self.target.device)
+        drafted = self._draft(lanes, budget, draft_rounds, tree_width, lookup, sizer, acceptance)
+        clock.mark("drafted")
         segments = [
             Segment(tree.tokens, tree.positions(int(cache.lengths[b])), tree.ancestor_mask())
-            for b, tree in enumerate(trees)
+            for b, tree in enumerate(drafted.trees)
         ]
+        clock.mark("bound")
         out = self.target.forward(cache, segments, self.tap_layers)
         logits = self.target.logits(out.hidden)
-        t_accept = settled_clock(logits)
-        if sizer is not None:  # the forward pads every lane to the longest tree
-            self.verify_costs.observe(len(lanes) * max(tree.size for tree in trees), t_accept - t_verify)
+        clock.mark("verified")
         results = accept_batch(
-            trees, logits, [lane.params for lane in lanes], [lane.generator for lane in lanes], acceptance
+            drafted.trees, logits, [lane.params for lane in lanes], [lane.generator for lane in lanes], acceptance
         )
-        if sizer is not None and budget > 1:
-            sizer.observe([r.path for r in results])
-        t_commit = time.perf_counter()
+        clock.mark("accepted")
         committed = self._commit(cache, lanes, results, out.taps)
-        t_end = time.perf_counter()
+        clock.mark("committed")
         if sizer is not None:
-            sizer.overhead.observe(t_end - t_accept, verified_tree=any(tree.size > 1 for tree in trees))
-        record = StepRecord(
-            batch_size=len(lanes),
-            budget=budget,
+            self.learners.observe(clock, drafted, [r.path for r in results])
+        gaps = [rank1_branch_gap(tree, logits[b]) for b, tree in enumerate(drafted.trees)]
+        return clock.record(
+            drafted,
+            budget,
+            [r.accept_length for r in results],
             committed_tokens=committed,
-            accept_lengths=[r.accept_length for r in results],
-            draft_s=sum(draft_round_s),
-            tree_s=tree_s,
-            verify_s=t_accept - t_verify,
-            accept_s=t_end - t_accept,
-            wall_s=t_end - t_start,
-            commit_s=t_end - t_commit,
-            draft_round_s=draft_round_s,
-            rank1_gaps=[rank1_branch_gap(tree, logits[b]) for b, tree in enumerate(trees)]
-            if self.config.rank1_gap
-            else None,
-            verified_nodes=sum(tree.size for tree in trees),
+            rank1_gaps=gaps if self.config.rank1_gap else None,
         )
-        return record
 
     def _commit(
         self, cache: SlotKVCache, lanes: list[Lane], results: list[AcceptResult], taps: torch.Tensor | None

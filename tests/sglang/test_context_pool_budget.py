@@ -1,4 +1,4 @@
-"""The head's context pool beside SGLang's KV pool (adapter/context_pool.py): its bytes per token join
+"""The head's context pool beside SGLang's KV pool (adapter/context_pool_memory.py): its bytes per token join
 the KV cell SGLang divides its memory budget by, it is allocated one entry per target slot, a pool that
 cannot be allocated is a start-up error naming the flags, and slots the allocator frees lose their
 context."""
@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from sglang_jetspec.adapter import context_pool as adapter_pool
+from sglang_jetspec.adapter import context_pool_memory as adapter_pool
 from sglang_jetspec.core import context_pool as core_pool
 from sglang_jetspec.core.context_pool import SlotContextPool
 from sglang_jetspec.core.head_io import read_head_config

@@ -28,6 +28,9 @@ from sglang.srt.sampling.sampling_params import SamplingParams as SGLangParams  
 
 from policies import load_policy  # noqa: E402
 from sglang_jetspec.adapter import spec_inputs as spec_inputs_module  # noqa: E402
+from sglang_jetspec.adapter import step_commit as step_commit_module  # noqa: E402
+from sglang_jetspec.adapter import step_reporter as step_reporter_module  # noqa: E402
+from sglang_jetspec.adapter import tree_verify as tree_verify_module  # noqa: E402
 from sglang_jetspec.adapter import worker as worker_module  # noqa: E402
 from sglang_jetspec.adapter.attention_backends import MaskLayout  # noqa: E402
 from sglang_jetspec.adapter.policy import PolicyControl, policy_path  # noqa: E402
@@ -64,6 +67,8 @@ class FakeTarget:
         # SGLang's model object as set_dflash_layers_to_capture leaves it; each forward records whether
         # the capture path was on
         self.model = SimpleNamespace(capture_aux_hidden_states=True, model=SimpleNamespace(layers_to_capture=[2]))
+        self.model_runner = SimpleNamespace(model=self.model)
+        self.tokenizer = target.tokenizer  # spells what a grammar forces (as TpModelWorker.tokenizer)
         self.captured: list[bool] = []
 
     def _run(self, lanes):  # lanes: (ids, positions, mask) per request
@@ -150,19 +155,19 @@ class FakeTarget:
 @pytest.fixture(scope="module")
 def worker(smollm2, head_dir):
     head = load_head(head_dir, smollm2.info)
-    w = worker_module.JetSpecWorker.__new__(worker_module.JetSpecWorker)  # no SGLang runtime on this CPU
-    w._target_worker = FakeTarget(smollm2, head.config.target_layer_ids)
-    w.model_runner = SimpleNamespace(model=w._target_worker.model)
-    w.device = torch.device("cpu")
-    w.speculative_num_draft_tokens = 256
-    w.mask_layout = MaskLayout.FULL  # the fake target applies the tree part of either layout
-    w.context_pool = SlotContextPool(head.config, 1 + MAX_REQS * MAX_LEN, torch.float32, "cpu")
-    w.drafter = HeadDrafter(head, smollm2.embed_tokens, smollm2.lm_head, context=w.context_pool)
-    w.tree_width, w.vocab_size = 8, head.config.vocab_size
-    w.tokenizer = smollm2.tokenizer  # spells what a grammar forces (as TpModelWorker.tokenizer)
-    w.metrics = w.shadow = w.token_to_kv_pool_allocator = None
-    w.ranks = SingleRank()  # tests/sglang_cpu/test_real_sglang_tp.py runs two
-    w.hybrid = LookupMerge(math.log(0.9), 2, 4, SuffixStore(), SuffixStore())  # as __init__ makes it, with empty stores
+    target = FakeTarget(smollm2, head.config.target_layer_ids)
+    w = worker_module.JetSpecWorker.assembled(  # no SGLang runtime on this CPU
+        target,
+        HeadDrafter(head, smollm2.embed_tokens, smollm2.lm_head),
+        load_policy(policy_path()),
+        LookupMerge(math.log(0.9), 2, 4, SuffixStore(), SuffixStore()),  # as __init__ makes it, with empty stores
+        ranks=SingleRank(),  # tests/sglang_cpu/test_real_sglang_tp.py runs two
+        device=torch.device("cpu"),
+        mask_layout=MaskLayout.FULL,  # the fake target applies the tree part of either layout
+        reserved=256,
+        tree_width=8,
+    )
+    w.use_context_pool(SlotContextPool(head.config, 1 + MAX_REQS * MAX_LEN, torch.float32, "cpu"), allocator=None)
     return w
 
 
@@ -172,9 +177,9 @@ def fresh(worker, monkeypatch):
     worker.states = DraftStateStore()
     worker.context_pool.clear()
     worker.policy_control = PolicyControl(load_policy(policy_path()), admin_key_configured=False)
-    worker.sizer, worker.verify_costs = TreeSizer(), LearnedVerifyCost()  # as __init__ makes them
+    worker.learners.sizer, worker.learners.verify_costs = TreeSizer(), LearnedVerifyCost()  # as __init__ makes them
     monkeypatch.setattr(worker_module, "record_stream_for_v2_verify", lambda *a: None)
-    monkeypatch.setattr(worker_module, "move_accept_tokens_to_target_kvcache", lambda *a: None)
+    monkeypatch.setattr(step_commit_module, "move_accept_tokens_to_target_kvcache", lambda *a: None)
     monkeypatch.setattr(spec_inputs_module, "assign_extend_cache_locs_func", _extend_cache_locs)
     return worker
 
@@ -361,7 +366,7 @@ def test_penalised_greedy_output_equals_plain_decoding_with_sglangs_penalizers(
     """Frequency, presence and repetition penalties through the worker's 16-node trees give plain
     decoding's tokens; applying them once per step (SGLang's relaxed way) must not."""
     if relaxed:
-        monkeypatch.setattr(worker_module, "apply_tree_penalties", _relaxed_penalties)
+        monkeypatch.setattr(tree_verify_module, "apply_tree_penalties", _relaxed_penalties)
     sampling = dict(frequency_penalty=0.6, presence_penalty=0.4, repetition_penalty=1.3)
     prompts = [smollm2.tokenizer(p)["input_ids"] for p in PROMPTS[::2]]
     reqs = [FakeReq(f"p{i}", ids, 28, temperature=0.0, **sampling) for i, ids in enumerate(prompts)]
@@ -482,7 +487,7 @@ def test_the_pool_holds_exactly_the_committed_tokens_context_at_their_slots(fres
     _, taps = fresh._target_worker._run(
         [(tokens, torch.arange(len(tokens)), torch.ones(len(tokens), len(tokens), dtype=torch.bool).tril())]
     )
-    want = fresh.drafter.head.project_context(taps[:1, : len(tokens)], torch.arange(len(tokens)).unsqueeze(0))
+    want = fresh.drafting.drafter.head.project_context(taps[:1, : len(tokens)], torch.arange(len(tokens)).unsqueeze(0))
     for layer, ref in enumerate(want):
         assert torch.allclose(pool.keys[layer, slots], ref.keys[0].transpose(0, 1), atol=1e-4)
         assert torch.allclose(pool.values[layer, slots], ref.values[0].transpose(0, 1), atol=1e-4)
@@ -490,7 +495,9 @@ def test_the_pool_holds_exactly_the_committed_tokens_context_at_their_slots(fres
 
 def test_budget_zero_is_plain_decoding_with_no_draft_work(fresh, smollm2, single_thread, monkeypatch, tmp_path):
     fresh.policy_control = _one_budget(tmp_path, 0)
-    monkeypatch.setattr(fresh.drafter, "propose", lambda *a, **k: pytest.fail("budget 0 must not run the head"))
+    monkeypatch.setattr(
+        fresh.drafting.drafter, "propose", lambda *a, **k: pytest.fail("budget 0 must not run the head")
+    )
     tee = RecordingTee()  # the finished request's speculation log, kept after its state is dropped
     monkeypatch.setattr(fresh, "shadow", WorkerShadow(tee, model="m", head="h"))
     req = FakeReq("z", smollm2.tokenizer(PROMPTS[0])["input_ids"], 6, temperature=0.0)
@@ -501,7 +508,7 @@ def test_budget_zero_is_plain_decoding_with_no_draft_work(fresh, smollm2, single
     sched.step()
     # the YAML default gates this cohort off: the request's decoded tokens keep no head context
     state = fresh.states.get("z")
-    assert state.blind and fresh.context_pool.valid_slots() == len(req.origin_input_ids)
+    assert state.gated_off and not state.drafts and fresh.context_pool.valid_slots() == len(req.origin_input_ids)
     while sched.running:
         sched.step()
     assert sched.accept_lens == [1] * 5
@@ -531,7 +538,7 @@ def test_a_pushed_budget_zero_keeps_the_draft_context_so_speculation_can_resume(
     for _ in range(3):
         sched.step()
     state = fresh.states.get("p")
-    assert not state.blind and fresh.context_pool.valid_slots() == len(prompt) + 3  # one per KV position
+    assert state.drafts and fresh.context_pool.valid_slots() == len(prompt) + 3  # one per KV position
     assert fresh._target_worker.captured[-3:] == [True] * 3  # their taps are read: SGLang captures them
     fresh.policy_control = PolicyControl(fresh.policy_control.policy, admin_key_configured=False)  # YAML: speculate
     while sched.running:
@@ -557,7 +564,7 @@ def test_policy_draft_rounds_and_width_shape_the_trees_and_stay_lossless(
     fresh, smollm2, reveal_drafter, single_thread, monkeypatch, tmp_path
 ):
     fresh.policy_control = _one_budget(tmp_path, 16, draft_rounds=1, tree_width=3)
-    monkeypatch.setattr(fresh, "drafter", reveal_drafter)
+    monkeypatch.setattr(fresh.drafting, "drafter", reveal_drafter)
     monkeypatch.setattr(reveal_drafter, "context", fresh.context_pool)
     passes, widest = [], []
     real = reveal_drafter.propose_children
@@ -586,7 +593,7 @@ def test_a_hybrid_cohort_merges_each_requests_prompt_lookup_and_stays_lossless(
     fresh, smollm2, single_thread, monkeypatch, tmp_path
 ):
     fresh.policy_control = _one_budget(tmp_path, 16, drafter="hybrid")
-    fresh.hybrid = LookupMerge(math.log(0.9), 2, 4, SuffixStore(), SuffixStore())
+    fresh.drafting.hybrid = LookupMerge(math.log(0.9), 2, 4, SuffixStore(), SuffixStore())
     merges = []
     real = tree_drafting_module.draft_trees
 
@@ -606,16 +613,16 @@ def test_a_hybrid_cohort_merges_each_requests_prompt_lookup_and_stays_lossless(
     sched.run(reqs)
     for req in reqs:
         assert req.output_ids == _plain_greedy(smollm2, req.origin_input_ids, 16), req.rid
-    assert merges and all(m is fresh.hybrid for m in merges)
+    assert merges and all(m is fresh.drafting.hybrid for m in merges)
     # each finished request's output joined the store the next requests look up
-    assert fresh.hybrid.recent.num_tokens == sum(len(req.output_ids) for req in reqs) == 32
+    assert fresh.drafting.hybrid.recent.num_tokens == sum(len(req.output_ids) for req in reqs) == 32
     assert max(sched.accept_lens) >= 5  # the repeating list: lookup guesses accepted deep
 
 
 def _verified_node_counts(worker, monkeypatch) -> list[int]:
     """Each verify step's node count per request, as the worker hands it to SGLang's verify inputs
     (1 for a root-only step, which runs as an ordinary decode forward)."""
-    counts, real, real_decode = [], worker_module.build_verify_tensors, worker_module.bind_decode_batch
+    counts, real, real_decode = [], tree_verify_module.build_verify_tensors, tree_verify_module.bind_decode_batch
 
     def spy(trees, seq_lens, num_nodes):
         counts.append(num_nodes)
@@ -625,8 +632,8 @@ def _verified_node_counts(worker, monkeypatch) -> list[int]:
         counts.append(1)
         return real_decode(batch, roots, device)
 
-    monkeypatch.setattr(worker_module, "build_verify_tensors", spy)
-    monkeypatch.setattr(worker_module, "bind_decode_batch", spy_decode)
+    monkeypatch.setattr(tree_verify_module, "build_verify_tensors", spy)
+    monkeypatch.setattr(tree_verify_module, "bind_decode_batch", spy_decode)
     return counts
 
 
@@ -640,9 +647,10 @@ def test_an_adaptive_cohort_times_both_ends_of_its_verify_cost_then_sizes_and_st
     assert reqs[0].output_ids == _plain_greedy(smollm2, reqs[0].origin_input_ids, 12)
     # an ordinary step, then the full tree, then what the learned curve says pays (never more than the budget)
     assert counts[:2] == [1, 16] and max(counts[2:]) <= 16
-    assert fresh.verify_costs.rows[0] == 1 and 16 in fresh.verify_costs.rows and fresh.verify_costs.probe(1, 16) is None
+    costs = fresh.learners.verify_costs
+    assert costs.rows[0] == 1 and 16 in costs.rows and costs.probe(1, 16) is None
     # both kinds of step timed after their verify: what a tree costs beyond the roots is charged from then on
-    assert set(fresh.sizer.overhead.mean_s) == {True, False} and fresh.sizer.overhead.extra_s >= 0
+    assert set(fresh.learners.sizer.overhead.mean_s) == {True, False} and fresh.learners.sizer.overhead.extra_s >= 0
 
 
 def test_an_adaptive_cohort_on_a_costly_verify_keeps_the_roots_and_rests_the_head(
@@ -650,8 +658,8 @@ def test_an_adaptive_cohort_on_a_costly_verify_keeps_the_roots_and_rests_the_hea
 ):
     fresh.policy_control = _one_budget(tmp_path, 16, tree_sizing="adaptive")
     for rows, seconds in ((1, 0.01), (64, 0.704)):  # every added row costs more than a whole step: no draft pays
-        fresh.verify_costs.observe(rows, seconds)
-    monkeypatch.setattr(fresh.verify_costs, "observe", lambda rows, seconds: None)  # the curve stays as set
+        fresh.learners.verify_costs.observe(rows, seconds)
+    monkeypatch.setattr(fresh.learners.verify_costs, "observe", lambda rows, seconds: None)  # the curve stays as set
     counts = _verified_node_counts(fresh, monkeypatch)
     head_steps, real = [], tree_drafting_module.draft_trees
     monkeypatch.setattr(tree_drafting_module, "draft_trees", lambda *a, **k: head_steps.append(1) or real(*a, **k))
@@ -747,7 +755,7 @@ def test_each_verify_step_is_a_span_with_its_phases_when_sglang_tracing_is_on(
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    monkeypatch.setattr(worker_module, "step_tracer", lambda: provider.get_tracer("test"))
+    monkeypatch.setattr(step_reporter_module, "step_tracer", lambda: provider.get_tracer("test"))
     fresh.policy_control = _one_budget(tmp_path, 16)
     reqs = [FakeReq(rid, smollm2.tokenizer(p)["input_ids"], 6, temperature=0.0) for rid, p in zip("xy", PROMPTS)]
     sched = Scheduler(fresh)
@@ -814,10 +822,10 @@ def test_the_worker_builds_from_resolved_server_arguments(
     )
     monkeypatch.setattr(worker_module, "sglang_ranks", SingleRank)  # no SGLang process groups here
     w = worker_module.JetSpecWorker(server_args, gpu_id=0, nccl_port=0, target_worker=target_worker)
-    assert tuple(captured) == w.head.config.target_layer_ids == (1, 10, 18, 27)
+    assert tuple(captured) == w.drafting.drafter.head.config.target_layer_ids == (1, 10, 18, 27)
     assert "JetSpecDraftModel" in ModelRegistry.models
-    assert w.metrics is None and w.shadow is None and w.tree_width == 8
-    assert w.mask_layout == MaskLayout.QLEN_ONLY  # intel_amx reads the N x N tree part only
+    assert w.metrics is None and w.shadow is None and w.drafting.tree_width == 8
+    assert w.verifier.mask_layout == MaskLayout.QLEN_ONLY  # intel_amx reads the N x N tree part only
     assert w.policy_control.step_plan(1, 0.0).budget > 0
 
 
@@ -885,9 +893,8 @@ def _syncs_per_step(worker, smollm2, prompts, steps=3):
     encode = lambda text: smollm2.tokenizer(text)["input_ids"]  # noqa: E731
     sched = Scheduler(worker)
     sched.admit([FakeReq(f"h{i}", encode(p), 40, temperature=0.0) for i, p in enumerate(prompts)])
-    weights = [
-        p for m in (worker.drafter.head, worker.drafter.embed_tokens, worker.drafter.lm_head) for p in m.parameters()
-    ]
+    drafter = worker.drafting.drafter
+    weights = [p for m in (drafter.head, drafter.embed_tokens, drafter.lm_head) for p in m.parameters()]
     real = worker._target_worker.forward_batch_generation
     counts = []
     for _ in range(steps):

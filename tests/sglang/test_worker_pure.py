@@ -136,19 +136,19 @@ def test_join_chunked_prefill_and_finish():
     a = store.extended("a", SamplingParams(), prefix_held=True)  # first chunk
     assert store.extended("a", SamplingParams(), prefix_held=True) is a  # second chunk: the same state
     b = store.extended("b", SamplingParams(temperature=1.0, seed=5), prefix_held=True)  # joins mid-batch
-    assert not a.blind and not b.blind and len(store) == 2
+    assert a.drafts and b.drafts and len(store) == 2
     assert store.drop("a") is a and "a" not in store and store.drop("a") is None
     assert store.rids() == ["b"]
 
 
-def test_a_prefix_whose_context_is_not_in_the_pool_makes_the_request_blind_not_wrong():
+def test_a_prefix_whose_context_is_not_in_the_pool_stops_the_request_drafting_not_decoding():
     store = DraftStateStore()
     hit = store.extended("h", SamplingParams(), prefix_held=False)  # written while speculation was off
-    assert hit.blind
+    assert hit.context_lost and not hit.drafts
+    assert store.extended("h", SamplingParams(), prefix_held=True).context_lost  # for good (e.g. after a retraction)
     ok = store.extended("o", SamplingParams(), prefix_held=True)
-    ok.stop_drafting()  # its cohort gated off by default
-    assert ok.blind
-    assert store.extended("o", SamplingParams(), prefix_held=True).blind  # blind stays blind (e.g. after a retraction)
+    ok.gated_off = True  # its cohort gated off by default
+    assert not ok.drafts and not ok.context_lost
 
 
 def test_each_request_has_its_own_seeded_generator():

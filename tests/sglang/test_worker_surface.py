@@ -57,8 +57,8 @@ def test_every_attribute_the_scheduler_uses_exists():
         "speculative_num_steps",
     } <= surface
     assert OTHER_ALGORITHMS <= surface, "an excluded name vanished from SGLang: shrink OTHER_ALGORITHMS"
-    instance_attrs = {"model_runner", "speculative_num_steps", "speculative_num_draft_tokens"}  # set in __init__
-    init_source = inspect.getsource(JetSpecWorker.__init__)
+    instance_attrs = {"model_runner", "speculative_num_steps", "speculative_num_draft_tokens"}  # set at start-up
+    init_source = inspect.getsource(JetSpecWorker.__init__) + inspect.getsource(JetSpecWorker._assemble)
     assert all(f"self.{a} =" in init_source for a in instance_attrs)
     missing = sorted(n for n in surface - OTHER_ALGORITHMS - instance_attrs if not hasattr(JetSpecWorker, n))
     assert missing == []
@@ -100,8 +100,7 @@ def test_base_class_defaults_the_worker_relies_on():
 
     assert issubclass(JetSpecWorker, BaseSpecWorker)
     worker = JetSpecWorker.__new__(JetSpecWorker)
-    BaseSpecWorker.__init__(worker)  # what JetSpecWorker.__init__ calls first
-    worker._draft_worker = None
+    BaseSpecWorker.__init__(worker)  # what JetSpecWorker._assemble calls first
     assert worker._draft_model_runners() == () and worker.weight_update_runners() == []
     assert worker.primary_draft_kv_pool is None and worker.draft_worker is None
     assert (

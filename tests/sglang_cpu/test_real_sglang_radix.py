@@ -1,5 +1,5 @@
 """JETSPEC with SGLang's radix (prefix) cache on: the head's context of a cached prefix comes from the
-context pool beside the KV (sglang_jetspec/adapter/context_pool.py), so cache hits speculate as well as
+context pool beside the KV (sglang_jetspec/adapter/context_pool_memory.py), so cache hits speculate as well as
 a request computed from scratch, and greedy output equals plain SGLang's with the cache on.
 
 One plain and one JETSPEC server, both with the radix cache and a KV pool small enough that later

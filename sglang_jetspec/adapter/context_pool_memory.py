@@ -1,4 +1,4 @@
-"""The head's context pool beside SGLang's KV pool: sized with it, freed with it.
+"""The memory of the head's context pool beside SGLang's KV pool: sized with it, allocated with it, freed with it.
 
 - Budget (AFTER `pool_configurator._dflash_draft_cell_size`, the bytes per token a DFLASH draft pool
   adds to the target's KV cell): JETSPEC's cell gains the pool's bytes per token, so

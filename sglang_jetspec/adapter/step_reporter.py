@@ -1,0 +1,41 @@
+"""Everything a decode step reports, in one place, fed by the phases' values: the step's clock (settled
+on the device only when someone reads it), its StepRecord to metrics and traces, and what adaptive
+sizing learns from it (core.step_clock.SizingLearners).
+
+Metrics and traces come from the drafting rank alone (tensor parallelism: the others would repeat it).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from policies import StepPlan
+from sglang_jetspec.adapter.step_outputs import StepOutputs
+from sglang_jetspec.adapter.worker_observability import step_tracer, trace_step
+from sglang_jetspec.core.step_clock import Drafted, SizingLearners, StepClock
+
+
+class StepReporter:
+    def __init__(self, metrics, traces: bool, learners: SizingLearners, device: torch.device) -> None:
+        """`metrics`: the worker's JetspecMetrics or None; `traces`: this rank may send step spans."""
+        self.metrics, self.traces, self.learners, self.device = metrics, traces, learners, device
+
+    def _tracer(self):
+        return step_tracer() if self.traces else None
+
+    def start(self, adaptive: bool) -> StepClock:
+        """The clock of a step; it settles on the device when metrics or traces read it, or when the
+        step sizes adaptively (sizing learns the verify cost from it)."""
+        observed = self.metrics is not None or self._tracer() is not None
+        return StepClock(self.device if observed or adaptive else None)
+
+    def finish(self, clock: StepClock, plan: StepPlan, drafted: Drafted, out: StepOutputs, request_ids: list) -> None:
+        self.learners.observe(clock, drafted, [result.path for result in out.results])
+        tracer = self._tracer()
+        if self.metrics is None and tracer is None:
+            return
+        record = clock.record(drafted, plan.budget, out.row_counts)
+        if self.metrics is not None:
+            self.metrics.record_step(plan.cohort, record)
+        if tracer is not None:
+            trace_step(tracer, plan.cohort, record, clock.start_ns, request_ids)

@@ -1,0 +1,112 @@
+"""One verify step's clock and what it teaches, shared by every engine (the reference engine and the
+SGLang worker).
+
+A step runs the same phases in both engines: draft (the head and the trees: `Drafted`), bind (the
+verify's inputs: positions, masks, grammar rows), verify (the target's forward and its logits), accept
+and commit. The engine marks each boundary on a `StepClock`; the clock's readings make the step's
+StepRecord and feed adaptive sizing's learners (`SizingLearners`): the verify cost by rows, the
+accepted paths of sized trees, and what a tree costs after its verify.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from .learned_verify_cost import LearnedVerifyCost
+from .step_record import StepRecord
+from .tree import DraftTree
+from .tree_drafting import DraftTiming
+from .tree_sizing import TreeSizer
+
+# every boundary an engine marks, in order; "start" is the clock's creation
+PHASE_ENDS = ("drafted", "bound", "verified", "accepted", "committed")
+
+
+@dataclass(frozen=True)
+class Drafted:
+    """The draft phase's value: each request's tree, the verify rows per request (the longest tree: a
+    batched verify pads every request to it), the head's and the tree builder's seconds, and whether
+    adaptive sizing drove the step (`adaptive`) and cut these trees (`sized`)."""
+
+    trees: list[DraftTree]
+    num_nodes: int
+    timing: DraftTiming
+    adaptive: bool = False
+    sized: bool = False
+
+
+class StepClock:
+    """The readings of one step. With `settle_on` a device, each boundary first waits for it: on a GPU
+    an unsettled reading measures kernel launches and bills their work to whichever phase syncs next.
+    Without it the step never stalls for a clock (nobody reads the timings closely enough to pay)."""
+
+    def __init__(self, settle_on: torch.device | None = None) -> None:
+        self.settle_on = settle_on
+        self.start_ns = time.time_ns()
+        self._at = {"start": time.perf_counter()}
+
+    @property
+    def settled(self) -> bool:
+        return self.settle_on is not None
+
+    def mark(self, phase_end: str) -> None:
+        if phase_end not in PHASE_ENDS:
+            raise ValueError(f"phase end {phase_end!r}: one of {', '.join(PHASE_ENDS)}")
+        if self.settle_on is not None and self.settle_on.type != "cpu":
+            torch.get_device_module(self.settle_on).synchronize(self.settle_on)
+        self._at[phase_end] = time.perf_counter()
+
+    def seconds(self, since: str, until: str) -> float:
+        return self._at[until] - self._at[since]
+
+    @property
+    def verify_s(self) -> float:
+        return self.seconds("bound", "verified")
+
+    @property
+    def after_verify_s(self) -> float:
+        """Acceptance and commit: what a step costs after its verify forward."""
+        return self.seconds("verified", "committed")
+
+    def record(
+        self, drafted: Drafted, budget: int, accept_lengths: list[int], committed_tokens: int | None = None, **extra
+    ) -> StepRecord:
+        """The StepRecord of a step whose every phase end is marked; binding the verify's inputs counts as
+        building the trees. `committed_tokens` defaults to the accept lengths' sum (the reference engine
+        passes fewer when a request finished mid-path); `extra`: StepRecord's optional fields."""
+        return StepRecord(
+            batch_size=len(drafted.trees),
+            budget=budget,
+            committed_tokens=sum(accept_lengths) if committed_tokens is None else committed_tokens,
+            accept_lengths=accept_lengths,
+            draft_s=drafted.timing.draft_s,
+            tree_s=drafted.timing.tree_s + self.seconds("drafted", "bound"),
+            verify_s=self.verify_s,
+            accept_s=self.after_verify_s,
+            commit_s=self.seconds("accepted", "committed"),
+            wall_s=self.seconds("start", "committed"),
+            draft_round_s=list(drafted.timing.round_s),
+            verified_nodes=sum(tree.size for tree in drafted.trees),
+            **extra,
+        )
+
+
+@dataclass
+class SizingLearners:
+    """What adaptive sizing learns from an engine's own steps: the verify cost by rows (from every
+    settled step, so a cohort that turns adaptive later finds a curve) and, through the sizer, the
+    accepted paths of the trees it cut and the seconds a tree costs after its verify."""
+
+    sizer: TreeSizer
+    verify_costs: LearnedVerifyCost
+
+    def observe(self, clock: StepClock, drafted: Drafted, paths: list[list[int]]) -> None:
+        if clock.settled:
+            self.verify_costs.observe(len(drafted.trees) * drafted.num_nodes, clock.verify_s)
+        if drafted.sized:
+            self.sizer.observe(paths)
+        if drafted.adaptive:
+            self.sizer.overhead.observe(clock.after_verify_s, verified_tree=drafted.num_nodes > 1)
