@@ -48,7 +48,8 @@ SERVER_ARGS_KEY = "server_args"
 INTERNAL_STATES_KEY = "internal_states"
 POLICY_KEY = "jetspec_policy"
 FLAT_PREFIX = POLICY_KEY + "."
-_FLAT_FIELDS = (
+# a cohort's fields in the flat form: jetspec_policy.<cohort>.<field>
+FLAT_FIELDS = (
     "budget",
     "draft_rounds",
     "tree_width",
@@ -181,7 +182,7 @@ def _shown(value: Any) -> str:
 
 def max_flat_keys(policy: Policy) -> int:
     """The most keys a push of this policy's table can have: ttl_s and every field of every cohort."""
-    return 1 + len(policy.cohorts) * len(_FLAT_FIELDS)
+    return 1 + len(policy.cohorts) * len(FLAT_FIELDS)
 
 
 def table_from_flat_args(flat: dict[str, Any], policy: Policy, head: HeadCapacity | None = None) -> PolicyTable:
@@ -196,7 +197,7 @@ def table_from_flat_args(flat: dict[str, Any], policy: Policy, head: HeadCapacit
                 Problem(
                     (SERVER_ARGS_KEY,),
                     f"{len(flat)} {FLAT_PREFIX}* keys, more than a table of cohorts {names} has ({limit})",
-                    f"send {FLAT_PREFIX}ttl_s and {FLAT_PREFIX}<cohort>.{{{','.join(_FLAT_FIELDS)}}} only",
+                    f"send {FLAT_PREFIX}ttl_s and {FLAT_PREFIX}<cohort>.{{{','.join(FLAT_FIELDS)}}} only",
                 )
             ]
         )
@@ -207,7 +208,7 @@ def table_from_flat_args(flat: dict[str, Any], policy: Policy, head: HeadCapacit
         cohort, _, field = key.removeprefix(FLAT_PREFIX).rpartition(".")
         if key == f"{FLAT_PREFIX}ttl_s":
             cohort, field = None, "ttl_s"
-        known = cohort is None or (key.startswith(FLAT_PREFIX) and cohort in values and field in _FLAT_FIELDS)
+        known = cohort is None or (key.startswith(FLAT_PREFIX) and cohort in values and field in FLAT_FIELDS)
         if isinstance(value, (dict, list)):  # a nested table: SGLang's own request type refuses it
             problem = Problem(
                 (key,),
@@ -219,7 +220,7 @@ def table_from_flat_args(flat: dict[str, Any], policy: Policy, head: HeadCapacit
             problem = Problem(
                 (key,),
                 f"unknown key {_clipped(key)}",
-                f"send {FLAT_PREFIX}ttl_s and {FLAT_PREFIX}<cohort>.{{{','.join(_FLAT_FIELDS)}}} for cohorts {names}",
+                f"send {FLAT_PREFIX}ttl_s and {FLAT_PREFIX}<cohort>.{{{','.join(FLAT_FIELDS)}}} for cohorts {names}",
             )
         else:
             problem = _type_problem(key, field, value)

@@ -44,6 +44,7 @@ def tree_paths(tree) -> list[tuple[int, ...]]:
 
 @st.composite
 def draft_and_spec(draw):
+    """A drawn draft's per-depth top-K (tokens, log-probs) under a drawn tree spec, and the spec."""
     depth = draw(st.integers(1, 5))
     vocab = draw(st.integers(2, 9))
     width = draw(st.integers(1, vocab))
@@ -61,14 +62,13 @@ def draft_and_spec(draw):
         width=width,
         fanout=draw(st.sampled_from(["uniform", "top2gap"])),
     )
-    return logits, spec
+    return *top_k_per_depth(logits, spec.width), spec
 
 
 @settings(max_examples=300, deadline=None)
 @given(draft_and_spec())
 def test_best_first_equals_brute_force(case):
-    logits, spec = case
-    tokens, logprobs = top_k_per_depth(logits, spec.width)
+    tokens, logprobs, spec = case
     tree = build_tree(7, tokens, logprobs, spec)
     expected = brute_force_paths(logprobs, spec)
     assert tree_paths(tree) == expected
@@ -79,8 +79,7 @@ def test_best_first_equals_brute_force(case):
 @settings(max_examples=200, deadline=None)
 @given(draft_and_spec())
 def test_tree_tensors_are_consistent(case):
-    logits, spec = case
-    tokens, logprobs = top_k_per_depth(logits, spec.width)
+    tokens, logprobs, spec = case
     tree = build_tree(3, tokens, logprobs, spec)
     parents, depths = tree.parents.tolist(), tree.depths.tolist()
     anc = tree.ancestor_mask()

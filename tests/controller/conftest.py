@@ -10,9 +10,7 @@ SGLang's rule with --api-key and --admin-api-key both set instead: /server_info 
 from __future__ import annotations
 
 import json
-import threading
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -21,6 +19,7 @@ from policies.control_api import handle_server_info, handle_set_internal_state
 from policies.loader import parse_policy_text
 from policies.runtime import ActivePolicy
 from policies.schema import Policy
+from tests.loopback import QuietHandler, serving
 
 ADMIN_KEY = "test-admin-key"
 API_KEY = "test-api-key"
@@ -107,34 +106,26 @@ def control_server(test_policy: Policy):
     state = ControlServer(url="", admin_key=ADMIN_KEY, active=active, now=[1000.0], fail_next=[0])
     scrapes = [0]
 
-    class Handler(BaseHTTPRequestHandler):
-        def _answer(self, status: int, body: bytes, content_type: str = "application/json") -> None:
-            self.send_response(status)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
+    class Handler(QuietHandler):
         def _handle(self, method: str) -> None:
-            length = int(self.headers.get("Content-Length") or 0)
-            body = self.rfile.read(length) if length else b""
+            body = self.body()
             state.requests.append(Request(method, self.path, dict(self.headers), body))
             if self.path != "/metrics" and state.fail_next[0] > 0:
                 state.fail_next[0] -= 1
-                return self._answer(503, b'{"error": "overloaded"}')
+                return self.answer(503, b'{"error": "overloaded"}')
             if method == "GET" and self.path == "/metrics":
                 scrapes[0] += 1
-                return self._answer(200, _metrics_page(scrapes[0]).encode(), "text/plain")
+                return self.answer(200, _metrics_page(scrapes[0]).encode(), "text/plain")
             if method == "GET" and self.path == "/server_info":
                 if state.api_key is not None and self.headers.get("Authorization") != f"Bearer {state.api_key}":
-                    return self._answer(401, b'{"error": "Unauthorized"}')  # SGLang's answer
-                return self._answer(200, json.dumps(handle_server_info(active, state.now[0])).encode())
+                    return self.answer(401, b'{"error": "Unauthorized"}')  # SGLang's answer
+                return self.answer(200, json.dumps(handle_server_info(active, state.now[0])).encode())
             if method == "POST" and self.path == "/set_internal_state":
                 status, payload = handle_set_internal_state(
                     active, body, self.headers.get("Authorization"), ADMIN_KEY, state.now[0]
                 )
-                return self._answer(status, json.dumps(payload).encode())
-            return self._answer(404, b"{}")
+                return self.answer(status, json.dumps(payload).encode())
+            return self.answer(404, b"{}")
 
         def do_GET(self) -> None:  # noqa: N802 (http.server naming)
             self._handle("GET")
@@ -142,16 +133,6 @@ def control_server(test_policy: Policy):
         def do_POST(self) -> None:  # noqa: N802
             self._handle("POST")
 
-        def log_message(self, *args) -> None:  # keep test output clean
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    state.url = f"http://127.0.0.1:{server.server_address[1]}"
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
-    thread.start()
-    try:
+    with serving(Handler) as url:
+        state.url = url
         yield state
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)

@@ -23,22 +23,31 @@ def fast_policy(tmp_path: Path, test_policy_yaml: str) -> Path:
     return path
 
 
-def test_dry_run_logs_decisions_and_never_pushes(control_server, fast_policy, capsys):
-    code = main(
-        [
-            "--policy",
-            str(fast_policy),
-            "--server",
-            control_server.url,
-            "--dry-run",
-            "--max-intervals",
-            "3",
-            "--metrics-port",
-            "0",
-            "--log-level",
-            "WARNING",
-        ]
-    )
+@pytest.fixture
+def run_loop(control_server, fast_policy):
+    """`python -m controller FLAGS` on the control server with the fast policy, a free metrics port and
+    quiet logs: its exit code."""
+
+    def run(*flags: str) -> int:
+        return main(
+            [
+                "--policy",
+                str(fast_policy),
+                "--server",
+                control_server.url,
+                "--metrics-port",
+                "0",
+                "--log-level",
+                "WARNING",
+                *flags,
+            ]
+        )
+
+    return run
+
+
+def test_dry_run_logs_decisions_and_never_pushes(control_server, run_loop, capsys):
+    code = run_loop("--dry-run", "--max-intervals", "3")
     assert code == 0
     records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert {r["cohort"] for r in records} == {"bs1", "bs2-8"}
@@ -49,7 +58,7 @@ def test_dry_run_logs_decisions_and_never_pushes(control_server, fast_policy, ca
 
 @pytest.mark.parametrize("default_api_key", [None, "unused-api-key"])
 def test_live_loop_pushes_with_the_key_from_the_environment(
-    control_server, fast_policy, admin_key, monkeypatch, default_api_key, caplog
+    control_server, run_loop, admin_key, monkeypatch, default_api_key, caplog
 ):
     # A server without an API key (the reference server) works whether $JETSPEC_API_KEY is set or not.
     monkeypatch.setenv("MY_ADMIN_KEY", admin_key)
@@ -57,22 +66,7 @@ def test_live_loop_pushes_with_the_key_from_the_environment(
         monkeypatch.delenv("JETSPEC_API_KEY", raising=False)
     else:
         monkeypatch.setenv("JETSPEC_API_KEY", default_api_key)
-    code = main(
-        [
-            "--policy",
-            str(fast_policy),
-            "--server",
-            control_server.url,
-            "--admin-key-env",
-            "MY_ADMIN_KEY",
-            "--max-intervals",
-            "2",
-            "--metrics-port",
-            "0",
-            "--log-level",
-            "WARNING",
-        ]
-    )
+    code = run_loop("--admin-key-env", "MY_ADMIN_KEY", "--max-intervals", "2")
     assert code == 0
     assert control_server.posts()
     assert control_server.active.state(control_server.now[0]).source == "pushed"
@@ -83,29 +77,12 @@ def test_live_loop_pushes_with_the_key_from_the_environment(
 
 
 def test_live_loop_reads_back_with_the_api_key_from_the_environment(
-    control_server, fast_policy, admin_key, api_key, monkeypatch, caplog
+    control_server, run_loop, admin_key, api_key, monkeypatch, caplog
 ):
     control_server.api_key = api_key  # SGLang with --api-key and --admin-api-key
     monkeypatch.setenv("MY_ADMIN_KEY", admin_key)
     monkeypatch.setenv("MY_API_KEY", api_key)
-    code = main(
-        [
-            "--policy",
-            str(fast_policy),
-            "--server",
-            control_server.url,
-            "--admin-key-env",
-            "MY_ADMIN_KEY",
-            "--api-key-env",
-            "MY_API_KEY",
-            "--max-intervals",
-            "2",
-            "--metrics-port",
-            "0",
-            "--log-level",
-            "WARNING",
-        ]
-    )
+    code = run_loop("--admin-key-env", "MY_ADMIN_KEY", "--api-key-env", "MY_API_KEY", "--max-intervals", "2")
     assert code == 0
     assert {r.headers["Authorization"] for r in control_server.posts()} == {f"Bearer {admin_key}"}
     readbacks = control_server.readbacks()
@@ -116,25 +93,12 @@ def test_live_loop_reads_back_with_the_api_key_from_the_environment(
 
 
 def test_without_the_api_key_the_readback_failure_names_the_flag(
-    control_server, fast_policy, admin_key, api_key, monkeypatch, caplog
+    control_server, run_loop, admin_key, api_key, monkeypatch, caplog
 ):
     control_server.api_key = api_key
     monkeypatch.setenv("JETSPEC_ADMIN_KEY", admin_key)
     monkeypatch.delenv("JETSPEC_API_KEY", raising=False)
-    code = main(
-        [
-            "--policy",
-            str(fast_policy),
-            "--server",
-            control_server.url,
-            "--max-intervals",
-            "2",
-            "--metrics-port",
-            "0",
-            "--log-level",
-            "WARNING",
-        ]
-    )
+    code = run_loop("--max-intervals", "2")
     assert code == 0
     assert f"resume: cannot read {control_server.url}: GET {control_server.url}/server_info answered 401" in caplog.text
     assert (
@@ -145,33 +109,20 @@ def test_without_the_api_key_the_readback_failure_names_the_flag(
     assert "missing or wrong admin key" not in caplog.text
 
 
-def test_an_api_key_variable_named_but_unset_is_a_usage_error(
-    control_server, fast_policy, admin_key, monkeypatch, capsys
-):
+def test_an_api_key_variable_named_but_unset_is_a_usage_error(control_server, run_loop, admin_key, monkeypatch, capsys):
     monkeypatch.setenv("JETSPEC_ADMIN_KEY", admin_key)
     monkeypatch.delenv("MY_API_KEY", raising=False)
     with pytest.raises(SystemExit) as exited:
-        main(
-            [
-                "--policy",
-                str(fast_policy),
-                "--server",
-                control_server.url,
-                "--api-key-env",
-                "MY_API_KEY",
-                "--metrics-port",
-                "0",
-            ]
-        )
+        run_loop("--api-key-env", "MY_API_KEY")
     assert exited.value.code == 2
     assert "--api-key-env MY_API_KEY: $MY_API_KEY is not set" in capsys.readouterr().err
     assert control_server.requests == []
 
 
-def test_missing_admin_key_is_a_usage_error(control_server, fast_policy, monkeypatch, capsys):
+def test_missing_admin_key_is_a_usage_error(run_loop, monkeypatch, capsys):
     monkeypatch.delenv("JETSPEC_ADMIN_KEY", raising=False)
     with pytest.raises(SystemExit) as exited:
-        main(["--policy", str(fast_policy), "--server", control_server.url, "--metrics-port", "0"])
+        run_loop()
     assert exited.value.code == 2
     assert "$JETSPEC_ADMIN_KEY is not set" in capsys.readouterr().err
 

@@ -16,6 +16,7 @@ from controller.server_client import PushRejected, ServerClient, ServerUnavailab
 from controller.telemetry import ScrapeSource
 from policies.problems import PolicyError
 from policies.table import PolicyTable, default_table
+from tests.policies.test_policy_table import FLAT_BS1_64_PROBING_16
 
 
 class Clock:
@@ -57,23 +58,8 @@ def test_push_sends_the_admin_key_and_flat_numeric_keys(control_server, test_pol
     (post,) = control_server.posts()
     assert post.path == "/set_internal_state"
     assert post.headers["Authorization"] == f"Bearer {control_server.admin_key}"
-    assert json.loads(post.body) == {
-        "server_args": {  # SGLang's request type admits only numbers
-            "jetspec_policy.ttl_s": 90.0,
-            "jetspec_policy.bs1.budget": 64,
-            "jetspec_policy.bs1.draft_rounds": 0,
-            "jetspec_policy.bs1.tree_width": 0,
-            "jetspec_policy.bs1.drafter": 0,
-            "jetspec_policy.bs1.sampled_children": 0,
-            "jetspec_policy.bs1.probe_budget": 16,
-            "jetspec_policy.bs1.probe_share": 0.05,
-            "jetspec_policy.bs2-8.budget": 4,
-            "jetspec_policy.bs2-8.draft_rounds": 0,
-            "jetspec_policy.bs2-8.tree_width": 0,
-            "jetspec_policy.bs2-8.drafter": 0,
-            "jetspec_policy.bs2-8.sampled_children": 0,
-        }
-    }
+    # SGLang's request type admits only numbers: the flat keys
+    assert json.loads(post.body) == {"server_args": FLAT_BS1_64_PROBING_16}
     assert [r.path for r in control_server.requests] == ["/set_internal_state", "/server_info"]  # push, readback
     readback = make_client(control_server, test_policy).read_state()
     assert readback.table == table and readback.expires_at == control_server.now[0] + 90

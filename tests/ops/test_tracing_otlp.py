@@ -11,7 +11,6 @@ import subprocess
 import sys
 import threading
 from concurrent import futures
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import grpc
 import pytest
@@ -22,6 +21,7 @@ from controller.decider import Decision
 from controller.observability import Observer, make_tracer
 from sglang_jetspec.observability.tracing import WORKER_TRACER, build_provider, exporters_from_env
 from sglang_jetspec.serving.server import JetspecServer
+from tests.loopback import QuietHandler, serving
 
 PHASES = {"jetspec.draft", "jetspec.tree", "jetspec.verify", "jetspec.accept", "jetspec.commit"}
 
@@ -56,29 +56,18 @@ def attributes(span) -> dict:
 def http_receiver():
     received = Received()
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(QuietHandler):
         def do_POST(self):  # noqa: N802
-            body = self.rfile.read(int(self.headers["Content-Length"]))
+            body = self.body()
             if self.headers.get("Content-Encoding") == "gzip":
                 body = gzip.decompress(body)
             assert self.path == "/v1/traces" and self.headers["Content-Type"] == "application/x-protobuf"
             received.add(trace_service_pb2.ExportTraceServiceRequest.FromString(body))
             reply = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/x-protobuf")
-            self.send_header("Content-Length", str(len(reply)))
-            self.end_headers()
-            self.wfile.write(reply)
+            self.answer(200, reply, "application/x-protobuf")
 
-        def log_message(self, *args):
-            pass
-
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}/v1/traces", received
-    httpd.shutdown()
-    httpd.server_close()
+    with serving(Handler) as url:
+        yield f"{url}/v1/traces", received
 
 
 @pytest.fixture()

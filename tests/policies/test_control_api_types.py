@@ -11,7 +11,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from policies.control_api import handle_set_internal_state, max_flat_keys, table_from_flat_args, table_to_flat_args
+from policies.control_api import (
+    FLAT_FIELDS,
+    handle_set_internal_state,
+    max_flat_keys,
+    table_from_flat_args,
+    table_to_flat_args,
+)
 from policies.head import HeadCapacity
 from policies.problems import PolicyError
 from policies.runtime import ActivePolicy
@@ -144,18 +150,10 @@ JSON_VALUES = st.recursive(
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
     max_leaves=6,
 )
-FIELDS = [
-    "budget",
-    "draft_rounds",
-    "tree_width",
-    "drafter",
-    "tree_sizing",
-    "sampled_children",
-    "probe_budget",
-    "probe_share",
-]
 KEYS = st.one_of(
-    st.sampled_from(["jetspec_policy.ttl_s"] + [f"jetspec_policy.{c}.{f}" for c in ("bs1", "bs2-8") for f in FIELDS]),
+    st.sampled_from(
+        ["jetspec_policy.ttl_s"] + [f"jetspec_policy.{c}.{f}" for c in ("bs1", "bs2-8") for f in FLAT_FIELDS]
+    ),
     st.text(max_size=30),
 )
 

@@ -4,8 +4,6 @@ logprob fields with real SmolLM2 log-probabilities computed locally (not a mocke
 from __future__ import annotations
 
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
 import pytest
@@ -14,6 +12,7 @@ import torch
 from sglang_jetspec.spool.record import RecordSampling, ShadowRecord
 from shadow.checks import sampled_transform
 from shadow.reference import HttpReference, LocalReference, ReferenceError
+from tests.loopback import QuietHandler, serving
 
 
 @pytest.fixture(scope="module")
@@ -25,9 +24,9 @@ def sglang_like(smollm2):
     local = LocalReference(smollm2)
     requests = []
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(QuietHandler):
         def do_POST(self):  # noqa: N802
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            body = json.loads(self.body())
             requests.append(body)
             ids, start, top = body["input_ids"], body["logprob_start_len"], body["top_logprobs_num"]
             probe = ShadowRecord(
@@ -51,19 +50,10 @@ def sglang_like(smollm2):
                     for vs, ix in zip(values.tolist(), indices.tolist())
                 ],
             }
-            payload = json.dumps({"text": "", "output_ids": [], "meta_info": meta}).encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(payload)))
-            self.end_headers()
-            self.wfile.write(payload)
+            self.answer(200, json.dumps({"text": "", "output_ids": [], "meta_info": meta}).encode())
 
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}", requests, local
-    server.shutdown()
+    with serving(Handler) as url:
+        yield url, requests, local
 
 
 def _record(smollm2, temperature: float) -> ShadowRecord:

@@ -10,9 +10,9 @@ import os
 import subprocess
 import sys
 from collections import defaultdict
-from pathlib import Path
 
 import pytest
+from ops_support import REPO
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -23,8 +23,6 @@ from sglang_jetspec.core.sampling import SamplingParams
 from sglang_jetspec.core.step_record import StepRecord
 from sglang_jetspec.observability.metrics import STEP_COUNTERS, JetspecMetrics
 from sglang_jetspec.reference.engine import EngineConfig, ReferenceEngine, Request
-
-REPO = Path(__file__).resolve().parents[1]
 
 POLICY = parse_policy_text(
     """\
