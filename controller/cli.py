@@ -13,9 +13,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import sys
-import threading
 import time
 
 from controller.http import urllib_transport
@@ -27,6 +25,7 @@ from controller.sim.scenarios import SCENARIOS
 from controller.telemetry import PrometheusApiSource, ScrapeSource, TelemetrySource
 from policies.loader import load_policy
 from policies.problems import PolicyError
+from sglang_jetspec.observability.process import add_telemetry_options, serve_metrics, stop_on_signals
 
 DEFAULT_ADMIN_KEY_ENV = "JETSPEC_ADMIN_KEY"
 DEFAULT_API_KEY_ENV = "JETSPEC_API_KEY"
@@ -63,20 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
         "sent with readbacks of /server_info; unset or empty for servers without SGLang --api-key",
     )
     parser.add_argument("--dry-run", action="store_true", help="decide and log, never push")
-    parser.add_argument(
-        "--metrics-port",
-        type=int,
-        default=DEFAULT_METRICS_PORT,
-        help=f"port for the controller's own /metrics (default {DEFAULT_METRICS_PORT}, 0 = off)",
-    )
-    parser.add_argument("--metrics-addr", default="0.0.0.0", help="address for the controller's /metrics")
-    parser.add_argument(
-        "--otlp-endpoint",
-        metavar="ENDPOINT",
-        help="send decision spans to this OTLP traces endpoint (default: "
-        "$OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT when set, else no export)",
-    )
-    parser.add_argument("--trace-console", action="store_true", help="print decision spans to stderr")
+    add_telemetry_options(parser, "controller", "decision", DEFAULT_METRICS_PORT)
     parser.add_argument(
         "--shadow-alarm",
         metavar="URL|FILE",
@@ -150,10 +136,7 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         else ScrapeSource(args.server, urllib_transport)
     )
     observer = Observer(make_tracer(args.otlp_endpoint, args.trace_console), started_at=time.time())
-    if args.metrics_port:
-        from prometheus_client import start_http_server
-
-        start_http_server(args.metrics_port, addr=args.metrics_addr, registry=observer.registry)
+    serve_metrics(args, observer.registry)
     clients = [ServerClient(url, policy, admin_key, api_key=api_key) for url in args.server]
     shadow_alarm = ShadowAlarmSource(args.shadow_alarm, urllib_transport) if args.shadow_alarm else None
     if shadow_alarm is not None and not policy.shadow.gate_on_alarm:
@@ -164,9 +147,7 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         policy, telemetry, clients, time.time, observer, dry_run=args.dry_run, shadow_alarm=shadow_alarm
     )
     controller.resume()
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+    stop = stop_on_signals()
     done = 0
     while not stop.is_set() and (args.max_intervals is None or done < args.max_intervals):
         started = time.monotonic()

@@ -7,24 +7,19 @@ import logging
 import math
 from typing import Any
 
-from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 from opentelemetry.trace import Tracer
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from controller.decider import Decision
-from sglang_jetspec.observability.tracing import build_provider, otlp_endpoint_in_env, otlp_exporter  # torch-free
+from sglang_jetspec.observability.process import process_tracer  # torch-free
 
 decision_log = logging.getLogger("jetspec.controller.decisions")
 
 
 def make_tracer(otlp_endpoint: str | None = None, console: bool = False) -> Tracer:
-    """Spans go nowhere by default; to the console on request; over OTLP when an endpoint is given
-    or OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT is set (protocol, sampler, service name: OTEL_* variables,
-    read the same way as by `jetspec serve --enable-trace`, sglang_jetspec/observability/tracing.py)."""
-    exporters = [otlp_exporter(otlp_endpoint)] if otlp_endpoint or otlp_endpoint_in_env() else []
-    if console:
-        exporters.append(ConsoleSpanExporter())
-    return build_provider("jetspec-controller", exporters).get_tracer("jetspec.controller")
+    """The controller's tracer (service jetspec-controller): spans nowhere by default, to the console
+    on request, over OTLP when an endpoint is given or OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT is set."""
+    return process_tracer("jetspec-controller", "jetspec.controller", otlp_endpoint, console)
 
 
 def _finite(value: float | None) -> float | None:

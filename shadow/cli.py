@@ -14,11 +14,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import signal
 import sys
 import threading
 from pathlib import Path
 
+from sglang_jetspec.observability.process import add_telemetry_options, serve_metrics, stop_on_signals
 from shadow.checks import DEFAULT_TIE_MARGIN
 
 log = logging.getLogger("jetspec.shadow")
@@ -64,20 +64,12 @@ def register(sub) -> None:
     )
     p.add_argument("--follow", action="store_true", help="keep polling the spool (continuous monitoring)")
     p.add_argument("--interval", type=float, default=30.0, help="seconds between polls with --follow")
-    p.add_argument("--metrics-port", type=int, default=0, help="serve /metrics on this port (0 = off)")
-    p.add_argument("--metrics-addr", default="0.0.0.0")
     p.add_argument(
         "--regenerate",
         metavar="URL",
         help="also regenerate greedy requests on this non-speculative endpoint and diff the outputs",
     )
-    p.add_argument(
-        "--otlp-endpoint",
-        metavar="ENDPOINT",
-        help="send jetspec.shadow.check spans to this OTLP "
-        "traces endpoint (default: $OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT when set, else no export)",
-    )
-    p.add_argument("--trace-console", action="store_true", help="print jetspec.shadow.check spans to stderr")
+    add_telemetry_options(p, "checker", "jetspec.shadow.check")
     p.add_argument("--seed", type=int, default=0, help="seed of the PIT randomisation")
     p.set_defaults(func=run)
 
@@ -149,10 +141,7 @@ def run(args: argparse.Namespace) -> int:
     monitor = BettingMonitor.from_json(state["monitor"]) if state else BettingMonitor(alpha)
     next_window = state["next_window"] if state else 1
     metrics = ShadowMetrics()
-    if args.metrics_port:
-        from prometheus_client import start_http_server
-
-        start_http_server(args.metrics_port, addr=args.metrics_addr, registry=metrics.registry)
+    serve_metrics(args, metrics.registry)
     tokenizer = getattr(getattr(reference, "target", None), "tokenizer", None)
     checker = ShadowChecker(
         reference,
@@ -165,10 +154,7 @@ def run(args: argparse.Namespace) -> int:
         Regenerator(args.regenerate, tokenizer) if args.regenerate else None,
         ConstraintMasks(lambda: args.tokenizer or resolve_target_dir(args.target)),
     )
-    stop = threading.Event()
-    if args.follow:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, lambda *_: stop.set())
+    stop = stop_on_signals() if args.follow else threading.Event()
     pending = [ShadowRecord.model_validate(r) for r in state["pending"]] if state else []
     last_alarm = False
     reported_skips = (0, 0)

@@ -33,6 +33,21 @@ class ReferenceError(RuntimeError):
     """The reference could not score a record; the message says what to fix."""
 
 
+def post_generate(url: str, body: dict, timeout_s: float) -> dict | list:
+    """POST `body` to the server's /generate (SGLang's native API): the decoded JSON reply, or
+    ReferenceError saying what failed."""
+    request = urllib.request.Request(
+        f"{url}/generate", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}, method="POST"
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            return json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        raise ReferenceError(f"{url}/generate answered {exc.code}: {exc.read()[:300]!r}") from None
+    except (urllib.error.URLError, OSError) as exc:
+        raise ReferenceError(f"{url}/generate: {exc} -- is the reference server up?") from None
+
+
 @dataclass
 class Scores:
     logits: torch.Tensor  # [len(output_ids), vocab] float32; -inf where the reference gave no value
@@ -104,19 +119,7 @@ class HttpReference:
             "logprob_start_len": len(record.prompt_ids) - 1,
             "top_logprobs_num": top,
         }
-        request = urllib.request.Request(
-            f"{self.url}/generate",
-            data=json.dumps(body).encode(),
-            headers={"Content-Type": "application/json"},
-            method="POST",
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                payload = json.loads(response.read())
-        except urllib.error.HTTPError as exc:
-            raise ReferenceError(f"{self.url}/generate answered {exc.code}: {exc.read()[:300]!r}") from None
-        except (urllib.error.URLError, OSError) as exc:
-            raise ReferenceError(f"{self.url}/generate: {exc} -- is the reference server up?") from None
+        payload = post_generate(self.url, body, self.timeout_s)
         if isinstance(payload, list):
             payload = payload[0]
         try:

@@ -6,12 +6,10 @@ speculative server emitted; the report shows both side by side from the first di
 
 from __future__ import annotations
 
-import json
-import urllib.request
 from collections.abc import Sequence
 
 from sglang_jetspec.spool.record import ShadowRecord
-from shadow.reference import ReferenceError
+from shadow.reference import post_generate
 from shadow.window import RegenerationRow
 
 
@@ -30,17 +28,7 @@ class Regenerator:
                 "ignore_eos": record.sampling.ignore_eos,
             },
         }
-        request = urllib.request.Request(
-            f"{self.url}/generate",
-            data=json.dumps(body).encode(),
-            headers={"Content-Type": "application/json"},
-            method="POST",
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                return json.loads(response.read())
-        except OSError as exc:
-            raise ReferenceError(f"regeneration at {self.url}/generate failed: {exc}") from None
+        return post_generate(self.url, body, self.timeout_s)
 
     def diff(self, records: Sequence[ShadowRecord]) -> list[RegenerationRow]:
         rows = []

@@ -6,19 +6,15 @@ OTEL_* variables).
 
 from __future__ import annotations
 
-from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 from opentelemetry.trace import Tracer
 
-from sglang_jetspec.observability.tracing import build_provider, otlp_endpoint_in_env, otlp_exporter  # torch-free
+from sglang_jetspec.observability.process import process_tracer  # torch-free
 
 TRACER = "jetspec.shadow"
 SPAN = "jetspec.shadow.check"
 
 
 def make_tracer(otlp_endpoint: str | None = None, console: bool = False) -> Tracer:
-    """Spans go nowhere by default, to stderr with `console`, over OTLP when an endpoint is given or
-    OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT is set."""
-    exporters = [otlp_exporter(otlp_endpoint)] if otlp_endpoint or otlp_endpoint_in_env() else []
-    if console:
-        exporters.append(ConsoleSpanExporter())
-    return build_provider("jetspec-shadow", exporters).get_tracer(TRACER)
+    """The checker's tracer (service jetspec-shadow): spans nowhere by default, to stderr with `console`,
+    over OTLP when an endpoint is given or OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT is set."""
+    return process_tracer("jetspec-shadow", TRACER, otlp_endpoint, console)

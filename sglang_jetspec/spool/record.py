@@ -32,27 +32,12 @@ class RecordSampling(_Model):
 
     @classmethod
     def of(cls, params: SamplingParams) -> RecordSampling:
-        return cls(
-            temperature=params.temperature,
-            top_p=params.top_p,
-            top_k=params.top_k,
-            min_p=params.min_p,
-            seed=params.seed,
-            max_new_tokens=params.max_new_tokens,
-            ignore_eos=params.ignore_eos,
-        )
+        """The record of `params` (every field here is a SamplingParams field of the same name)."""
+        return cls(**{name: getattr(params, name) for name in cls.model_fields})
 
     def params(self) -> SamplingParams:
         """The core's SamplingParams, so the checker applies exactly the transforms decoding applied."""
-        return SamplingParams(
-            temperature=self.temperature,
-            top_p=self.top_p,
-            top_k=self.top_k,
-            min_p=self.min_p,
-            seed=self.seed,
-            max_new_tokens=self.max_new_tokens,
-            ignore_eos=self.ignore_eos,
-        )
+        return SamplingParams(**self.model_dump())
 
     @property
     def greedy(self) -> bool:

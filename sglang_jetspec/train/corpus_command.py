@@ -13,13 +13,10 @@ earlier record under `appended_to`, so the corpus's whole provenance stays in th
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from ..core.suffix_store import DRAFT_CORPUS_FILE, SuffixStore, corpus_sequences, likeliest_paths, save_draft_corpus
-from ..models.fetch import sha256_file
-from .data import RESPONSES
-from .head_files import current_record, run_head_file_command, split_outputs
+from .head_files import head_vocab_size, run_head_file_command, save_with_provenance, split_outputs
 
 DEFAULT_MAX_TOKENS = 1_000_000
 HELDOUT_GUESSES = 4  # depth-1 guesses counted in the held-out hit rate
@@ -39,10 +36,9 @@ def heldout_hit_rate(store: SuffixStore, sequences: list[list[int]]) -> float:
 def write_draft_corpus(head_dir: Path, data_dir: Path, max_tokens: int, append: bool = False) -> dict:
     """Build and save the corpus (the first responses, up to `max_tokens` tokens, after the head's
     current corpus with `append`); returns its record."""
-    config = json.loads((head_dir / "config.json").read_text())
+    vocab_size = head_vocab_size(head_dir)
     counted, heldout = split_outputs(data_dir)
-    kept = corpus_sequences(head_dir, int(config["vocab_size"])) if append else []
-    earlier = current_record(head_dir, "draft_corpus") if append else None
+    kept = corpus_sequences(head_dir, vocab_size) if append else []
     tokens = sum(len(seq) for seq in kept)
     for seq in counted:
         if tokens + len(seq) > max_tokens:
@@ -55,16 +51,13 @@ def write_draft_corpus(head_dir: Path, data_dir: Path, max_tokens: int, append: 
     record = {
         "responses": len(kept),
         "tokens": tokens,
-        "vocab_size": int(config["vocab_size"]),
+        "vocab_size": vocab_size,
         "heldout_responses": len(heldout),
         "heldout_next_token_hit_rate": round(heldout_hit_rate(store, heldout), 4),
-        "data_dir": str(data_dir),
-        "responses_sha256": sha256_file(data_dir / RESPONSES),
     }
-    if append:
-        record["appended_to"] = earlier
-    save_draft_corpus(head_dir, kept, {k: v for k, v in record.items() if k != "appended_to"})
-    return record
+    return save_with_provenance(
+        head_dir, "draft_corpus", data_dir, append, record, lambda meta: save_draft_corpus(head_dir, kept, meta)
+    )
 
 
 def run(args) -> int:

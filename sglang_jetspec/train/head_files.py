@@ -23,6 +23,23 @@ def split_outputs(data_dir: Path) -> tuple[list[list[int]], list[list[int]]]:
     return outputs[:cut], outputs[cut:]
 
 
+def head_vocab_size(head_dir: Path) -> int:
+    """The head's (and its target's) vocabulary size, from its config.json."""
+    return int(json.loads((head_dir / "config.json").read_text())["vocab_size"])
+
+
+def save_with_provenance(
+    head_dir: Path, key: str, data_dir: Path, append: bool, record: dict, save: Callable[[dict], object]
+) -> dict:
+    """`record` completed with where its data came from (the data directory and its responses' checksum),
+    saved with the file (`save(record)`); returned with the head's earlier record under `appended_to`
+    when `append` built on it (kept in the head's training record, not in the file)."""
+    record = {**record, "data_dir": str(data_dir), "responses_sha256": sha256_file(data_dir / RESPONSES)}
+    earlier = current_record(head_dir, key) if append else None
+    save(record)
+    return {**record, "appended_to": earlier} if append else record
+
+
 def current_record(head_dir: Path, key: str) -> dict | None:
     """The head record's entry for a file (`draft_vocab`, `draft_corpus`): what `--append` builds on."""
     path = head_dir / "training_record.json"

@@ -14,12 +14,10 @@ import json
 from pathlib import Path
 
 from ..core.draft_vocab import DRAFT_VOCAB_FILE, coverage, load_draft_vocab, rank_tokens, save_draft_vocab
-from ..models.fetch import sha256_file
-from .data import RESPONSES
-from .head_files import current_record, run_head_file_command, split_outputs
+from .head_files import head_vocab_size, run_head_file_command, save_with_provenance, split_outputs
 
-# Replay on chat tuning prompts and HumanEval 0-39 found no accept length lost from 8192 down to 1024 tokens
-# at budgets 4-32; each 1024 tokens fewer is 1.2 MB less lm_head to read per draft step (bf16, SmolLM2).
+# Small enough to cut the draft step's lm_head read, large enough to lose no accept length (the
+# measurements: docs/training.md, "Draft vocabulary and draft corpus").
 DEFAULT_SIZE = 2048
 
 
@@ -37,12 +35,12 @@ def end_token_ids(target_dir: Path | None) -> list[int]:
 def write_draft_vocab(head_dir: Path, data_dir: Path, size: int, append: bool = False) -> dict:
     """Build and save the vocabulary (after the head's current one with `append`); returns its record
     (size, coverage, data provenance)."""
-    config = json.loads((head_dir / "config.json").read_text())
+    vocab_size = head_vocab_size(head_dir)
     manifest_path = data_dir / "manifest.json"
     manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
     target_dir = Path(manifest["target"]) if manifest.get("target") else None
     train, heldout = split_outputs(data_dir)
-    kept = load_draft_vocab(head_dir, int(config["vocab_size"])) if append else None
+    kept = load_draft_vocab(head_dir, vocab_size) if append else None
     kept = kept.tolist() if kept is not None else []
     if size < len(kept):
         raise SystemExit(
@@ -50,22 +48,18 @@ def write_draft_vocab(head_dir: Path, data_dir: Path, size: int, append: bool = 
             f"the head's vocabulary already holds {len(kept)} tokens; "
             f"pass --size above {len(kept)}"
         )
-    earlier = current_record(head_dir, "draft_vocab") if append else None
-    ids = rank_tokens(train, size, int(config["vocab_size"]), [*kept, *end_token_ids(target_dir)])
+    ids = rank_tokens(train, size, vocab_size, [*kept, *end_token_ids(target_dir)])
     record = {
         "size": size,
-        "vocab_size": int(config["vocab_size"]),
+        "vocab_size": vocab_size,
         "counted_responses": len(train),
         "counted_tokens": sum(map(len, train)),
         "heldout_responses": len(heldout),
         "heldout_coverage": round(coverage(ids, heldout), 5),
-        "data_dir": str(data_dir),
-        "responses_sha256": sha256_file(data_dir / RESPONSES),
     }
-    if append:
-        record["appended_to"] = earlier
-    save_draft_vocab(head_dir, ids, {k: v for k, v in record.items() if k != "appended_to"})
-    return record
+    return save_with_provenance(
+        head_dir, "draft_vocab", data_dir, append, record, lambda meta: save_draft_vocab(head_dir, ids, meta)
+    )
 
 
 def run(args) -> int:
