@@ -1,6 +1,6 @@
 """Does a probe run on a share of steps estimate the goodput that budget would have as the incumbent?
 
-    OMP_NUM_THREADS=1 python bench/controller_probe_bias.py [--reps 2] [--out bench/results/controller-probe-bias.md]
+    OMP_NUM_THREADS=1 python -m bench.controller_probe_bias [--reps 2] [--out bench/results/controller-probe-bias.md]
 
 Serves the controller e2e workload (`jetspec serve --drafter lookup`, copy prompts, four closed-loop
 clients: cohort bs2-8) and, per repetition, pushes in turn:
@@ -15,20 +15,19 @@ from the incumbent phases.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
-from contextlib import ExitStack
 from pathlib import Path
 
+from harness.client import metrics, post
+from harness.serve import drive_load, start_serve, wait_for_url
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "tests")]
-
-import test_controller_e2e as e2e  # noqa: E402  (its server launcher, load driver and scraper)
-
-from controller.http import urllib_transport  # noqa: E402
-
+# the controller end-to-end test's workload: copy prompts, 64 new tokens each
+COPY_PROMPTS = REPO / "tests" / "data" / "copy_prompts.jsonl"
+MAX_NEW_TOKENS = 64
+ADMIN_KEY_ENV, ADMIN_SECRET = "JETSPEC_PROBE_BIAS_ADMIN_KEY", "probe-bias-admin-key"
 POLICY = """\
 cohorts:
   - {name: bs1, min_batch: 1, max_batch: 1, budgets: [0, 4, 16], default: 4}
@@ -41,10 +40,12 @@ CLIENTS = 4
 
 
 def counters(url: str) -> dict[tuple[str, int], float]:
+    found = metrics(url)
     return {
-        (s.name, int(s.labels["budget"])): s.value
-        for s in e2e.scrape(url)
-        if s.name in COUNTERS and s.labels.get("cohort") == COHORT
+        (name, int(labels["budget"])): value
+        for name in COUNTERS
+        for labels, value in ((dict(items), value) for items, value in found.get(name, {}).items())
+        if labels.get("cohort") == COHORT
     }
 
 
@@ -52,14 +53,24 @@ def push(url: str, budget: int, probe: int | None, share: float) -> None:
     flat = {"jetspec_policy.ttl_s": 3600.0, "jetspec_policy.bs1.budget": 4, f"jetspec_policy.{COHORT}.budget": budget}
     if probe is not None:
         flat |= {f"jetspec_policy.{COHORT}.probe_budget": probe, f"jetspec_policy.{COHORT}.probe_share": share}
-    status, answer = urllib_transport(
-        "POST",
-        f"{url}/set_internal_state",
-        {"Content-Type": "application/json", "Authorization": f"Bearer {e2e.ADMIN_SECRET}"},
-        json.dumps({"server_args": flat}).encode(),
-        e2e.HTTP_TIMEOUT_S,
+    status, answer = post(
+        f"{url}/set_internal_state", {"server_args": flat}, {"Authorization": f"Bearer {ADMIN_SECRET}"}, 120
     )
-    assert status == 200, answer
+    if status != 200:
+        raise RuntimeError(f"push refused: {status} {answer}")
+
+
+def copy_requests(target_dir: Path) -> list[dict]:
+    """The /generate bodies: each copy prompt in the model's chat template, greedy."""
+    from transformers import AutoTokenizer
+
+    from sglang_jetspec.reference.prompts import load_prompt_ids
+
+    tokenizer = AutoTokenizer.from_pretrained(target_dir)
+    return [
+        {"input_ids": ids, "sampling_params": {"temperature": 0, "max_new_tokens": MAX_NEW_TOKENS}}
+        for ids in load_prompt_ids(str(COPY_PROMPTS), tokenizer)
+    ]
 
 
 def phase(
@@ -69,7 +80,7 @@ def phase(
     push(url, budget, probe, share)
     before = counters(url)
     end = time.monotonic() + seconds
-    e2e.drive_load(url, payloads, CLIENTS, lambda: time.monotonic() > end)
+    drive_load(url, payloads, CLIENTS, lambda: time.monotonic() > end, max_s=10 * seconds)
     after = counters(url)
     out = {}
     for b in {b for _, b in after}:
@@ -77,6 +88,32 @@ def phase(
         if steps > 0:
             out[b] = {"goodput": tokens / seconds_, "tokens_per_step": tokens / steps, "steps": steps}
     return out
+
+
+def measure(url: str, payloads: list[dict], reps: int, seconds: float) -> list[str]:
+    """The table's rows: per repetition, goodput(16) / goodput(4) as each phase sees it."""
+    rows = []
+    phase(url, payloads, 10, 4)  # warm-up
+    for rep in range(reps):
+        only4 = phase(url, payloads, 2 * seconds / 3, 4)
+        only16 = phase(url, payloads, 2 * seconds / 3, 16)
+        low = phase(url, payloads, seconds, 4, 16, 0.1)
+        high = phase(url, payloads, seconds, 16, 4, 0.1)
+        alternating = phase(url, payloads, seconds, 4, 16, 0.5)
+        views = {
+            "incumbents alone (truth)": (only16[16], only4[4]),
+            "budget 4, probe 16 at share 0.1": (low[16], low[4]),
+            "budget 16, probe 4 at share 0.1": (high[16], high[4]),
+            "alternating 4 / 16 (share 0.5)": (alternating[16], alternating[4]),
+        }
+        for name, (b16, b4) in views.items():
+            rows.append(
+                f"| {rep} | {name} | {b4['goodput']:.2f} | {b16['goodput']:.2f} | "
+                f"**{b16['goodput'] / b4['goodput']:.2f}** | {b4['tokens_per_step']:.2f} | "
+                f"{b16['tokens_per_step']:.2f} | {b4['steps']:.0f} / {b16['steps']:.0f} |"
+            )
+            print(rows[-1], flush=True)
+    return rows
 
 
 def main() -> int:
@@ -88,18 +125,11 @@ def main() -> int:
     parser.add_argument("--out", default=str(REPO / "bench" / "results" / "controller-probe-bias.md"))
     args = parser.parse_args()
     target = Path.home() / ".cache/sglang-jetspec/models/smollm2-135m-instruct"
-    e2e.PHASE_S = 10 * args.seconds  # drive_load's own cap; phases end on their own clock
-    rows = []
-    with ExitStack() as stack:
-        work = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
         (work / "policy.yaml").write_text(POLICY)
-        server = e2e.launch(
-            stack,
-            "serve",
+        server = start_serve(
             [
-                "-m",
-                "sglang_jetspec.cli",
-                "serve",
                 "--target",
                 str(target),
                 "--drafter",
@@ -111,38 +141,22 @@ def main() -> int:
                 "--max-batch-size",
                 "8",
                 "--admin-api-key-env",
-                e2e.ADMIN_KEY_ENV,
+                ADMIN_KEY_ENV,
             ],
             work,
+            {ADMIN_KEY_ENV: ADMIN_SECRET},
         )
-        url = e2e.wait_for_url(server)
-        payloads = e2e.copy_requests(target)
-        phase(url, payloads, 10, 4)  # warm-up
-        for rep in range(args.reps):
-            only4 = phase(url, payloads, 2 * args.seconds / 3, 4)
-            only16 = phase(url, payloads, 2 * args.seconds / 3, 16)
-            low = phase(url, payloads, args.seconds, 4, 16, 0.1)
-            high = phase(url, payloads, args.seconds, 16, 4, 0.1)
-            alternating = phase(url, payloads, args.seconds, 4, 16, 0.5)
-            views = {
-                "incumbents alone (truth)": (only16[16], only4[4]),
-                "budget 4, probe 16 at share 0.1": (low[16], low[4]),
-                "budget 16, probe 4 at share 0.1": (high[16], high[4]),
-                "alternating 4 / 16 (share 0.5)": (alternating[16], alternating[4]),
-            }
-            for name, (b16, b4) in views.items():
-                rows.append(
-                    f"| {rep} | {name} | {b4['goodput']:.2f} | {b16['goodput']:.2f} | "
-                    f"**{b16['goodput'] / b4['goodput']:.2f}** | {b4['tokens_per_step']:.2f} | "
-                    f"{b16['tokens_per_step']:.2f} | {b4['steps']:.0f} / {b16['steps']:.0f} |"
-                )
-                print(rows[-1], flush=True)
+        try:
+            url = wait_for_url(server)
+            rows = measure(url, copy_requests(target), args.reps, args.seconds)
+        finally:
+            server.stop()
     text = (
         f"""# Controller probes vs incumbents: goodput(16) / goodput(4)
 
-Command: `OMP_NUM_THREADS=1 python bench/controller_probe_bias.py --reps {args.reps} --seconds {args.seconds:g}`
-(this 2-core CPU; `jetspec serve --drafter lookup`, SmolLM2-135M fp32, the copy prompts of
-`tests/test_controller_e2e.py`, {CLIENTS} closed-loop clients, cohort {COHORT}). Goodput: committed tokens per
+Command: `OMP_NUM_THREADS=1 python -m bench.controller_probe_bias --reps {args.reps} --seconds {args.seconds:g}`
+(this 2-core CPU; `jetspec serve --drafter lookup`, SmolLM2-135M fp32, the controller end-to-end test's copy
+prompts, {CLIENTS} closed-loop clients, cohort {COHORT}). Goodput: committed tokens per
 request-second of that budget's steps, from the server's counters, as the controller computes it.
 
 | rep | phase | goodput 4 | goodput 16 | ratio 16 / 4 | tokens/step 4 | tokens/step 16 | steps 4 / 16 |

@@ -1,6 +1,6 @@
 """Run every simulator scenario through the real controller and print the goal table.
 
-    python bench/controller_sim.py [SCENARIO ...]
+    python -m bench.controller_sim [SCENARIO ...]
 
 Exits 1 when any goal check fails.
 """
@@ -9,13 +9,10 @@ from __future__ import annotations
 
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
-
-from controller.sim.goals import format_scores, score_run  # noqa: E402
-from controller.sim.scenarios import SCENARIOS  # noqa: E402
-from controller.sim.simulator import run_scenario  # noqa: E402
+from controller.sim.goals import format_scores, score_run
+from controller.sim.scenarios import SCENARIOS
+from controller.sim.simulator import run_scenario
 
 
 def main(argv: list[str]) -> int:

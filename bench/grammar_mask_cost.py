@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     lines = [
         f"# Grammar mask cost per constrained request per step ({cpu_model()}, 1 thread)",
         "",
-        f"`python bench/grammar_mask_cost.py {' '.join(sys.argv[1:] if argv is None else argv)}`",
+        f"`python -m bench.grammar_mask_cost {' '.join(sys.argv[1:] if argv is None else argv)}`",
         "",
         f"JSON schema `{json.dumps(SCHEMA)}` after `{PREFIX}`; SmolLM2 vocabulary {vocab}; median of {args.repeats}.",
         "",

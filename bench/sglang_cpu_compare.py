@@ -1,13 +1,13 @@
 """Plain SGLang vs NGRAM vs JETSPEC, each in the real SGLang server on this CPU, swept over concurrency.
 
-    python bench/sglang_cpu_compare.py --prompts humaneval --prompt-range 100:164 --num-prompts 8 \
+    python -m bench.sglang_cpu_compare --prompts humaneval --prompt-range 100:164 --num-prompts 8 \
         --concurrency 1,2,4,8,16 --max-new-tokens 64 --dtype float32 \
         --json bench/results/sglang_cpu/x.json --markdown bench/results/sglang_cpu/x.md
 
 Starts, in turn, a plain, an NGRAM and JETSPEC servers (the shipped head; `jetspec` under the shipped
 policy unless JETSPEC_POLICY is set, `jetspec-hybrid` / `jetspec-hybrid-adaptive` under it with every
-cohort's drafter / tree sizing changed) through the test launcher (tests/sglang_cpu/launch.py: SGLang's
-CPU engine, intel_amx attention, the PyTorch stand-in for sgl-kernel's CPU ops). Each server runs one
+cohort's drafter / tree sizing changed) through the CPU harness's launcher (harness/sglang_cpu.py: SGLang's
+CPU engine, intel_amx attention, the test-only PyTorch stand-in for sgl-kernel's CPU ops). Each server runs one
 pass per concurrency level; pass k sends the k-th consecutive slice of the prompts (max(--num-prompts,
 concurrency) prompts), so no server ever sees a prompt twice and the hybrid drafter's store of
 finished outputs cannot copy an answer. Every config gets the same slices, greedy. A prompt line
@@ -56,16 +56,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests" / "sglang_cpu"))  # the launcher is test-only code; so is this comparison
-sys.path.insert(0, str(REPO / "bench" / "gpu"))
+from harness.client import post_ok
+from harness.compare import WARMUP_TEXT, WORKER_PHASES, mean_accept_length, worker_phases, worker_seconds
+from harness.sglang_cpu import TP2_ENV, jetspec_args, launch
+from harness.sglang_cpu import server_args as harness_server_args
+from sglang_jetspec.cli.bench import prompt_range
+from sglang_jetspec.reference.divergence import first_difference
 
-from launch import TP2_ENV, launch  # noqa: E402
-from sglang_compare import WARMUP_TEXT, WORKER_PHASES, _post, first_divergence, mean_accept_length, worker_seconds  # noqa: E402
-
-from sglang_jetspec.cli.bench import prompt_range  # noqa: E402
-
-HEAD = REPO / "sglang_jetspec" / "heads" / "smollm2-135m-instruct"
 # JETSPEC under the shipped policy, then with every cohort's drafter and tree sizing changed
 # (jetspec-off: every cohort gated off, the fallback whose tax over plain SGLang an operator pays)
 POLICY_VARIANTS = {
@@ -76,7 +73,7 @@ POLICY_VARIANTS = {
 }
 CONFIGS = ("plain", "ngram", *POLICY_VARIANTS)
 RADIX = "+radix"  # config-name suffix: that server runs with SGLang's radix (prefix) cache on
-TP2 = "+tp2"  # config-name suffix: that server runs with --tp-size 2, one core per rank (launch.TP2_ENV)
+TP2 = "+tp2"  # config-name suffix: that server runs with --tp-size 2, one core per rank (TP2_ENV)
 PROFILE_ENV = "JETSPEC_TEST_STEP_PROFILE"
 # worker phases of a JETSPEC decode iteration (WORKER_PHASES), from the worker's own counters
 PHASE_COLUMNS = ("sched_pre", "sched_run", *WORKER_PHASES, "worker_other", "output", "iteration")
@@ -150,43 +147,20 @@ def base_config(config: str) -> str:
 
 
 def server_args(config: str, model: str, dtype: str, max_running: int, ngram_tokens: int, port: int) -> list[str]:
-    base = [
-        "--model-path",
-        model,
-        "--device",
-        "cpu",
-        "--dtype",
-        dtype,
-        "--attention-backend",
-        "intel_amx",
-        "--disable-cuda-graph",
-        "--max-total-tokens",
-        "32768",
-        "--max-running-requests",
-        str(max(4, max_running)),
-        "--skip-server-warmup",
-        "--disable-overlap-schedule",
-        "--sleep-on-idle",
-        *([] if config.removesuffix(TP2).endswith(RADIX) else ["--disable-radix-cache"]),
-        *(["--tp-size", "2"] if config.endswith(TP2) else []),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-    ]
+    """The harness's server arguments for `config` (JETSPEC with its worker's metrics on, for the phases)."""
+    kw = dict(
+        dtype=dtype,
+        max_total_tokens=32768,
+        max_running=max(4, max_running),
+        radix_cache=config.removesuffix(TP2).endswith(RADIX),
+        port=port,
+    )
+    tp = ["--tp-size", "2"] if config.endswith(TP2) else []
     config = base_config(config)
-    if config == "ngram":
-        return base + ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", str(ngram_tokens)]
     if config in POLICY_VARIANTS:
-        return base + [
-            "--speculative-algorithm",
-            "JETSPEC",
-            "--speculative-draft-model-path",
-            str(HEAD),
-            "--disable-decode-cuda-graph",
-            "--enable-metrics",
-        ]
-    return base
+        return jetspec_args(model, *tp, "--enable-metrics", **kw)
+    ngram = ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", str(ngram_tokens)]
+    return harness_server_args(model, "--disable-overlap-schedule", *tp, *(ngram if config == "ngram" else []), **kw)
 
 
 def policy_env(config: str, log_dir: Path) -> dict[str, str]:
@@ -255,8 +229,7 @@ def phase_ms(sched: dict[str, float], worker: dict[str, float]) -> dict[str, flo
         "iteration": per(sched["pre_s"] + sched["run_s"] + sched["post_s"]),
     }
     if worker:
-        phases = {p: worker.get(p, 0.0) for p in WORKER_PHASES}
-        phases["accept"] -= phases["commit"]
+        phases = worker_phases(worker)
         row.update({p: per(s) for p, s in phases.items()})
         row["worker_other"] = per(sched["worker_s"] - sum(phases.values()))
     else:
@@ -272,11 +245,9 @@ Prompt = tuple[list[int], dict]  # token ids and the constraint's sampling param
 
 def generate(url: str, prompt: Prompt, max_new_tokens: int) -> dict:
     ids, constraint = prompt
-    return json.loads(
-        _post(
-            f"{url}/generate",
-            {"input_ids": ids, "sampling_params": {"temperature": 0, "max_new_tokens": max_new_tokens, **constraint}},
-        )
+    return post_ok(
+        f"{url}/generate",
+        {"input_ids": ids, "sampling_params": {"temperature": 0, "max_new_tokens": max_new_tokens, **constraint}},
     )
 
 
@@ -297,7 +268,7 @@ class Running:
     """One config's server, up, warmed, with its step-profile file."""
 
     config: str
-    server: object  # launch.Server
+    server: object  # harness.sglang_cpu.LaunchedServer
     profile: Path
 
 
@@ -402,7 +373,7 @@ def interleaved_rounds(configs, repeats, levels, round_slices, start, run):
 
 def compare_outputs(result: ConfigResult, outputs, reference, attr: str, divergences: bool) -> None:
     for p, got, ref in zip(result.passes, outputs, reference):
-        at = {i: first_divergence(r, g) for i, (r, g) in enumerate(zip(ref, got))}
+        at = {i: first_difference(r, g) for i, (r, g) in enumerate(zip(ref, got))}
         setattr(p, attr, sum(v is None for v in at.values()))
         if divergences:
             p.first_divergence_vs_plain = {i: v for i, v in at.items() if v is not None}
@@ -710,7 +681,7 @@ def main(argv: list[str] | None = None) -> int:
         rounds.append(results)
     results = [combine_rounds(list(config_rounds)) for config_rounds in zip(*rounds)]
     meta = {
-        "command": "python bench/sglang_cpu_compare.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": "python -m bench.sglang_cpu_compare " + " ".join(sys.argv[1:] if argv is None else argv),
         "cpu": cpu_model(),
         "dtype": args.dtype,
         "source": args.prompts,

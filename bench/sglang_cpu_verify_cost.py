@@ -1,9 +1,9 @@
 """The verify cost curve r(N) = (target forward over N tree nodes) / (one ordinary decode step), measured
 inside the real SGLang server on this CPU (the test stand-in's kernels) beside the reference engine's.
 
-    python bench/sglang_cpu_verify_cost.py --dtype float32 --markdown bench/results/sglang_cpu/verify-cost-fp32.md
+    python -m bench.sglang_cpu_verify_cost --dtype float32 --markdown bench/results/sglang_cpu/verify-cost-fp32.md
 
-Harness: one JETSPEC server (tests/sglang_cpu/launch.py) whose only cohort drafts with the head and
+Harness: one JETSPEC server (harness/sglang_cpu.py) whose only cohort drafts with the head and
 verifies fixed trees; for each N the admin key pushes budget N, a few greedy requests run, and the
 worker's own counters give the verify seconds per step and the nodes per step at that budget. N = 1 is
 budget 0, which runs as an ordinary decode forward (the denominator). Reference engine: the same
@@ -19,13 +19,9 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests" / "sglang_cpu"))
-sys.path.insert(0, str(REPO / "bench"))
-
-from e2e_client import metrics, post  # noqa: E402
-from launch import launch  # noqa: E402
-from sglang_cpu_compare import generate, server_args  # noqa: E402
+from bench.sglang_cpu_compare import generate, server_args
+from harness.client import metrics, post
+from harness.sglang_cpu import launch
 
 ADMIN_KEY = "verify-cost-bench"
 BUDGETS = (0, 2, 4, 8, 16, 32, 64)  # 0: the ordinary decode step, N = 1
@@ -134,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     lines = [
         f"# Verify cost r(N) in real SGLang on CPU vs the reference engine ({cpu_model()}, {args.dtype})",
         "",
-        f"`python bench/sglang_cpu_verify_cost.py {' '.join(sys.argv[1:] if argv is None else argv)}`",
+        f"`python -m bench.sglang_cpu_verify_cost {' '.join(sys.argv[1:] if argv is None else argv)}`",
         "",
         f"Harness: HumanEval {100}-{100 + args.prompts - 1} x {args.max_new_tokens} tokens per budget, head drafter, "
         f"fixed trees, the worker's verify seconds per step (budget 0 = an ordinary decode forward, N = 1). "

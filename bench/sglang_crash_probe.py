@@ -1,8 +1,8 @@
 """Which single requests take a real SGLang 0.5.23 server down, plain and JETSPEC side by side, on this CPU.
 
-    python bench/sglang_crash_probe.py --markdown bench/results/sglang_cpu/crash-probe.md
+    python -m bench.sglang_crash_probe --markdown bench/results/sglang_cpu/crash-probe.md
 
-For each probe input a server (tests/sglang_cpu/launch.py, fp32) gets that one request, then an ordinary
+For each probe input a server (the CPU harness, harness/sglang_cpu.py, fp32) gets that one request, then an ordinary
 greedy request; the row says what the probe got back and whether the server still answered. A server
 that died is started again for the next probe. JETSPEC refuses these inputs at admission
 (adapter/request_sampling.crashing_input); the plain column is what SGLang itself does with them.
@@ -17,11 +17,8 @@ import time
 import urllib.error
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests" / "sglang_cpu"))
-
-from e2e_client import jetspec_args, post, server_args  # noqa: E402
-from launch import launch  # noqa: E402
+from harness.client import post
+from harness.sglang_cpu import jetspec_args, launch, server_args
 
 PROBES = {
     "input_ids [49252] (vocabulary 49152)": {"input_ids": [49252]},
@@ -83,7 +80,7 @@ def main() -> int:
         f"# One request against a real SGLang 0.5.23 server (CPU harness, fp32; {cpu_model()}, "
         f"{time.strftime('%Y-%m-%d')})",
         "",
-        f"`python bench/sglang_crash_probe.py --configs {args.configs} --markdown OUT`",
+        f"`python -m bench.sglang_crash_probe --configs {args.configs} --markdown OUT`",
         "",
         "| probe | " + " | ".join(f"{c}: answer | {c}: serves after" for c in configs) + " |",
         "|---|" + "---|---|" * len(configs),

@@ -1,6 +1,6 @@
 """Calibration and power of the shadow tests (writes bench/results/shadow_calibration.md).
 
-    OMP_NUM_THREADS=1 python bench/shadow_calibration.py [--prompts 12] [--tokens 48] [--reps 100]
+    OMP_NUM_THREADS=1 python -m bench.shadow_calibration [--prompts 12] [--tokens 48] [--reps 100]
 
 Method (shadow/calibration.py): real SmolLM2 distributions at real positions (sampled continuations
 of HumanEval and chat prompts, scored once and cached), emitted tokens drawn from correct or broken
@@ -17,12 +17,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from sglang_jetspec.core.sampling import SamplingParams  # noqa: E402
-from shadow import calibration as cal  # noqa: E402
-from shadow.checks import DEFAULT_TIE_MARGIN, RANK_EDGES  # noqa: E402
-from shadow.stats import tokens_to_cross, window_tests  # noqa: E402
+from sglang_jetspec.core.sampling import SamplingParams
+from shadow import calibration as cal
+from shadow.checks import DEFAULT_TIE_MARGIN, RANK_EDGES
+from shadow.stats import tokens_to_cross, window_tests
 
 CHATS = [
     "Explain what a hash map is in two sentences.",
@@ -178,7 +176,7 @@ def main() -> int:
     band = tie_band_row(logits)
     print(band, flush=True)
     command = (
-        f"OMP_NUM_THREADS=1 python bench/shadow_calibration.py --prompts {args.prompts} --tokens {args.tokens} "
+        f"OMP_NUM_THREADS=1 python -m bench.shadow_calibration --prompts {args.prompts} --tokens {args.tokens} "
         f"--reps {args.reps} --seq-streams {args.seq_streams}"
     )
     calib_header = (

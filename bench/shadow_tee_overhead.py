@@ -1,6 +1,6 @@
 """Cost of the shadow tee on the serving thread, per finished request (microbenchmark).
 
-    python bench/shadow_tee_overhead.py [--prompt-tokens 512] [--output-tokens 256] [--n 2000]
+    python -m bench.shadow_tee_overhead [--prompt-tokens 512] [--output-tokens 256] [--n 2000]
 
 Measures what the engine thread pays in EngineTee.finished (coin flip; for sampled requests also
 building the ShadowRecord and queueing it) and, separately, the writer thread's fsync'd write.
@@ -16,13 +16,11 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from sglang_jetspec.core.sampling import SamplingParams  # noqa: E402
-from sglang_jetspec.serving.shadow_hook import EngineTee  # noqa: E402
-from sglang_jetspec.spool.record import RecordSampling, ShadowRecord  # noqa: E402
-from sglang_jetspec.spool.tee import ShadowTee  # noqa: E402
-from sglang_jetspec.spool.writer import SpoolWriter  # noqa: E402
+from sglang_jetspec.core.sampling import SamplingParams
+from sglang_jetspec.serving.shadow_hook import EngineTee
+from sglang_jetspec.spool.record import RecordSampling, ShadowRecord
+from sglang_jetspec.spool.tee import ShadowTee
+from sglang_jetspec.spool.writer import SpoolWriter
 
 
 def per_call_us(fn, n: int) -> float:

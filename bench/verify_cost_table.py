@@ -6,7 +6,7 @@ the bf16 target on PyTorch's plain linears, and the bf16 target on oneDNN-packed
 default for bf16 on a CPU, `core/packed_linear.py`). The three rounds interleave so that drift
 touches them alike. Prints a markdown table of milliseconds and of cost relative to N = 1.
 
-    python bench/verify_cost_table.py [--threads 2] [--rounds 3]
+    python -m bench.verify_cost_table [--threads 2] [--rounds 3]
 """
 
 from __future__ import annotations

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from sglang_jetspec.bench.report import summarize
 from sglang_jetspec.cli import main
 from sglang_jetspec.core.head_io import init_head, save_head
+from sglang_jetspec.evaluation.report import summarize
 from sglang_jetspec.reference.loading import untrained_head_config
 
 RECORD_FIELDS = {
@@ -345,8 +345,8 @@ def test_bench_cells_run_interleaved_round_by_round_and_sum_over_rounds(monkeypa
     autoregressive first, so drift weighs on all cells alike; each cell keeps one engine."""
     from types import SimpleNamespace
 
-    from sglang_jetspec.bench import run as bench_run
-    from sglang_jetspec.bench.setup import Contender, make_requests
+    from sglang_jetspec.evaluation import run as bench_run
+    from sglang_jetspec.evaluation.setup import Contender, make_requests
 
     log, engines = [], []
 
@@ -388,7 +388,7 @@ def test_bench_runs_each_method_once_per_sizing_and_acceptance_rule(
     """--tree-sizing and --acceptance lists put top-K and drawn children (and fixed and adaptive trees)
     side by side in one run: every combination is a cell, labelled by what differs from the default,
     and each cell's engine runs the rule its label names."""
-    from sglang_jetspec.bench import run as bench_run
+    from sglang_jetspec.evaluation import run as bench_run
 
     built = {}
     make_engine = bench_run.GridRunner.engine

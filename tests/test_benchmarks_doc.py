@@ -1,13 +1,14 @@
-"""docs/benchmarks.md is bench/benchmarks_doc.py's output, never hand-kept; bench/results/INDEX.md links every
+"""docs/benchmarks.md is bench.benchmarks_doc's output, never hand-kept; bench/results/INDEX.md links every
 result file, so the index stays complete as results are added."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from pathlib import Path
 
 import pytest
+
+import bench.benchmarks_doc
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -16,16 +17,13 @@ PLOTS = ("speedup-vs-budget.png", "speedup-vs-concurrency.png")
 
 @pytest.fixture(scope="module")
 def benchmarks_doc():
-    spec = importlib.util.spec_from_file_location("benchmarks_doc", ROOT / "bench" / "benchmarks_doc.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return bench.benchmarks_doc
 
 
 def test_the_committed_page_is_the_scripts_output(benchmarks_doc, tmp_path):
     page = benchmarks_doc.main(tmp_path)
     committed = (ROOT / "docs" / "benchmarks.md").read_text()
-    assert page.read_text() == committed, "docs/benchmarks.md is stale: run python bench/benchmarks_doc.py"
+    assert page.read_text() == committed, "docs/benchmarks.md is stale: run python -m bench.benchmarks_doc"
     for name in PLOTS:
         # Pixels depend on the installed fonts, so only their presence is checked (the page links to them).
         assert (tmp_path / "img" / name).stat().st_size > 0

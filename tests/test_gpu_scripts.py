@@ -1,22 +1,16 @@
-"""bench/gpu/reference.sh's pieces that run without a GPU: its shell syntax and bench/gpu/check.py on CPU."""
+"""bench/gpu/reference.sh's pieces that run without a GPU: its shell syntax and bench.gpu.check on CPU."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from bench.gpu import check
+
 BENCH = Path(__file__).resolve().parents[1] / "bench"
-
-
-def _gpu_check():
-    spec = importlib.util.spec_from_file_location("gpu_check", BENCH / "gpu" / "check.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.mark.parametrize(
@@ -36,7 +30,7 @@ def test_shell_scripts_parse(script):
 
 
 def test_first_divergence():
-    first_divergence = _gpu_check().first_divergence
+    first_divergence = check.first_divergence
     assert first_divergence([1, 2, 3], [1, 2, 3]) is None
     assert first_divergence([1, 2, 3], [1, 5, 3]) == 1
     assert first_divergence([1, 2], [1, 2, 3]) == 2  # a prefix diverges where it ends
@@ -44,7 +38,7 @@ def test_first_divergence():
 
 def test_fp32_check_passes_strict_and_reports_every_budget(tmp_path, smollm2_dir, single_thread):
     out = tmp_path / "check.json"
-    code = _gpu_check().main(
+    code = check.main(
         [
             "--target",
             str(smollm2_dir),
@@ -81,5 +75,5 @@ def test_top2_margin_matches_the_engines_own_forward(smollm2, single_thread):
     ids = smollm2.tokenizer("The capital of France is")["input_ids"]
     out = smollm2.forward(smollm2.new_cache(), [Segment.chain(ids, 0)])
     top = torch.log_softmax(smollm2.logits(out.hidden)[0, len(ids) - 1], -1).topk(2).values
-    margin = _gpu_check().top2_margin(smollm2, ids)
+    margin = check.top2_margin(smollm2, ids)
     assert margin > 0.1 and margin == pytest.approx(float(top[0] - top[1]), abs=1e-4)

@@ -3,7 +3,10 @@
 - the table names every `sglang_jetspec` package, in an order in which each package imports only the
   packages above it (lazy and TYPE_CHECKING imports count too);
 - no modules of the project import each other in a loop;
-- nothing in `sglang_jetspec` imports `shadow` or `controller` (they sit above it);
+- nothing in `sglang_jetspec` imports `shadow` or `controller` (they sit above it), and nothing of the
+  product imports `harness` (what bench scripts and tests share) or `bench`;
+- no module outside tests/ imports from tests/ or puts a tests/ path on sys.path, and no bench script
+  edits sys.path at all (they run as `python -m bench.<name>` against the installed packages);
 - every module the table names exists and imports, and so does every module of the tree;
 - every `jetspec` subcommand, every console script and every documented `python -m` path answers `--help`.
 """
@@ -13,6 +16,7 @@ from __future__ import annotations
 import ast
 import importlib
 import importlib.util
+import os
 import re
 import subprocess
 import sys
@@ -21,7 +25,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PROJECT_PACKAGES = ("sglang_jetspec", "shadow", "controller", "policies", "ops")
+PROJECT_PACKAGES = ("sglang_jetspec", "shadow", "controller", "policies", "ops", "harness")
+PRODUCT_PACKAGES = ("sglang_jetspec", "shadow", "controller", "policies", "ops")  # what a deployment runs
 README = (ROOT / "README.md").read_text()
 
 
@@ -98,6 +103,166 @@ def test_sglang_jetspec_never_imports_shadow_or_controller():
         if b.split(".")[0] in ("shadow", "controller")
     ]
     assert reaching_up == []
+
+
+def test_the_product_never_imports_harness_or_bench():
+    reaching_up = [
+        f"{a} -> {b}"
+        for a, targets in GRAPH.items()
+        if a.split(".")[0] in PRODUCT_PACKAGES
+        for b in targets
+        if b.split(".")[0] in ("harness", "bench")
+    ]
+    assert reaching_up == []
+    for name, path in MODULES.items():  # bench is not a project package: read the imports themselves
+        if name.split(".")[0] in PRODUCT_PACKAGES:
+            assert "bench" not in top_level_imports(path.read_text()), name
+
+
+# ---- nothing outside tests/ reaches into tests/ ----
+
+TESTS_PATH = re.compile(r"(^|[/\\])tests($|[/\\])")
+# modules importable by bare name only where pytest (or a sys.path edit) puts a tests/ folder on the path;
+# the stand-ins under stub/ carry real packages' names (sgl_kernel) and are left out
+TEST_MODULE_NAMES = frozenset(
+    p.stem for p in (ROOT / "tests").rglob("*.py") if "stub" not in p.relative_to(ROOT / "tests").parts
+)
+
+
+def python_files_outside_tests(root: Path = ROOT) -> list[Path]:
+    """Every .py of the checkout outside tests/, virtualenvs, VCS and build folders."""
+    found = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        top = Path(dirpath) == root
+        dirnames[:] = [
+            d
+            for d in dirnames
+            if not (d.startswith(".") or d.endswith(".egg-info") or d in ("__pycache__", "build", "dist"))
+            and not (top and d in ("tests", "venv"))
+        ]
+        found += [Path(dirpath) / f for f in filenames if f.endswith(".py")]
+    return sorted(found)
+
+
+def top_level_imports(source: str) -> set[str]:
+    """Top-level names of the absolute imports in `source`."""
+    names = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def _is_sys_path(node: ast.AST) -> bool:
+    if isinstance(node, ast.Subscript):
+        node = node.value
+    return isinstance(node, ast.Attribute) and node.attr == "path" and getattr(node.value, "id", None) == "sys"
+
+
+def sys_path_edits(source: str) -> list[tuple[int, ast.AST]]:
+    """(line, node) of each statement or call in `source` that changes sys.path (insert / append / extend /
+    remove, assignment to it or a slice of it, site.addsitedir)."""
+    edits = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            if node.func.attr == "addsitedir" or (
+                node.func.attr in ("insert", "append", "extend", "remove") and _is_sys_path(node.func.value)
+            ):
+                edits.append((node.lineno, node))
+        elif isinstance(node, (ast.Assign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(_is_sys_path(t) for t in targets):
+                edits.append((node.lineno, node))
+    return edits
+
+
+def reaches_into_tests(source: str) -> list[str]:
+    """What in `source` imports from tests/ (`tests.x`, or a module found only in a tests/ folder) or puts a
+    tests/ path on sys.path, as `line N: what`. A path counts when a string naming a `tests` folder is in
+    the edit, directly or through a module-level name it uses."""
+    tree = ast.parse(source)
+    assigned = {
+        target.id: node.value
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        for target in node.targets
+        if isinstance(target, ast.Name)
+    }
+
+    def names_tests(node: ast.AST, seen: frozenset = frozenset()) -> bool:
+        for sub in ast.walk(node):
+            if isinstance(sub, ast.Constant) and isinstance(sub.value, str) and TESTS_PATH.search(sub.value):
+                return True
+            if isinstance(sub, ast.Name) and sub.id in assigned and sub.id not in seen:
+                if names_tests(assigned[sub.id], seen | {sub.id}):
+                    return True
+        return False
+
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            modules = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            modules = [node.module]
+        else:
+            continue
+        found += [
+            f"line {node.lineno}: imports {m}"
+            for m in modules
+            if m.split(".")[0] == "tests" or m.split(".")[0] in TEST_MODULE_NAMES
+        ]
+    found += [f"line {line}: sys.path gets a tests/ path" for line, edit in sys_path_edits(source) if names_tests(edit)]
+    return sorted(found, key=lambda text: int(text.split()[1].rstrip(":")))
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "import tests.sglang_cpu.launch",
+        "from tests.sglang_cpu import launch",
+        "import e2e_client",
+        "from test_controller_e2e import drive_load",
+        "import sys\nsys.path.insert(0, 'tests/sglang_cpu')",
+        "import sys\nfrom pathlib import Path\nsys.path.append(str(Path(__file__).parent / 'tests'))",
+        "import sys\nREPO = '.'\nHERE = REPO + '/tests/sglang_cpu'\nsys.path[:0] = [HERE]",
+        "import site\nsite.addsitedir('../tests')",
+    ],
+)
+def test_the_tests_reach_finder_finds_each_way_in(source):
+    assert len(reaches_into_tests(source)) == 1, source
+
+
+def test_the_tests_reach_finder_lets_the_rest_pass():
+    assert reaches_into_tests("import harness.sglang_cpu\nfrom sglang_jetspec import cli\nimport testing") == []
+    # a child's environment is not this process's sys.path (the harness launcher names the stand-in so)
+    assert reaches_into_tests("import os\nenv = {'PYTHONPATH': 'tests/sglang_cpu/stub'}") == []
+    assert reaches_into_tests("import sys\nsys.path.insert(0, 'vendor')") == []
+
+
+def test_the_file_walk_leaves_tests_and_virtualenvs_out(tmp_path):
+    for rel in ("bench/a.py", "tests/b.py", "tests/c/d.py", ".venv/lib/e.py", "harness/tests/f.py", "x.egg-info/g.py"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("")
+    found = {p.relative_to(tmp_path).as_posix() for p in python_files_outside_tests(tmp_path)}
+    assert found == {"bench/a.py", "harness/tests/f.py"}
+
+
+def test_nothing_outside_tests_reaches_into_tests():
+    files = python_files_outside_tests()
+    assert ROOT / "harness" / "sglang_cpu.py" in files and ROOT / "bench" / "sglang_cpu_compare.py" in files
+    reaching = {str(path.relative_to(ROOT)): found for path in files if (found := reaches_into_tests(path.read_text()))}
+    assert reaching == {}
+
+
+def test_bench_scripts_leave_sys_path_alone():
+    edits = {
+        str(path.relative_to(ROOT)): [line for line, _ in found]
+        for path in sorted((ROOT / "bench").rglob("*.py"))
+        if (found := sys_path_edits(path.read_text()))
+    }
+    assert edits == {}, "run the script as `python -m bench.<name>` and import by package name"
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -188,11 +353,14 @@ DOCUMENTED_ENTRY_POINTS = [
     [sys.executable, "-m", "ops.catalogue"],
     [sys.executable, "-m", "sglang_jetspec.train.code_prompts"],
     [sys.executable, "-m", "sglang_jetspec.train.chat_prompts"],
+    [sys.executable, "-m", "harness.sglang_cpu"],
+    [sys.executable, "-m", "bench.sglang_cpu_compare"],
 ]
 
 
 def test_the_documented_python_m_paths_are_these():
-    documented = set(re.findall(r"python3? -m ((?:sglang_jetspec|controller|policies|ops|shadow)[\w.]*)", README))
+    packages = "sglang_jetspec|controller|policies|ops|shadow|harness|bench"
+    documented = set(re.findall(rf"python3? -m ((?:{packages})[\w.]*)", README))
     listed = {argv[2] for argv in DOCUMENTED_ENTRY_POINTS if argv[0] == sys.executable}
     assert documented <= listed
 

@@ -1,26 +1,20 @@
-"""bench/gpu/profile_summary.py: a synthetic chrome trace with known contents gives exact per-step rows."""
+"""bench.gpu.profile_summary: a synthetic chrome trace with known contents gives exact per-step rows."""
 
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "gpu" / "profile_summary.py"
+import bench.gpu.profile_summary
+
 ROOT = "/site/sglang_jetspec"
 
 
 @pytest.fixture(scope="module")
 def summary():
-    spec = importlib.util.spec_from_file_location("profile_summary", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return bench.gpu.profile_summary
 
 
 def _x(cat, name, ts, dur=1.0, tid=1, correlation=None):

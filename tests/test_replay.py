@@ -5,10 +5,10 @@ import json
 import pytest
 import torch
 
-from sglang_jetspec.bench.replay import DraftMemo, ReplayLane, matched_depth, replay_request, tapped_rows
 from sglang_jetspec.cli import main
 from sglang_jetspec.core.sampling import SamplingParams
 from sglang_jetspec.core.tree import TreeSpec, build_tree
+from sglang_jetspec.evaluation.replay import DraftMemo, ReplayLane, matched_depth, replay_request, tapped_rows
 from sglang_jetspec.reference.engine import EngineConfig, ReferenceEngine, Request
 from sglang_jetspec.reference.loading import load_drafter
 from sglang_jetspec.reference.prompts import encode, humaneval_prompts

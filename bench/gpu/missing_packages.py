@@ -1,6 +1,6 @@
 """What SGLang's server imports on a CUDA machine that the device image lacks: the carry list.
 
-    python bench/gpu/missing_packages.py [--write bench/gpu/requirements.txt]
+    python -m bench.gpu.missing_packages [--write bench/gpu/requirements.txt]
 
 Runs tests/sglang_gpu/cuda_import_probe.py in this environment (which has SGLang 0.5.23 and all of
 its dependencies) with the GPU stand-in for sgl-kernel and the distributions of NOT_CARRIED made

@@ -1,6 +1,6 @@
 """Where a JETSPEC step's time goes, from a torch profiler trace of the SGLang server (`/start_profile`).
 
-    python bench/gpu/profile_summary.py TRACE.json.gz [--top 30]
+    python -m bench.gpu.profile_summary TRACE.json.gz [--top 30]
 
 SGLang's `/start_profile` (with_stack on, its default) records every Python function call as a
 `python_function` event, every aten op as `cpu_op`, every CUDA runtime call (`cudaLaunchKernel`,

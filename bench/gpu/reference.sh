@@ -34,7 +34,7 @@ else
 fi
 
 check() {  # dtype attention [--strict]
-  python3 bench/gpu/check.py --device "$DEVICE" --dtype "$1" --attention "$2" --prompt-range "$CHECK_RANGE" \
+  python3 -m bench.gpu.check --device "$DEVICE" --dtype "$1" --attention "$2" --prompt-range "$CHECK_RANGE" \
     --budgets 16,64,256 --max-new-tokens "$TOKENS" --json "$RESULTS/check-$1-$2.json" --markdown "$RESULTS/check-$1-$2.md" "${@:3}"
 }
 for attention in $ATTENTIONS; do check fp32 "$attention" --strict; done

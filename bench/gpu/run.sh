@@ -58,7 +58,7 @@ stop_servers() { pkill -f sglang.launch_server; sleep 2; pkill -9 -f sglang.laun
 stop_servers
 # every server starts at once (their ~70 s start-ups overlap), then each is measured alone and stopped
 # shellcheck disable=SC2086
-timeout "$(( $(left) - 15 ))" python3 bench/gpu/sglang_compare.py --model "$SMOLLM2_DIR" \
+timeout "$(( $(left) - 15 ))" python3 -m bench.gpu.sglang_compare --model "$SMOLLM2_DIR" \
   --head sglang_jetspec/heads/smollm2-135m-instruct --attention-backend triton --servers "$SERVERS" --together \
   --prompts "$PROMPTS" --max-new-tokens "$TOKENS" --throughput-prompts "$THROUGHPUT_PROMPTS" --batch-sizes $BATCHES \
   --deadline-s "$(( $(left) - 25 ))" --server-budget-s 60 --out "$RESULTS/compare"

@@ -1,7 +1,7 @@
 """JETSPEC vs plain SGLang vs SGLang's NGRAM on one GPU: greedy identity and tokens/s (issue 4, "On a GPU").
 
     jetspec model fetch smollm2
-    python bench/gpu/sglang_compare.py --model ~/.cache/sglang-jetspec/models/smollm2-135m-instruct \
+    python -m bench.gpu.sglang_compare --model ~/.cache/sglang-jetspec/models/smollm2-135m-instruct \
         --head sglang_jetspec/heads/smollm2-135m-instruct --out bench/results
 
 Starts each server in turn (`python -m sglang.launch_server`, FlashInfer or Triton attention, the
@@ -17,7 +17,7 @@ pytorch sampler), sends the first 50 HumanEval prompts greedily, and writes `sgl
   of each worker phase (its `jetspec_<phase>_seconds_total` counters).
 `--deadline-s` skips servers that would start after it (each is expected to take `--server-budget-s`).
 Every server runs with the radix cache off (each prompt is sent once, so no server gains from a cached
-prefix; bench/sglang_cpu_compare.py --shared-prefix measures that workload) and without the overlap
+prefix; bench.sglang_cpu_compare --shared-prefix measures that workload) and without the overlap
 scheduler or decode CUDA graphs (JETSPEC refuses both; plain and NGRAM are also measured with their
 defaults, labelled "+defaults").
 """
@@ -36,6 +36,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from harness.client import post_ok
+from harness.compare import WARMUP_TEXT, WORKER_PHASES, mean_accept_length, worker_phases, worker_seconds
+from sglang_jetspec.reference.divergence import first_difference as first_divergence
+
 TOP_LOGPROBS = 5
 COMMON = ["--disable-radix-cache", "--sampling-backend", "pytorch"]
 # JETSPEC switches SGLang's prefill CUDA graphs off itself (its prefill keeps every hidden state); the
@@ -44,14 +48,6 @@ SYNC = ["--disable-overlap-schedule", "--disable-decode-cuda-graph", "--disable-
 
 
 # ---- pure parts (unit-tested on CPU) ----
-
-
-def first_divergence(reference: list[int], candidate: list[int]) -> int | None:
-    """Index of the first differing token (a length difference counts), None if identical."""
-    for i, (a, b) in enumerate(zip(reference, candidate)):
-        if a != b:
-            return i
-    return None if len(reference) == len(candidate) else min(len(reference), len(candidate))
 
 
 def divergence_margin(
@@ -88,9 +84,6 @@ def identity_rows(
             margin = divergence_margin(top, at, ref[at], cand[at])
         rows.append(IdentityRow(i, at is None, at, margin, len(ref)))
     return rows
-
-
-WORKER_PHASES = ("draft", "tree", "verify", "accept", "commit")
 
 
 @dataclass
@@ -201,12 +194,6 @@ def write_results(
 # ---- servers and requests (GPU only) ----
 
 
-def _post(url: str, payload: dict, timeout: float = 600.0) -> bytes:
-    request = urllib.request.Request(url, json.dumps(payload).encode(), {"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=timeout) as response:
-        return response.read()
-
-
 class Server:
     def __init__(self, name: str, args: list[str], port: int, log_dir: Path, env: dict | None = None):
         self.name, self.url = name, f"http://127.0.0.1:{port}"
@@ -240,7 +227,7 @@ class Server:
         payload = {"text": prompt, "sampling_params": {"temperature": 0.0, "max_new_tokens": max_new_tokens}}
         if logprobs:
             payload.update(return_logprob=True, top_logprobs_num=TOP_LOGPROBS)
-        return json.loads(_post(self.url + "/generate", payload))
+        return post_ok(self.url + "/generate", payload)
 
     def stop(self) -> None:
         try:
@@ -262,43 +249,14 @@ def top_logprob_maps(response: dict) -> list[dict[int, float]]:
     return [{int(t[1]): float(t[0]) for t in position} for position in response["meta_info"]["output_top_logprobs"]]
 
 
-def mean_accept_length(responses: list[dict]) -> float | None:
-    """Committed tokens per verify step over all responses (None for a server that does not speculate)."""
-    steps = sum(r["meta_info"].get("spec_verify_ct") or 0 for r in responses)
-    return sum(r["meta_info"]["completion_tokens"] for r in responses) / steps if steps else None
-
-
-def worker_seconds(url: str) -> dict[str, float]:
-    """The JETSPEC worker's phase counters and step count on the server at `url`, summed over cohorts and
-    budgets ({} for a server without --enable-metrics: plain, NGRAM)."""
-    try:
-        with urllib.request.urlopen(url + "/metrics", timeout=30) as response:
-            text = response.read().decode()
-    except OSError:
-        return {}
-    from prometheus_client.parser import text_string_to_metric_families
-
-    wanted = {f"jetspec_{p}_seconds_total": p for p in WORKER_PHASES} | {"jetspec_steps_total": "steps"}
-    found = dict.fromkeys(wanted.values(), 0.0)
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name in wanted:
-                found[wanted[sample.name]] += sample.value
-    return found
-
-
 def phases_per_step(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
-    """ms per verify step by phase. The worker's accept counter runs to the step's end, commit included:
-    the commit share is taken out so the phases add up (as bench/sglang_cpu_compare.py does)."""
+    """ms per verify step by worker phase (harness.compare.worker_phases: accept without commit) between two
+    readings of worker_seconds."""
     steps = after.get("steps", 0.0) - before.get("steps", 0.0)
     if steps <= 0:
         return {}
-    out = {p: 1000.0 * (after.get(p, 0.0) - before.get(p, 0.0)) / steps for p in WORKER_PHASES}
-    out["accept"] -= out["commit"]
-    return out
-
-
-WARMUP_TEXT = "Warm-up request: count from one to five."
+    spent = worker_phases({p: after.get(p, 0.0) - before.get(p, 0.0) for p in WORKER_PHASES})
+    return {p: 1000.0 * seconds / steps for p, seconds in spent.items()}
 
 
 def pass_slices(available: int, identity: int, per_pass: int, batch_sizes: list[int]) -> tuple[slice, dict[int, slice]]:
@@ -384,13 +342,13 @@ def profile(server: Server, label: str, args, prompts: list[str], bs: int) -> Pa
     (`/start_profile`; it stops itself after that many forwards and writes a chrome trace), summarised by
     bench/gpu/profile_summary.py into `profile-<label>-bs<bs>.md` beside the results. The trace itself
     stays in --profile-dir (tens of MB: not part of the results)."""
-    from profile_summary import load_trace, summarize, summary_markdown
+    from bench.gpu.profile_summary import load_trace, summarize, summary_markdown
 
     trace_dir = args.profile_dir / f"{label}-bs{bs}"
     activities = ["CPU", "GPU"] if args.device == "cuda" else ["CPU"]
     with ThreadPoolExecutor(bs) as pool:
         list(pool.map(lambda _: server.generate(WARMUP_TEXT, 8), range(bs)))
-        _post(
+        post_ok(
             server.url + "/start_profile",
             {
                 "output_dir": str(trace_dir),
@@ -412,7 +370,10 @@ def profile(server: Server, label: str, args, prompts: list[str], bs: int) -> Pa
 
     # the scheduler exports the trace after the last profiled forward; requests that finished in fewer
     # forwards than --profile-steps leave the profiler running until told to stop
-    trace = wait_trace(10) or (_post(server.url + "/stop_profile", {}) and wait_trace(120))
+    trace = wait_trace(10)
+    if trace is None:
+        post_ok(server.url + "/stop_profile", {})
+        trace = wait_trace(120)
     if trace is None:
         raise TimeoutError(f"[{label}] no profiler trace in {trace_dir} after 130 s")
     profiled = summarize(load_trace(trace))

@@ -1,7 +1,7 @@
 """Time one head-training step on a GPU: the padded batch of a step (Trainer.train_step) against one
 pass per sequence, on synthetic sequences of SmolLM2's shape, or on a data directory's real ones.
 
-    python3 bench/gpu/train_step_timing.py [FEATURE_DIR]
+    python3 -m bench.gpu.train_step_timing [FEATURE_DIR]
 
 Run it twice side by side (and with OMP_NUM_THREADS set) to see what two trainers on one machine cost
 each other: bench/results/gpu/train-2026-11-26-h100.md.

@@ -1,6 +1,6 @@
 """The `jetspec bench` command line: its arguments, checked at parse time so every error names its flag.
 
-Kept free of torch so building the `jetspec` parser stays fast; the runs themselves are in sglang_jetspec/bench/.
+Kept free of torch so building the `jetspec` parser stays fast; the runs themselves are in sglang_jetspec/evaluation/.
 """
 
 from __future__ import annotations
@@ -122,18 +122,18 @@ def register_replay(sub) -> None:
 
 
 def _run(args) -> int:
-    from ..bench.run import run
+    from ..evaluation.run import run
 
     return run(args)
 
 
 def _run_gap(args) -> int:
-    from ..bench.gap import run
+    from ..evaluation.gap import run
 
     return run(args)
 
 
 def _run_replay(args) -> int:
-    from ..bench.replay import run
+    from ..evaluation.replay import run
 
     return run(args)

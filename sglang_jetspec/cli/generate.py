@@ -31,7 +31,7 @@ def register(sub) -> None:
 
 
 def _run_generate(args) -> int:
-    from ..bench.generate import run
+    from ..evaluation.generate import run
 
     try:
         run(args)

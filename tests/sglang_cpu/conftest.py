@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 from e2e_client import ADMIN_KEY, MAX_NEW, NUM_PROMPTS, POLICY_YAML, jetspec_args, server_args, until_eos
-from launch import LaunchedServer, launch
+
+from harness.sglang_cpu import LaunchedServer, launch
 
 # A test session keeps several servers and the test process on 2 cores: OpenMP threads that spin after
 # each parallel region would take the cores from the others, so they sleep. Benchmarks run one server

@@ -1,20 +1,19 @@
-"""Helpers of the end-to-end tests against real SGLang servers: server arguments, the policy they run,
-and a small HTTP client (urllib: what these tests check is the server, not a client library)."""
+"""Helpers of the end-to-end tests against real SGLang servers: the policy they run, requests, and what
+the tests read back. The server arguments and the HTTP client are the harness's (harness/sglang_cpu.py,
+harness/client.py), shared with the bench scripts."""
 
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-HEAD = REPO / "sglang_jetspec" / "heads" / "smollm2-135m-instruct"
+from harness.client import get, metrics, post
+from harness.sglang_cpu import HEAD, REPO, jetspec_args, server_args  # noqa: F401  (the tests import them here)
+
 ADMIN_KEY = "cpu-e2e-admin-key"
 NUM_PROMPTS = 8
 MAX_NEW = 32
@@ -30,72 +29,6 @@ controller: {interval_s: 2, ttl_s: 8, window_s: 300, min_samples: 2}
 shadow: {sample_rate: 1.0, alpha: 0.01, gate_on_alarm: false}
 head: {max_budget: 16, max_draft_rounds: 0}
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def server_args(model_dir: Path, *extra: str, max_total_tokens: int = 8192, radix_cache: bool = False) -> list[str]:
-    return [
-        "--model-path",
-        str(model_dir),
-        "--device",
-        "cpu",
-        "--dtype",
-        "float32",
-        "--attention-backend",
-        "intel_amx",
-        "--disable-cuda-graph",
-        "--max-total-tokens",
-        str(max_total_tokens),
-        "--max-running-requests",
-        "4",
-        "--skip-server-warmup",
-        "--sleep-on-idle",
-        *([] if radix_cache else ["--disable-radix-cache"]),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(free_port()),
-        *extra,
-    ]
-
-
-def jetspec_args(model_dir: Path, *extra: str, **kw) -> list[str]:
-    return server_args(
-        model_dir,
-        "--speculative-algorithm",
-        "JETSPEC",
-        "--speculative-draft-model-path",
-        str(HEAD),
-        "--disable-overlap-schedule",
-        "--disable-decode-cuda-graph",
-        *extra,
-        **kw,
-    )
-
-
-def post(url: str, body: dict, headers: dict | None = None, timeout: float = 600) -> tuple[int, dict]:
-    request = urllib.request.Request(
-        url, json.dumps(body).encode(), {"Content-Type": "application/json", **(headers or {})}
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            return response.status, json.loads(response.read() or b"{}")
-    except urllib.error.HTTPError as exc:
-        text = exc.read().decode(errors="replace")
-        try:
-            return exc.code, json.loads(text)
-        except ValueError:
-            return exc.code, {"text": text}
-
-
-def get(url: str, timeout: float = 60) -> str:
-    with urllib.request.urlopen(url, timeout=timeout) as response:
-        return response.read().decode()
 
 
 def generate(url: str, input_ids: list[int], max_new_tokens: int = MAX_NEW, **sampling) -> dict:
@@ -153,17 +86,6 @@ def until_eos(ids: list[int], eos: int) -> list[int]:
 
 def server_info(url: str) -> dict:
     return json.loads(get(f"{url}/server_info"))
-
-
-def metrics(url: str) -> dict[str, dict[tuple, float]]:
-    """Every sample on the server's /metrics: {sample name: {label items: value}}."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    out: dict[str, dict[tuple, float]] = {}
-    for family in text_string_to_metric_families(get(f"{url}/metrics")):
-        for s in family.samples:
-            out.setdefault(s.name, {})[tuple(sorted(s.labels.items()))] = s.value
-    return out
 
 
 def samples(url: str, name: str) -> dict[tuple, float]:

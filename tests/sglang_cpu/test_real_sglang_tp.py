@@ -27,7 +27,8 @@ from e2e_client import (
     server_args,
     until_eos,
 )
-from launch import TP2_ENV
+
+from harness.sglang_cpu import TP2_ENV
 
 TP2 = ("--tp-size", "2")
 PROMPTS = 8

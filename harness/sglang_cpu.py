@@ -1,16 +1,19 @@
-"""Start the real SGLang 0.5.23 server on this CPU with the test-only sgl-kernel stand-in.
+"""The CPU harness: the real SGLang 0.5.23 server on this CPU with the test-only sgl-kernel stand-in.
 
-    python tests/sglang_cpu/launch.py <any sglang.launch_server arguments>
+    python -m harness.sglang_cpu <any sglang.launch_server arguments>
 
 runs `python -m sglang.launch_server` with the same arguments in its own process group, with SGLang's
-CPU engine (SGLANG_USE_CPU_ENGINE=1) and the stand-in (`stub/` first on PYTHONPATH, switched on by
-JETSPEC_SGLANG_CPU_STANDIN=1; the scheduler and detokenizer processes inherit both). It prints the
-server's URL once `/health` answers, and on SIGTERM / SIGINT stops the whole server process group
-(SIGTERM, then SIGKILL after a grace period). Its exit status is the server's.
+CPU engine (SGLANG_USE_CPU_ENGINE=1) and the stand-in (`tests/sglang_cpu/stub` first on the server's
+PYTHONPATH, switched on by JETSPEC_SGLANG_CPU_STANDIN=1; the scheduler and detokenizer processes inherit
+both). It prints the server's URL once `/health` answers, and on SIGTERM / SIGINT stops the whole server
+process group (SIGTERM, then SIGKILL after a grace period). Its exit status is the server's. `--help`
+alone prints this text (SGLang's own arguments: `python -m sglang.launch_server --help`).
 
-Nothing here is active in a normal install: the stand-in lives under tests/ and needs these variables.
-`launch()` is the same for Python callers (tests, bench/sglang_cpu_compare.py): it starts this file as a
-process and returns once the URL is printed.
+Nothing here is active in a normal install: the stand-in lives under tests/ (never imported from here,
+only named on the PYTHONPATH of the child server a harness run starts), needs these variables, and
+exists only in a checkout. `launch()` is the same for Python callers (tests/sglang_cpu,
+bench/sglang_cpu_compare.py): it starts this module as a process and returns once the URL is printed.
+`server_args()` / `jetspec_args()` are the harness's server arguments.
 """
 
 from __future__ import annotations
@@ -25,7 +28,11 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-STUB = Path(__file__).resolve().parent / "stub"
+from .client import free_port
+
+REPO = Path(__file__).resolve().parent.parent
+STUB = REPO / "tests" / "sglang_cpu" / "stub"
+HEAD = REPO / "sglang_jetspec" / "heads" / "smollm2-135m-instruct"
 STANDIN_ENV = {"SGLANG_USE_CPU_ENGINE": "1", "JETSPEC_SGLANG_CPU_STANDIN": "1"}
 GRACE_S = 20.0
 # A --tp-size 2 server on this harness, as on a CPU-only install: one core per rank (SGLang asks for an
@@ -42,10 +49,70 @@ READY_PREFIX = "sglang-cpu ready: "
 
 def standin_env(base: dict | None = None) -> dict:
     """`base` (default os.environ) plus what SGLang's CPU path needs to run on the stand-in."""
+    if not (STUB / "sitecustomize.py").is_file():
+        raise FileNotFoundError(f"no sgl-kernel stand-in at {STUB}: the CPU harness runs from a checkout")
     env = dict(os.environ if base is None else base)
     env.update(STANDIN_ENV)
     env["PYTHONPATH"] = os.pathsep.join([str(STUB), *filter(None, [env.get("PYTHONPATH")])])
     return env
+
+
+# ---- the harness's server arguments ----
+
+
+def server_args(
+    model_dir: Path | str,
+    *extra: str,
+    dtype: str = "float32",
+    max_total_tokens: int = 8192,
+    max_running: int = 4,
+    radix_cache: bool = False,
+    port: int | None = None,
+) -> list[str]:
+    """A plain SGLang server on the harness (intel_amx attention, no CUDA graphs, asleep when idle),
+    then `extra`; a free port unless `port` is given."""
+    return [
+        "--model-path",
+        str(model_dir),
+        "--device",
+        "cpu",
+        "--dtype",
+        dtype,
+        "--attention-backend",
+        "intel_amx",
+        "--disable-cuda-graph",
+        "--max-total-tokens",
+        str(max_total_tokens),
+        "--max-running-requests",
+        str(max_running),
+        "--skip-server-warmup",
+        "--sleep-on-idle",
+        *([] if radix_cache else ["--disable-radix-cache"]),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(free_port() if port is None else port),
+        *extra,
+    ]
+
+
+def jetspec_args(model_dir: Path | str, *extra: str, **kw) -> list[str]:
+    """`server_args` for JETSPEC with the shipped head (and what JETSPEC requires: no overlap scheduler,
+    no decode CUDA graphs), then `extra`."""
+    return server_args(
+        model_dir,
+        "--speculative-algorithm",
+        "JETSPEC",
+        "--speculative-draft-model-path",
+        str(HEAD),
+        "--disable-overlap-schedule",
+        "--disable-decode-cuda-graph",
+        *extra,
+        **kw,
+    )
+
+
+# ---- the launcher ----
 
 
 def server_url(args: list[str]) -> str:
@@ -87,6 +154,9 @@ def stop_group(proc: subprocess.Popen, grace_s: float = GRACE_S) -> int:
 
 
 def main(argv: list[str]) -> int:
+    if argv in (["-h"], ["--help"]):
+        print(f"usage: python -m {__spec__.name} <sglang.launch_server arguments>\n\n{__doc__}")
+        return 0
     url = server_url(argv)
     server = subprocess.Popen(
         [sys.executable, "-m", "sglang.launch_server", *argv], env=standin_env(), start_new_session=True
@@ -134,13 +204,13 @@ class LaunchedServer:
 
 
 def launch(args: list[str], log: Path, env: dict | None = None, timeout_s: float = 300.0) -> LaunchedServer:
-    """Start `launch.py args` with its output in `log`; return once the server answers /health.
-    `env` adds variables (JETSPEC_POLICY, JETSPEC_SHADOW_SPOOL, ...) to this process's environment."""
+    """Start `python -m harness.sglang_cpu args` with its output in `log`; return once the server answers
+    /health. `env` adds variables (JETSPEC_POLICY, JETSPEC_SHADOW_SPOOL, ...) to this process's environment."""
     t0 = time.perf_counter()
     log.parent.mkdir(parents=True, exist_ok=True)
     out = open(log, "w")
     process = subprocess.Popen(
-        [sys.executable, "-u", __file__, *args],
+        [sys.executable, "-u", "-m", __name__, *args],
         stdout=out,
         stderr=subprocess.STDOUT,
         env={**os.environ, **(env or {})},

@@ -1,0 +1,1 @@
+"""Every GPU script (bench/GPU.md), run from the checkout's root as `python -m bench.gpu.<name>`."""
