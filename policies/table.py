@@ -89,6 +89,11 @@ class StepPlan(NamedTuple):
     # draft for these requests in this cohort, so an engine need not keep their draft context
     keep_draft_context: bool = True
 
+    @property
+    def sizes_adaptively(self) -> bool:
+        """The step cuts its trees to what pays (a tree of one node has nothing to cut)."""
+        return self.tree_sizing == "adaptive" and self.budget > 1
+
 
 class PolicyTable(StrictModel):
     cohorts: list[CohortBudget] = Field(min_length=1)

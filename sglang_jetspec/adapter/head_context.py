@@ -42,18 +42,17 @@ class HeadContext:
         taps: torch.Tensor,
         row_index: torch.Tensor,
         row_counts: list[int],
-        seq_lens: list[int],
         out_cache_loc: torch.Tensor,
         num_nodes: int,
     ) -> None:
         """The context of each drafting request's committed tokens: verify rows `row_index` (request-major,
-        `row_counts` per request), at positions seq_len + i and the first slots of the request's window."""
+        `row_counts` per request), at positions kv_len + i and the first slots of the request's window."""
         if not any(lane.drafts for lane in lanes):
             return
         counts = torch.tensor(row_counts)
         lane_of_row = torch.repeat_interleave(torch.arange(len(lanes)), counts)
         offset = torch.arange(len(lane_of_row)) - torch.repeat_interleave(counts.cumsum(0) - counts, counts)
         drafting = torch.tensor([lane.drafts for lane in lanes])[lane_of_row]
-        positions = (torch.tensor(seq_lens)[lane_of_row] + offset)[drafting]
+        positions = (torch.tensor([lane.kv_len for lane in lanes])[lane_of_row] + offset)[drafting]
         window = (lane_of_row * num_nodes + offset)[drafting]
         self.write(taps, row_index[drafting], positions, out_cache_loc[window.to(self.device)])

@@ -36,6 +36,7 @@ class RequestDraftState:
         self.req = None  # the engine's own request object (SGLang's Req), for its finish state and token ids
         self.penalties = RequestPenalties()  # its frequency / presence / repetition / min_new_tokens
         self.root_token = -1  # set before each draft: the request's last committed token
+        self.kv_len = 0  # set before each draft: its committed tokens with KV (all but the root)
         self.context_slots = torch.empty(0, dtype=torch.long)  # set before each draft: KV slots of positions 0..L-1
         self.started_at = time.time()  # for the shadow record
         self.budgets: list[int] = []  # tree budget of each verify step (0 = off)
@@ -91,6 +92,25 @@ class DraftStateStore:
             )
             state.context_lost = True
         return state
+
+    def lanes(self, batch, keep_draft_context: bool, vocab_size: int) -> list[RequestDraftState]:
+        """A decode step's lanes: each request's state, with this step's root token, committed KV length and
+        (requests that draft) the KV slots of their context positions 0..kv_len-1 (a view of the request's
+        req_to_token row). A plan that keeps no draft context gates its requests off for good."""
+        lanes = []
+        seq_lens = batch.seq_lens_cpu if batch.seq_lens_cpu is not None else batch.seq_lens.cpu()
+        for req, kv_len in zip(batch.reqs, seq_lens.tolist()):
+            state = self._states.get(req.rid)
+            if state is None:  # not prefilled through this worker (e.g. after clear_cache_pool): no context
+                state = self.admit(req, vocab_size, prefix_held=False)
+            state.root_token = int(req.output_ids[-1])  # sync scheduler: the last committed token
+            state.kv_len = kv_len
+            if not keep_draft_context:
+                state.gated_off = True
+            if state.drafts:
+                state.context_slots = batch.req_to_token_pool.req_to_token[req.kv.req_pool_idx, :kv_len]
+            lanes.append(state)
+        return lanes
 
     def drop(self, rid: str) -> RequestDraftState | None:
         return self._states.pop(rid, None)

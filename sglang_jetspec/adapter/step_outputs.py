@@ -23,6 +23,7 @@ import torch
 
 from sglang_jetspec.core.acceptance import AcceptResult, accept_batch, target_argmax
 from sglang_jetspec.core.sampling import SamplingParams
+from sglang_jetspec.core.step_clock import Drafted
 from sglang_jetspec.core.tree import DraftTree
 
 
@@ -44,6 +45,14 @@ class StepOutputs:
     @property
     def next_token_ids(self) -> torch.Tensor:
         return self.tokens.flatten()
+
+
+def accept_lanes(drafted: Drafted, logits: torch.Tensor, lanes: list, sampled_children: str) -> StepOutputs:
+    """`accept_step` for a step's lanes (each with its SamplingParams and generator): sampled requests whose
+    children were drawn from the head are accepted against it, the others by matching."""
+    method = "draw" if sampled_children == "drawn" else "match"
+    params, generators = [lane.params for lane in lanes], [lane.generator for lane in lanes]
+    return accept_step(drafted.trees, logits, drafted.num_nodes, params, generators, method)
 
 
 def accept_step(

@@ -23,11 +23,11 @@ class StepReporter:
     def _tracer(self):
         return step_tracer() if self.traces else None
 
-    def start(self, adaptive: bool) -> StepClock:
-        """The clock of a step; it settles on the device when metrics or traces read it, or when the
-        step sizes adaptively (sizing learns the verify cost from it)."""
+    def start(self, plan: StepPlan) -> StepClock:
+        """The clock of a step of `plan`; it settles on the device when metrics or traces read it, or when
+        the step sizes adaptively (sizing learns the verify cost from it)."""
         observed = self.metrics is not None or self._tracer() is not None
-        return StepClock(self.device if observed or adaptive else None)
+        return StepClock(self.device if observed or plan.sizes_adaptively else None)
 
     def finish(self, clock: StepClock, plan: StepPlan, drafted: Drafted, out: StepOutputs, request_ids: list) -> None:
         self.learners.observe(clock, drafted, [result.path for result in out.results])

@@ -40,7 +40,7 @@ class SingleRank:
     def share(self, obj):
         return obj
 
-    def received_trees(self, trees: list) -> list:
+    def shared_trees(self, trees: list, lanes: list) -> list:
         return trees
 
     def agree(self, what: str, tensors: list[torch.Tensor]) -> None:
@@ -66,6 +66,18 @@ class TensorParallelRanks:
         box = [obj]
         torch.distributed.broadcast_object_list(box, src=self.group.ranks[0], group=self.group.cpu_group)
         return box[0]
+
+    def shared_trees(self, trees: list, lanes: list) -> list:
+        """Rank 0's trees on every rank, with the generator state of each sampled request (rank 0's
+        drafting may have drawn from it; acceptance draws next), checked equal before the verify."""
+        states = [None if lane.params.greedy else lane.generator.get_state() for lane in lanes]
+        trees, states = self.share((trees, states) if self.drafts else None)
+        for lane, state in zip(lanes, states):
+            if state is not None:
+                lane.generator.set_state(state)
+        trees = self.received_trees(trees)
+        self.agree("trees", [t for tree in trees for t in (tree.tokens, tree.parents)])
+        return trees
 
     def received_trees(self, trees: list) -> list:
         """The trees this rank verifies, as rank 0 shared them."""

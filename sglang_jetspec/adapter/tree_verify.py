@@ -3,7 +3,7 @@ logits processed as SGLang's sampler would process a plain decode's.
 
 Two calls with explicit inputs: `bind` lays the step's trees on SGLang's batch (a TARGET_VERIFY pass
 with its tree mask, or, for trees that are roots alone, an ordinary DECODE forward: cheaper than a
-one-node verify) and builds the grammar rows; `forward` runs the target and returns the processed
+one-node verify); `forward` runs the target and returns the processed
 logits (`Verified`). Logprob requests keep the verify layout, whose rows compute_spec_logprobs reads.
 """
 
@@ -19,7 +19,6 @@ from sglang_jetspec.adapter.attention_backends import MaskLayout
 from sglang_jetspec.adapter.request_state import RequestDraftState
 from sglang_jetspec.adapter.spec_inputs import bind_decode_batch, bind_verify_batch
 from sglang_jetspec.adapter.tap_capture import taps_uncaptured
-from sglang_jetspec.adapter.tree_grammar import TreeGrammar
 from sglang_jetspec.adapter.tree_penalties import apply_logit_bias, apply_tree_penalties
 from sglang_jetspec.adapter.verify_inputs import build_verify_tensors
 from sglang_jetspec.core.step_clock import Drafted
@@ -28,11 +27,12 @@ from sglang_jetspec.core.step_clock import Drafted
 @dataclass(frozen=True)
 class VerifyInputs:
     """What `bind` laid on the batch: a DECODE forward of the roots (`decode`) or a tree verify, whether
-    the forward captures tap rows for the head's context, and the grammar rows of the verify's logits."""
+    the forward captures tap rows for the head's context, and the sequence lengths of the committed
+    tokens (device) as the batch held them before (a decode forward rebinds them to count the root)."""
 
     decode: bool
     capture_taps: bool
-    grammar_mask: object | None  # SGLang's GrammarMask, or None when no request is constrained
+    committed_lens: torch.Tensor
 
 
 @dataclass(frozen=True)
@@ -53,16 +53,13 @@ class TreeVerifier:
         self,
         batch,
         lanes: list[RequestDraftState],
-        seq_lens: list[int],
         drafted: Drafted,
-        grammar: TreeGrammar | None,
     ) -> VerifyInputs:
         """Lay the trees on `batch` (the scheduler's _forward_isolation restores it after the step)."""
+        committed_lens, seq_lens = batch.seq_lens, [lane.kv_len for lane in lanes]
         decode = drafted.num_nodes == 1 and not batch.return_logprob
         capture_taps = self.drafts and any(lane.drafts for lane in lanes)
-        if decode:
-            bind_decode_batch(batch, torch.tensor([lane.root_token for lane in lanes]), self.device)
-        else:
+        if not decode:
             tensors = build_verify_tensors(drafted.trees, seq_lens, drafted.num_nodes)
             bind_verify_batch(
                 batch,
@@ -73,8 +70,9 @@ class TreeVerifier:
                 self.device,
                 capture_taps=capture_taps,
             )
-        grammar_mask = grammar.mask(drafted.trees, drafted.num_nodes, self.device) if grammar is not None else None
-        return VerifyInputs(decode, capture_taps, grammar_mask)
+        else:
+            bind_decode_batch(batch, torch.tensor([lane.root_token for lane in lanes]), self.device)
+        return VerifyInputs(decode, capture_taps, committed_lens)
 
     def forward(
         self, batch, lanes: list[RequestDraftState], drafted: Drafted, inputs: VerifyInputs, reads_taps: bool
@@ -92,7 +90,7 @@ class TreeVerifier:
         trees, num_nodes = drafted.trees, drafted.num_nodes
         outputs = [lane.req.output_ids for lane in lanes]
         apply_tree_penalties(logits, [lane.penalties for lane in lanes], outputs, trees, num_nodes)
-        if inputs.grammar_mask is not None:
-            inputs.grammar_mask.apply(logits)
+        if drafted.verify_mask is not None:
+            drafted.verify_mask.apply(logits)
         apply_logit_bias(logits, batch.sampling_info.logit_bias, num_nodes)
         return Verified(result.logits_output, result.can_run_cuda_graph)

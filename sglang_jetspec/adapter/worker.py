@@ -35,23 +35,22 @@ from sglang.srt.runtime_context import get_device, get_spec
 from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 from sglang.srt.speculative.spec_utils import record_stream_for_v2_verify
 
-from policies import StepPlan, read_head_capacity
+from policies import read_head_capacity
 from sglang_jetspec.adapter.attention_backends import tree_mask_layout, verify_attention_backend
 from sglang_jetspec.adapter.context_pool_memory import allocate_context_pool
 from sglang_jetspec.adapter.draft_model import register_draft_models
 from sglang_jetspec.adapter.head_context import HeadContext
 from sglang_jetspec.adapter.policy import PolicyControl, load_runtime_policy
-from sglang_jetspec.adapter.request_state import DraftStateStore, RequestDraftState
+from sglang_jetspec.adapter.request_state import DraftStateStore
 from sglang_jetspec.adapter.server_args import JetSpecArgsError, target_info
 from sglang_jetspec.adapter.spec_inputs import JetSpecDraftState
-from sglang_jetspec.adapter.step_commit import Committed, StepCommit
+from sglang_jetspec.adapter.step_commit import StepCommit
 from sglang_jetspec.adapter.step_drafting import StepDrafting
-from sglang_jetspec.adapter.step_outputs import StepOutputs, accept_step
+from sglang_jetspec.adapter.step_outputs import accept_lanes
 from sglang_jetspec.adapter.step_reporter import StepReporter
 from sglang_jetspec.adapter.target_views import target_tables
 from sglang_jetspec.adapter.tensor_parallel import sglang_ranks
-from sglang_jetspec.adapter.tree_grammar import TreeGrammar
-from sglang_jetspec.adapter.tree_verify import TreeVerifier, Verified
+from sglang_jetspec.adapter.tree_verify import TreeVerifier
 from sglang_jetspec.adapter.worker_observability import WorkerShadow, worker_metrics, xgrammar_options
 from sglang_jetspec.core.context_pool import SlotContextPool
 from sglang_jetspec.core.draft_vocab import load_draft_vocab
@@ -59,7 +58,7 @@ from sglang_jetspec.core.head_drafter import HeadDrafter
 from sglang_jetspec.core.head_io import load_head
 from sglang_jetspec.core.learned_verify_cost import LearnedVerifyCost
 from sglang_jetspec.core.prompt_lookup import LookupMerge
-from sglang_jetspec.core.step_clock import Drafted, SizingLearners
+from sglang_jetspec.core.step_clock import SizingLearners
 from sglang_jetspec.core.suffix_store import RECENT_OUTPUT_TOKENS, SuffixStore, load_draft_corpus
 from sglang_jetspec.core.tree_sizing import TreeSizer
 
@@ -178,9 +177,9 @@ class JetSpecWorker(BaseSpecWorker):
         # worker, as the reference engine keeps one per engine, and the verify cost it has timed
         self.learners = SizingLearners(TreeSizer(), LearnedVerifyCost())
         width = tree_width if tree_width is not None else capacity.tree_width
-        self.drafting = StepDrafting(drafter, hybrid, self.learners, ranks, self.tokenizer, reserved, width)
+        self.drafting = StepDrafting(drafter, hybrid, self.learners, ranks, self.tokenizer, reserved, width, device)
         self.verifier = TreeVerifier(target_worker, self.model_runner.model, mask_layout, device, ranks.drafts)
-        self.committer = StepCommit(None, None, device)  # its pools come with alloc_memory_pool
+        self.committer = StepCommit(None, None, ranks, reserved, device)  # its pools come with alloc_memory_pool
         self.reporter = StepReporter(metrics, ranks.drafts, self.learners, device)
 
     # ---- lifecycle (scheduler.py init_memory_pools / init_all_* / result processor) ----
@@ -198,7 +197,8 @@ class JetSpecWorker(BaseSpecWorker):
         """The head's context lives in `pool`, per slot of the target's KV `allocator`."""
         self.context_pool = self.drafting.drafter.context = pool
         self.head_context = HeadContext(pool, self.drafting.drafter.head, self.device)
-        self.committer = StepCommit(allocator, self.head_context if self.ranks.drafts else None, self.device)
+        head_context = self.head_context if self.ranks.drafts else None
+        self.committer = StepCommit(allocator, head_context, self.ranks, self.speculative_num_draft_tokens, self.device)
 
     def _draft_model_runners(self) -> tuple:
         return ()  # no SGLang draft runner: no draft KV pool for disaggregation, HiCache or resizing
@@ -323,76 +323,23 @@ class JetSpecWorker(BaseSpecWorker):
         if self.ranks.drafts:
             self.head_context.store_prefill(batch, taps, states)
 
-    # ---- one decode step: plan -> lanes -> Drafted -> VerifyInputs -> Verified -> StepOutputs -> Committed ----
+    # ---- one decode step: plan -> lanes -> Drafted -> VerifyInputs -> Verified -> StepOutputs -> result ----
 
     def _decode_step(self, batch, on_publish) -> GenerationBatchResult:
         """One decode step, phase by phase; each phase hands its value on, and the reporter reads them all."""
-        plan = self._plan(len(batch.reqs))
-        clock = self.reporter.start(adaptive=self.drafting.sizes_adaptively(plan))
-        committed_lens, seq_lens = batch.seq_lens, self._committed_lengths(batch)  # before the verify rebinds them
-        lanes = self._lanes(batch, plan, seq_lens)
-        grammar = TreeGrammar.of_batch(batch)
-        drafted = self.drafting.draft(batch, lanes, plan, grammar)
+        own_plan = self.policy_control.step_plan(len(batch.reqs), time.time()) if self.ranks.drafts else None
+        plan = self.ranks.share(own_plan)  # rank 0's on every rank: the policy's expiry reads this process's clock
+        clock = self.reporter.start(plan)
+        lanes = self.states.lanes(batch, plan.keep_draft_context, self.vocab_size)
+        drafted = self.drafting.draft(batch, lanes, plan)
         clock.mark("drafted")
-        inputs = self.verifier.bind(batch, lanes, seq_lens, drafted, grammar)
+        inputs = self.verifier.bind(batch, lanes, drafted)
         clock.mark("bound")
         verified = self.verifier.forward(batch, lanes, drafted, inputs, reads_taps=plan.keep_draft_context)
         clock.mark("verified")
-        out = self._accept(lanes, drafted, verified, plan)
+        out = accept_lanes(drafted, verified.logits_output.next_token_logits, lanes, plan.sampled_children)
         clock.mark("accepted")
-        committed = self.committer.commit(
-            batch, lanes, seq_lens, committed_lens, drafted, verified, out, plan.budget, on_publish
-        )
+        result = self.committer.commit(batch, lanes, drafted, inputs, verified, out, plan.budget, on_publish)
         clock.mark("committed")
         self.reporter.finish(clock, plan, drafted, out, [req.rid for req in batch.reqs])
-        return self._result(verified, out, committed)
-
-    def _plan(self, batch_size: int) -> StepPlan:
-        """Rank 0's plan on every rank: the policy's expiry reads this process's clock."""
-        return self.ranks.share(self.policy_control.step_plan(batch_size, time.time()) if self.ranks.drafts else None)
-
-    @staticmethod
-    def _committed_lengths(batch) -> list[int]:
-        return (batch.seq_lens_cpu if batch.seq_lens_cpu is not None else batch.seq_lens.cpu()).tolist()
-
-    def _lanes(self, batch, plan: StepPlan, seq_lens: list[int]) -> list[RequestDraftState]:
-        """Each request's draft state, with this step's root token and (drafting requests) context slots."""
-        lanes = []
-        for req, kv_len in zip(batch.reqs, seq_lens):
-            state = self.states.get(req.rid)
-            if state is None:  # not prefilled through this worker (e.g. after clear_cache_pool): no context
-                state = self.states.admit(req, self.vocab_size, prefix_held=False)
-            state.root_token = int(req.output_ids[-1])  # sync scheduler: the last committed token
-            if not plan.keep_draft_context:
-                state.gated_off = True  # gated off by default: no draft work, no context kept, for good
-            if state.drafts:  # a view of its req_to_token row: the slots of positions 0..kv_len-1
-                state.context_slots = batch.req_to_token_pool.req_to_token[req.kv.req_pool_idx, :kv_len]
-            lanes.append(state)
-        return lanes
-
-    def _accept(
-        self, lanes: list[RequestDraftState], drafted: Drafted, verified: Verified, plan: StepPlan
-    ) -> StepOutputs:
-        """The lossless acceptance of every request's tree, checked equal on every rank before commit."""
-        out = accept_step(
-            drafted.trees,
-            verified.logits_output.next_token_logits,
-            drafted.num_nodes,
-            [lane.params for lane in lanes],
-            [lane.generator for lane in lanes],
-            "draw" if plan.sampled_children == "drawn" else "match",
-        )
-        self.ranks.agree("accepted tokens", [out.accept_lens, out.next_token_ids])
-        return out
-
-    def _result(self, verified: Verified, out: StepOutputs, committed: Committed) -> GenerationBatchResult:
-        return GenerationBatchResult(
-            logits_output=verified.logits_output,
-            next_token_ids=out.next_token_ids.to(self.device),
-            can_run_cuda_graph=verified.can_run_cuda_graph,
-            accept_lens=committed.accept_lens,
-            new_seq_lens=committed.new_seq_lens,
-            next_draft_input=JetSpecDraftState(out.bonus_tokens.to(self.device), committed.new_seq_lens),
-            speculative_num_draft_tokens=self.speculative_num_draft_tokens,
-            speculative_output_stride=out.stride,
-        )
+        return result

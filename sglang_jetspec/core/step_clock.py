@@ -28,14 +28,16 @@ PHASE_ENDS = ("drafted", "bound", "verified", "accepted", "committed")
 @dataclass(frozen=True)
 class Drafted:
     """The draft phase's value: each request's tree, the verify rows per request (the longest tree: a
-    batched verify pads every request to it), the head's and the tree builder's seconds, and whether
-    adaptive sizing drove the step (`adaptive`) and cut these trees (`sized`)."""
+    batched verify pads every request to it), the head's and the tree builder's seconds, whether
+    adaptive sizing drove the step (`adaptive`) and cut these trees (`sized`), and the mask of the
+    verify rows' logits where requests are constrained (an object with `apply(logits)`, or None)."""
 
     trees: list[DraftTree]
     num_nodes: int
     timing: DraftTiming
     adaptive: bool = False
     sized: bool = False
+    verify_mask: object | None = None
 
 
 class StepClock:
@@ -43,8 +45,8 @@ class StepClock:
     an unsettled reading measures kernel launches and bills their work to whichever phase syncs next.
     Without it the step never stalls for a clock (nobody reads the timings closely enough to pay)."""
 
-    def __init__(self, settle_on: torch.device | None = None) -> None:
-        self.settle_on = settle_on
+    def __init__(self, settle_on: torch.device | str | None = None) -> None:
+        self.settle_on = None if settle_on is None else torch.device(settle_on)
         self.start_ns = time.time_ns()
         self._at = {"start": time.perf_counter()}
 
@@ -74,8 +76,9 @@ class StepClock:
     def record(
         self, drafted: Drafted, budget: int, accept_lengths: list[int], committed_tokens: int | None = None, **extra
     ) -> StepRecord:
-        """The StepRecord of a step whose every phase end is marked; binding the verify's inputs counts as
-        building the trees. `committed_tokens` defaults to the accept lengths' sum (the reference engine
+        """The StepRecord of a step whose every phase end is marked. Tree seconds are every second before
+        the verify that the head did not spend (planning, trees, masks, the verify's inputs).
+        `committed_tokens` defaults to the accept lengths' sum (the reference engine
         passes fewer when a request finished mid-path); `extra`: StepRecord's optional fields."""
         return StepRecord(
             batch_size=len(drafted.trees),
@@ -83,7 +86,7 @@ class StepClock:
             committed_tokens=sum(accept_lengths) if committed_tokens is None else committed_tokens,
             accept_lengths=accept_lengths,
             draft_s=drafted.timing.draft_s,
-            tree_s=drafted.timing.tree_s + self.seconds("drafted", "bound"),
+            tree_s=self.seconds("start", "bound") - drafted.timing.draft_s,
             verify_s=self.verify_s,
             accept_s=self.after_verify_s,
             commit_s=self.seconds("accepted", "committed"),

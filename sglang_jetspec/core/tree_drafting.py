@@ -165,6 +165,9 @@ def draft_trees(
     t0 = time.perf_counter()
     depth_logits = drafter.propose(lanes, spec.max_depth)
     t1 = settled_clock(depth_logits)
+    # lanes need committed_ids only when something is looked up
+    forced = forced or [[]] * len(lanes)
+    guesses = [lane_guesses(lane, spec, lookup, forced[b]) for b, lane in enumerate(lanes)]
     vocab = getattr(drafter, "draft_vocab", None)
     if root_allowed is not None and any(allowed is not None for allowed in root_allowed):
         depth_logits = depth_logits.clone()  # a drafter's rows may be shared views
@@ -176,17 +179,8 @@ def draft_trees(
     # one top-k over the batch and one copy of its result to the host: trees are built there, and a
     # copy per request would stall a GPU once per request
     tokens, logprobs = (t.cpu() for t in top_k_per_depth(depth_logits, spec.width, vocab))
-    # lanes need committed_ids only when something is looked up
-    forced = forced or [[]] * len(lanes)
     drafts = [
-        TreeDraft(
-            lane.root_token,
-            tokens[b],
-            logprobs[b],
-            spec,
-            guesses=lane_guesses(lane, spec, lookup, forced[b]),
-            vocab=vocab,
-        )
+        TreeDraft(lane.root_token, tokens[b], logprobs[b], spec, guesses=guesses[b], vocab=vocab)
         for b, lane in enumerate(lanes)
     ]
     timing = DraftTiming([t1 - t0], time.perf_counter() - t1)

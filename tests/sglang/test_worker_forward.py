@@ -29,6 +29,7 @@ from sglang.srt.sampling.sampling_params import SamplingParams as SGLangParams  
 from policies import load_policy  # noqa: E402
 from sglang_jetspec.adapter import spec_inputs as spec_inputs_module  # noqa: E402
 from sglang_jetspec.adapter import step_commit as step_commit_module  # noqa: E402
+from sglang_jetspec.adapter import step_outputs as step_outputs_module  # noqa: E402
 from sglang_jetspec.adapter import step_reporter as step_reporter_module  # noqa: E402
 from sglang_jetspec.adapter import tree_verify as tree_verify_module  # noqa: E402
 from sglang_jetspec.adapter import worker as worker_module  # noqa: E402
@@ -675,7 +676,7 @@ def test_a_drawn_cohort_draws_the_children_of_sampled_requests_only(
     fresh, smollm2, single_thread, monkeypatch, tmp_path
 ):
     fresh.policy_control = _one_budget(tmp_path, 8, sampled_children="drawn")
-    methods, drawn, real = [], [], worker_module.accept_step
+    methods, drawn, real = [], [], step_outputs_module.accept_step
 
     def spy(trees, logits, num_nodes, params, generators, method="match"):
         methods.append(method)
@@ -683,7 +684,7 @@ def test_a_drawn_cohort_draws_the_children_of_sampled_requests_only(
         drawn.extend(t.drawn is not None for t, p in zip(trees, params) if not p.greedy and t.size > 1)
         return real(trees, logits, num_nodes, params, generators, method)
 
-    monkeypatch.setattr(worker_module, "accept_step", spy)
+    monkeypatch.setattr(step_outputs_module, "accept_step", spy)
     encode = lambda text: smollm2.tokenizer(text)["input_ids"]  # noqa: E731
     greedy = FakeReq("g", encode(PROMPTS[0]), 12, temperature=0.0)
     sampled = FakeReq("s", encode(PROMPTS[1]), 12, temperature=1.0, sampling_seed=7)

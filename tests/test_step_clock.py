@@ -1,0 +1,85 @@
+"""core/step_clock.py: the phase clock both engines mark, the StepRecord it makes, and what adaptive
+sizing learns from a step (which learner observes what, and when)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sglang_jetspec.core.learned_verify_cost import LearnedVerifyCost
+from sglang_jetspec.core.step_clock import PHASE_ENDS, Drafted, SizingLearners, StepClock
+from sglang_jetspec.core.tree import DraftTree, root_only_tree
+from sglang_jetspec.core.tree_drafting import DraftTiming
+from sglang_jetspec.core.tree_sizing import TreeSizer
+
+
+def _clock(readings: dict[str, float], settle_on=None) -> StepClock:
+    clock = StepClock(settle_on)
+    clock._at = {"start": 0.0, **readings}
+    return clock
+
+
+def _chain(tokens: list[int]) -> DraftTree:
+    """A tree that is one path, each node its parent's likeliest child at probability 0.5."""
+    n = len(tokens)
+    depth = torch.arange(n)
+    return DraftTree(torch.tensor(tokens), depth - 1, depth, torch.zeros(n, dtype=torch.long), depth * -0.69)
+
+
+def _drafted(sizes=(3, 1), **flags) -> Drafted:
+    trees = [_chain(list(range(n))) for n in sizes]
+    return Drafted(trees, max(sizes), DraftTiming([0.010, 0.002], 0.004), **flags)
+
+
+READINGS = {"drafted": 0.020, "bound": 0.025, "verified": 0.065, "accepted": 0.070, "committed": 0.072}
+
+
+def test_a_record_splits_the_step_into_its_phases():
+    record = _clock(READINGS).record(_drafted(), budget=8, accept_lengths=[2, 1])
+    assert (record.batch_size, record.budget, record.committed_tokens, record.verified_nodes) == (2, 8, 3, 4)
+    assert record.draft_s == pytest.approx(0.012) and record.draft_round_s == [0.010, 0.002]
+    assert record.tree_s == pytest.approx(0.025 - 0.012)  # all but the head's seconds before the verify
+    assert record.verify_s == pytest.approx(0.040) and record.accept_s == pytest.approx(0.007)
+    assert record.commit_s == pytest.approx(0.002) and record.wall_s == pytest.approx(0.072)
+    assert record.draft_s + record.tree_s + record.verify_s + record.accept_s == pytest.approx(record.wall_s)
+
+
+def test_a_finished_request_commits_fewer_tokens_than_it_accepted():
+    record = _clock(READINGS).record(_drafted(), 8, [3, 1], committed_tokens=2, rank1_gaps=None)
+    assert record.accept_lengths == [3, 1] and record.committed_tokens == 2
+
+
+def test_marks_are_the_named_phase_ends_in_order_and_a_device_name_settles():
+    clock = StepClock("cpu")  # SGLang hands the worker its device as a string
+    assert clock.settled and clock.settle_on == torch.device("cpu")
+    for phase in PHASE_ENDS:
+        clock.mark(phase)
+    assert clock.seconds("start", "committed") >= clock.seconds("bound", "verified") >= 0
+    with pytest.raises(ValueError, match="one of drafted, bound"):
+        clock.mark("verify")
+    assert not StepClock().settled
+
+
+@pytest.mark.parametrize(
+    "settled, adaptive, sized, expect",
+    [
+        (False, False, False, (False, False, False)),  # nobody reads the clock: nothing is learned from it
+        (True, False, False, (True, False, False)),  # metrics on, fixed sizing: the verify cost still learns
+        (True, True, False, (True, False, True)),  # an adaptive probe step: cost and overhead, no calibration
+        (True, True, True, (True, True, True)),
+    ],
+)
+def test_learners_observe_what_the_step_can_tell_them(settled, adaptive, sized, expect):
+    sizer = TreeSizer()
+    tree = _chain([5, 6, 7])
+    sizer._kept = [tree]  # as TreeSizer.size leaves it after cutting this step's trees
+    learners = SizingLearners(sizer, LearnedVerifyCost())
+    drafted = Drafted([tree, root_only_tree(9)], 3, DraftTiming([], 0.0), adaptive=adaptive, sized=sized)
+    learners.observe(_clock(READINGS, "cpu" if settled else None), drafted, [[0, 1], [0]])
+    calibrated = sizer.calibration.factors != TreeSizer().calibration.factors
+    learned = (learners.verify_costs.rows == [6], calibrated, bool(sizer.overhead.mean_s))
+    assert learned == expect
+    if settled:
+        assert learners.verify_costs.seconds == [pytest.approx(0.040)]  # 2 lanes x 3 rows, the verify's seconds
+    if adaptive:
+        assert sizer.overhead.mean_s == {True: pytest.approx(0.007)}
