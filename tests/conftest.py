@@ -62,6 +62,22 @@ def smollm2_dir():
     return fetch("smollm2")
 
 
+@pytest.fixture
+def jetspec_report(tmp_path, smollm2_dir):
+    """Runs `jetspec COMMAND --target <SmolLM2> FLAGS --json FILE` (exit code 0) and returns the JSON
+    report it wrote."""
+    import json
+
+    from sglang_jetspec.cli import main
+
+    def run(command: str, *flags: str) -> dict:
+        out = tmp_path / f"{command}.json"
+        assert main([command, "--target", str(smollm2_dir), *flags, "--json", str(out)]) == 0
+        return json.loads(out.read_text())
+
+    return run
+
+
 @pytest.fixture(scope="session")
 def smollm2(smollm2_dir):
     from sglang_jetspec.reference.target import TargetModel
@@ -73,25 +89,13 @@ def smollm2(smollm2_dir):
 def tiny_target(tmp_path_factory, smollm2_dir):
     """A 6-layer, 64-wide random Llama with SmolLM2's tokenizer: training and data code at test speed.
     A large init makes its next-token distributions peaked, so a head has something to learn."""
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from tests.builders import TINY_TARGET_MODEL, save_tiny_target
 
     torch.manual_seed(0)
-    model = LlamaForCausalLM(
-        LlamaConfig(
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=6,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            vocab_size=49152,
-            max_position_embeddings=512,
-            initializer_range=0.5,
-        )
-    )
-    out = tmp_path_factory.mktemp("tiny-llama")
-    model.save_pretrained(str(out))
-    AutoTokenizer.from_pretrained(str(smollm2_dir)).save_pretrained(str(out))
-    return out
+    model = LlamaForCausalLM(LlamaConfig(**TINY_TARGET_MODEL, initializer_range=0.5))
+    return save_tiny_target(model, tmp_path_factory.mktemp("tiny-llama"), smollm2_dir)
 
 
 @pytest.fixture(scope="session")
@@ -105,11 +109,28 @@ def untrained_drafter(smollm2):
 @pytest.fixture()
 def single_thread():
     """torch on one CPU thread for this test, the process-wide count restored after. On a busy shared
-    CPU two torch threads stall each other (a SmolLM2 forward was ~4x slower than on one)."""
+    CPU two torch threads stall each other several-fold."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture()
+def repetitive_requests(smollm2, single_thread):
+    """Two SmolLM2 prompts that repeat themselves (prompt lookup finds their continuations), 32 greedy
+    tokens each, and their autoregressive output ids (on one thread, as the test that uses them runs)."""
+    from sglang_jetspec.core.sampling import SamplingParams
+    from sglang_jetspec.reference.engine import EngineConfig, ReferenceEngine, Request
+
+    prompts = [
+        "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n",
+        "1, 2, 3, 4, 1, 2, 3, 4, 1, 2,",
+    ]
+    params = SamplingParams(max_new_tokens=32, ignore_eos=True)
+    requests = [Request(smollm2.tokenizer(p)["input_ids"], params, str(i)) for i, p in enumerate(prompts)]
+    autoregressive = ReferenceEngine(smollm2, None, EngineConfig(max_batch_size=2)).generate(requests, budget=0)
+    return requests, [o.output_ids for o in autoregressive]
 
 
 @pytest.fixture(scope="session")

@@ -149,19 +149,19 @@ SETTINGS = [
 ]
 
 
+def accept_lengths(tree, params, runs: int = 2000) -> set[int]:
+    """The accept lengths of `runs` verifies of `tree` after ROOT, one generator seed each."""
+    results = accept_batch(
+        [tree] * runs,
+        tree_logits((ROOT,), tree).expand(runs, -1, -1),
+        [params] * runs,
+        [make_generator(s) for s in range(runs)],
+    )
+    return {r.accept_length for r in results}
+
+
 def test_toy_exercises_accepts_and_rejects():
-    params = SETTINGS[0]
-    tree = draft_tree((ROOT,))
-    lengths = [
-        r.accept_length
-        for r in accept_batch(
-            [tree] * 2000,
-            tree_logits((ROOT,), tree).expand(2000, -1, -1),
-            [params] * 2000,
-            [make_generator(s) for s in range(2000)],
-        )
-    ]
-    assert {1, 2, 3} <= set(lengths)
+    assert {1, 2, 3} <= accept_lengths(draft_tree((ROOT,)), SETTINGS[0])
 
 
 @pytest.mark.parametrize("method", ["match", "residual"])
@@ -185,18 +185,7 @@ def test_conditioned_trees_differ_from_marginal_ones_and_exercise_accepts():
     assert any(
         conditioned_draft_tree((ROOT, a)).token_paths() != draft_tree((ROOT, a)).token_paths() for a in range(VOCAB)
     )
-    tree = conditioned_draft_tree((ROOT,))
-    params = SETTINGS[0]
-    lengths = [
-        r.accept_length
-        for r in accept_batch(
-            [tree] * 2000,
-            tree_logits((ROOT,), tree).expand(2000, -1, -1),
-            [params] * 2000,
-            [make_generator(s) for s in range(2000)],
-        )
-    ]
-    assert {1, 2, 3} <= set(lengths)
+    assert {1, 2, 3} <= accept_lengths(conditioned_draft_tree((ROOT,)), SETTINGS[0])
 
 
 @pytest.mark.parametrize("params, method", TREE_VARIANT_CASES)

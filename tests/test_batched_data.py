@@ -20,6 +20,7 @@ from sglang_jetspec.train.data import (
     regenerate,
 )
 from sglang_jetspec.train.trainer import TrainConfig, Trainer
+from tests.builders import train_args
 
 # prompts of different lengths, so every batch is left-padded (generate) or right-padded (features)
 RECORDS = [{"prompt": f"def f{i}(x):\n    " + "y = x + 1\n    " * (i % 3)} for i in range(7)] + [
@@ -105,30 +106,9 @@ def test_the_backend_stays_out_of_engine_digests_so_existing_data_dirs_keep_thei
 
 
 def _train_args(tmp_path, tiny_target, *extra):
-    prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text("\n".join(json.dumps({"prompt": f"def function_{i}(x):\n    return"}) for i in range(6)) + "\n")
-    return [
-        "train",
-        "--target",
-        str(tiny_target),
-        "--device",
-        "cpu",
-        "--prompts",
-        str(prompts),
-        "--data-dir",
-        str(tmp_path / "data"),
-        "--max-new-tokens",
-        "12",
-        "--regen-batch-size",
-        "4",
-        "--block-size",
-        "6",
-        "--taps",
-        "2",
-        "--regen-backend",
-        "hf-generate",
-        *extra,
-    ]
+    return train_args(
+        tmp_path, tiny_target, "--device", "cpu", "--regen-backend", "hf-generate", *extra, prompts=6, max_new_tokens=12
+    )
 
 
 def test_data_only_prepares_the_data_and_trains_nothing(tmp_path, tiny_target):

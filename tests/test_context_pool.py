@@ -12,23 +12,12 @@ from torch import nn
 
 from sglang_jetspec.core.context_cache import ContextCache, context_bytes_per_token
 from sglang_jetspec.core.context_pool import SlotContextPool
-from sglang_jetspec.core.head_config import HeadConfig
 from sglang_jetspec.core.head_drafter import HeadDrafter
 from sglang_jetspec.core.head_io import init_head
+from tests.builders import tiny_head_config
 
 HIDDEN, VOCAB = 64, 50
-CFG = HeadConfig(
-    hidden_size=HIDDEN,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    intermediate_size=32,
-    vocab_size=VOCAB,
-    block_size=4,
-    target_layer_ids=(1, 3, 5),
-    mask_token_id=VOCAB - 1,
-)
+CFG = tiny_head_config(hidden_size=HIDDEN, intermediate_size=32, vocab_size=VOCAB, block_size=4)
 WIDTH = 3 * HIDDEN
 SLOTS = 512
 

@@ -12,24 +12,13 @@ import torch
 from torch import nn
 
 from sglang_jetspec.core.context_cache import ContextCache
-from sglang_jetspec.core.head_config import HeadConfig
 from sglang_jetspec.core.head_drafter import HeadDrafter
 from sglang_jetspec.core.head_io import init_head
+from tests.builders import tiny_head_config
 
 HIDDEN, TAPS, VOCAB = 64, 3, 50
 WIDTH = TAPS * HIDDEN  # a tap row: 192 floats; a context token: 2 x 1 x 2 x 16 = 64 floats
-CFG = HeadConfig(
-    hidden_size=HIDDEN,
-    num_hidden_layers=1,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    intermediate_size=32,
-    vocab_size=VOCAB,
-    block_size=4,
-    target_layer_ids=(1, 3, 5),
-    mask_token_id=VOCAB - 1,
-)
+CFG = tiny_head_config(hidden_size=HIDDEN, num_hidden_layers=1, intermediate_size=32, vocab_size=VOCAB, block_size=4)
 PER_TOKEN = 2 * CFG.num_hidden_layers * CFG.num_key_value_heads * CFG.head_dim * 4  # K and V, float32
 
 

@@ -1,7 +1,6 @@
 """`--drafter head|lookup` on the commands that run one drafter (generate, serve): prompt lookup on the
 real SmolLM2, and drafter flags that do not go together refused with the flag named, before the load."""
 
-import json
 from pathlib import Path
 
 import pytest
@@ -11,29 +10,20 @@ from sglang_jetspec.cli import main
 COPY_PROMPTS = Path(__file__).parent / "data" / "copy_prompts.jsonl"
 
 
-def test_generate_with_the_lookup_drafter_copies_the_prompt_losslessly(tmp_path, smollm2_dir, capsys):
-    out = tmp_path / "gen.json"
-    code = main(
-        [
-            "generate",
-            "--target",
-            str(smollm2_dir),
-            "--drafter",
-            "lookup",
-            "--prompts",
-            str(COPY_PROMPTS),
-            "--num-prompts",
-            "1",
-            "--max-new-tokens",
-            "24",
-            "--budget",
-            "16",
-            "--json",
-            str(out),
-        ]
+def test_generate_with_the_lookup_drafter_copies_the_prompt_losslessly(jetspec_report, capsys):
+    report = jetspec_report(
+        "generate",
+        "--drafter",
+        "lookup",
+        "--prompts",
+        str(COPY_PROMPTS),
+        "--num-prompts",
+        "1",
+        "--max-new-tokens",
+        "24",
+        "--budget",
+        "16",
     )
-    assert code == 0
-    report = json.loads(out.read_text())
     assert report["head"].startswith("prompt lookup (n-grams 1-4")
     assert report["tree"]["width"] == 1 and report["tree"]["max_depth"] == 15
     assert report["greedy_outputs_differing"] == 0

@@ -132,7 +132,7 @@ SETTINGS = [SamplingParams(temperature=1.0), SamplingParams(temperature=0.9, top
 
 
 # Every variant on the richer setting; T = 1 on the head's own trees, the other shapes at T = 1 in the
-# slow sweep (about 40 s each: the variants differ in the trees drawn from, not in how T = 1 is processed)
+# slow sweep (the variants differ in the trees drawn from, not in how T = 1 is processed)
 LOSSLESS_CASES = [
     pytest.param(
         params, variant, id=f"{variant}-{name}", marks=[pytest.mark.slow] if name == "T1" and variant != "head" else []

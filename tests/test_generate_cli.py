@@ -1,33 +1,20 @@
 """The main job: AR and JETSPEC side by side, printed and written as JSON."""
 
-import json
 
-from sglang_jetspec.cli import main
-
-
-def test_generate_reports_both_modes_side_by_side(tmp_path, smollm2_dir, capsys):
-    out = tmp_path / "gen.json"
-    code = main(
-        [
-            "generate",
-            "--target",
-            str(smollm2_dir),
-            "--head",
-            "untrained",
-            "--num-prompts",
-            "2",
-            "--max-new-tokens",
-            "8",
-            "--budget",
-            "8",
-            "--dtype",
-            "fp32",
-            "--json",
-            str(out),
-        ]
+def test_generate_reports_both_modes_side_by_side(jetspec_report, capsys):
+    report = jetspec_report(
+        "generate",
+        "--head",
+        "untrained",
+        "--num-prompts",
+        "2",
+        "--max-new-tokens",
+        "8",
+        "--budget",
+        "8",
+        "--dtype",
+        "fp32",
     )
-    assert code == 0
-    report = json.loads(out.read_text())
     for mode in ("autoregressive", "jetspec"):
         figures = report[mode]
         assert figures["tokens"] == 16 and figures["requests"] == 2

@@ -5,6 +5,7 @@ from transformers import AutoModelForCausalLM
 
 from sglang_jetspec.reference.gqa_attention import ATTN_IMPLEMENTATION, gqa_sdpa_forward
 from sglang_jetspec.reference.target import Segment
+from tests.builders import grouped_attention_inputs
 
 
 class _Layer(torch.nn.Module):
@@ -15,14 +16,7 @@ class _Layer(torch.nn.Module):
 def test_masked_grouped_attention_equals_repeated_heads():
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    gen = torch.Generator().manual_seed(0)
-    q, k, v = (
-        torch.randn(2, 9, 5, 16, generator=gen),
-        torch.randn(2, 3, 12, 16, generator=gen),
-        torch.randn(2, 3, 12, 16, generator=gen),
-    )
-    mask = torch.rand(2, 1, 5, 12, generator=gen) > 0.4
-    mask[..., 0] = True  # no empty row
+    q, k, v, mask = grouped_attention_inputs(keys=12, masked_share=0.4)
     ours, _ = gqa_sdpa_forward(_Layer(), q, k, v, mask, scaling=0.25)
     theirs, _ = sdpa_attention_forward(_Layer(), q, k, v, mask, scaling=0.25)  # repeat_kv, then SDPA
     torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)

@@ -7,29 +7,9 @@ import torch
 
 from sglang_jetspec.core.context_cache import ContextCache
 from sglang_jetspec.core.head import block_mask
-from sglang_jetspec.core.head_config import HeadConfig, HeadConfigError, TargetInfo, default_tap_layers
+from sglang_jetspec.core.head_config import HeadConfigError, TargetInfo, default_tap_layers
 from sglang_jetspec.core.head_io import init_head, load_head, read_head_config, save_head
-
-TARGET = TargetInfo(hidden_size=64, vocab_size=100, num_hidden_layers=8, rope_theta=10000.0)
-
-
-def tiny_config(**overrides) -> HeadConfig:
-    values = dict(
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        intermediate_size=128,
-        vocab_size=100,
-        block_size=6,
-        target_layer_ids=(1, 3, 5),
-        mask_token_id=99,
-        causal_head=True,
-    )
-    values.update(overrides)
-    return HeadConfig(**values)
-
+from tests.builders import TINY_TARGET, tiny_head_config
 
 PUBLISHED_KEYS = {
     "fc.weight",
@@ -56,7 +36,7 @@ PUBLISHED_KEYS = {
 
 
 def test_published_layout_round_trip(tmp_path):
-    head = init_head(tiny_config(), seed=3)
+    head = init_head(tiny_head_config(), seed=3)
     save_head(head, tmp_path)
     raw = json.loads((tmp_path / "config.json").read_text())
     assert raw["architectures"] == ["DFlashDraftModel"] and raw["model_type"] == "qwen3"
@@ -65,14 +45,14 @@ def test_published_layout_round_trip(tmp_path):
     from safetensors.torch import load_file
 
     assert set(load_file(str(tmp_path / "model.safetensors"))) == PUBLISHED_KEYS
-    loaded = load_head(tmp_path, TARGET)
+    loaded = load_head(tmp_path, TINY_TARGET)
     for key, value in head.state_dict().items():
         assert torch.equal(value, loaded.state_dict()[key])
     assert read_head_config(tmp_path) == head.config
 
 
 def test_loads_a_published_style_checkpoint_with_model_prefix_and_default_taps(tmp_path):
-    head = init_head(tiny_config(), seed=1)
+    head = init_head(tiny_head_config(), seed=1)
     from safetensors.torch import save_file
 
     save_file(
@@ -99,7 +79,7 @@ def test_loads_a_published_style_checkpoint_with_model_prefix_and_default_taps(t
     ],
 )
 def test_head_that_does_not_fit_is_refused_naming_the_field(tmp_path, target, field):
-    save_head(init_head(tiny_config()), tmp_path)
+    save_head(init_head(tiny_head_config()), tmp_path)
     with pytest.raises(HeadConfigError, match=field):
         load_head(tmp_path, target)
 
@@ -115,12 +95,12 @@ def test_head_that_does_not_fit_is_refused_naming_the_field(tmp_path, target, fi
     ],
 )
 def test_malformed_head_directory_is_refused(tmp_path, edit, field):
-    save_head(init_head(tiny_config()), tmp_path)
+    save_head(init_head(tiny_head_config()), tmp_path)
     raw = json.loads((tmp_path / "config.json").read_text())
     edit(raw)
     (tmp_path / "config.json").write_text(json.dumps(raw))
     with pytest.raises(HeadConfigError, match=field):
-        load_head(tmp_path, TARGET)
+        load_head(tmp_path, TINY_TARGET)
 
 
 def test_missing_directory_names_config_json(tmp_path):
@@ -139,7 +119,7 @@ def _forward(head, block):
 
 @pytest.mark.parametrize("causal", [True, False])
 def test_in_block_attention_is_causal_only_for_the_jetspec_head(causal):
-    head = init_head(tiny_config(causal_head=causal), seed=2)
+    head = init_head(tiny_head_config(causal_head=causal), seed=2)
     block = torch.randn(1, 6, 64)
     changed = block.clone()
     changed[0, 4] += 1.0  # perturb a late block row
@@ -160,7 +140,7 @@ def test_block_mask_layout():
 
 
 def test_context_cache_grows_incrementally_like_a_full_projection():
-    head = init_head(tiny_config(), seed=4)
+    head = init_head(tiny_head_config(), seed=4)
     rows = torch.randn(9, 3 * 64)
     cache = ContextCache()
     cache.sync(head, rows[:4])

@@ -8,10 +8,9 @@ import pytest
 import torch
 
 from sglang_jetspec.core.prompt_lookup import LookupMerge, chain_guesses, merge_guesses, noisy_or, with_guess
-from sglang_jetspec.core.sampling import SamplingParams
 from sglang_jetspec.core.tree import Candidates, TreeSpec, top_k_per_depth
 from sglang_jetspec.core.tree_drafting import TreeDraft, draft_trees
-from sglang_jetspec.reference.engine import EngineConfig, ReferenceEngine, Request
+from sglang_jetspec.reference.engine import EngineConfig, ReferenceEngine
 
 VOCAB = 12
 LOG = math.log
@@ -118,16 +117,10 @@ def test_bad_merge_settings_are_refused():
         LookupMerge(LOG(0.5), min_ngram=3, max_ngram=2)
 
 
-def test_hybrid_greedy_output_equals_autoregressive(smollm2, untrained_drafter, single_thread):
-    prompts = [
-        "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n",
-        "1, 2, 3, 4, 1, 2, 3, 4, 1, 2,",
-    ]
-    params = SamplingParams(max_new_tokens=32, ignore_eos=True)
-    requests = [Request(smollm2.tokenizer(p)["input_ids"], params, str(i)) for i, p in enumerate(prompts)]
-    autoregressive = ReferenceEngine(smollm2, None, EngineConfig(max_batch_size=2)).generate(requests, budget=0)
+def test_hybrid_greedy_output_equals_autoregressive(smollm2, untrained_drafter, repetitive_requests):
+    requests, autoregressive = repetitive_requests
     config = EngineConfig(tree_width=4, max_batch_size=2, check_invariants=True, lookup=LookupMerge(LOG(0.6)))
     hybrid = ReferenceEngine(smollm2, untrained_drafter, config).generate(requests, budget=16)
-    assert [o.output_ids for o in hybrid] == [o.output_ids for o in autoregressive]
+    assert [o.output_ids for o in hybrid] == autoregressive
     # an untrained head alone almost never gets a token accepted: deep accepts are the guesses'
     assert max(max(o.accept_lengths) for o in hybrid) >= 4

@@ -6,9 +6,8 @@ import pytest
 import torch
 
 from sglang_jetspec.core.prompt_lookup import PromptLookupDrafter, find_continuation
-from sglang_jetspec.core.sampling import SamplingParams
 from sglang_jetspec.core.tree import TreeSpec, build_tree, top_k_per_depth
-from sglang_jetspec.reference.engine import EngineConfig, ReferenceEngine, Request
+from sglang_jetspec.reference.engine import EngineConfig, ReferenceEngine
 
 VOCAB = 20
 
@@ -82,18 +81,12 @@ def test_bad_settings_are_refused(kwargs):
         PromptLookupDrafter(VOCAB, **kwargs)
 
 
-def test_lookup_greedy_output_equals_autoregressive(smollm2, single_thread):
-    prompts = [
-        "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n",
-        "1, 2, 3, 4, 1, 2, 3, 4, 1, 2,",
-    ]
-    params = SamplingParams(max_new_tokens=32, ignore_eos=True)
-    requests = [Request(smollm2.tokenizer(p)["input_ids"], params, str(i)) for i, p in enumerate(prompts)]
-    autoregressive = ReferenceEngine(smollm2, None, EngineConfig(max_batch_size=2)).generate(requests, budget=0)
+def test_lookup_greedy_output_equals_autoregressive(smollm2, repetitive_requests):
+    requests, autoregressive = repetitive_requests
     drafter = PromptLookupDrafter(smollm2.info.vocab_size)
     lookup = ReferenceEngine(
         smollm2, drafter, EngineConfig(tree_width=1, max_batch_size=2, check_invariants=True)
     ).generate(requests, budget=16)
-    assert [o.output_ids for o in lookup] == [o.output_ids for o in autoregressive]
+    assert [o.output_ids for o in lookup] == autoregressive
     assert all(len(o.output_ids) == 32 for o in lookup)
     assert max(max(o.accept_lengths) for o in lookup) > 1, "repetitive prompts should get some lookup drafts accepted"

@@ -6,18 +6,11 @@ import torch
 import torch.nn.functional as F
 
 from sglang_jetspec.core import masked_sdpa as module
+from tests.builders import grouped_attention_inputs
 
 
 def _inputs():
-    g = torch.Generator().manual_seed(0)
-    q, k, v = (
-        torch.randn(2, 9, 5, 16, generator=g),
-        torch.randn(2, 3, 11, 16, generator=g),
-        torch.randn(2, 3, 11, 16, generator=g),
-    )
-    mask = torch.rand(2, 1, 5, 11, generator=g) > 0.3
-    mask[..., 0] = True  # every query attends somewhere
-    return q, k, v, mask
+    return grouped_attention_inputs(keys=11, masked_share=0.3)
 
 
 def test_equals_torch_sdpa_with_grouped_heads():

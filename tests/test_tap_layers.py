@@ -12,25 +12,14 @@ import torch
 
 from sglang_jetspec.core.head_config import HeadConfig, HeadConfigError, TargetInfo, default_tap_layers
 from sglang_jetspec.reference.loading import SHIPPED_HEADS
+from tests.builders import TINY_TARGET, tiny_head_config
 
-TARGET = TargetInfo(hidden_size=64, vocab_size=100, num_hidden_layers=8)
-HEAD = HeadConfig(
-    hidden_size=64,
-    num_hidden_layers=1,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    intermediate_size=128,
-    vocab_size=100,
-    block_size=6,
-    target_layer_ids=(1, 3, 5),
-    mask_token_id=99,
-)
+HEAD = tiny_head_config(num_hidden_layers=1)
 
 
 def test_increasing_taps_below_the_last_layer_fit():
-    HEAD.check_fits(TARGET)
-    replace(HEAD, target_layer_ids=(0, 6)).check_fits(TARGET)  # 6 = the last allowed (input of layer 7)
+    HEAD.check_fits(TINY_TARGET)
+    replace(HEAD, target_layer_ids=(0, 6)).check_fits(TINY_TARGET)  # 6 = the last allowed (input of layer 7)
 
 
 @pytest.mark.parametrize(
@@ -47,7 +36,7 @@ def test_increasing_taps_below_the_last_layer_fit():
 )
 def test_unusable_taps_are_refused_naming_the_field_and_the_fix(taps, says):
     with pytest.raises(HeadConfigError) as err:
-        replace(HEAD, target_layer_ids=taps).check_fits(TARGET)
+        replace(HEAD, target_layer_ids=taps).check_fits(TINY_TARGET)
     message = str(err.value)
     assert message.startswith(f"dflash_config.target_layer_ids={list(taps)}: ")
     assert says in message
@@ -61,13 +50,13 @@ def test_loading_a_head_checks_its_taps(tmp_path):
     with pytest.raises(
         HeadConfigError, match=r"dflash_config\.target_layer_ids=\[1, 3, 7\]: layer 7 is the target's last"
     ):
-        load_head(tmp_path, TARGET)
+        load_head(tmp_path, TINY_TARGET)
 
 
 @pytest.mark.parametrize("layers, taps", [(8, 2), (8, 4), (28, 5), (30, 4), (36, 5)])
 def test_default_taps_fit(layers, taps):
     chosen = default_tap_layers(layers, taps)
-    replace(HEAD, target_layer_ids=tuple(chosen)).check_fits(replace(TARGET, num_hidden_layers=layers))
+    replace(HEAD, target_layer_ids=tuple(chosen)).check_fits(replace(TINY_TARGET, num_hidden_layers=layers))
 
 
 def test_the_shipped_head_fits_smollm2():

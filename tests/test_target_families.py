@@ -4,35 +4,23 @@ import json
 
 import pytest
 import torch
-from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 from sglang_jetspec.core.sampling import SamplingParams
 from sglang_jetspec.reference.engine import EngineConfig, ReferenceEngine, Request
 from sglang_jetspec.reference.loading import load_drafter
 from sglang_jetspec.reference.target import TargetError, TargetModel
-
-SMALL = dict(
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=6,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    vocab_size=49152,
-    max_position_embeddings=512,
-)
+from tests.builders import TINY_TARGET_MODEL, save_tiny_target
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen3"])
 def tiny_target_dir(request, tmp_path_factory, smollm2_dir):
     torch.manual_seed(0)
     if request.param == "llama":
-        model = LlamaForCausalLM(LlamaConfig(**SMALL))
+        model = LlamaForCausalLM(LlamaConfig(**TINY_TARGET_MODEL))
     else:
-        model = Qwen3ForCausalLM(Qwen3Config(head_dim=16, **SMALL))
-    out = tmp_path_factory.mktemp(request.param)
-    model.save_pretrained(str(out))
-    AutoTokenizer.from_pretrained(str(smollm2_dir)).save_pretrained(str(out))  # any tokenizer of this vocabulary
-    return out
+        model = Qwen3ForCausalLM(Qwen3Config(head_dim=16, **TINY_TARGET_MODEL))
+    return save_tiny_target(model, tmp_path_factory.mktemp(request.param), smollm2_dir)
 
 
 def test_tiny_checkpoint_of_each_family_decodes_losslessly(tiny_target_dir):

@@ -18,6 +18,7 @@ from sglang_jetspec.train.objective import (
     target_rows,
     training_mask,
 )
+from tests.builders import tiny_head_config, train_args
 
 
 def brute_force_mask(anchors, block_size, context_len, causal):
@@ -106,27 +107,12 @@ def test_forward_kl_equals_hand_computation():
     "bidirectional, reveal", [(False, False), (True, False), (False, True)], ids=["causal", "bidirectional", "reveal"]
 )
 def test_short_training_run_lowers_loss_and_yields_a_loadable_head(tmp_path, tiny_target, bidirectional, reveal):
-    prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text("\n".join(json.dumps({"prompt": f"def function_{i}(x):\n    return"}) for i in range(8)) + "\n")
     out = tmp_path / "head"
-    args = [
-        "train",
-        "--target",
-        str(tiny_target),
+    args = train_args(
+        tmp_path,
+        tiny_target,
         "--out",
         str(out),
-        "--prompts",
-        str(prompts),
-        "--data-dir",
-        str(tmp_path / "data"),
-        "--max-new-tokens",
-        "16",
-        "--regen-batch-size",
-        "4",
-        "--block-size",
-        "6",
-        "--taps",
-        "2",
         "--steps",
         "40",
         "--eval-every",
@@ -137,7 +123,7 @@ def test_short_training_run_lowers_loss_and_yields_a_loadable_head(tmp_path, tin
         "3e-3",
         "--save-dtype",
         "fp32",
-    ]
+    )
     args += (["--bidirectional"] if bidirectional else []) + (
         ["--reveal", "prefix", "--all-mask-share", "0.4"] if reveal else []
     )
@@ -166,29 +152,7 @@ def test_short_training_run_lowers_loss_and_yields_a_loadable_head(tmp_path, tin
 
 
 def test_init_head_fine_tunes_from_a_head_and_refuses_another_shape(tmp_path, tiny_target):
-    prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text("\n".join(json.dumps({"prompt": f"def function_{i}(x):\n    return"}) for i in range(8)) + "\n")
-    common = [
-        "train",
-        "--target",
-        str(tiny_target),
-        "--prompts",
-        str(prompts),
-        "--data-dir",
-        str(tmp_path / "data"),
-        "--max-new-tokens",
-        "16",
-        "--regen-batch-size",
-        "4",
-        "--block-size",
-        "6",
-        "--taps",
-        "2",
-        "--warmup-steps",
-        "2",
-        "--save-dtype",
-        "fp32",
-    ]
+    common = train_args(tmp_path, tiny_target, "--warmup-steps", "2", "--save-dtype", "fp32")
     first, second = tmp_path / "first", tmp_path / "second"
     assert main(common + ["--out", str(first), "--steps", "6", "--eval-every", "6"]) == 0
     # zero further steps: the fine-tuned head is the head it started from, and its record names it
@@ -235,46 +199,51 @@ def test_reveal_is_refused_for_a_bidirectional_head(tmp_path, capsys):
         )
 
 
-def test_conditioned_chain_accept_in_one_pass_equals_one_pass_per_revealed_prefix(tmp_path):
-    from sglang_jetspec.core.head_config import HeadConfig
-    from sglang_jetspec.train.data import Sequence
-    from sglang_jetspec.train.trainer import TrainConfig, Trainer
+VOCAB, HIDDEN = 12, 16  # a tiny vocabulary: argmax hits at several depths, so the runs have length
 
-    vocab, hidden = 12, 16  # a tiny vocabulary: argmax hits at several depths, so the runs have length
-    cfg = HeadConfig(
-        hidden_size=hidden,
-        num_hidden_layers=1,
+
+def _random_sequence(ids: torch.Tensor, prompt_len: int, gen: torch.Generator):
+    """A training sequence of these ids with random tap and final-layer features."""
+    from sglang_jetspec.train.data import Sequence
+
+    n = len(ids)
+    return Sequence(ids, prompt_len, torch.randn(n, HIDDEN, generator=gen), torch.randn(n, HIDDEN, generator=gen))
+
+
+def _tiny_trainer(tmp_path, seqs, train_config, embed, lm_head, **head):
+    """A Trainer of a one-tap head, HIDDEN wide over VOCAB tokens (keywords: its HeadConfig fields)."""
+    from sglang_jetspec.train.trainer import Trainer
+
+    cfg = tiny_head_config(
+        hidden_size=HIDDEN,
         num_attention_heads=2,
         num_key_value_heads=1,
         head_dim=8,
         intermediate_size=32,
-        vocab_size=vocab,
-        block_size=5,
+        vocab_size=VOCAB,
         target_layer_ids=(0,),
-        mask_token_id=vocab - 1,
+        **head,
     )
+    return Trainer(cfg, train_config, embed, lm_head, seqs, tmp_path, torch.device("cpu"))
+
+
+def test_conditioned_chain_accept_in_one_pass_equals_one_pass_per_revealed_prefix(tmp_path):
+    from sglang_jetspec.train.trainer import TrainConfig
+
     gen = torch.Generator().manual_seed(0)
     # mostly token 0, which a biased lm_head mostly predicts: chains of varied length
-    seqs = [
-        Sequence(
-            (torch.rand(30, generator=gen) < 0.2).long(),
-            4,
-            torch.randn(30, hidden, generator=gen),
-            torch.randn(30, hidden, generator=gen),
-        )
-        for _ in range(3)
-    ]
-    lm_head = torch.nn.Linear(hidden, vocab)
+    seqs = [_random_sequence((torch.rand(30, generator=gen) < 0.2).long(), 4, gen) for _ in range(3)]
+    lm_head = torch.nn.Linear(HIDDEN, VOCAB)
     with torch.no_grad():
-        lm_head.bias.copy_(torch.tensor([3.0] + [0.0] * (vocab - 1)))
-    trainer = Trainer(
-        cfg,
-        TrainConfig(reveal="prefix"),
-        torch.nn.Embedding(vocab, hidden),
-        lm_head,
-        seqs,
+        lm_head.bias.copy_(torch.tensor([3.0] + [0.0] * (VOCAB - 1)))
+    trainer = _tiny_trainer(
         tmp_path,
-        torch.device("cpu"),
+        seqs,
+        TrainConfig(reveal="prefix"),
+        torch.nn.Embedding(VOCAB, HIDDEN),
+        lm_head,
+        num_hidden_layers=1,
+        block_size=5,
     )
     with torch.no_grad():
         for p in trainer.head.parameters():
@@ -295,42 +264,19 @@ def test_conditioned_chain_accept_in_one_pass_equals_one_pass_per_revealed_prefi
 def test_a_padded_batch_trains_each_sequence_as_if_alone(tmp_path):
     """Sequences of different lengths and block counts share one padded head pass: each one's loss and
     the batch's gradient equal what it gets alone (padding and other sequences leak nothing)."""
-    from sglang_jetspec.core.head_config import HeadConfig
-    from sglang_jetspec.train.data import Sequence
-    from sglang_jetspec.train.trainer import TrainConfig, Trainer
+    from sglang_jetspec.train.trainer import TrainConfig
 
-    vocab, hidden = 12, 16
-    cfg = HeadConfig(
-        hidden_size=hidden,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=8,
-        intermediate_size=32,
-        vocab_size=vocab,
-        block_size=4,
-        target_layer_ids=(0,),
-        mask_token_id=vocab - 1,
-    )
     gen = torch.Generator().manual_seed(1)
-    seqs = [
-        Sequence(
-            torch.randint(0, vocab - 1, (n,), generator=gen),
-            3,
-            torch.randn(n, hidden, generator=gen),
-            torch.randn(n, hidden, generator=gen),
-        )
-        for n in (9, 30, 17)
-    ]
+    seqs = [_random_sequence(torch.randint(0, VOCAB - 1, (n,), generator=gen), 3, gen) for n in (9, 30, 17)]
     anchors = [
         torch.tensor([2, 5, 7]),
         torch.tensor([2, 8, 13, 20, 26, 28]),
         torch.tensor([4, 15]),
     ]  # the last blocks run out of tokens
     revealed = [torch.tensor([0, 1, 0]), torch.tensor([0, 2, 1, 0, 2, 0]), torch.tensor([1, 0])]
-    embed, lm_head = torch.nn.Embedding(vocab, hidden), torch.nn.Linear(hidden, vocab)
-    trainer = Trainer(
-        cfg, TrainConfig(position_decay=2.0, reveal="prefix"), embed, lm_head, seqs, tmp_path, torch.device("cpu")
+    embed, lm_head = torch.nn.Embedding(VOCAB, HIDDEN), torch.nn.Linear(HIDDEN, VOCAB)
+    trainer = _tiny_trainer(
+        tmp_path, seqs, TrainConfig(position_decay=2.0, reveal="prefix"), embed, lm_head, block_size=4
     )
     with torch.no_grad():
         for p in [*trainer.head.parameters(), *embed.parameters(), *lm_head.parameters()]:

@@ -19,6 +19,7 @@ from sglang_jetspec.train.data import (
     same_regeneration,
 )
 from sglang_jetspec.train.doc_sources import HUMANEVAL_ENTRY_POINTS
+from tests.builders import tiny_head_config, train_args
 
 
 @pytest.fixture(scope="module")
@@ -149,29 +150,14 @@ def test_regeneration_configs_get_their_own_data_dirs(tmp_path):
 
 
 def test_bf16_generation_run_records_its_dtype_and_refuses_another(tmp_path, tiny_target):
-    prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text("\n".join(json.dumps({"prompt": f"def function_{i}(x):\n    return"}) for i in range(8)) + "\n")
     out, data = tmp_path / "head", tmp_path / "data"
-    args = [
-        "train",
-        "--target",
-        str(tiny_target),
+    args = train_args(
+        tmp_path,
+        tiny_target,
         "--device",
         "cpu",
         "--out",
         str(out),
-        "--prompts",
-        str(prompts),
-        "--data-dir",
-        str(data),
-        "--max-new-tokens",
-        "16",
-        "--regen-batch-size",
-        "4",
-        "--block-size",
-        "6",
-        "--taps",
-        "2",
         "--steps",
         "6",
         "--eval-every",
@@ -186,7 +172,7 @@ def test_bf16_generation_run_records_its_dtype_and_refuses_another(tmp_path, tin
         "bf16",
         "--features",
         "generation",
-    ]
+    )
     assert main(args) == 0
     record = json.loads((out / "training_record.json").read_text())
     regen = record["data_manifest"]["regeneration"]
@@ -212,22 +198,12 @@ def test_bf16_generation_run_records_its_dtype_and_refuses_another(tmp_path, tin
 
 
 def test_init_from_target_layers_copies_exact_weights(tmp_path, tiny_target):
-    from sglang_jetspec.core.head_config import HeadConfig
     from sglang_jetspec.train.data import Sequence
     from sglang_jetspec.train.trainer import TrainConfig, Trainer
 
     target = TargetModel(tiny_target)
-    cfg = HeadConfig(
-        hidden_size=64,
-        num_hidden_layers=3,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        intermediate_size=128,
-        vocab_size=49152,
-        block_size=4,
-        target_layer_ids=(1, 3),
-        mask_token_id=0,
+    cfg = tiny_head_config(
+        num_hidden_layers=3, vocab_size=49152, block_size=4, target_layer_ids=(1, 3), mask_token_id=0
     )
     seqs = [Sequence(torch.arange(20), 5, torch.randn(20, 128), torch.randn(20, 64)) for _ in range(2)]
     random_trainer = Trainer(

@@ -26,23 +26,19 @@ from sglang_jetspec.core.tree import (
     top_k_per_depth,
 )
 from sglang_jetspec.core.tree_drafting import TreeDraft, draft_trees
+from tests.builders import tiny_head_config
 
 VOCAB, HIDDEN, TAPS = 50, 32, 2
 REVEAL = {"scheme": "prefix", "all_mask_share": 0.5}
 
 
 def tiny_drafter(reveal=REVEAL, seed=0) -> HeadDrafter:
-    cfg = HeadConfig(
+    cfg = tiny_head_config(
         hidden_size=HIDDEN,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
         head_dim=8,
         intermediate_size=64,
         vocab_size=VOCAB,
-        block_size=6,
         target_layer_ids=(0, 1),
-        mask_token_id=VOCAB - 1,
         draft_reveal=reveal,
     )
     # a large init gives peaked, varied draft distributions, so top-K and trees are not degenerate

@@ -66,39 +66,31 @@ def test_rank1_gap_of_a_learned_head_is_recorded_per_lane(smollm2, reveal_drafte
     assert ReferenceEngine(smollm2, reveal_drafter).config.rank1_gap is False  # off by default: no cost
 
 
-def test_gap_command_writes_records_markdown_and_plot(tmp_path, smollm2_dir, single_thread):
+def test_gap_command_writes_records_markdown_and_plot(tmp_path, smollm2_dir, jetspec_report, single_thread):
     import json
 
     from sglang_jetspec.cli import main
 
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(json.dumps({"prompt": "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n"}) + "\n")
-    out, md, png = tmp_path / "gap.json", tmp_path / "gap.md", tmp_path / "gap.png"
-    code = main(
-        [
-            "gap",
-            "--target",
-            str(smollm2_dir),
-            "--prompts",
-            str(prompts),
-            "--draft-rounds",
-            "0",
-            "--budgets",
-            "4,16",
-            "--max-new-tokens",
-            "10",
-            "--threads",
-            "1",
-            "--json",
-            str(out),
-            "--markdown",
-            str(md),
-            "--plot",
-            str(png),
-        ]
+    md, png = tmp_path / "gap.md", tmp_path / "gap.png"
+    report = jetspec_report(
+        "gap",
+        "--prompts",
+        str(prompts),
+        "--draft-rounds",
+        "0",
+        "--budgets",
+        "4,16",
+        "--max-new-tokens",
+        "10",
+        "--threads",
+        "1",
+        "--markdown",
+        str(md),
+        "--plot",
+        str(png),
     )
-    assert code == 0
-    report = json.loads(out.read_text())
     assert [(r["method"], r["budget"]) for r in report["records"]] == [("jetspec", 4), ("jetspec", 16)]
     for r in report["records"]:
         assert r["steps"] == len(report["gaps"][f"jetspec@{r['budget']}"]) > 0
@@ -106,22 +98,8 @@ def test_gap_command_writes_records_markdown_and_plot(tmp_path, smollm2_dir, sin
         assert r["gap_quantiles"]["p10"] <= r["gap_quantiles"]["p50"] <= r["gap_quantiles"]["p90"]
     assert "| jetspec | 4 |" in md.read_text() and png.stat().st_size > 0
     # rounds need a head trained with revealed tokens: the shipped head is refused, naming the flag
-    assert (
-        main(
-            [
-                "gap",
-                "--target",
-                str(smollm2_dir),
-                "--prompts",
-                str(prompts),
-                "--draft-rounds",
-                "0,1",
-                "--json",
-                str(out),
-            ]
-        )
-        == 2
-    )
+    refused = ["gap", "--target", str(smollm2_dir), "--prompts", str(prompts), "--draft-rounds", "0,1"]
+    assert main([*refused, "--json", str(tmp_path / "refused.json")]) == 2
 
 
 def test_a_step_takes_its_draft_rounds_from_the_caller(smollm2, reveal_drafter, untrained_drafter, single_thread):

@@ -564,34 +564,36 @@ def test_every_name_the_cpu_path_imports_is_defined(sk):
 # op -> (module, function, how the callee is named there, {stand-in parameter: the argument expression
 # SGLang passes}). The expressions are those of SGLang 0.5.23; a call whose arguments shift, or a
 # renamed keyword, fails here instead of computing garbage.
+CACHE_LOC_ARGS_AS_NAMED = {  # two call sites pass the stand-in's own parameter names
+    "req_pool_indices": "req_pool_indices",
+    "req_to_token": "req_to_token",
+    "start_offset": "start_offset",
+    "end_offset": "end_offset",
+    "out_cache_loc": "out_cache_loc",
+    "pool_len": "req_to_token.shape[1]",
+}
+ATTENTION_LAYER_ARGS = {  # what both attention call sites pass of the layer and the batch
+    "sm_scale": "layer.scaling",
+    "logit_cap": "layer.logit_cap",
+    "is_cross_attn": "layer.is_cross_attention",
+    "sliding_window_size": "layer.sliding_window_size + 1",
+    "encoder_lens": "forward_batch.encoder_lens",
+    "sinks": "sinks",
+}
 CALL_SITES = [
     (
         "assign_req_to_token_pool_cpu",
         "sglang.srt.mem_cache.allocation",
         "assign_req_to_token_pool_func",
         "assign_req_to_token_pool_cpu",
-        {
-            "req_pool_indices": "req_pool_indices",
-            "req_to_token": "req_to_token",
-            "start_offset": "start_offset",
-            "end_offset": "end_offset",
-            "out_cache_loc": "out_cache_loc",
-            "pool_len": "req_to_token.shape[1]",
-        },
+        CACHE_LOC_ARGS_AS_NAMED,
     ),
     (
         "assign_extend_cache_locs_cpu",
         "sglang.kernels.ops.speculative.cache_locs",
         "assign_extend_cache_locs_func",
         "assign_extend_cache_locs_cpu",
-        {
-            "req_pool_indices": "req_pool_indices",
-            "req_to_token": "req_to_token",
-            "start_offset": "start_offset",
-            "end_offset": "end_offset",
-            "out_cache_loc": "out_cache_loc",
-            "pool_len": "req_to_token.shape[1]",
-        },
+        CACHE_LOC_ARGS_AS_NAMED,
     ),
     (
         "assign_extend_cache_locs_cpu",
@@ -709,12 +711,7 @@ CALL_SITES = [
             "extend_seq_lens": "extend_seq_lens",
             "extend_start_loc": "extend_start_loc",
             "max_len_extend": "max_extend_len",
-            "sm_scale": "layer.scaling",
-            "logit_cap": "layer.logit_cap",
-            "is_cross_attn": "layer.is_cross_attention",
-            "sliding_window_size": "layer.sliding_window_size + 1",
-            "encoder_lens": "forward_batch.encoder_lens",
-            "sinks": "sinks",
+            **ATTENTION_LAYER_ARGS,
             "tree_mask": "tree_mask",
             "is_causal": "is_causal",
         },
@@ -738,12 +735,7 @@ CALL_SITES = [
             "req_to_token": "req_to_token",
             "req_pool_indices": "req_pool_indices",
             "seq_lens": "seq_lens",
-            "sm_scale": "layer.scaling",
-            "logit_cap": "layer.logit_cap",
-            "is_cross_attn": "layer.is_cross_attention",
-            "sliding_window_size": "layer.sliding_window_size + 1",
-            "encoder_lens": "forward_batch.encoder_lens",
-            "sinks": "sinks",
+            **ATTENTION_LAYER_ARGS,
         },
     ),
 ]
