@@ -1,5 +1,6 @@
-"""`jetspec serve` as a subprocess on loopback, and closed-loop clients driving it with /generate requests
-(bench/controller_probe_bias.py: the controller end-to-end workload)."""
+"""`jetspec serve` (and the controller) as subprocesses on loopback, and closed-loop clients driving the
+server with /generate requests (bench/controller_probe_bias.py and tests/controller/test_controller_e2e.py:
+the controller end-to-end workload)."""
 
 from __future__ import annotations
 
@@ -38,17 +39,34 @@ class ServeProcess:
                 self.popen.wait(timeout=10)
 
 
-def start_serve(args: list[str], log_dir: Path, env: dict | None = None, name: str = "serve") -> ServeProcess:
-    """`python -m sglang_jetspec.cli serve args`, its stdout and stderr in `log_dir`; `env` adds variables."""
+def start_module(module: str, args: list[str], log_dir: Path, env: dict | None = None, name: str = "") -> ServeProcess:
+    """`python -m module args`, its stdout and stderr in `log_dir` (`name`.out / .err, by default the
+    module's name); `env` adds variables."""
+    name = name or module
     stdout, stderr = log_dir / f"{name}.out", log_dir / f"{name}.err"
     with open(stdout, "w") as out, open(stderr, "w") as err:
         popen = subprocess.Popen(
-            [sys.executable, "-m", "sglang_jetspec.cli", "serve", *args],
+            [sys.executable, "-m", module, *args],
             env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
             stdout=out,
             stderr=err,
         )
     return ServeProcess(popen, stdout, stderr)
+
+
+def start_serve(args: list[str], log_dir: Path, env: dict | None = None, name: str = "serve") -> ServeProcess:
+    """`python -m sglang_jetspec.cli serve args`, its stdout and stderr in `log_dir`; `env` adds variables."""
+    return start_module("sglang_jetspec.cli", ["serve", *args], log_dir, env, name)
+
+
+def start_controller(
+    policy: Path, urls: list[str], admin_key_env: str, log_dir: Path, *flags: str, env: dict | None = None
+) -> ServeProcess:
+    """`python -m controller` driving the servers at `urls` with the policy file `policy`, their admin key
+    in $admin_key_env, no /metrics of its own, then `flags`: its decisions (JSON lines) in controller.out."""
+    servers = [arg for url in urls for arg in ("--server", url)]
+    args = ["--policy", str(policy), *servers, "--admin-key-env", admin_key_env, "--metrics-port", "0", *flags]
+    return start_module("controller", args, log_dir, env)
 
 
 def wait_for_url(server: ServeProcess, timeout_s: float = 150.0) -> str:

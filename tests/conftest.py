@@ -78,6 +78,16 @@ def jetspec_report(tmp_path, smollm2_dir):
     return run
 
 
+@pytest.fixture
+def code_prompt_file(tmp_path):
+    """A prompts.jsonl of one code prompt that sets a pattern to continue (def add, def sub, ...)."""
+    import json
+
+    path = tmp_path / "prompts.jsonl"
+    path.write_text(json.dumps({"prompt": "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n"}) + "\n")
+    return path
+
+
 @pytest.fixture(scope="session")
 def smollm2(smollm2_dir):
     from sglang_jetspec.reference.target import TargetModel

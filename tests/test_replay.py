@@ -1,7 +1,5 @@
 """`jetspec replay`: replayed greedy accept lengths equal the engine's, step by step."""
 
-import json
-
 import pytest
 import torch
 
@@ -43,33 +41,25 @@ def test_replay_reproduces_the_engines_accept_lengths(smollm2, reveal_drafter, s
         assert replay_request(memo, ar, budget, "uniform", rounds) == spec.accept_lengths
 
 
-def test_replay_command_writes_one_record_per_method_and_budget(tmp_path, smollm2_dir, single_thread):
-    prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text(json.dumps({"prompt": "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n"}) + "\n")
-    out, md = tmp_path / "replay.json", tmp_path / "replay.md"
-    code = main(
-        [
-            "replay",
-            "--target",
-            str(smollm2_dir),
-            "--prompts",
-            str(prompts),
-            "--methods",
-            "jetspec,chain,lookup",
-            "--budgets",
-            "2,16",
-            "--max-new-tokens",
-            "12",
-            "--threads",
-            "1",
-            "--json",
-            str(out),
-            "--markdown",
-            str(md),
-        ]
-    )
-    assert code == 0
-    records = json.loads(out.read_text())["records"]
+def test_replay_command_writes_one_record_per_method_and_budget(
+    tmp_path, code_prompt_file, jetspec_report, single_thread
+):
+    md = tmp_path / "replay.md"
+    records = jetspec_report(
+        "replay",
+        "--prompts",
+        str(code_prompt_file),
+        "--methods",
+        "jetspec,chain,lookup",
+        "--budgets",
+        "2,16",
+        "--max-new-tokens",
+        "12",
+        "--threads",
+        "1",
+        "--markdown",
+        str(md),
+    )["records"]
     assert [(r["method"], r["budget"]) for r in records] == [
         (m, b) for m in ("jetspec", "chain", "lookup") for b in (2, 16)
     ]

@@ -66,18 +66,16 @@ def test_rank1_gap_of_a_learned_head_is_recorded_per_lane(smollm2, reveal_drafte
     assert ReferenceEngine(smollm2, reveal_drafter).config.rank1_gap is False  # off by default: no cost
 
 
-def test_gap_command_writes_records_markdown_and_plot(tmp_path, smollm2_dir, jetspec_report, single_thread):
-    import json
-
+def test_gap_command_writes_records_markdown_and_plot(
+    tmp_path, smollm2_dir, code_prompt_file, jetspec_report, single_thread
+):
     from sglang_jetspec.cli import main
 
-    prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text(json.dumps({"prompt": "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n"}) + "\n")
     md, png = tmp_path / "gap.md", tmp_path / "gap.png"
     report = jetspec_report(
         "gap",
         "--prompts",
-        str(prompts),
+        str(code_prompt_file),
         "--draft-rounds",
         "0",
         "--budgets",
@@ -98,7 +96,7 @@ def test_gap_command_writes_records_markdown_and_plot(tmp_path, smollm2_dir, jet
         assert r["gap_quantiles"]["p10"] <= r["gap_quantiles"]["p50"] <= r["gap_quantiles"]["p90"]
     assert "| jetspec | 4 |" in md.read_text() and png.stat().st_size > 0
     # rounds need a head trained with revealed tokens: the shipped head is refused, naming the flag
-    refused = ["gap", "--target", str(smollm2_dir), "--prompts", str(prompts), "--draft-rounds", "0,1"]
+    refused = ["gap", "--target", str(smollm2_dir), "--prompts", str(code_prompt_file), "--draft-rounds", "0,1"]
     assert main([*refused, "--json", str(tmp_path / "refused.json")]) == 2
 
 

@@ -7,7 +7,7 @@ The workload is copy-heavy ("Repeat the following text exactly", tests/data/copy
 lookup's chains are often accepted, and what a verify costs differs by batch size: at batch 1 a
 16-node verify costs a few one-token steps, while four requests already fill much of a small CPU, so
 their 64 verified nodes cost far more than their four-token step. (Speedups of this workload by budget
-and batch size: CHANGELOG.md, 2026-11-28, "Tests".)
+and batch size: CHANGELOG.md, 2026-11-28, "Tests/CI".)
 
 Checked: the controller pushed tables the server runs (readback and /metrics gauges); for each
 cohort the budget it chose has the best goodput it measured (its JSON decision log), up to the
@@ -23,23 +23,15 @@ from __future__ import annotations
 import functools
 import json
 import math
-import os
-import signal
-import subprocess
-import sys
-import threading
 import time
-from collections.abc import Callable
 from contextlib import ExitStack
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
-from prometheus_client.samples import Sample
 
 from controller.decider import HOLD, OFF, REPROBE_FAILED
-from controller.http import urllib_transport
+from harness.client import get, metrics
+from harness.serve import ServeProcess, drive_load, start_controller, start_serve, wait_for_url
 from policies import parse_policy_text
 from sglang_jetspec.reference.prompts import load_prompt_ids
 
@@ -73,61 +65,7 @@ PHASE_S = 80.0  # longest a load phase runs; it ends earlier once its cohort has
 HTTP_TIMEOUT_S = 120.0
 
 
-@dataclass
-class Process:
-    popen: subprocess.Popen
-    stdout: Path
-    stderr: Path
-
-    def lines(self) -> list[str]:
-        return self.stdout.read_text().splitlines()
-
-    def log_tail(self) -> str:
-        return self.stderr.read_text()[-3000:]
-
-    def stop(self) -> None:
-        if self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGTERM)
-            try:
-                self.popen.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait(timeout=10)
-
-
-def launch(stack: ExitStack, name: str, args: list[str], tmp_path: Path) -> Process:
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
-        ADMIN_KEY_ENV: ADMIN_SECRET,
-        "PYTHONUNBUFFERED": "1",
-    }
-    stdout, stderr = tmp_path / f"{name}.out", tmp_path / f"{name}.err"
-    with open(stdout, "w") as out, open(stderr, "w") as err:
-        popen = subprocess.Popen([sys.executable, *args], cwd=REPO, env=env, stdout=out, stderr=err)
-    process = Process(popen, stdout, stderr)
-    stack.callback(process.stop)
-    return process
-
-
-def wait_for_url(server: Process) -> str:
-    deadline = time.monotonic() + STARTUP_S
-    while time.monotonic() < deadline:
-        urls = [line for line in server.lines() if line.startswith("http://")]
-        if urls:
-            return urls[0]
-        assert server.popen.poll() is None, f"jetspec serve exited:\n{server.log_tail()}"
-        time.sleep(0.5)
-    raise AssertionError(f"jetspec serve printed no URL within {STARTUP_S}s:\n{server.log_tail()}")
-
-
-def get_json(url: str) -> dict:
-    status, body = urllib_transport("GET", url, {}, None, HTTP_TIMEOUT_S)
-    assert status == 200, body
-    return json.loads(body)
-
-
-def decisions(controller: Process) -> list[dict]:
+def decisions(controller: ServeProcess) -> list[dict]:
     records = []
     for line in controller.lines():
         try:
@@ -144,7 +82,7 @@ def decisions(controller: Process) -> list[dict]:
 STEADY_REASONS = {HOLD, OFF, REPROBE_FAILED}
 
 
-def settled(controller: Process, cohort: str, since: float) -> bool:
+def settled(controller: ServeProcess, cohort: str, since: float) -> bool:
     """Every candidate measured, the last three decisions kept the same budget, nothing pending."""
     records = [r for r in decisions(controller) if r["cohort"] == cohort and r["at"] >= since]
     if len(records) < 3:
@@ -168,49 +106,6 @@ def copy_requests(target_dir: Path) -> list[dict]:
     ]
 
 
-def drive_load(url: str, payloads: list[dict], clients: int, done: Callable[[], bool]) -> None:
-    """`clients` closed-loop clients (each sends its next request when the last one returns) until
-    `done()` or PHASE_S; every request must succeed."""
-    stop = threading.Event()
-    failures: list[str] = []
-
-    def client(i: int) -> None:
-        n = 0
-        while not stop.is_set():
-            payload = payloads[(i + n) % len(payloads)]
-            try:
-                status, body = urllib_transport(
-                    "POST",
-                    f"{url}/generate",
-                    {"Content-Type": "application/json"},
-                    json.dumps(payload).encode(),
-                    HTTP_TIMEOUT_S,
-                )
-            except ConnectionError as exc:
-                status, body = 0, str(exc).encode()
-            if status != 200:
-                failures.append(f"client {i}: {status} {body[:300]!r}")
-                return
-            n += 1
-
-    threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(clients)]
-    for thread in threads:
-        thread.start()
-    deadline = time.monotonic() + PHASE_S
-    while time.monotonic() < deadline and not done() and not failures:
-        time.sleep(1.0)
-    stop.set()
-    for thread in threads:
-        thread.join(HTTP_TIMEOUT_S)
-    assert not failures, failures
-
-
-def scrape(url: str) -> list[Sample]:
-    status, page = urllib_transport("GET", f"{url}/metrics", {}, None, HTTP_TIMEOUT_S)
-    assert status == 200
-    return [s for family in text_string_to_metric_families(page.decode()) for s in family.samples]
-
-
 def clearly_better(challenger: dict, chosen: dict) -> bool:
     """Whether the controller should have left `chosen` for `challenger`: more goodput by more than
     the margin it may not act on (hysteresis, and min_gain when the choice is off) and by more than
@@ -225,14 +120,10 @@ def test_the_controller_picks_the_measured_best_budget_per_cohort(tmp_path, smol
     payloads = copy_requests(smollm2_dir)
     policy_file = tmp_path / "policy.yaml"
     policy_file.write_text(POLICY_YAML)
+    env = {ADMIN_KEY_ENV: ADMIN_SECRET}
     with ExitStack() as stack:
-        server = launch(
-            stack,
-            "serve",
+        server = start_serve(
             [
-                "-m",
-                "sglang_jetspec.cli",
-                "serve",
                 "--target",
                 str(smollm2_dir),
                 "--drafter",
@@ -247,43 +138,33 @@ def test_the_controller_picks_the_measured_best_budget_per_cohort(tmp_path, smol
                 ADMIN_KEY_ENV,
             ],
             tmp_path,
+            env,
         )
-        url = wait_for_url(server)
-        controller = launch(
-            stack,
-            "controller",
-            [
-                "-m",
-                "controller",
-                "--policy",
-                str(policy_file),
-                "--server",
-                url,
-                "--admin-key-env",
-                ADMIN_KEY_ENV,
-                "--metrics-port",
-                "0",
-            ],
-            tmp_path,
-        )
+        stack.callback(server.stop)
+        url = wait_for_url(server, STARTUP_S)
+        controller = start_controller(policy_file, [url], ADMIN_KEY_ENV, tmp_path, env=env)
+        stack.callback(controller.stop)
 
         for cohort, clients in (("bs1", 1), ("bs2-8", 4)):
             since = time.time()
-            drive_load(url, payloads, clients, functools.partial(settled, controller, cohort, since))
+            drive_load(
+                url, payloads, clients, functools.partial(settled, controller, cohort, since), PHASE_S, HTTP_TIMEOUT_S
+            )
             print(f"{cohort}: settled={settled(controller, cohort, since)} after {time.time() - since:.0f}s")
         controller.stop()  # its log is complete and nothing pushes while we read the server
         assert controller.popen.returncode == 0, controller.log_tail()
 
-        (rank,) = get_json(f"{url}/server_info")["internal_states"]  # SGLang's readback, one rank
+        # SGLang's readback, one rank
+        (rank,) = json.loads(get(f"{url}/server_info", HTTP_TIMEOUT_S))["internal_states"]
         state = rank["jetspec_policy"]
         records = decisions(controller)
         served = {c["name"]: c["budget"] for c in state["table"]["cohorts"]}
-        samples = scrape(url)
+        samples = metrics(url, HTTP_TIMEOUT_S)
     assert server.popen.returncode == 0, server.log_tail()  # SIGTERM: a graceful exit
 
     assert state["source"] == "pushed" and state["generation"] >= 1, state
-    gauges = {s.labels["cohort"]: s.value for s in samples if s.name == "jetspec_policy_budget"}
-    budgets_run = {(s.labels["cohort"], s.labels["budget"]) for s in samples if s.name == "jetspec_steps_total"}
+    gauges = {dict(labels)["cohort"]: value for labels, value in samples["jetspec_policy_budget"].items()}
+    budgets_run = {(dict(labels)["cohort"], dict(labels)["budget"]) for labels in samples["jetspec_steps_total"]}
     chosen, gains = {}, {}  # gains: the largest budget's goodput over off's, per cohort
     top = max(POLICY.cohort("bs1").budgets)
     for cohort in POLICY.cohorts:
