@@ -4,17 +4,15 @@ scheduler process, `jetspec.step` spans over OTLP, and the controller process dr
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
 
 import pytest
-from e2e_client import ADMIN_KEY, HEAD, POLICY_YAML, REPO, generate, get, jetspec_state, post, samples, until_eos
+from e2e_client import ADMIN_KEY, HEAD, POLICY_YAML, generate, get, jetspec_state, post, samples, until_eos
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
+from harness.serve import start_controller
 from policies.control_api import table_from_flat_args
 from policies.head import read_head_capacity
 from policies.loader import parse_policy_text
@@ -305,29 +303,8 @@ def test_controller_reads_metrics_and_pushes_a_table_the_steps_use(
     pushes a table; with the controller stopped, the server's next steps run exactly that table's budget
     (or its probe budget) until the table expires."""
     url = yaml_policy_after
-    log = tmp_path / "controller.log"
-    with open(log, "w") as out:
-        controller = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "controller",
-                "--policy",
-                str(policy_file),
-                "--server",
-                url,
-                "--admin-key-env",
-                "JETSPEC_E2E_ADMIN",
-                "--metrics-port",
-                "0",
-                "--max-intervals",
-                "20",
-            ],
-            cwd=REPO,
-            env={**os.environ, "JETSPEC_E2E_ADMIN": ADMIN_KEY},
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+    env = {"JETSPEC_E2E_ADMIN": ADMIN_KEY}
+    controller = start_controller(policy_file, [url], "JETSPEC_E2E_ADMIN", tmp_path, "--max-intervals", "20", env=env)
     try:
         before = jetspec_state(url)["jetspec_policy"]["generation"]
         deadline = time.monotonic() + 90
@@ -336,10 +313,9 @@ def test_controller_reads_metrics_and_pushes_a_table_the_steps_use(
             state = jetspec_state(url)["jetspec_policy"]
             if state["source"] == "pushed" and state["generation"] > before:
                 break
-            assert controller.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            assert controller.popen.poll() is None and time.monotonic() < deadline, controller.log_tail()
     finally:
-        controller.terminate()
-        controller.wait(30)
+        controller.stop()
     state = jetspec_state(url)["jetspec_policy"]  # the last table it pushed, in force for its TTL
     assert state["source"] == "pushed", "the pushed table expired before it could be checked"
     bs1 = next(c for c in state["table"]["cohorts"] if c["name"] == "bs1")

@@ -88,10 +88,10 @@ def wait_for_no_draft_state_on_any_rank(url: str, timeout_s: float = 30) -> None
         time.sleep(0.5)
 
 
-@pytest.mark.slow  # the agreement check itself runs in the default suite: tests/test_rank_agreement.py
+@pytest.mark.slow  # the agreement check itself runs in the default suite: tests/sglang/test_rank_agreement.py
 def test_a_rank_that_drafts_another_tree_is_refused_before_the_verify(servers, smollm2_dir, humaneval_ids):
     """The whole server stops when rank 1 alters its trees (a third TP server: minutes on 2 cores). The
-    default suite proves the per-step check over two gloo processes (tests/test_rank_agreement.py)."""
+    default suite proves the per-step check over two gloo processes (tests/sglang/test_rank_agreement.py)."""
     server = servers.start(
         "jetspec-tp2-desync", jetspec_args(smollm2_dir, *TP2), {**TP2_ENV, "JETSPEC_DEBUG_PERTURB_RANK": "1"}
     )
