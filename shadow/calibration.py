@@ -29,7 +29,7 @@ def build_positions(target, prompt_ids: list[list[int]], tokens: int, seed: int 
     """Target logits [positions, vocab] at every emitted position of sampled (T=1) continuations."""
     from sglang_jetspec.reference.engine import ReferenceEngine, Request
     from sglang_jetspec.spool.record import RecordSampling, ShadowRecord
-    from shadow.reference import LocalReference
+    from shadow.target_logits import LocalReference
 
     engine = ReferenceEngine(target)
     requests = [

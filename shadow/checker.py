@@ -23,9 +23,9 @@ from sglang_jetspec.spool.record import ShadowRecord
 from shadow.checks import DEFAULT_TIE_MARGIN, RANK_EDGES, RequestCheck, greedy_mismatches, sampled_transform
 from shadow.constraints import ConstraintMasks
 from shadow.metrics import ShadowMetrics
-from shadow.reference import Reference, ReferenceError
 from shadow.regenerate import Regenerator
 from shadow.stats import BettingMonitor, window_tests
+from shadow.target_logits import Reference, ReferenceError
 from shadow.tracing import SPAN
 from shadow.window import Counts, MismatchRow, SequentialRow, TestRow, WindowReport
 

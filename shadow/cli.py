@@ -85,7 +85,7 @@ def _alpha(args) -> float:
 
 
 def _reference(args):
-    from shadow.reference import HttpReference, LocalReference
+    from shadow.target_logits import HttpReference, LocalReference
 
     if args.reference == "local":
         import torch

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from sglang_jetspec.spool.record import RecordConstraint, ShadowRecord
-from shadow.reference import ReferenceError
+from shadow.target_logits import ReferenceError
 
 
 class ConstraintMasks:

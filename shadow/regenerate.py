@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from sglang_jetspec.spool.record import ShadowRecord
-from shadow.reference import post_generate
+from shadow.target_logits import post_generate
 from shadow.window import RegenerationRow
 
 

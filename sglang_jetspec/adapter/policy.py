@@ -42,9 +42,20 @@ def policy_path() -> Path:
     return Path(str(resources.files("policies").joinpath("default.yaml")))
 
 
+_loaded: dict[tuple, Policy] = {}
+
+
 def load_runtime_policy(head_dir: str | Path) -> Policy:
-    """The policy in force at startup, checked against the head's capacity; PolicyError if invalid."""
-    return load_policy(policy_path(), read_head_capacity(head_dir))
+    """The policy in force at startup, checked against the head's capacity; PolicyError if invalid.
+    Start-up asks for it three times in one process (argument checks, SGLang's speculative shape, the
+    worker): a file is parsed and validated once per content and head, an invalid one every time."""
+    path, head = policy_path(), read_head_capacity(head_dir)
+    stat = path.stat() if path.is_file() else None
+    key = (str(path), stat and (stat.st_mtime_ns, stat.st_size), head)
+    if key not in _loaded:
+        policy = load_policy(path, head)  # raises for a missing or invalid file: nothing is cached
+        _loaded[key] = policy
+    return _loaded[key]
 
 
 def max_budget(policy: Policy) -> int:

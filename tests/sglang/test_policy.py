@@ -32,6 +32,25 @@ def test_default_policy_file_and_env_override(head_dir, tmp_path, monkeypatch):
     assert max_budget(load_runtime_policy(head_dir)) == 1  # budget 0 still verifies the root
 
 
+def test_start_up_reads_the_policy_file_once_per_content(head_dir, tmp_path, monkeypatch):
+    from sglang_jetspec.adapter import policy as runtime_policy
+
+    loads = []
+    monkeypatch.setattr(runtime_policy, "load_policy", lambda path, head: loads.append(path) or load_policy(path, head))
+    path = tmp_path / "p.yaml"
+    path.write_text("cohorts:\n  - {name: all, min_batch: 1, max_batch: 4, budgets: [0, 4, 8], default: 8}\n")
+    monkeypatch.setenv(POLICY_ENV, str(path))
+    first = load_runtime_policy(head_dir)
+    assert load_runtime_policy(head_dir) is first and len(loads) == 1  # checks, shape, worker: one read
+    path.write_text("cohorts:\n  - {name: all, min_batch: 1, max_batch: 4, budgets: [0, 4, 16], default: 16}\n")
+    assert max_budget(load_runtime_policy(head_dir)) == 16 and len(loads) == 2  # a new content is read again
+    path.write_text("cohorts: [oops\n")
+    for _ in range(2):  # an invalid file is refused every time, never served from the cache
+        with pytest.raises(Exception, match="p.yaml"):
+            load_runtime_policy(head_dir)
+    assert len(loads) == 4
+
+
 def test_flat_round_trip_with_probe(policy):
     table = default_table(policy).model_copy(update={"ttl_s": 30.0})
     flat = table_to_flat_args(table)

@@ -20,7 +20,7 @@ from sglang_jetspec.spool.record import RecordConstraint, RecordSampling, Shadow
 from shadow.checker import ShadowChecker
 from shadow.constraints import ConstraintMasks
 from shadow.metrics import ShadowMetrics
-from shadow.reference import LocalReference
+from shadow.target_logits import LocalReference
 
 xgr = pytest.importorskip("xgrammar")
 pytest.importorskip("sglang.srt.constrained.xgrammar_backend")

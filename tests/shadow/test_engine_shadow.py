@@ -21,8 +21,8 @@ from sglang_jetspec.core import acceptance
 from sglang_jetspec.core.sampling import processed_probs
 from shadow.checker import ShadowChecker
 from shadow.metrics import ShadowMetrics
-from shadow.reference import LocalReference
 from shadow.regenerate import Regenerator
+from shadow.target_logits import LocalReference
 from shadow.window import WindowReport
 from tests.shadow.conftest import prompt_bodies, serve_and_spool
 

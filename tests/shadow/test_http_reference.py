@@ -11,7 +11,7 @@ import torch
 
 from sglang_jetspec.spool.record import RecordSampling, ShadowRecord
 from shadow.checks import sampled_transform
-from shadow.reference import HttpReference, LocalReference, ReferenceError
+from shadow.target_logits import HttpReference, LocalReference, ReferenceError
 from tests.loopback import QuietHandler, serving
 
 

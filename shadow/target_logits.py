@@ -1,4 +1,4 @@
-"""Non-speculative references: the target's logits at every emitted position of a record.
+"""Non-speculative references for the shadow checker: the target's logits at every emitted position of a record.
 
 Both score by one prefill of prompt+output (teacher forcing), which is non-speculative by
 construction: row i holds the logits that predict output token i given everything before it.
