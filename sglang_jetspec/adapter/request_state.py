@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 
 
 class RequestDraftState:
-    """One request as the drafter (a SlotLane) and the acceptance see it."""
+    """The worker's lane (core.lanes): one request as the drafter (a SlotLane) and the acceptance see it."""
 
     def __init__(self, rid: str, params: SamplingParams) -> None:
         self.rid = rid

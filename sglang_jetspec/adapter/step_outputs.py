@@ -96,7 +96,7 @@ def accept_step(
 def _greedy_roots(logits: torch.Tensor) -> StepOutputs:
     """A step whose trees are roots alone (speculation gated off) and whose requests are all greedy:
     each request commits its argmax, the decision `accept_batch` makes, without its per-request walk
-    (what a gated-off cohort pays over plain SGLang's own sampler, measured at 16 concurrent requests)."""
+    (what a gated-off cohort would otherwise pay over plain SGLang's own sampler)."""
     bs = logits.shape[0]
     tokens = target_argmax(logits).cpu().view(bs, 1)
     rows = torch.arange(bs)

@@ -3,11 +3,11 @@
 The worker asks SGLang once, at start-up, to capture the tap layers' hidden states
 (`set_dflash_layers_to_capture`); SGLang then runs its capture path on every forward of the target: a
 copy of the hidden state at each tap layer, handed through the logits processor. A step whose cohort
-is gated off keeps no draft context and reads none of it, yet paid for it: on a 2-core CPU at 16
-concurrent requests that decode ran several ms longer than plain SGLang's (the run before this switch,
-bench/results/INDEX.md under c16-chat-fallback-bf16.md). The switch follows the step's plan, which every
-tensor-parallel rank shares, so all ranks run the same forward. Only targets whose hook sets the two
-attributes SGLang's Llama-family classes use are switched; any other keeps capturing (exact, slower).
+is gated off keeps no draft context and reads none of it, so it need not pay for the copies
+(bench/results/INDEX.md, c16-chat-fallback-bf16.md, has the measurement). The switch follows the
+step's plan, which every tensor-parallel rank shares, so all ranks run the same forward. Only targets
+whose hook sets the two attributes SGLang's Llama-family classes use are switched; any other keeps
+capturing (exact, slower).
 """
 
 from __future__ import annotations

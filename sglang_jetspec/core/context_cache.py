@@ -2,19 +2,18 @@
 
 A `ContextCache` is one request's projected context K/V for its tapped target rows. It is derived
 state, synced lazily from the rows (the source of truth), so after any number of non-speculative
-steps the next draft sees a context rebuilt from fresh rows, never a stale one. `LaneCaches` is the
+steps the next draft sees a context rebuilt from fresh rows, never a stale one. `CachedContexts` is the
 drafter's context source over such lanes. (The SGLang worker keeps the same K/V per KV slot
 instead: core.context_pool.)
 """
 
 from __future__ import annotations
 
-from typing import Protocol
-
 import torch
 
 from .head import DraftHead, LayerContext
 from .head_config import HeadConfig
+from .lanes import CachedLane
 
 
 def _next_power_of_two(n: int) -> int:
@@ -89,15 +88,7 @@ class ContextCache:
         self._keys, self._values, self.length = keys, values, keep
 
 
-class CachedLane(Protocol):
-    """A running request that keeps its own context: its cache and the tapped rows it syncs from."""
-
-    draft_cache: ContextCache
-
-    def tap_rows(self) -> torch.Tensor: ...
-
-
-class LaneCaches:
+class CachedContexts:
     """The drafter's context source over lanes that each keep a ContextCache (the reference engine)."""
 
     def __init__(self) -> None:

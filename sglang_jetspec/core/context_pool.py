@@ -19,19 +19,12 @@ speculation.
 
 from __future__ import annotations
 
-from typing import Protocol
-
 import torch
 
 from .context_cache import context_bytes_per_token
 from .head import DraftHead, LayerContext
 from .head_config import HeadConfig
-
-
-class SlotLane(Protocol):
-    """A running request as the pool sees it: the KV slots of its context positions, in order."""
-
-    context_slots: torch.Tensor  # [L] long, on the pool's device
+from .lanes import SlotLane
 
 
 class SlotContextPool:

@@ -15,17 +15,11 @@ from typing import Protocol
 import torch
 from torch import nn
 
-from .context_cache import LaneCaches
+from .context_cache import CachedContexts
 from .head import DraftHead, LayerContext, block_mask, tree_causal_mask
+from .lanes import DraftLane
 from .packed_linear import PackedWeight, linear
 from .tree import DraftTree
-
-
-class DraftLane(Protocol):
-    """What the drafter reads from a running request; its context source reads the rest
-    (core.context_cache.CachedLane or core.context_pool.SlotLane)."""
-
-    root_token: int
 
 
 class ContextSource(Protocol):
@@ -48,7 +42,7 @@ class HeadDrafter:
         context: ContextSource | None = None,
     ) -> None:
         self.head = head
-        self.context = context if context is not None else LaneCaches()
+        self.context = context if context is not None else CachedContexts()
         self.embed_tokens = embed_tokens
         self.lm_head = lm_head
         self.draft_vocab = (

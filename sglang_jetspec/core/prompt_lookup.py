@@ -22,22 +22,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 
+from .lanes import LookupLane
 from .suffix_store import SuffixStore, context_continuations, likeliest_paths
 from .tree import Candidates, TreeSpec, fanout_caps
 
 # Guessed children per tree node: node token path from the root -> {token: log-probability that the
 # target accepts it given the node}. Prompt lookup's chain and the suffix stores' tries both take this form.
 Guesses = dict[tuple[int, ...], dict[int, float]]
-
-
-class LookupLane(Protocol):
-    """What prompt lookup reads from a running request: every token it has committed, prompt included."""
-
-    committed_ids: list[int]
 
 
 def find_continuation(tokens: list[int], min_ngram: int, max_ngram: int, max_tokens: int) -> list[int]:

@@ -1,0 +1,35 @@
+"""What a lane is, in one place: one running request inside a step, as each part of the core reads it.
+
+Every engine keeps its own lane type (the reference engine's `reference.engine.Lane`, the SGLang
+worker's `adapter.request_state.RequestDraftState`, `jetspec replay`'s `evaluation.replay.ReplayLane`);
+the core reads them through these views only, each a few attributes:
+- `DraftLane`: what the drafter reads (the root token the tree grows from);
+- `LookupLane`: what prompt lookup reads (every committed token, prompt included);
+- `SlotLane`: the head's context kept per KV slot (core.context_pool: the SGLang worker);
+- `CachedLane`: the head's context kept per request (core.context_cache: the reference engine).
+Acceptance reads a lane's `params` and `generator` (core.acceptance, core.tree_drafting.sampled_draws).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+
+class DraftLane(Protocol):
+    root_token: int  # the last committed token: the tree's root, not in the KV cache yet
+
+
+class LookupLane(Protocol):
+    committed_ids: list[int]
+
+
+class SlotLane(DraftLane, Protocol):
+    context_slots: torch.Tensor  # [L] long, on the pool's device: the KV slots of its context positions
+
+
+class CachedLane(DraftLane, Protocol):
+    draft_cache: object  # its core.context_cache.ContextCache, kept in step with its tap rows
+
+    def tap_rows(self) -> torch.Tensor: ...
