@@ -5,11 +5,11 @@ verifies arbitrary trees: no draft TpModelWorker, the target's memory pools, a T
 with a FULL custom mask, `move_accept_tokens_to_target_kvcache`, the same GenerationBatchResult.
 What differs:
 - drafting: the core's DraftHead in plain PyTorch beside the target (core.head_drafter.HeadDrafter,
-  core.tree_drafting.draft_trees), fed by tap-layer rows the target captures in every forward
+  core.tree_drafting.step_trees), fed by tap-layer rows the target captures in every forward
   (`set_dflash_layers_to_capture`, the hook SGLang's DFLASH uses), projected into the head's
   context K/V at once and kept per KV slot (core.context_pool.SlotContextPool, addressed by the
   target's own slots: a prefix the radix cache hands over brings the head's context along);
-- acceptance: the core's lossless rules (adapter.step_outputs.accept_step) with each request's own
+- acceptance: the core's lossless rules (adapter.step_outputs.accept_lanes) with each request's own
   sampling parameters and generator, instead of `eagle_sample`; a cohort whose policy says
   `sampled_children: drawn` draws its sampled requests' children from the head's distribution and
   accepts them against it (core.drawn_children);
@@ -20,6 +20,11 @@ What differs:
   (core.learned_verify_cost).
 The scheduler runs it synchronously: the overlap scheduler and decode CUDA graphs are refused by
 adapter.server_args, so every call sees the previous step's results in req.output_ids.
+
+This module starts the worker and sequences a decode step; each phase lives in its own module and
+returns a value the next reads: adapter.step_drafting (Drafted), adapter.tree_verify (VerifyInputs,
+Verified), adapter.step_outputs (StepOutputs), adapter.step_commit (SGLang's result), with
+adapter.step_reporter reading the clock and the values once the step is done.
 """
 
 from __future__ import annotations
