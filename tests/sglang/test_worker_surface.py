@@ -75,17 +75,18 @@ def test_forward_accepts_both_scheduler_call_forms():
 
 
 def test_result_fields_exist_on_sglang_generation_batch_result():
-    """Every keyword the worker passes to GenerationBatchResult is a field of the installed class."""
+    """Every keyword the worker and its commit phase pass to GenerationBatchResult is a field of the installed class."""
     import dataclasses
 
     from sglang.srt.managers.utils import GenerationBatchResult
 
-    from sglang_jetspec.adapter import worker
+    from sglang_jetspec.adapter import step_commit, worker  # prefill results, decode results
 
     fields = {f.name for f in dataclasses.fields(GenerationBatchResult)}
     used = {
         kw.arg
-        for node in ast.walk(ast.parse(inspect.getsource(worker)))
+        for module in (worker, step_commit)
+        for node in ast.walk(ast.parse(inspect.getsource(module)))
         if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "GenerationBatchResult"
         for kw in node.keywords
     }
