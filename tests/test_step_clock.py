@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from sglang_jetspec.core.acceptance import AcceptResult
 from sglang_jetspec.core.learned_verify_cost import LearnedVerifyCost
 from sglang_jetspec.core.step_clock import PHASE_ENDS, Drafted, SizingLearners, StepClock
 from sglang_jetspec.core.tree import DraftTree, root_only_tree
@@ -75,7 +76,8 @@ def test_learners_observe_what_the_step_can_tell_them(settled, adaptive, sized, 
     sizer._kept = [tree]  # as TreeSizer.size leaves it after cutting this step's trees
     learners = SizingLearners(sizer, LearnedVerifyCost())
     drafted = Drafted([tree, root_only_tree(9)], 3, DraftTiming([], 0.0), adaptive=adaptive, sized=sized)
-    learners.observe(_clock(READINGS, "cpu" if settled else None), drafted, [[0, 1], [0]])
+    results = [AcceptResult(path=[0, 1], tokens=[6, 8]), AcceptResult(path=[0], tokens=[3])]
+    learners.observe(_clock(READINGS, "cpu" if settled else None), drafted, results)
     calibrated = sizer.calibration.factors != TreeSizer().calibration.factors
     learned = (learners.verify_costs.rows == [6], calibrated, bool(sizer.overhead.mean_s))
     assert learned == expect

@@ -33,8 +33,8 @@ class HeadContext:
                 positions.append(torch.arange(prefix_len, prefix_len + extend_len))
             offset += extend_len
         if keep:
-            rows = torch.cat(keep)
-            self.write(taps, rows, torch.cat(positions), batch.out_cache_loc[rows.to(self.device)])
+            rows = torch.cat(keep).to(self.device)
+            self.write(taps, rows, torch.cat(positions), batch.out_cache_loc[rows])
 
     def keep_committed(
         self,

@@ -58,14 +58,15 @@ class StepDrafting:
         costs = self.learners.verify_costs
         probe = costs.probe(len(lanes), budget) if plan.sizes_adaptively else None
         sizing = plan.sizes_adaptively and probe is None
-        drafts = self.ranks.drafts and drafting and probe != 1
+        drafts = self.ranks.drafts and bool(drafting) and probe != 1
         grammar = TreeGrammar.of_batch(batch)
         # a constrained request's first depth holds only what its grammar allows; the text it forces joins
         constrained = drafts and grammar is not None
         root_allowed = [grammar.root_allowed(b) for b in drafting] if constrained else None
         forced = [grammar.forced_tokens(b, self.tokenizer) for b in drafting] if constrained else None
-        trees, timing = [root_only_tree(lane.root_token) for lane in lanes], DraftTiming([], 0.0)
-        if drafts:
+        if not drafts:
+            trees, timing = [root_only_tree(lane.root_token) for lane in lanes], DraftTiming([], 0.0)
+        else:
             trees, timing = step_trees(
                 self.drafter,
                 lanes,
@@ -85,5 +86,5 @@ class StepDrafting:
         # trees cut by sizing or by grammars verify as many nodes as the longest of them
         num_nodes = max(tree.size for tree in trees) if plan.sizes_adaptively or grammar is not None else budget
         mask = grammar.mask(trees, num_nodes, self.device) if grammar is not None else None
-        sized = bool(drafts) and sizing
+        sized = drafts and sizing
         return Drafted(trees, num_nodes, timing, adaptive=plan.sizes_adaptively, sized=sized, verify_mask=mask)

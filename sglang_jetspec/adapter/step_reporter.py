@@ -19,23 +19,22 @@ class StepReporter:
     def __init__(self, metrics, traces: bool, learners: SizingLearners, device: torch.device) -> None:
         """`metrics`: the worker's JetspecMetrics or None; `traces`: this rank may send step spans."""
         self.metrics, self.traces, self.learners, self.device = metrics, traces, learners, device
-
-    def _tracer(self):
-        return step_tracer() if self.traces else None
+        self._tracer = None  # the running step's tracer (None: tracing off), looked up once a step
 
     def start(self, plan: StepPlan) -> StepClock:
         """The clock of a step of `plan`; it settles on the device when metrics or traces read it, or when
         the step sizes adaptively (sizing learns the verify cost from it)."""
-        observed = self.metrics is not None or self._tracer() is not None
+        self._tracer = step_tracer() if self.traces else None
+        observed = self.metrics is not None or self._tracer is not None
         return StepClock(self.device if observed or plan.sizes_adaptively else None)
 
-    def finish(self, clock: StepClock, plan: StepPlan, drafted: Drafted, out: StepOutputs, request_ids: list) -> None:
-        self.learners.observe(clock, drafted, [result.path for result in out.results])
-        tracer = self._tracer()
-        if self.metrics is None and tracer is None:
+    def finish(self, clock: StepClock, plan: StepPlan, drafted: Drafted, out: StepOutputs, reqs: list) -> None:
+        """`reqs`: the step's SGLang requests (a span names them)."""
+        self.learners.observe(clock, drafted, out.results)
+        if self.metrics is None and self._tracer is None:
             return
         record = clock.record(drafted, plan.budget, out.row_counts)
         if self.metrics is not None:
             self.metrics.record_step(plan.cohort, record)
-        if tracer is not None:
-            trace_step(tracer, plan.cohort, record, clock.start_ns, request_ids)
+        if self._tracer is not None:
+            trace_step(self._tracer, plan.cohort, record, clock.start_ns, [req.rid for req in reqs])

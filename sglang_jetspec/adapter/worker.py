@@ -346,5 +346,5 @@ class JetSpecWorker(BaseSpecWorker):
         clock.mark("accepted")
         result = self.committer.commit(batch, lanes, drafted, inputs, verified, out, plan.budget, on_publish)
         clock.mark("committed")
-        self.reporter.finish(clock, plan, drafted, out, [req.rid for req in batch.reqs])
+        self.reporter.finish(clock, plan, drafted, out, batch.reqs)
         return result

@@ -106,10 +106,11 @@ class SizingLearners:
     sizer: TreeSizer
     verify_costs: LearnedVerifyCost
 
-    def observe(self, clock: StepClock, drafted: Drafted, paths: list[list[int]]) -> None:
+    def observe(self, clock: StepClock, drafted: Drafted, results: list) -> None:
+        """`results`: each request's acceptance (anything with the accepted `path`, root first)."""
         if clock.settled:
             self.verify_costs.observe(len(drafted.trees) * drafted.num_nodes, clock.verify_s)
         if drafted.sized:
-            self.sizer.observe(paths)
+            self.sizer.observe([result.path for result in results])
         if drafted.adaptive:
             self.sizer.overhead.observe(clock.after_verify_s, verified_tree=drafted.num_nodes > 1)

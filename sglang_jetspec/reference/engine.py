@@ -296,14 +296,12 @@ class ReferenceEngine:
         committed = self._commit(cache, lanes, results, out.taps)
         clock.mark("committed")
         if sizer is not None:
-            self.learners.observe(clock, drafted, [r.path for r in results])
-        gaps = [rank1_branch_gap(tree, logits[b]) for b, tree in enumerate(drafted.trees)]
+            self.learners.observe(clock, drafted, results)
+        gaps = None
+        if self.config.rank1_gap:
+            gaps = [rank1_branch_gap(tree, logits[b]) for b, tree in enumerate(drafted.trees)]
         return clock.record(
-            drafted,
-            budget,
-            [r.accept_length for r in results],
-            committed_tokens=committed,
-            rank1_gaps=gaps if self.config.rank1_gap else None,
+            drafted, budget, [r.accept_length for r in results], committed_tokens=committed, rank1_gaps=gaps
         )
 
     def _commit(
