@@ -14,7 +14,8 @@ itself). Only that platform fact changes: ``cpu_has_amx_support()``, which decid
 AMX kernels, stays False because the stand-in defines no ``convert_weight_packed``.
 
 With ``JETSPEC_TEST_STEP_PROFILE`` also set, the same hook installs the benchmark's scheduler-side
-step timer (``step_profile.py``) when ``sglang.srt.managers.scheduler`` is imported.
+step timer (``step_profile.py``) when ``sglang.srt.managers.scheduler`` is imported; with
+``JETSPEC_TEST_STEP_OVERHEAD`` set, the per-step overhead probe (``step_overhead.py``).
 
 Any other ``sitecustomize`` further down ``sys.path`` still runs afterwards.
 """
@@ -35,19 +36,24 @@ def _report_amx(module) -> None:
     module.override_platform(has_amx=True).install()
 
 
-def _install_step_profile(module) -> None:
+# the scheduler-side instruments a benchmark switches on: variable -> module under stub/ with install(scheduler)
+_SCHEDULER_PROBES = {"JETSPEC_TEST_STEP_PROFILE": "step_profile", "JETSPEC_TEST_STEP_OVERHEAD": "step_overhead"}
+
+
+def _install_scheduler_probes(module) -> None:
     sys.path.insert(0, _HERE)
     try:
-        import step_profile
+        probes = [importlib.import_module(name) for env, name in _SCHEDULER_PROBES.items() if os.environ.get(env, "").strip()]
     finally:
         sys.path.remove(_HERE)
-    step_profile.install(module)
+    for probe in probes:
+        probe.install(module)
 
 
 # module -> what runs right after it is first imported
 _HOOKS = {"sglang.srt.runtime_context": _report_amx}
-if os.environ.get("JETSPEC_TEST_STEP_PROFILE", "").strip():
-    _HOOKS["sglang.srt.managers.scheduler"] = _install_step_profile
+if any(os.environ.get(env, "").strip() for env in _SCHEDULER_PROBES):
+    _HOOKS["sglang.srt.managers.scheduler"] = _install_scheduler_probes
 
 
 class _PostImportHook(importlib.abc.MetaPathFinder):

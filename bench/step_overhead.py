@@ -1,0 +1,242 @@
+"""What a decode step costs outside the target's forward, per step, by batch size: plain SGLang and JETSPEC.
+
+    python -m bench.step_overhead --batch-sizes 1,4,16 --dtype bfloat16 \
+        --json bench/results/sglang_cpu/step-overhead-bf16.json --markdown bench/results/sglang_cpu/step-overhead-bf16.md
+
+Starts each config's real SGLang server on the CPU harness (harness/sglang_cpu.py) with the scheduler-side
+probe of tests/sglang_cpu/stub/step_overhead.py, and at every batch size sends that many requests at once
+for each workload: `greedy` (code prompts, temperature 0), `sampled` (temperature 0.8, top_p 0.95, a seed
+per request), `grammar` (bench/prompts/json-tools.jsonl, each under its JSON schema, greedy) and
+`penalised` (greedy with frequency_penalty 0.5 and repetition_penalty 1.1). Every other decode step runs
+under harness.step_probe.StepProbe (the target's forward paused); the others are timed unprobed. Of the
+steps whose batch is the full batch size it reports, per step (median, max in brackets):
+
+- `ops_outside_forward`: aten ops on device data outside the target's forward: the proxy for kernel
+  launches on a GPU (the draft head's forward is outside the target's: it counts);
+- `host_syncs`: reads of device data by the host (`.item()`, `.tolist()`, `.cpu()`, truthiness,
+  `nonzero`, boolean indexing, ...), with the code sites behind them in the JSON;
+- `host_ms`: wall milliseconds of the step outside the target's forward (unprobed steps), and for
+  JETSPEC its phases as its own clock reads them (draft includes planning; bind: the verify's inputs).
+
+On a CPU every op runs where it is dispatched, so host_ms is compute as well as launches; the counts are
+what carries to a GPU. Configs: `plain` (SGLang's own decode and sampler) and `jetspec` (the shipped head
+and policy; `jetspec-off`: every cohort's budget 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from bench.sglang_cpu_compare import policy_env
+from harness.client import post_ok
+from harness.sglang_cpu import jetspec_args, launch, server_args
+
+OVERHEAD_ENV = "JETSPEC_TEST_STEP_OVERHEAD"
+WORKLOADS = ("greedy", "sampled", "grammar", "penalised")
+CONFIGS = ("plain", "jetspec", "jetspec-off")
+GRAMMAR_PROMPTS = Path(__file__).parent / "prompts" / "json-tools.jsonl"
+SAMPLING = {
+    "greedy": {"temperature": 0},
+    "sampled": {"temperature": 0.8, "top_p": 0.95},
+    "grammar": {"temperature": 0},
+    "penalised": {"temperature": 0, "frequency_penalty": 0.5, "repetition_penalty": 1.1},
+}
+COUNT_FIELDS = ("ops_outside_forward", "host_syncs")
+TIME_FIELDS = ("host_ms", "forward_ms", "step_ms")
+
+
+def parse_sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give batch sizes as positive integers, e.g. 1,4,16")
+    return sizes
+
+
+def summarise(records: list[dict], batch_size: int) -> dict:
+    """Median (and max) of every field over the steps whose batch held `batch_size` requests."""
+    full = [r for r in records if r["batch_size"] == batch_size]
+    counted = [r for r in full if r["counted"]]
+    timed = [r for r in full if not r["counted"]]
+    out: dict = {"steps_counted": len(counted), "steps_timed": len(timed)}
+    for name in COUNT_FIELDS:
+        values = [r[name] for r in counted]
+        out[name] = statistics.median(values) if values else None
+        out[f"{name}_max"] = max(values) if values else None
+    for name in TIME_FIELDS:
+        values = [r[name] for r in timed]
+        out[name] = round(statistics.median(values), 2) if values else None
+    phases = sorted({p for r in timed for p in r.get("phases_ms", {})})
+    out["phases_ms"] = {p: round(statistics.median(r["phases_ms"].get(p, 0.0) for r in timed), 2) for p in phases}
+    sites: dict[str, float] = {}
+    for r in counted:
+        for site, n in r["sync_sites"].items():
+            sites[site] = sites.get(site, 0) + n / len(counted)
+    out["sync_sites_per_step"] = {s: round(n, 2) for s, n in sorted(sites.items(), key=lambda kv: -kv[1])}
+    ops: dict[str, float] = {}
+    for r in counted:
+        for op, n in r["top_ops"].items():
+            ops[op] = ops.get(op, 0) + n / len(counted)
+    out["top_ops_per_step"] = {o: round(n, 1) for o, n in sorted(ops.items(), key=lambda kv: -kv[1])[:15]}
+    sites = {}
+    for r in counted:
+        for site, n in r.get("op_sites", {}).items():
+            sites[site] = sites.get(site, 0) + n / len(counted)
+    out["op_sites_per_step"] = {s: round(n, 1) for s, n in sorted(sites.items(), key=lambda kv: -kv[1])[:20]}
+    return out
+
+
+def read_records(path: Path, skip: int) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines()[skip:] if line.strip()]
+
+
+def run_batch(url: str, prompts: list[tuple[list[int], dict]], workload: str, max_new_tokens: int) -> None:
+    def one(i: int, prompt) -> dict:
+        ids, constraint = prompt
+        params = {**SAMPLING[workload], "max_new_tokens": max_new_tokens, "ignore_eos": workload != "grammar"}
+        if workload == "sampled":
+            params["sampling_seed"] = 1000 + i
+        return post_ok(f"{url}/generate", {"input_ids": ids, "sampling_params": {**params, **constraint}})
+
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        list(pool.map(one, range(len(prompts)), prompts))
+
+
+def measure(config: str, args, model: str, prompts: dict, log_dir: Path) -> dict:
+    records_path = (log_dir / f"{config}-steps.jsonl").resolve()
+    records_path.unlink(missing_ok=True)
+    size = max(args.batch_sizes)
+    make = server_args if config == "plain" else jetspec_args
+    extra = dict(dtype=args.dtype, max_running=size, max_total_tokens=args.max_total_tokens, port=args.port)
+    env = {OVERHEAD_ENV: str(records_path), "OMP_NUM_THREADS": str(args.threads)}
+    env.update(policy_env(config, log_dir))  # jetspec-off: the shipped policy with every cohort at budget 0
+    server = launch(make(model, **extra), log_dir / f"{config}.log", env)
+    results: dict = {}
+    try:
+        run_batch(server.url, prompts["greedy"][:1], "greedy", 8)  # first-call allocations stay out
+        for workload in args.workloads:
+            for batch_size in args.batch_sizes:
+                skip = len(read_records(records_path, 0))
+                t0 = time.perf_counter()
+                run_batch(server.url, prompts[workload][:batch_size], workload, args.max_new_tokens)
+                time.sleep(0.5)  # the last step's line is written after its reply went out
+                summary = summarise(read_records(records_path, skip), batch_size)
+                summary["wall_s"] = round(time.perf_counter() - t0, 2)
+                results.setdefault(workload, {})[str(batch_size)] = summary
+                print(
+                    f"[{config}] {workload} bs={batch_size}: ops {summary['ops_outside_forward']} "
+                    f"syncs {summary['host_syncs']} outside-forward {summary['host_ms']} ms "
+                    f"(forward {summary['forward_ms']} ms) over {summary['steps_counted']}+{summary['steps_timed']} steps",
+                    flush=True,
+                )
+    finally:
+        server.stop()
+    return results
+
+
+def markdown(results: dict, meta: dict) -> str:
+    lines = [
+        f"# Per-step overhead outside the target's forward ({meta['cpu']}, {meta['dtype']})",
+        "",
+        f"`{meta['command']}`",
+        "",
+        f"Commit {meta['commit']}. Median per decode step over the steps with the full batch (max in brackets);",
+        "ops: aten ops on device data outside the target's forward (the proxy for GPU kernel launches);",
+        "syncs: host reads of device data; ms: unprobed wall time outside the target's forward (JETSPEC's phases after).",
+        "",
+        "| config | workload | batch | ops outside forward | host syncs | outside-forward ms | forward ms | phases ms |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for config, by_workload in results.items():
+        for workload, by_size in by_workload.items():
+            for size, s in by_size.items():
+                phases = " ".join(f"{k.removesuffix('_ms')} {v}" for k, v in s["phases_ms"].items())
+                lines.append(
+                    f"| {config} | {workload} | {size} | {s['ops_outside_forward']} ({s['ops_outside_forward_max']}) "
+                    f"| {s['host_syncs']} ({s['host_syncs_max']}) | {s['host_ms']} | {s['forward_ms']} "
+                    f"| {phases} |"
+                )
+    lines += ["", "Sync sites per step (JETSPEC, largest batch, greedy and sampled):", ""]
+    for config, by_workload in results.items():
+        if config == "plain":
+            continue
+        for workload in ("greedy", "sampled"):
+            by_size = by_workload.get(workload, {})
+            if by_size:
+                last = by_size[max(by_size, key=int)]
+                sites = ", ".join(f"{site} x{n}" for site, n in last["sync_sites_per_step"].items())
+                lines.append(f"- {config} {workload}: {sites or 'none'}")
+    return "\n".join(lines) + "\n"
+
+
+def cpu_name() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return "unknown CPU"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--batch-sizes", type=parse_sizes, default=[1, 4, 16])
+    p.add_argument("--workloads", default=",".join(WORKLOADS), help=f"subset of {','.join(WORKLOADS)}")
+    p.add_argument("--configs", default="plain,jetspec", help=f"subset of {','.join(CONFIGS)}")
+    p.add_argument("--max-new-tokens", type=int, default=40)
+    p.add_argument("--max-total-tokens", type=int, default=16384)
+    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    p.add_argument("--model", help="target checkpoint directory (default: jetspec model fetch smollm2)")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--port", type=int, default=31223)
+    p.add_argument("--json", type=Path, required=True)
+    p.add_argument("--markdown", type=Path)
+    p.add_argument("--log-dir", type=Path, default=Path("bench/out/step-overhead-logs"))
+    args = p.parse_args(argv)
+    args.workloads = [w for w in args.workloads.split(",") if w]
+    configs = [c for c in args.configs.split(",") if c]
+    bad = sorted(set(args.workloads) - set(WORKLOADS)) + sorted(set(configs) - set(CONFIGS))
+    if bad:
+        p.error(f"unknown {bad}: --workloads from {','.join(WORKLOADS)}, --configs from {','.join(CONFIGS)}")
+
+    import subprocess
+
+    from transformers import AutoTokenizer
+
+    from sglang_jetspec.models.fetch import fetch
+    from sglang_jetspec.reference.prompts import constraint_params, encode, humaneval_prompts, read_prompt_file
+
+    model = args.model or str(fetch("smollm2"))
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    size = max(args.batch_sizes)
+    code = [(encode(text, tokenizer), {}) for text in humaneval_prompts(range(100, 100 + size))]
+    tools = read_prompt_file(GRAMMAR_PROMPTS)
+    grammar = [(encode(r, tokenizer), constraint_params(r)) for r in (tools * size)[:size]]
+    prompts = {"greedy": code, "sampled": code, "penalised": code, "grammar": grammar}
+    args.log_dir.mkdir(parents=True, exist_ok=True)
+    results = {config: measure(config, args, model, prompts, args.log_dir) for config in configs}
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    meta = {
+        "cpu": cpu_name(),
+        "dtype": args.dtype,
+        "commit": commit,
+        "command": "python -m bench.step_overhead " + " ".join(argv if argv is not None else sys.argv[1:]),
+    }
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps({"meta": meta, "results": results}, indent=1) + "\n")
+    if args.markdown:
+        args.markdown.write_text(markdown(results, meta))
+        print(markdown(results, meta))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,260 @@
+"""What a decode step would cost a GPU outside the target's forward, counted on any device (a CPU included).
+
+`StepProbe` is a torch function mode and a torch dispatch mode together. Inside it:
+
+- **device ops**: every aten op dispatched on the device's data, the proxy for a kernel launch on a GPU.
+  Work on host data (a tree walked in Python, a list turned into a tensor to ship) launches nothing and
+  is not counted.
+- **host syncs**: every read of device data by the host: `.item()`, `.tolist()`, `.cpu()`, `.numpy()`,
+  truthiness, `int()` / `float()`, and the ops whose output shape depends on the data (`nonzero`,
+  boolean indexing, `masked_select`, `unique`, ...). Each is filed under its caller's `file:line`.
+- `paused()` excludes a region (the target's forward) from both counts.
+- `strict=True` raises `HostSyncError` at the first sync instead: what a graph-captured region must pass.
+
+Which tensors are host data, on a machine where everything is on one device (the CPU harness): tensors
+made inside the probe by a factory without a `device` argument (`torch.tensor(list)`, `torch.arange(n)`,
+`torch.rand(n, generator=g)`), what `.cpu()` returns, what `mark_host` names, and whatever is computed
+from host data alone. Everything else (the model's weights and pools, the batch's tensors, a factory's
+output on an explicit device, anything computed with device data) is device data: a tensor of unknown
+origin counts as device, so the counts err high, never low. `.to(device)` of host data is device data
+(a copy on a GPU; on a CPU the probe returns a copy too, so the host tensor keeps its class).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections import Counter
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+from torch.utils.weak import WeakIdKeyDictionary
+
+_T = torch.Tensor
+# reads of a tensor's values by the host
+_READS = {_T.item, _T.tolist, _T.numpy, _T.__bool__, _T.__int__, _T.__float__, _T.__index__, _T.cpu}
+# ops whose output's shape depends on the data: the host must read it before it can allocate
+_DATA_SHAPED = {
+    torch.nonzero,
+    _T.nonzero,
+    torch.argwhere,
+    _T.argwhere,
+    torch.masked_select,
+    _T.masked_select,
+    torch.unique,
+    _T.unique,
+    torch.unique_consecutive,
+    _T.unique_consecutive,
+    torch.bincount,
+    _T.bincount,
+}
+_INDEXING = {_T.__getitem__, _T.__setitem__, _T.index_put_, _T.index_put}
+_FACTORIES = {
+    torch.tensor,
+    torch.as_tensor,
+    torch.zeros,
+    torch.ones,
+    torch.empty,
+    torch.full,
+    torch.arange,
+    torch.eye,
+    torch.rand,
+    torch.randn,
+    torch.randint,
+    torch.randperm,
+    torch.linspace,
+}
+_HERE = __file__
+
+
+class HostSyncError(RuntimeError):
+    """A host sync inside a region that must have none (a CUDA graph's)."""
+
+
+@dataclass
+class StepCounts:
+    device_ops: int = 0
+    host_syncs: int = 0
+    sync_sites: Counter = field(default_factory=Counter)  # "file:line (what)" -> syncs there
+    op_names: Counter = field(default_factory=Counter)  # aten op -> device dispatches
+    op_sites: Counter = field(default_factory=Counter)  # "file:line" -> device dispatches there
+
+
+def _bool_index(index) -> bool:
+    return any(isinstance(leaf, _T) and leaf.dtype == torch.bool for leaf in tree_leaves(index))
+
+
+def _caller() -> str:
+    """The first frame outside torch and this module: where the sync is written."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        path = frame.f_code.co_filename
+        if path != _HERE and "/torch/" not in path:
+            parts = path.split("/")
+            short = "/".join(parts[-2:])
+            return f"{short}:{frame.f_lineno}"
+        frame = frame.f_back
+    return "?"
+
+
+class _Dispatch(TorchDispatchMode):
+    def __init__(self, probe: "StepProbe") -> None:
+        super().__init__()
+        self.probe = probe
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        probe = self.probe
+        if probe.counting and not probe.in_host_call:
+            probe.counts.device_ops += 1
+            probe.counts.op_names[func.__name__] += 1
+            if probe.op_sites:
+                probe.counts.op_sites[_caller()] += 1
+        return func(*args, **(kwargs or {}))
+
+
+class _Functions(TorchFunctionMode):
+    def __init__(self, probe: "StepProbe") -> None:
+        super().__init__()
+        self.probe = probe
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        probe = self.probe
+        tensors = [leaf for leaf in tree_leaves((args, kwargs)) if isinstance(leaf, _T)]
+        on_device = [t for t in tensors if not probe.is_host(t)]
+        if func in _FACTORIES:
+            device = kwargs.get("device")
+            host = device is None or device == "cpu"
+        else:
+            host = not on_device
+        if on_device and self._syncs(func, args, kwargs):
+            probe.sync(func)
+        if func is _T.to and tensors and not on_device and _to_device(args, kwargs):
+            out = self._call(func, args, kwargs, host=False)  # host -> device: one copy, a device tensor
+            return out.clone() if out is args[0] else out
+        out = self._call(func, args, kwargs, host=host)
+        if func in (_T.cpu, _T.numpy) and on_device:
+            out = out.clone() if isinstance(out, _T) and out is args[0] else out
+            probe.mark_host(out)
+        elif host:
+            probe.mark_host(out)
+        return out
+
+    def _call(self, func, args, kwargs, host: bool):
+        probe = self.probe
+        outer, probe.in_host_call = probe.in_host_call, host or probe.in_host_call
+        try:
+            return func(*args, **kwargs)
+        finally:
+            probe.in_host_call = outer
+
+    def _syncs(self, func, args, kwargs) -> bool:
+        if func in _READS or func in _DATA_SHAPED:
+            return True
+        if func in (torch.where, _T.where) and len(args) + len(kwargs) == 1:
+            return True  # torch.where(cond) is nonzero
+        if func in _INDEXING and len(args) > 1 and _bool_index(args[1]):
+            # a boolean mask that lives on the device selects a data-dependent number of elements
+            return not all(self.probe.is_host(t) for t in tree_leaves(args[1]) if isinstance(t, _T))
+        return False
+
+
+def _to_device(args, kwargs) -> bool:
+    """`.to(...)` names a device (not only a dtype)."""
+    for value in (*args[1:], kwargs.get("device")):
+        if isinstance(value, (torch.device, str)) or (isinstance(value, int) and not isinstance(value, bool)):
+            return True
+    return False
+
+
+class StepProbe:
+    """Counts device ops and host syncs while entered (see the module docstring); `paused()` excludes a
+    region; `strict` raises at the first sync. Reusable: `take()` returns the counts so far and resets."""
+
+    def __init__(self, strict: bool = False, op_sites: bool = False) -> None:
+        self.strict, self.op_sites = strict, op_sites  # op_sites: file each device op under its caller
+        self.counts = StepCounts()
+        self.counting = False
+        self.in_host_call = False
+        self._host = WeakIdKeyDictionary()
+        self._modes: list = []
+        self.started = 0.0
+
+    def is_host(self, tensor: torch.Tensor) -> bool:
+        return tensor in self._host
+
+    def mark_host(self, *values) -> None:
+        """Every tensor in `values` (nested lists, tuples, dicts) is host data."""
+        for leaf in tree_leaves(values):
+            if isinstance(leaf, _T):
+                self._host[leaf] = True
+
+    def mark_host_within(self, obj, depth: int = 4) -> None:
+        """Every tensor held by `obj` (its attributes, lists, dicts, to `depth` levels): state that lives on
+        the host, made before the probe started (a learner's tables, a lookup store)."""
+        seen: set[int] = set()
+
+        def walk(value, left: int) -> None:
+            if id(value) in seen or left < 0:
+                return
+            seen.add(id(value))
+            if isinstance(value, _T):
+                self._host[value] = True
+            elif isinstance(value, dict):
+                for item in value.values():
+                    walk(item, left - 1)
+            elif isinstance(value, (list, tuple, set)):
+                for item in value:
+                    walk(item, left - 1)
+            elif hasattr(value, "__dict__") and not isinstance(value, (type, torch.nn.Module)):
+                for item in vars(value).values():
+                    walk(item, left - 1)
+
+        walk(obj, depth)
+
+    def kernel(self, name: str):
+        """A context for one call of a stand-in for a single device kernel (a CPU harness's PyTorch code
+        where a GPU launches one kernel): counted as one device op, its insides neither ops nor syncs."""
+        if self.counting:
+            self.counts.device_ops += 1
+            self.counts.op_names[name] += 1
+        return self.paused()
+
+    def sync(self, func) -> None:
+        if not self.counting:
+            return
+        site = f"{_caller()} ({getattr(func, '__name__', func)})"
+        if self.strict:
+            raise HostSyncError(f"host sync inside a region that must have none: {site}")
+        self.counts.host_syncs += 1
+        self.counts.sync_sites[site] += 1
+
+    def take(self) -> StepCounts:
+        counts, self.counts = self.counts, StepCounts()
+        return counts
+
+    @contextmanager
+    def paused(self):
+        was, self.counting = self.counting, False
+        try:
+            yield
+        finally:
+            self.counting = was
+
+    def __enter__(self) -> "StepProbe":
+        self._modes = [_Functions(self), _Dispatch(self)]
+        for mode in self._modes:
+            mode.__enter__()
+        self.counting = True
+        self.started = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.counting = False
+        for mode in reversed(self._modes):
+            mode.__exit__(*exc)
+        self._modes = []

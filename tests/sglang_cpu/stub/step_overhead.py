@@ -1,0 +1,144 @@
+"""Per-decode-step overhead probe in the scheduler process (test-only; bench/step_overhead.py reads it).
+
+With ``JETSPEC_TEST_STEP_OVERHEAD=<file>`` set (and the stand-in switched on), ``sitecustomize`` calls
+``install`` once SGLang's scheduler module is imported. Every decode batch's ``Scheduler.run_batch`` then
+appends one JSON line to ``<file>``. Odd steps run under ``harness.step_probe.StepProbe`` with the target
+model's forward (``ModelRunner.forward``) paused, and record device ops and host syncs outside it (with
+the call sites of the syncs and the ops by name). Even steps run unprobed and record wall milliseconds:
+the worker's whole step, the target's forward, and for JETSPEC its phases as its own step clock read
+them. A probed step is several times slower, so timings come only from unprobed steps.
+
+The batch's ``*_cpu`` tensors and the JETSPEC worker's host-side learners and lookup stores are marked
+host data before a probed step. Each call of the sgl-kernel stand-in (stub/sgl_kernel: PyTorch where a GPU
+launches one kernel) counts as one device op, its insides as nothing.
+Nothing here runs in a normal install.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+OVERHEAD_ENV = "JETSPEC_TEST_STEP_OVERHEAD"
+TOP_OPS = 25
+
+
+class _Probing:
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.steps = 0
+        self.probe = None  # the running step's StepProbe (probed steps only)
+        self.forward_s = 0.0
+        self.clock = None  # the JETSPEC step clock's readings, when the worker reports one
+
+
+def _phases(clock) -> dict[str, float]:
+    at = clock._at
+    order = ["start", *[p for p in ("drafted", "bound", "verified", "accepted", "committed") if p in at]]
+    return {f"{b}_ms": (at[b] - at[a]) * 1e3 for a, b in zip(order, order[1:])}
+
+
+def _wrap_standin_kernels(state: _Probing) -> None:
+    """Each stand-in kernel, wherever SGLang bound it by name, counted as one device op."""
+    import sys
+
+    import sgl_kernel
+
+    for name in sgl_kernel.__all__:
+        original = getattr(sgl_kernel, name)
+
+        def counted(*args, __original=original, __name=name, **kwargs):
+            if state.probe is None:
+                return __original(*args, **kwargs)
+            with state.probe.kernel(f"standin:{__name}"):
+                return __original(*args, **kwargs)
+
+        for module in [sgl_kernel, *list(sys.modules.values())]:
+            if getattr(module, name, None) is original:
+                setattr(module, name, counted)
+
+
+def _host_state(worker) -> list:
+    """What the JETSPEC worker keeps on the host between steps (None for other workers)."""
+    drafting = getattr(worker, "drafting", None)
+    return [] if drafting is None else [worker.learners, drafting.hybrid]
+
+
+def install(scheduler_module) -> None:
+    path = os.environ.get(OVERHEAD_ENV, "").strip()
+    if not path:
+        return
+    from harness.step_probe import StepProbe
+    from sglang.srt.model_executor.model_runner import ModelRunner
+
+    state = _Probing(path)
+    forward = ModelRunner.forward
+
+    def paused_forward(self, *args, **kwargs):
+        start = time.perf_counter()
+        try:
+            if state.probe is None:
+                return forward(self, *args, **kwargs)
+            with state.probe.paused():
+                return forward(self, *args, **kwargs)
+        finally:
+            state.forward_s += time.perf_counter() - start
+
+    ModelRunner.forward = paused_forward
+    _wrap_standin_kernels(state)
+    cls = scheduler_module.Scheduler
+    run_batch = cls.run_batch
+
+    def hook_reporter(worker) -> None:
+        reporter = getattr(worker, "reporter", None)
+        if reporter is None or getattr(reporter, "_overhead_hooked", False):
+            return
+        finish = reporter.finish
+
+        def reading_finish(clock, *args, **kwargs):
+            state.clock = clock
+            return finish(clock, *args, **kwargs)
+
+        reporter.finish = reading_finish
+        reporter._overhead_hooked = True
+
+    def probed_run_batch(self, batch, *args, **kwargs):
+        if not batch.forward_mode.is_decode():
+            return run_batch(self, batch, *args, **kwargs)
+        hook_reporter(self.model_worker)
+        state.steps += 1
+        counted = state.steps % 2 == 1
+        state.forward_s, state.clock = 0.0, None
+        record = {"batch_size": len(batch.reqs), "counted": counted}
+        start = time.perf_counter()
+        if counted:
+            probe = state.probe = StepProbe(op_sites=True)
+            probe.mark_host([value for name, value in vars(batch).items() if name.endswith("_cpu")])
+            for held in _host_state(self.model_worker):
+                probe.mark_host_within(held)
+            try:
+                with probe:
+                    result = run_batch(self, batch, *args, **kwargs)
+            finally:
+                state.probe = None
+            counts = probe.take()
+            record.update(
+                ops_outside_forward=counts.device_ops,
+                host_syncs=counts.host_syncs,
+                sync_sites=dict(counts.sync_sites),
+                top_ops=dict(counts.op_names.most_common(TOP_OPS)),
+                op_sites=dict(counts.op_sites.most_common(TOP_OPS)),
+            )
+        else:
+            result = run_batch(self, batch, *args, **kwargs)
+            wall_ms = (time.perf_counter() - start) * 1e3
+            record.update(step_ms=wall_ms, forward_ms=state.forward_s * 1e3)
+            record["host_ms"] = wall_ms - record["forward_ms"]
+            if state.clock is not None:
+                record["phases_ms"] = _phases(state.clock)
+        with open(state.path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        return result
+
+    cls.run_batch = probed_run_batch

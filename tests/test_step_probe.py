@@ -1,0 +1,96 @@
+"""harness.step_probe: device ops and host syncs counted on a CPU as a GPU would see them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness.step_probe import HostSyncError, StepProbe
+
+DEVICE = torch.device("cpu")  # the probe's "device": tensors made before it or on an explicit device
+
+
+def test_host_data_costs_nothing():
+    with StepProbe() as probe:
+        host = torch.tensor([3, 1, 2])
+        doubled = (host * 2).sort().values
+        assert doubled.tolist() == [2, 4, 6]
+        assert int(doubled[0]) == 2 and bool(doubled.any())
+        assert host[host > 1].tolist() == [3, 2]  # a host mask selects on the host
+        torch.rand(4, generator=torch.Generator().manual_seed(0))
+    counts = probe.take()
+    assert (counts.device_ops, counts.host_syncs) == (0, 0)
+
+
+@pytest.mark.parametrize(
+    "read, what",
+    [
+        (lambda d: d.item(), "item"),
+        (lambda d: d.tolist(), "tolist"),
+        (lambda d: bool(d), "__bool__"),
+        (lambda d: int(d), "__int__"),
+        (lambda d: float(d), "__float__"),
+        (lambda d: d.cpu(), "cpu"),
+        (lambda d: d.numpy(), "numpy"),
+        (lambda d: d.nonzero(), "nonzero"),
+        (lambda d: torch.where(d > 0), "where"),
+        (lambda d: d[d > 0], "__getitem__"),
+        (lambda d: d.__setitem__(d > 0, 0.0), "__setitem__"),
+        (lambda d: d.unique(), "unique"),
+    ],
+)
+def test_each_read_of_device_data_is_one_sync_at_its_site(read, what):
+    device = torch.ones(1)  # made before the probe: device data
+    with StepProbe() as probe:
+        read(device)
+    counts = probe.take()
+    assert counts.host_syncs == 1
+    ((site, n),) = counts.sync_sites.items()
+    assert n == 1 and site.startswith("tests/test_step_probe.py:") and site.endswith(f"({what})")
+
+
+def test_device_ops_counted_host_copies_become_device_data():
+    weight = torch.randn(4, 4)
+    with StepProbe() as probe:
+        x = torch.ones(4, device=DEVICE)  # an explicit device: device data (1 op)
+        y = weight @ x  # 1 op
+        shipped = torch.tensor([1, 2]).to(DEVICE)  # host -> device: one copy, then device data
+        shipped.tolist()  # a read of the shipped copy syncs
+        back = y.cpu()  # 1 sync (a copy)
+        back.tolist()  # host data now: free
+    counts = probe.take()
+    assert counts.host_syncs == 2
+    assert counts.device_ops >= 3
+    assert counts.op_names["mv"] == 1
+
+
+def test_paused_regions_and_kernels():
+    weight = torch.randn(4, 4)
+    with StepProbe() as probe:
+        with probe.paused():
+            (weight @ weight).sum().item()  # the target's forward: not counted
+        with probe.kernel("standin:copy"):
+            weight[weight > 0].sum().item()  # a stand-in kernel: one op, its insides nothing
+    counts = probe.take()
+    assert (counts.device_ops, counts.host_syncs) == (1, 0)
+    assert counts.op_names["standin:copy"] == 1
+
+
+def test_strict_probe_raises_at_the_first_sync():
+    device = torch.ones(3)
+    with pytest.raises(HostSyncError, match=r"test_step_probe.py:\d+ \(tolist\)"):
+        with StepProbe(strict=True):
+            (device + 1).tolist()
+
+
+def test_marked_host_state_is_host_data():
+    class Learner:
+        def __init__(self):
+            self.edges = torch.tensor([0.5, 0.9])
+            self.bands = [{"seen": torch.zeros(2)}]
+
+    learner = Learner()
+    with StepProbe() as probe:
+        probe.mark_host_within(learner)
+        float(learner.edges[0]) + float(learner.bands[0]["seen"].sum())
+    assert probe.take().host_syncs == 0
