@@ -31,8 +31,17 @@ def _head():
 
 
 class _SlotLane:
-    def __init__(self, slots: torch.Tensor, root: int = 5) -> None:
-        self.context_slots, self.root_token = slots, root
+    def __init__(self, table: torch.Tensor, row: int, kv_len: int, root: int) -> None:
+        self.slot_table, self.slot_row, self.kv_len, self.root_token = table, row, kv_len, root
+
+
+def _slot_lanes(*lanes: tuple[torch.Tensor, int]) -> list[_SlotLane]:
+    """Lanes of one step, (context slots, root token) each, sharing one slot table as SGLang's
+    req_to_token: row b holds lane b's slots, then stale entries (slot 3) past its length."""
+    table = torch.full((len(lanes) + 1, max(len(slots) for slots, _ in lanes) + 4), 3, dtype=torch.int32)
+    for row, (slots, _) in enumerate(lanes):
+        table[row + 1, : len(slots)] = slots
+    return [_SlotLane(table, row + 1, len(slots), root) for row, (slots, root) in enumerate(lanes)]
 
 
 class _CachedLane:
@@ -67,7 +76,7 @@ def test_a_context_gathered_from_scattered_slots_equals_a_per_request_cache():
     _write_in_chunks(pool, head, rows, slots, [0, 37, 40, 41, 44, 60])
     cache = ContextCache()
     cache.sync(head, rows)
-    context, valid, lengths = pool.padded(head, [_SlotLane(slots)])
+    context, valid, lengths = pool.padded(head, _slot_lanes((slots, 5)))
     assert valid.all() and lengths.tolist() == [60]
     for got, want in zip(context, cache.layers):
         assert torch.allclose(got.keys, want.keys, atol=1e-5) and torch.allclose(got.values, want.values, atol=1e-5)
@@ -88,13 +97,13 @@ def test_a_request_sharing_a_cached_prefix_drafts_as_one_that_computed_it():
     pool.write(head, rows_b[30:], torch.arange(30, 45), slots_b[30:])  # B's prefill: only past the hit
     pooled = HeadDrafter(head, embed, lm_head, context=pool)
     cached = HeadDrafter(head, embed, lm_head)
-    got = pooled.propose([_SlotLane(slots_a, 7), _SlotLane(slots_b, 9)], 3)
+    got = pooled.propose(_slot_lanes((slots_a, 7), (slots_b, 9)), 3)
     want = cached.propose([_CachedLane(rows_a, 7), _CachedLane(rows_b, 9)], 3)
     assert torch.allclose(got, want, atol=1e-5)
-    assert torch.allclose(pooled.propose([_SlotLane(slots_b, 9)], 3), want[1:], atol=1e-5)
+    assert torch.allclose(pooled.propose(_slot_lanes((slots_b, 9)), 3), want[1:], atol=1e-5)
     # the control: B reading A's slots past the shared prefix (A's tokens there) drafts something else
     wrong = slots_a[:45]
-    assert not torch.allclose(pooled.propose([_SlotLane(wrong, 9)], 3), want[1:], atol=1e-3)
+    assert not torch.allclose(pooled.propose(_slot_lanes((wrong, 9)), 3), want[1:], atol=1e-3)
 
 
 def test_validity_follows_writes_invalidation_and_clearing():

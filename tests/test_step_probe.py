@@ -61,7 +61,7 @@ def test_device_ops_counted_host_copies_become_device_data():
     counts = probe.take()
     assert counts.host_syncs == 2
     assert counts.device_ops >= 3
-    assert counts.op_names["mv"] == 1
+    assert counts.op_names["mv.default"] == 1
 
 
 def test_paused_regions_and_kernels():

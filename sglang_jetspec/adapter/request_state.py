@@ -37,7 +37,9 @@ class RequestDraftState:
         self.penalties = RequestPenalties()  # its frequency / presence / repetition / min_new_tokens
         self.root_token = -1  # set before each draft: the request's last committed token
         self.kv_len = 0  # set before each draft: its committed tokens with KV (all but the root)
-        self.context_slots = torch.empty(0, dtype=torch.long)  # set before each draft: KV slots of positions 0..L-1
+        # set before each draft (core.lanes.SlotLane): its context's KV slots are slot_table[slot_row, :kv_len]
+        self.slot_table: torch.Tensor | None = None
+        self.slot_row = 0
         self.started_at = time.time()  # for the shadow record
         self.budgets: list[int] = []  # tree budget of each verify step (0 = off)
         self.accept_lengths: list[int] = []  # tokens committed by each verify step, bonus included
@@ -95,8 +97,9 @@ class DraftStateStore:
 
     def lanes(self, batch, keep_draft_context: bool, vocab_size: int) -> list[RequestDraftState]:
         """A decode step's lanes: each request's state, with this step's root token, committed KV length and
-        (requests that draft) the KV slots of their context positions 0..kv_len-1 (a view of the request's
-        req_to_token row). A plan that keeps no draft context gates its requests off for good."""
+        (requests that draft) where the KV slots of their context positions 0..kv_len-1 are: their row of
+        req_to_token, read once for the whole batch when the head drafts. No tensor work per request. A plan
+        that keeps no draft context gates its requests off for good."""
         lanes = []
         seq_lens = batch.seq_lens_cpu if batch.seq_lens_cpu is not None else batch.seq_lens.cpu()
         for req, kv_len in zip(batch.reqs, seq_lens.tolist()):
@@ -107,8 +110,7 @@ class DraftStateStore:
             state.kv_len = kv_len
             if not keep_draft_context:
                 state.gated_off = True
-            if state.drafts:
-                state.context_slots = batch.req_to_token_pool.req_to_token[req.kv.req_pool_idx, :kv_len]
+            state.slot_table, state.slot_row = batch.req_to_token_pool.req_to_token, req.kv.req_pool_idx
             lanes.append(state)
         return lanes
 

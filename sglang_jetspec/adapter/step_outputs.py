@@ -29,7 +29,9 @@ from sglang_jetspec.core.tree import DraftTree
 
 @dataclass
 class StepOutputs:
-    results: list[AcceptResult]  # the core's decision per request (accepted path, tokens)
+    # the core's decision per request (accepted path, tokens) on the host; None where the decision stayed
+    # on the device (a greedy step of roots alone: nothing on the host reads it)
+    results: list[AcceptResult] | None
     tokens: torch.Tensor
     accept_lens: torch.Tensor
     accept_index: torch.Tensor
@@ -96,14 +98,14 @@ def accept_step(
 def _greedy_roots(logits: torch.Tensor) -> StepOutputs:
     """A step whose trees are roots alone (speculation gated off) and whose requests are all greedy:
     each request commits its argmax, the decision `accept_batch` makes, without its per-request walk
-    (what a gated-off cohort would otherwise pay over plain SGLang's own sampler)."""
+    and without reading it on the host (plain SGLang's decode reads its tokens only after the step)."""
     bs = logits.shape[0]
-    tokens = target_argmax(logits).cpu().view(bs, 1)
-    rows = torch.arange(bs)
+    tokens = target_argmax(logits).view(bs, 1)
+    rows = torch.arange(bs, device=logits.device)
     return StepOutputs(
-        results=[AcceptResult(path=[0], tokens=[token]) for token in tokens[:, 0].tolist()],
+        results=None,
         tokens=tokens,
-        accept_lens=torch.ones(bs, dtype=torch.int32),
+        accept_lens=torch.ones(bs, dtype=torch.int32, device=logits.device),
         accept_index=rows.to(torch.int32).view(bs, 1),
         predict=tokens[:, 0].to(torch.int32),
         bonus_tokens=tokens[:, 0],

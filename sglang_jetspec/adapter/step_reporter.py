@@ -30,7 +30,7 @@ class StepReporter:
 
     def finish(self, clock: StepClock, plan: StepPlan, drafted: Drafted, out: StepOutputs, reqs: list) -> None:
         """`reqs`: the step's SGLang requests (a span names them)."""
-        self.learners.observe(clock, drafted, out.results)
+        self.learners.observe(clock, drafted, out.results or [])  # None: roots alone, never sized
         if self.metrics is None and self._tracer is None:
             return
         record = clock.record(drafted, plan.budget, out.row_counts)

@@ -77,28 +77,6 @@ def _path_levels(tree: DraftTree) -> list[tuple[list[int], list[int]]]:
     ]
 
 
-def _occurrence_rows(
-    vocab: int, output: torch.Tensor, levels, n: int, value: float, accumulate: bool, fill: float, device
-) -> torch.Tensor:
-    """[n, V]: `fill`, then `value` added per occurrence (accumulate) or set where a token occurred,
-    over the output tokens and then, level by level, each node's path."""
-    row = torch.full((vocab,), fill, dtype=torch.float32, device=device)
-    if accumulate:
-        row.scatter_add_(0, output, torch.full(output.shape, value, dtype=torch.float32, device=device))
-    else:
-        row[output] = value
-    rows = row.expand(n, vocab).clone()
-    for nodes, toks in levels:
-        index = (torch.tensor(nodes, device=device), torch.tensor(toks, device=device))
-        if accumulate:  # one occurrence per row per level: each add is one rounding, as in SGLang
-            rows.index_put_(
-                index, torch.full((len(nodes),), value, dtype=torch.float32, device=device), accumulate=True
-            )
-        else:
-            rows[index] = value
-    return rows
-
-
 def apply_tree_penalties(
     logits: torch.Tensor,
     penalties: list[RequestPenalties],
@@ -108,29 +86,88 @@ def apply_tree_penalties(
 ) -> None:
     """Penalise `logits` ([bs*num_nodes, V], request b's node i at row b*num_nodes + i) in place.
     `outputs[b]`: request b's committed output token ids (its last one is the tree's root).
-    Padding rows past a tree's size are left as they are (no acceptance reads them)."""
-    vocab, device = logits.shape[1], logits.device
-    for b, (pen, output_ids, tree) in enumerate(zip(penalties, outputs, trees)):
-        if not pen.active:
-            continue
-        n = tree.size
-        rows = logits[b * num_nodes : b * num_nodes + n]
-        output = torch.tensor(output_ids, dtype=torch.long, device=device)
-        counts_tokens = pen.frequency != 0.0 or pen.presence != 0.0 or pen.repetition != 1.0
-        levels = _path_levels(tree) if counts_tokens else []  # min_new_tokens alone reads depths only
-        additive = torch.zeros(n, vocab, dtype=torch.float32, device=device)
-        if pen.frequency != 0.0:
-            additive.sub_(_occurrence_rows(vocab, output, levels, n, pen.frequency, True, 0.0, device))
-        if pen.presence != 0.0:
-            additive.sub_(_occurrence_rows(vocab, output, levels, n, pen.presence, False, 0.0, device))
+    Padding rows past a tree's size are left as they are (no acceptance reads them).
+
+    The whole batch at once, whatever its size: the host lays out every penalised row's occurrences (its
+    request's output tokens, then its path's tokens), and a fixed number of device ops applies them. A
+    penalty a request did not ask for enters with its neutral value (0 added, a scale of 1), which leaves
+    its rows exactly as they were."""
+    active = [b for b, pen in enumerate(penalties) if pen.active]
+    if not active:
+        return
+    layout = _PenaltyLayout(vocab=logits.shape[1])
+    for a, b in enumerate(active):
+        layout.add(a, penalties[b], outputs[b], trees[b], b * num_nodes)
+    layout.apply(logits)
+
+
+class _PenaltyLayout:
+    """The penalised rows of one step on the host: rows, occurrences, blocked stop tokens, per-request values."""
+
+    def __init__(self, vocab: int) -> None:
+        self.vocab = vocab
+        self.rows: list[int] = []  # logits rows penalised
+        self.row_request: list[int] = []  # each row's request (index among the penalised ones)
+        self.output: tuple[list[int], list[int]] = ([], [])  # (request, token) per committed output token
+        self.paths: tuple[list[int], list[int]] = ([], [])  # (row position, token) per path token below the root
+        self.blocked: tuple[list[int], list[int]] = ([], [])  # (row position, stop token) under min_new_tokens
+        self.frequency: list[float] = []
+        self.presence: list[float] = []
+        self.repetition: list[float] = []
+
+    def add(self, request: int, pen: RequestPenalties, output_ids: list[int], tree: DraftTree, first_row: int) -> None:
+        base = len(self.rows)
+        self.rows.extend(range(first_row, first_row + tree.size))
+        self.row_request.extend([request] * tree.size)
+        self.frequency.append(pen.frequency)
+        self.presence.append(pen.presence)
+        self.repetition.append(pen.repetition)
+        if pen.frequency != 0.0 or pen.presence != 0.0 or pen.repetition != 1.0:
+            self.output[0].extend([request] * len(output_ids))
+            self.output[1].extend(output_ids)
+            for nodes, tokens in _path_levels(tree):
+                self.paths[0].extend(base + node for node in nodes)
+                self.paths[1].extend(tokens)
         if pen.min_new_tokens > 0 and pen.stop_ids:
-            blocked = (tree.depths.to(device) + len(output_ids)) < pen.min_new_tokens  # output position of each row
-            stops = torch.tensor([t for t in pen.stop_ids if 0 <= t < vocab], dtype=torch.long, device=device)
-            additive[blocked.nonzero().flatten().unsqueeze(1), stops.unsqueeze(0)] = float("-inf")
+            stops = [t for t in pen.stop_ids if 0 <= t < self.vocab]
+            for node, depth in enumerate(tree.depths.tolist()):  # output position of each row
+                if depth + len(output_ids) < pen.min_new_tokens:
+                    self.blocked[0].extend([base + node] * len(stops))
+                    self.blocked[1].extend(stops)
+
+    def _occurrences(self, values: torch.Tensor, accumulate: bool, fill: float, device) -> torch.Tensor:
+        """[rows, V]: `fill`, then each row's request value added per occurrence (accumulate: one rounding
+        per add, as SGLang accumulates a step at a time) or set where its token occurred, over its
+        request's output tokens and then its path."""
+        per_request = torch.full((len(values), self.vocab), fill, dtype=torch.float32, device=device)
+        requests, tokens = (torch.tensor(x, dtype=torch.long, device=device) for x in self.output)
+        per_request.index_put_((requests, tokens), values[requests], accumulate=accumulate)
+        row_request = torch.tensor(self.row_request, dtype=torch.long, device=device)
+        rows = per_request[row_request]
+        positions, tokens = (torch.tensor(x, dtype=torch.long, device=device) for x in self.paths)
+        rows.index_put_((positions, tokens), values[row_request[positions]], accumulate=accumulate)
+        return rows
+
+    def apply(self, logits: torch.Tensor) -> None:
+        device = logits.device
+        index = torch.tensor(self.rows, dtype=torch.long, device=device)
+        rows = logits[index]
+        additive = torch.zeros(rows.shape, dtype=torch.float32, device=device)
+        if any(self.frequency):
+            frequency = torch.tensor(self.frequency, dtype=torch.float32, device=device)
+            additive.sub_(self._occurrences(frequency, True, 0.0, device))
+        if any(self.presence):
+            presence = torch.tensor(self.presence, dtype=torch.float32, device=device)
+            additive.sub_(self._occurrences(presence, False, 0.0, device))
+        if self.blocked[0]:
+            blocked = tuple(torch.tensor(x, dtype=torch.long, device=device) for x in self.blocked)
+            additive[blocked] = float("-inf")
         rows.add_(additive.to(rows.dtype))
-        if pen.repetition != 1.0:
-            scale = _occurrence_rows(vocab, output, levels, n, pen.repetition, False, 1.0, device).to(rows.dtype)
-            rows.copy_(torch.where(rows < 0, rows * scale, rows / scale))
+        if any(r != 1.0 for r in self.repetition):
+            repetition = torch.tensor(self.repetition, dtype=torch.float32, device=device)
+            scale = self._occurrences(repetition, False, 1.0, device).to(rows.dtype)
+            rows = torch.where(rows < 0, rows * scale, rows / scale)
+        logits[index] = rows
 
 
 def apply_logit_bias(logits: torch.Tensor, logit_bias: torch.Tensor | None, num_nodes: int) -> None:

@@ -65,7 +65,8 @@ class VerifyTensors:
             + lens.view(-1, 1, 1)
             + rows.view(1, 1, -1)
         )
-        mask = torch.ones(int((n * widths).sum()), dtype=torch.bool, device=qlen.device)
+        total = sum(n * (length + n) for length in seq_lens)  # from the host's lengths: no read of the device
+        mask = torch.ones(total, dtype=torch.bool, device=qlen.device)
         mask[index.flatten()] = qlen.flatten()
         return mask
 

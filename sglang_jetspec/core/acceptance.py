@@ -94,17 +94,26 @@ def visited_probs(
     those with identical sampling parameters together.
     """
     device = logits.device
-    groups: dict[SamplingParams, list[int]] = {}
-    for i, b in enumerate(rows.tolist()):
-        groups.setdefault(params[b], []).append(i)
+    # grouped by what shapes the distribution (a seed or a stop list does not): a batch of requests that
+    # differ only in their seeds is processed in one go, not one request at a time
+    groups: dict[tuple, list[int]] = {}
+    requests = rows.tolist()
+    for i, b in enumerate(requests):
+        groups.setdefault(_distribution_key(params[b]), []).append(i)
+    first = {key: params[requests[members[0]]] for key, members in groups.items()}
+    picked = logits[rows.to(device), nodes.to(device)]
     if len(groups) == 1:
-        ((p, _),) = groups.items()
-        return processed_probs(logits[rows.to(device), nodes.to(device)], p)
+        return processed_probs(picked, next(iter(first.values())))
     out = torch.empty(len(rows), logits.shape[-1], dtype=torch.float32, device=device)
-    for p, members in groups.items():
+    for key, members in groups.items():
         idx = torch.tensor(members, device=device)
-        out[idx] = processed_probs(logits[rows.to(device)[idx], nodes.to(device)[idx]], p)
+        out[idx] = processed_probs(picked[idx], first[key])
     return out
+
+
+def _distribution_key(params: SamplingParams) -> tuple:
+    """What processed_probs reads of a request's parameters."""
+    return (params.temperature, params.top_p, params.top_k, params.min_p)
 
 
 def _follow(padded: "_PaddedTrees", cur: torch.Tensor, token: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -75,11 +75,17 @@ class SlotContextPool:
 
     def padded(self, head: DraftHead, lanes: list[SlotLane]) -> tuple[list[LayerContext], torch.Tensor, torch.Tensor]:
         """Every lane's context gathered from its slots and right-padded to the longest ([B, H_kv, L, D]
-        per layer), the valid mask [B, L] hiding the padding, and each lane's context length [B]. The
-        padding reads slot 0 (always finite: zeros or a written row), which the mask hides."""
-        slots = torch.nn.utils.rnn.pad_sequence([lane.context_slots for lane in lanes], batch_first=True)
-        lengths = torch.tensor([lane.context_slots.shape[0] for lane in lanes], device=slots.device)
-        valid = torch.arange(slots.shape[1], device=slots.device) < lengths.unsqueeze(1)
+        per layer), the valid mask [B, L] hiding the padding, and each lane's context length [B]. One
+        gather for the whole batch, whatever its size: the padding reads whatever slots the table holds
+        past a lane's length (every pool row is finite: zeros or a written row), which the mask hides."""
+        table = lanes[0].slot_table
+        if any(lane.slot_table is not table for lane in lanes):
+            raise ValueError("lanes of one step must share one slot table (SGLang's req_to_token)")
+        kv_lens = [lane.kv_len for lane in lanes]
+        rows = torch.tensor([lane.slot_row for lane in lanes], device=table.device)
+        slots = table[rows, : max(kv_lens)].long()
+        lengths = torch.tensor(kv_lens, device=table.device)
+        valid = torch.arange(slots.shape[1], device=table.device) < lengths.unsqueeze(1)
         context = [
             LayerContext(self.keys[layer][slots].transpose(1, 2), self.values[layer][slots].transpose(1, 2))
             for layer in range(self.keys.shape[0])

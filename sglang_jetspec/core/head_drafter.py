@@ -48,6 +48,8 @@ class HeadDrafter:
         self.draft_vocab = (
             None if draft_vocab is None else draft_vocab.to(device=head.fc.weight.device, dtype=torch.long)
         )
+        # its host copy, made once: a step that maps a grammar's allowed tokens to draft columns reads it
+        self.draft_vocab_host = None if self.draft_vocab is None else self.draft_vocab.cpu()
         self._rows: tuple[tuple, torch.Tensor] | None = (
             None  # (key of the lm_head weight it came from, its draft_vocab rows)
         )

@@ -26,7 +26,11 @@ class LookupLane(Protocol):
 
 
 class SlotLane(DraftLane, Protocol):
-    context_slots: torch.Tensor  # [L] long, on the pool's device: the KV slots of its context positions
+    # its context positions 0..kv_len-1 sit at KV slots slot_table[slot_row, :kv_len]; every lane of a
+    # step shares one table (SGLang's req_to_token, on the pool's device), so a step gathers them at once
+    slot_table: torch.Tensor
+    slot_row: int
+    kv_len: int
 
 
 class CachedLane(DraftLane, Protocol):

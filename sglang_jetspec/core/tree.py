@@ -176,6 +176,13 @@ def top_k_per_depth(
     return (tokens if vocab is None else vocab[tokens]), values
 
 
+def host_top_k(tokens: torch.Tensor, logprobs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`top_k_per_depth`'s result on the host in one copy: a GPU syncs at every device-to-host copy, so
+    both go packed in one float64 tensor (token ids are exact there below 2**53, float32 log-probs too)."""
+    packed = torch.stack([tokens.double(), logprobs.double()]).cpu()
+    return packed[0].long(), packed[1].to(logprobs.dtype)
+
+
 def fanout_caps(top_logprobs: torch.Tensor, spec: TreeSpec) -> list[int]:
     """Children allowed per node at each depth 1..D.
 

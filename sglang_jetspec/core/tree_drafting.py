@@ -31,7 +31,16 @@ from .prompt_lookup import (
     merge_guesses,
     with_guesses,
 )
-from .tree import Candidates, DraftTree, TreeSpec, build_tree, candidate_lists, root_only_tree, top_k_per_depth
+from .tree import (
+    Candidates,
+    DraftTree,
+    TreeSpec,
+    build_tree,
+    candidate_lists,
+    host_top_k,
+    root_only_tree,
+    top_k_per_depth,
+)
 from .tree_sizing import TreeSizer, VerifyCost
 
 # A forced token is what the grammar allows there, spelled as the tokenizer spells the forced text: the
@@ -170,15 +179,10 @@ def draft_trees(
     guesses = [lane_guesses(lane, spec, lookup, forced[b]) for b, lane in enumerate(lanes)]
     vocab = getattr(drafter, "draft_vocab", None)
     if root_allowed is not None and any(allowed is not None for allowed in root_allowed):
-        depth_logits = depth_logits.clone()  # a drafter's rows may be shared views
-        host_vocab = None if vocab is None else vocab.cpu()
-        for b, allowed in enumerate(root_allowed):
-            if allowed is not None:
-                columns = (allowed if host_vocab is None else allowed[host_vocab]).to(depth_logits.device)
-                depth_logits[b, 0].masked_fill_(~columns, -math.inf)
+        depth_logits = root_masked(depth_logits, root_allowed, vocab, getattr(drafter, "draft_vocab_host", None))
     # one top-k over the batch and one copy of its result to the host: trees are built there, and a
     # copy per request would stall a GPU once per request
-    tokens, logprobs = (t.cpu() for t in top_k_per_depth(depth_logits, spec.width, vocab))
+    tokens, logprobs = host_top_k(*top_k_per_depth(depth_logits, spec.width, vocab))
     drafts = [
         TreeDraft(lane.root_token, tokens[b], logprobs[b], spec, guesses=guesses[b], vocab=vocab)
         for b, lane in enumerate(lanes)
@@ -194,6 +198,30 @@ def draft_trees(
         trees = drawn_trees(drafts, depth_logits, draws)
         timing.tree_s += time.perf_counter() - start
     return trees, timing
+
+
+def root_masked(
+    depth_logits: torch.Tensor,
+    root_allowed: list[torch.Tensor | None],
+    vocab: torch.Tensor | None,
+    host_vocab: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """`depth_logits` with each lane's first depth masked to what its root may have as children: the lanes'
+    host masks stacked (all allowed where None), mapped to the logits' columns (`vocab`, whose host copy
+    `host_vocab` saves a device read), shipped in one copy and applied in one op for the whole batch."""
+    if vocab is not None and host_vocab is None:
+        host_vocab = vocab.cpu()
+    columns = depth_logits.shape[-1]
+    rows = []
+    for allowed in root_allowed:
+        if allowed is None:
+            rows.append(torch.ones(columns, dtype=torch.bool))
+        else:
+            rows.append(allowed if host_vocab is None else allowed[host_vocab])
+    allowed = torch.stack(rows).to(depth_logits.device)
+    depth_logits = depth_logits.clone()  # a drafter's rows may be shared views
+    depth_logits[:, 0].masked_fill_(~allowed, -math.inf)
+    return depth_logits
 
 
 def budget_spec(max_depth: int, budget: int, width: int, fanout: str = "uniform") -> TreeSpec:

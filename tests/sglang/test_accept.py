@@ -62,7 +62,9 @@ def test_greedy_roots_alone_lay_out_what_the_general_walk_does(monkeypatch):
     logits[2, 5] = logits[2, 17] = logits[2].max() + 1.0  # a tie: token 5 wins
     fast = accept_step(trees, logits, 1, [SamplingParams()] * 4, [make_generator(0)] * 4)
     general = step_outputs.accept_batch(trees, logits.view(4, 1, -1), [SamplingParams()] * 4, [None] * 4)
-    assert [r.tokens for r in fast.results] == [r.tokens for r in general] == [[t] for t in logits.argmax(-1).tolist()]
+    # the decision stays on the device: no per-request results on the host, the same tokens as the walk's
+    assert fast.results is None
+    assert fast.tokens.tolist() == [r.tokens for r in general] == [[t] for t in logits.argmax(-1).tolist()]
     assert fast.tokens[2, 0] == 5 and fast.stride == 1
     assert fast.accept_lens.tolist() == [1] * 4 and fast.accept_index.tolist() == [[0], [1], [2], [3]]
     assert fast.predict.tolist() == logits.argmax(-1).tolist() and fast.row_counts == [1] * 4

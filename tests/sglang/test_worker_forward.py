@@ -10,12 +10,10 @@ import json
 import math
 import sys
 import time
-import weakref
 from types import SimpleNamespace
 
 import pytest
 import torch
-from torch.overrides import TorchFunctionMode
 
 pytest.importorskip("sglang")
 
@@ -26,6 +24,7 @@ from sglang.srt.managers.schedule_batch import FINISH_LENGTH, FINISH_MATCHED_TOK
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode  # noqa: E402
 from sglang.srt.sampling.sampling_params import SamplingParams as SGLangParams  # noqa: E402
 
+from harness.step_probe import StepCounts, StepProbe  # noqa: E402
 from policies import load_policy  # noqa: E402
 from sglang_jetspec.adapter import spec_inputs as spec_inputs_module  # noqa: E402
 from sglang_jetspec.adapter import step_commit as step_commit_module  # noqa: E402
@@ -830,99 +829,74 @@ def test_the_worker_builds_from_resolved_server_arguments(
     assert w.policy_control.step_plan(1, 0.0).budget > 0
 
 
-class DeviceReads(TorchFunctionMode):
-    """Counts the host syncs a GPU would make in a worker step, on this CPU, by following what lives on
-    the device: the target's outputs, the batch's device tensors, the draft model's weights, whatever
-    is computed from them and whatever is moved there with .to(). Reading such a tensor on the host
-    (tolist, item, cpu, numpy, bool/int/float/index) is a device->host sync; `.cpu()` gives a host
-    tensor. Sites are counted per file:line of the worker's code (adapter/, core/)."""
-
-    READS = {
-        torch.Tensor.tolist,
-        torch.Tensor.item,
-        torch.Tensor.numpy,
-        torch.Tensor.__bool__,
-        torch.Tensor.__int__,
-        torch.Tensor.__float__,
-        torch.Tensor.__index__,
-    }
-
-    def __init__(self, seeds):
-        super().__init__()
-        self.device: dict[int, object] = {}
-        self.sites: dict[tuple[str, int], int] = {}
-        for t in seeds:
-            self._mark(t)
-
-    def _mark(self, t):
-        if isinstance(t, torch.Tensor):
-            self.device[id(t)] = weakref.ref(t, lambda _, key=id(t): self.device.pop(key, None))
-
-    def _on_device(self, t) -> bool:
-        return isinstance(t, torch.Tensor) and self.device.get(id(t)) is not None and self.device[id(t)]() is t
-
-    def _count(self):
-        caller = sys._getframe(2)
-        name = caller.f_code.co_filename
-        if "/sglang_jetspec/adapter/" in name or "/sglang_jetspec/core/" in name:  # the worker, not the fake target
-            key = (name.split("/sglang_jetspec/")[-1], caller.f_lineno)
-            self.sites[key] = self.sites.get(key, 0) + 1
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        inputs = [a for a in list(args) + list(kwargs.values()) for a in (a if isinstance(a, (list, tuple)) else [a])]
-        from_device = any(self._on_device(a) for a in inputs)
-        if func is torch.Tensor.cpu:  # the worker's code moves to the host with .cpu() only
-            if from_device:
-                self._count()
-            return func(*args, **kwargs).clone()  # a host copy, distinct from the device tensor
-        if func in self.READS and from_device:
-            self._count()
-        out = func(*args, **kwargs)
-        to_device = func is torch.Tensor.to or func is torch.Tensor.cuda
-        if from_device or to_device:
-            for t in out if isinstance(out, (list, tuple)) else [out]:
-                self._mark(t)
-        return out
-
-    @property
-    def total(self) -> int:
-        return sum(self.sites.values())
+WORKER_CODE = ("adapter/", "core/")  # StepProbe's sites of the worker's own code (not the test's fakes)
 
 
-def _syncs_per_step(worker, smollm2, prompts, steps=3):
+def _worker_counts(counts: StepCounts) -> tuple[int, int, dict]:
+    """Device ops and host syncs at the worker's own sites, and its syncs by site."""
+    syncs = {site: n for site, n in counts.sync_sites.items() if site.startswith(WORKER_CODE)}
+    ops = sum(n for site, n in counts.op_sites.items() if site.startswith(WORKER_CODE))
+    return ops, sum(syncs.values()), syncs
+
+
+def _step_counts(worker, smollm2, prompts, steps=3, **sampling) -> list[tuple[int, int, dict]]:
+    """Each step's worker ops and syncs as a GPU would see them (harness.step_probe.StepProbe), the
+    target's forward paused; the worker's host-side state is marked host data, as the bench marks it."""
     encode = lambda text: smollm2.tokenizer(text)["input_ids"]  # noqa: E731
     sched = Scheduler(worker)
-    sched.admit([FakeReq(f"h{i}", encode(p), 40, temperature=0.0) for i, p in enumerate(prompts)])
-    drafter = worker.drafting.drafter
-    weights = [p for m in (drafter.head, drafter.embed_tokens, drafter.lm_head) for p in m.parameters()]
+    sched.admit([FakeReq(f"h{i}", encode(p), 40, **sampling) for i, p in enumerate(prompts)])
     real = worker._target_worker.forward_batch_generation
     counts = []
     for _ in range(steps):
-        with DeviceReads(weights) as reads:
+        probe = StepProbe(op_sites=True)
+        probe.mark_host_within(worker.learners)
+        probe.mark_host_within(worker.drafting.hybrid)
+        probe.mark_host(worker.drafting.drafter.draft_vocab_host)
 
-            def on_device(batch, **kw):  # the target's results live on the device
-                result = real(batch, **kw)
-                reads._mark(result.logits_output.next_token_logits)
-                reads._mark(result.logits_output.hidden_states)
-                return result
+        def paused(batch, **kw):
+            with probe.paused():
+                return real(batch, **kw)
 
-            worker._target_worker.forward_batch_generation = on_device
-            try:
+        worker._target_worker.forward_batch_generation = paused
+        try:
+            with probe:
                 sched.step()
-            finally:
-                worker._target_worker.forward_batch_generation = real
-        counts.append(reads)
+        finally:
+            worker._target_worker.forward_batch_generation = real
+        counts.append(_worker_counts(probe.take()))
     return counts
 
 
 def test_host_syncs_per_step_are_few_and_do_not_grow_with_the_batch(fresh, smollm2, single_thread, tmp_path):
-    """A greedy verify step reads device values on the host a fixed number of times whatever the batch
-    size: a per-request .tolist() after top-k, a per-request mask loop or an unconditional timing sync
-    would add syncs and fail here (metrics are off in this worker, so phase timing must not sync)."""
+    """A greedy verify step reads device values on the host a fixed number of times and dispatches a
+    fixed number of device ops whatever the batch size: a per-request .tolist() after top-k, a
+    per-request mask loop, a per-request slot gather or an unconditional timing sync would add syncs or
+    ops and fail here (metrics are off in this worker, so phase timing must not sync)."""
     fresh.policy_control = _one_budget(tmp_path, 16)
-    one = _syncs_per_step(fresh, smollm2, PROMPTS[:1])
+    one = _step_counts(fresh, smollm2, PROMPTS[:1], temperature=0.0)
     fresh.states.drop_all()
-    three = _syncs_per_step(fresh, smollm2, PROMPTS)
-    # one argmax of the verify logits for acceptance, one top-k copy (tokens, log-probs) to build trees
-    assert [s.total for s in one] == [s.total for s in three] == [3] * 3, [sorted(s.sites.items()) for s in one + three]
+    three = _step_counts(fresh, smollm2, PROMPTS, temperature=0.0)
+    # one copy of the head's top-k to build trees on the host, one argmax of the verify logits to accept
+    assert [syncs for _, syncs, _ in one + three] == [2] * 6, [sites for _, _, sites in one + three]
+    ops_one, ops_three = [ops for ops, _, _ in one], [ops for ops, _, _ in three]
+    assert 0 < max(ops_three) <= max(ops_one), (ops_one, ops_three)
+
+
+@pytest.mark.parametrize(
+    "budget, sampling, syncs",
+    [
+        # penalties: every penalised row of the batch in a fixed number of ops (no loop over requests)
+        (16, dict(temperature=0.0, frequency_penalty=0.5, presence_penalty=0.3, repetition_penalty=1.1), 2),
+        # gated off: roots alone, decided on the device (plain SGLang's decode reads its tokens after the step)
+        (0, dict(temperature=0.0), 0),
+    ],
+    ids=["penalised", "gated-off"],
+)
+def test_step_ops_do_not_grow_with_the_batch(fresh, smollm2, single_thread, tmp_path, budget, sampling, syncs):
+    fresh.policy_control = _one_budget(tmp_path, budget)
+    one = _step_counts(fresh, smollm2, PROMPTS[:1], **sampling)
+    fresh.states.drop_all()
+    three = _step_counts(fresh, smollm2, PROMPTS, **sampling)
+    assert [n for _, n, _ in one + three] == [syncs] * 6, [sites for _, _, sites in one + three]
+    ops_one, ops_three = [ops for ops, _, _ in one], [ops for ops, _, _ in three]
+    assert max(ops_three) <= max(ops_one), (ops_one, ops_three)

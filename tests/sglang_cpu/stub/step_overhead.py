@@ -62,7 +62,7 @@ def _wrap_standin_kernels(state: _Probing) -> None:
 def _host_state(worker) -> list:
     """What the JETSPEC worker keeps on the host between steps (None for other workers)."""
     drafting = getattr(worker, "drafting", None)
-    return [] if drafting is None else [worker.learners, drafting.hybrid]
+    return [] if drafting is None else [worker.learners, drafting.hybrid, drafting.drafter.draft_vocab_host]
 
 
 def install(scheduler_module) -> None:
