@@ -163,9 +163,10 @@ def server_args(config: str, model: str, dtype: str, max_running: int, ngram_tok
     return harness_server_args(model, "--disable-overlap-schedule", *tp, *(ngram if config == "ngram" else []), **kw)
 
 
-def policy_env(config: str, log_dir: Path) -> dict[str, str]:
-    """JETSPEC_POLICY for a policy variant: the shipped policy with every cohort's fields overridden."""
-    changes = POLICY_VARIANTS.get(base_config(config))
+def policy_env(config: str, log_dir: Path, variants: dict | None = None) -> dict[str, str]:
+    """JETSPEC_POLICY for a policy variant (of `variants`, default POLICY_VARIANTS): the shipped policy with
+    every cohort's fields overridden."""
+    changes = (POLICY_VARIANTS if variants is None else variants).get(base_config(config))
     if not changes:
         return {}
     import yaml

@@ -1,7 +1,8 @@
 """What a decode step costs outside the target's forward, per step, by batch size: plain SGLang and JETSPEC.
 
     python -m bench.step_overhead --batch-sizes 1,4,16 --dtype bfloat16 \
-        --json bench/results/sglang_cpu/step-overhead-bf16.json --markdown bench/results/sglang_cpu/step-overhead-bf16.md
+        --json bench/results/sglang_cpu/step-overhead-bf16.json \
+        --markdown bench/results/sglang_cpu/step-overhead-bf16.md
 
 Starts each config's real SGLang server on the CPU harness (harness/sglang_cpu.py) with the scheduler-side
 probe of tests/sglang_cpu/stub/step_overhead.py, and at every batch size sends that many requests at once
@@ -19,8 +20,9 @@ steps whose batch is the full batch size it reports, per step (median, max in br
   JETSPEC its phases as its own clock reads them (draft includes planning; bind: the verify's inputs).
 
 On a CPU every op runs where it is dispatched, so host_ms is compute as well as launches; the counts are
-what carries to a GPU. Configs: `plain` (SGLang's own decode and sampler) and `jetspec` (the shipped head
-and policy; `jetspec-off`: every cohort's budget 0).
+what carries to a GPU. Configs: `plain` (SGLang's own decode and sampler), `jetspec` (the shipped head
+and policy), `jetspec-16` (every cohort at budget 16 with fixed trees: batch 16 speculates too) and
+`jetspec-off` (every cohort at budget 0).
 """
 
 from __future__ import annotations
@@ -39,7 +41,10 @@ from harness.sglang_cpu import jetspec_args, launch, server_args
 
 OVERHEAD_ENV = "JETSPEC_TEST_STEP_OVERHEAD"
 WORKLOADS = ("greedy", "sampled", "grammar", "penalised")
-CONFIGS = ("plain", "jetspec", "jetspec-off")
+# JETSPEC under the shipped policy; with every cohort at budget 16, fixed trees (so batch 16 speculates
+# too, where the shipped policy gates it off); with every cohort at budget 0
+VARIANTS = {"jetspec-16": {"default": 16, "tree_sizing": "fixed"}, "jetspec-off": {"default": 0}}
+CONFIGS = ("plain", "jetspec", *VARIANTS)
 GRAMMAR_PROMPTS = Path(__file__).parent / "prompts" / "json-tools.jsonl"
 SAMPLING = {
     "greedy": {"temperature": 0},
@@ -119,7 +124,7 @@ def measure(config: str, args, model: str, prompts: dict, log_dir: Path) -> dict
     make = server_args if config == "plain" else jetspec_args
     extra = dict(dtype=args.dtype, max_running=size, max_total_tokens=args.max_total_tokens, port=args.port)
     env = {OVERHEAD_ENV: str(records_path), "OMP_NUM_THREADS": str(args.threads)}
-    env.update(policy_env(config, log_dir))  # jetspec-off: the shipped policy with every cohort at budget 0
+    env.update(policy_env(config, log_dir, VARIANTS))
     server = launch(make(model, **extra), log_dir / f"{config}.log", env)
     results: dict = {}
     try:
@@ -136,7 +141,8 @@ def measure(config: str, args, model: str, prompts: dict, log_dir: Path) -> dict
                 print(
                     f"[{config}] {workload} bs={batch_size}: ops {summary['ops_outside_forward']} "
                     f"syncs {summary['host_syncs']} outside-forward {summary['host_ms']} ms "
-                    f"(forward {summary['forward_ms']} ms) over {summary['steps_counted']}+{summary['steps_timed']} steps",
+                    f"(forward {summary['forward_ms']} ms) "
+                    f"over {summary['steps_counted']}+{summary['steps_timed']} steps",
                     flush=True,
                 )
     finally:
@@ -152,9 +158,11 @@ def markdown(results: dict, meta: dict) -> str:
         "",
         f"Commit {meta['commit']}. Median per decode step over the steps with the full batch (max in brackets);",
         "ops: aten ops on device data outside the target's forward (the proxy for GPU kernel launches);",
-        "syncs: host reads of device data; ms: unprobed wall time outside the target's forward (JETSPEC's phases after).",
+        "syncs: host reads of device data; ms: unprobed wall time outside the target's forward",
+        "(JETSPEC's phases after).",
         "",
-        "| config | workload | batch | ops outside forward | host syncs | outside-forward ms | forward ms | phases ms |",
+        "| config | workload | batch | ops outside forward | host syncs | outside-forward ms | forward ms "
+        "| phases ms |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for config, by_workload in results.items():
@@ -190,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--batch-sizes", type=parse_sizes, default=[1, 4, 16])
     p.add_argument("--workloads", default=",".join(WORKLOADS), help=f"subset of {','.join(WORKLOADS)}")
-    p.add_argument("--configs", default="plain,jetspec", help=f"subset of {','.join(CONFIGS)}")
+    p.add_argument("--configs", default="plain,jetspec,jetspec-16", help=f"subset of {','.join(CONFIGS)}")
     p.add_argument("--max-new-tokens", type=int, default=40)
     p.add_argument("--max-total-tokens", type=int, default=16384)
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])

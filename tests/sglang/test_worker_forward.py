@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 import time
 from types import SimpleNamespace
 
