@@ -1,5 +1,6 @@
-"""Sampled acceptance processes only the nodes its walk visits, and never sorts the whole vocabulary
-where top-k / top-p bound the candidates, while staying exactly what the full computation gives.
+"""Sampled acceptance processes only the nodes its walk visits (the residual rule), or every node once in
+bounded chunks (sample-then-match), and never sorts the whole vocabulary where top-k / top-p bound the
+candidates, while staying exactly what the full computation gives.
 
 A [B, N, V] distribution is GBs at B=24, N=32, V=152k; these tests count what gets processed
 (rows through `processed_probs`, sorts, top-k widths) instead of measuring memory.
@@ -119,8 +120,7 @@ MIXED = [
 ]
 
 
-@pytest.mark.parametrize("method", ["match", "residual"])
-def test_only_visited_nodes_become_probabilities(monkeypatch, method):
+def test_residual_walks_process_only_visited_nodes(monkeypatch):
     calls: list[int] = []
 
     def counting(logits, params):
@@ -131,13 +131,55 @@ def test_only_visited_nodes_become_probabilities(monkeypatch, method):
     visited = deepest = 0
     for seed in range(5):
         trees, logits = _batch(seed)
-        results = accept_batch(trees, logits, MIXED, [make_generator(seed * 10 + b) for b in range(len(trees))], method)
+        generators = [make_generator(seed * 10 + b) for b in range(len(trees))]
+        results = accept_batch(trees, logits, MIXED, generators, "residual")
         sampled = [r for r, p in zip(results, MIXED) if not p.greedy]
         visited += sum(len(r.path) for r in sampled)  # the walk processes each node of its path once
         deepest = max(deepest, max(len(r.path) for r in sampled))
     assert deepest >= 3  # the walks went below the root
     assert sum(calls) == visited  # not B x N per step
     assert max(calls) <= sum(not p.greedy for p in MIXED)  # never more than one row per request at a time
+
+
+def test_match_draws_every_node_once_in_bounded_chunks(monkeypatch):
+    """Sample-then-match draws at every node of every sampled tree in one pass (one copy to the host a
+    step, not one per depth), in chunks of at most SAMPLED_ELEMENTS_PER_CHUNK rows x vocabulary."""
+    calls: list[int] = []
+
+    def counting(logits, params, candidates=sampling.TOP_P_FIRST_CANDIDATES):
+        calls.append(logits.shape[:-1].numel())
+        return sampling.processed_probs_unread(logits, params, candidates)
+
+    monkeypatch.setattr(acceptance, "processed_probs_unread", counting)
+    monkeypatch.setattr(acceptance, "SAMPLED_ELEMENTS_PER_CHUNK", 4 * VOCAB)  # 4 rows a chunk
+    nodes = 0
+    for seed in range(5):
+        trees, logits = _batch(seed)
+        accept_batch(trees, logits, MIXED, [make_generator(seed * 10 + b) for b in range(len(trees))], "match")
+        nodes += sum(t.size for t, p in zip(trees, MIXED) if not p.greedy)
+    assert sum(calls) == nodes and max(calls) <= 4
+
+
+def test_top_p_past_the_first_candidates_is_redone_exactly(monkeypatch):
+    """A flat distribution over a large vocabulary puts top-p's mass past the first candidates: the draws
+    made from them are discarded and redone from every candidate, matching the full sort."""
+    redone: list[int] = []
+
+    def counting(logits, params, candidates=sampling.TOP_P_FIRST_CANDIDATES):
+        if candidates >= logits.shape[-1]:
+            redone.append(logits.shape[:-1].numel())
+        return sampling.processed_probs_unread(logits, params, candidates)
+
+    monkeypatch.setattr(acceptance, "processed_probs_unread", counting)
+    trees, logits = _batch(1)
+    flat = torch.cat([logits, torch.zeros(*logits.shape[:2], 4 * sampling.TOP_P_FIRST_CANDIDATES)], -1)
+    params = [SamplingParams(temperature=8.0, top_p=0.99)] * len(trees)
+    got = accept_batch(trees, flat, params, [make_generator(b) for b in range(len(trees))], "match")
+    assert redone  # the fallback ran
+    for b, (tree, p) in enumerate(zip(trees, params)):
+        u = torch.rand(tree.size, generator=make_generator(b), dtype=torch.float64)
+        draws = sample_from_probs(full_sort_probs(flat[b, : tree.size], p), u)
+        assert got[b].tokens[-1] == int(draws[got[b].path[-1]])
 
 
 @pytest.mark.parametrize("seed", range(4))

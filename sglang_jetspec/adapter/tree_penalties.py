@@ -88,86 +88,78 @@ def apply_tree_penalties(
     `outputs[b]`: request b's committed output token ids (its last one is the tree's root).
     Padding rows past a tree's size are left as they are (no acceptance reads them).
 
-    The whole batch at once, whatever its size: the host lays out every penalised row's occurrences (its
-    request's output tokens, then its path's tokens), and a fixed number of device ops applies them. A
-    penalty a request did not ask for enters with its neutral value (0 added, a scale of 1), which leaves
-    its rows exactly as they were."""
+    The whole batch at once, whatever its size, and only where a penalty applies: the host works out, for
+    every (row, token) a penalty touches (a token in the row's request's output or on its path, a stop
+    token under min_new_tokens), the additive term and the repetition scale; the device gathers those
+    logits, applies them and scatters them back (a fixed handful of ops). Every other logit would get
+    + 0 and x 1 from a dense computation, which leaves it exactly as it is."""
     active = [b for b, pen in enumerate(penalties) if pen.active]
     if not active:
         return
     layout = _PenaltyLayout(vocab=logits.shape[1])
-    for a, b in enumerate(active):
-        layout.add(a, penalties[b], outputs[b], trees[b], b * num_nodes)
+    for b in active:
+        layout.add(penalties[b], outputs[b], trees[b], b * num_nodes)
     layout.apply(logits)
 
 
 class _PenaltyLayout:
-    """The penalised rows of one step on the host: rows, occurrences, blocked stop tokens, per-request values."""
+    """A step's penalised (row, token) entries, laid out on the host."""
 
     def __init__(self, vocab: int) -> None:
         self.vocab = vocab
-        self.rows: list[int] = []  # logits rows penalised
-        self.row_request: list[int] = []  # each row's request (index among the penalised ones)
-        self.output: tuple[list[int], list[int]] = ([], [])  # (request, token) per committed output token
-        self.paths: tuple[list[int], list[int]] = ([], [])  # (row position, token) per path token below the root
-        self.blocked: tuple[list[int], list[int]] = ([], [])  # (row position, stop token) under min_new_tokens
-        self.frequency: list[float] = []
-        self.presence: list[float] = []
-        self.repetition: list[float] = []
+        # one entry per occurrence (a row's request's output token, or a token on the row's path) and per
+        # blocked stop token, keyed row * vocab + token, each with its request's penalty values
+        self.occurrences: list[torch.Tensor] = []
+        self.occurrence_values: list[torch.Tensor] = []  # [n, 3]: frequency, presence, repetition
+        self.blocked: list[torch.Tensor] = []
+        self.any = {"frequency": False, "presence": False, "repetition": False}
 
-    def add(self, request: int, pen: RequestPenalties, output_ids: list[int], tree: DraftTree, first_row: int) -> None:
-        base = len(self.rows)
-        self.rows.extend(range(first_row, first_row + tree.size))
-        self.row_request.extend([request] * tree.size)
-        self.frequency.append(pen.frequency)
-        self.presence.append(pen.presence)
-        self.repetition.append(pen.repetition)
+    def add(self, pen: RequestPenalties, output_ids: list[int], tree: DraftTree, first_row: int) -> None:
+        n, vocab = tree.size, self.vocab
+        rows = torch.arange(first_row, first_row + n)
         if pen.frequency != 0.0 or pen.presence != 0.0 or pen.repetition != 1.0:
-            self.output[0].extend([request] * len(output_ids))
-            self.output[1].extend(output_ids)
+            output = torch.tensor(output_ids, dtype=torch.long)
+            keys = [(rows.repeat_interleave(len(output)) * vocab + output.repeat(n))]
             for nodes, tokens in _path_levels(tree):
-                self.paths[0].extend(base + node for node in nodes)
-                self.paths[1].extend(tokens)
+                keys.append((first_row + torch.tensor(nodes)) * vocab + torch.tensor(tokens))
+            keys = torch.cat(keys)
+            self.occurrences.append(keys)
+            values = torch.tensor([pen.frequency, pen.presence, pen.repetition], dtype=torch.float32)
+            self.occurrence_values.append(values.expand(len(keys), 3))
+            self.any["frequency"] |= pen.frequency != 0.0
+            self.any["presence"] |= pen.presence != 0.0
+            self.any["repetition"] |= pen.repetition != 1.0
         if pen.min_new_tokens > 0 and pen.stop_ids:
-            stops = [t for t in pen.stop_ids if 0 <= t < self.vocab]
-            for node, depth in enumerate(tree.depths.tolist()):  # output position of each row
-                if depth + len(output_ids) < pen.min_new_tokens:
-                    self.blocked[0].extend([base + node] * len(stops))
-                    self.blocked[1].extend(stops)
-
-    def _occurrences(self, values: torch.Tensor, accumulate: bool, fill: float, device) -> torch.Tensor:
-        """[rows, V]: `fill`, then each row's request value added per occurrence (accumulate: one rounding
-        per add, as SGLang accumulates a step at a time) or set where its token occurred, over its
-        request's output tokens and then its path."""
-        per_request = torch.full((len(values), self.vocab), fill, dtype=torch.float32, device=device)
-        requests, tokens = (torch.tensor(x, dtype=torch.long, device=device) for x in self.output)
-        per_request.index_put_((requests, tokens), values[requests], accumulate=accumulate)
-        row_request = torch.tensor(self.row_request, dtype=torch.long, device=device)
-        rows = per_request[row_request]
-        positions, tokens = (torch.tensor(x, dtype=torch.long, device=device) for x in self.paths)
-        rows.index_put_((positions, tokens), values[row_request[positions]], accumulate=accumulate)
-        return rows
+            blocked_rows = rows[(tree.depths + len(output_ids)) < pen.min_new_tokens]  # output position of each row
+            stops = torch.tensor([t for t in pen.stop_ids if 0 <= t < vocab], dtype=torch.long)
+            self.blocked.append((blocked_rows.unsqueeze(1) * vocab + stops.unsqueeze(0)).flatten())
 
     def apply(self, logits: torch.Tensor) -> None:
+        occurrences = torch.cat(self.occurrences) if self.occurrences else torch.zeros(0, dtype=torch.long)
+        blocked = torch.cat(self.blocked) if self.blocked else torch.zeros(0, dtype=torch.long)
+        keys, entry = torch.unique(torch.cat([occurrences, blocked]), return_inverse=True)
+        of_occurrence, of_blocked = entry[: len(occurrences)], entry[len(occurrences) :]
+        values = torch.cat(self.occurrence_values) if self.occurrence_values else torch.zeros(0, 3)
+        # SGLang's order, per entry: additive = 0 - frequency x count (one rounding per occurrence) - presence
+        # (once it occurred), -inf where blocked; logit += additive; then the repetition scale where it occurred
+        additive = torch.zeros(len(keys), dtype=torch.float32)
+        if self.any["frequency"]:
+            additive.sub_(torch.zeros(len(keys)).index_put_((of_occurrence,), values[:, 0], accumulate=True))
+        presence = torch.zeros(len(keys))
+        presence[of_occurrence] = values[:, 1]
+        scale = torch.ones(len(keys))
+        scale[of_occurrence] = values[:, 2]
+        if self.any["presence"]:
+            additive.sub_(presence)
+        additive[of_blocked] = float("-inf")
         device = logits.device
-        index = torch.tensor(self.rows, dtype=torch.long, device=device)
-        rows = logits[index]
-        additive = torch.zeros(rows.shape, dtype=torch.float32, device=device)
-        if any(self.frequency):
-            frequency = torch.tensor(self.frequency, dtype=torch.float32, device=device)
-            additive.sub_(self._occurrences(frequency, True, 0.0, device))
-        if any(self.presence):
-            presence = torch.tensor(self.presence, dtype=torch.float32, device=device)
-            additive.sub_(self._occurrences(presence, False, 0.0, device))
-        if self.blocked[0]:
-            blocked = tuple(torch.tensor(x, dtype=torch.long, device=device) for x in self.blocked)
-            additive[blocked] = float("-inf")
-        rows.add_(additive.to(rows.dtype))
-        if any(r != 1.0 for r in self.repetition):
-            repetition = torch.tensor(self.repetition, dtype=torch.float32, device=device)
-            scale = self._occurrences(repetition, False, 1.0, device).to(rows.dtype)
-            rows = torch.where(rows < 0, rows * scale, rows / scale)
-        logits[index] = rows
+        index = ((keys // self.vocab).to(device), (keys % self.vocab).to(device))
+        penalised = logits[index]
+        penalised.add_(additive.to(device, penalised.dtype))
+        if self.any["repetition"]:
+            scale = scale.to(device, penalised.dtype)
+            penalised = torch.where(penalised < 0, penalised * scale, penalised / scale)
+        logits[index] = penalised
 
 
 def apply_logit_bias(logits: torch.Tensor, logit_bias: torch.Tensor | None, num_nodes: int) -> None:

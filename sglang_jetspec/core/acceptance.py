@@ -14,9 +14,11 @@ And for trees whose children were drawn from the draft distribution (core/drawn_
 All three emit exactly the processed target distribution at every position. All randomness comes from
 uniforms drawn from each request's own generator, so a seed reproduces a request whatever its batch.
 
-Only the nodes the walk visits are ever turned into probabilities (`visited_probs`, one [V] row per
-visited node, depth by depth): a batch's [B, N, V] logits never become a [B, N, V] distribution, so
-the host memory of a step is O(B x V), not O(B x N x V) (GBs at B=24, N=32, V=152k).
+Sample-then-match draws at every node of the sampled trees in one pass where the logits live, in chunks
+of at most SAMPLED_ELEMENTS_PER_CHUNK rows x vocabulary, and copies the draws to the host once (a walk depth
+by depth would read the device once per depth). The residual and drawn rules turn into probabilities only
+the nodes the walk visits (`visited_probs`, one [V] row per visited node, depth by depth): a batch's
+[B, N, V] logits never become a [B, N, V] distribution at once (GBs at B=24, N=32, V=152k).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .sampling import SamplingParams, processed_probs
+from .sampling import TOP_P_FIRST_CANDIDATES, SamplingParams, processed_probs, processed_probs_unread
 from .tree import DraftTree
 
 METHODS = ("match", "residual", "draw")
@@ -86,12 +88,19 @@ def reject_token(probs: torch.Tensor, rows: torch.Tensor, tokens: torch.Tensor) 
 
 
 def visited_probs(
-    logits: torch.Tensor, params: list[SamplingParams], rows: torch.Tensor, nodes: torch.Tensor
-) -> torch.Tensor:
+    logits: torch.Tensor,
+    params: list[SamplingParams],
+    rows: torch.Tensor,
+    nodes: torch.Tensor,
+    read: bool = True,
+    candidates: int = TOP_P_FIRST_CANDIDATES,
+):
     """Processed target distribution at node nodes[i] of request rows[i]: [len(rows), V] float32.
 
     `logits` are [B, N, V] and `params` has one entry per request; only the named rows are processed,
-    those with identical sampling parameters together.
+    those with identical distribution parameters together. With `read=False` nothing is read on the host
+    and a pair is returned: the distributions as `processed_probs_unread` gives them, and a device bool
+    that is False where they must be redone with `processed_probs` (None: nothing to check).
     """
     device = logits.device
     # grouped by what shapes the distribution (a seed or a stop list does not): a batch of requests that
@@ -102,13 +111,22 @@ def visited_probs(
         groups.setdefault(_distribution_key(params[b]), []).append(i)
     first = {key: params[requests[members[0]]] for key, members in groups.items()}
     picked = logits[rows.to(device), nodes.to(device)]
+    process = processed_probs if read else lambda x, p: processed_probs_unread(x, p, candidates)
     if len(groups) == 1:
-        return processed_probs(picked, next(iter(first.values())))
+        return process(picked, next(iter(first.values())))
     out = torch.empty(len(rows), logits.shape[-1], dtype=torch.float32, device=device)
+    checks = []
     for key, members in groups.items():
         idx = torch.tensor(members, device=device)
-        out[idx] = processed_probs(picked[idx], first[key])
-    return out
+        if read:
+            out[idx] = process(picked[idx], first[key])
+        else:
+            out[idx], enough = process(picked[idx], first[key])
+            checks.append(enough)
+    if read:
+        return out
+    checks = [c for c in checks if c is not None]
+    return out, (torch.stack(checks).all() if checks else None)
 
 
 def _distribution_key(params: SamplingParams) -> tuple:
@@ -116,40 +134,40 @@ def _distribution_key(params: SamplingParams) -> tuple:
     return (params.temperature, params.top_p, params.top_k, params.min_p)
 
 
-def _follow(padded: "_PaddedTrees", cur: torch.Tensor, token: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per row, whether node `cur` has a child with token `token`, and that child (the first in rank
-    order, so when siblings share a token the same one is always taken)."""
-    rows = torch.arange(cur.shape[0])
-    match = padded.child_token[rows, cur] == token.unsqueeze(-1)
-    return match.any(-1), padded.child_index[rows, cur, match.long().argmax(-1)]
+# rows x vocabulary of target distributions processed at once when sampled requests draw at every node
+SAMPLED_ELEMENTS_PER_CHUNK = 1 << 25
 
 
-def _sample_visited(
-    padded: "_PaddedTrees",
+def _sample_nodes(
+    sizes: list[int],
     logits: torch.Tensor,
     params: list[SamplingParams],
     origin: torch.Tensor,
     uniforms: torch.Tensor,
     choice: torch.Tensor,
 ) -> None:
-    """Sample-then-match, lazily: write into `choice` [B, N] the target's draw at every node the
-    matching walk reaches, depth by depth, processing one distribution per visited node. Row i is the
-    batch's request origin[i] (its row of `logits` and `params`). Entries of nodes the walk never
-    reaches keep what they held; the walk never reads them."""
-    batch = choice.shape[0]
-    rows = torch.arange(batch)
-    cur = torch.zeros(batch, dtype=torch.long)
-    active = torch.ones(batch, dtype=torch.bool)
-    for _ in range(padded.max_depth + 1):
-        live = rows[active]
-        nodes = cur[live]
-        probs = visited_probs(logits, params, origin[live], nodes)
-        choice[live, nodes] = sample_from_probs(probs, uniforms[live, nodes].to(probs.device)).cpu()
-        found, nxt = _follow(padded, cur, choice[rows, cur])
-        active &= found
-        if not active.any():
-            break
-        cur = torch.where(active, nxt, cur)
+    """Sample-then-match's draws at every node of every sampled request at once: row i (the batch's request
+    origin[i], its row of `logits` and `params`) gets the target's draw at nodes 0..sizes[i]-1 in
+    `choice` [S, N], from its uniform there. The walk reads only the nodes it reaches, whose draws are
+    the ones a depth-by-depth walk would make; drawing them all costs one device-to-host copy a step
+    instead of one per depth, and memory bounded per chunk of rows (SAMPLED_ELEMENTS_PER_CHUNK)."""
+    rows = torch.tensor([i for i, n in enumerate(sizes) for _ in range(n)], dtype=torch.long)
+    nodes = torch.tensor([k for n in sizes for k in range(n)], dtype=torch.long)
+    chunk = max(1, SAMPLED_ELEMENTS_PER_CHUNK // logits.shape[-1])
+    parts = [(rows[s : s + chunk], nodes[s : s + chunk]) for s in range(0, len(rows), chunk)]
+    drawn, checks = [], []
+    for r, k in parts:
+        probs, enough = visited_probs(logits, params, origin[r], k, read=False)
+        drawn.append(sample_from_probs(probs, uniforms[r, k].to(probs.device)))
+        checks.append(torch.ones((), dtype=torch.bool, device=probs.device) if enough is None else enough)
+    # the draws and whether every chunk's first top-p candidates sufficed, in one copy
+    host = torch.cat([*drawn, torch.stack(checks).long()]).cpu()
+    tokens, sufficed = host[: len(rows)], host[len(rows) :].tolist()
+    for (r, k), ok, at in zip(parts, sufficed, range(0, len(rows), chunk)):
+        if not ok:  # rare: some row's top-p mass lies past the first candidates; redo the chunk from all
+            probs, _ = visited_probs(logits, params, origin[r], k, read=False, candidates=logits.shape[-1])
+            tokens[at : at + len(r)] = sample_from_probs(probs, uniforms[r, k].to(probs.device)).cpu()
+    choice[rows, nodes] = tokens
 
 
 def _walk_matching(padded: _PaddedTrees, choice: torch.Tensor) -> tuple[list[list[int]], list[int]]:
@@ -157,7 +175,7 @@ def _walk_matching(padded: _PaddedTrees, choice: torch.Tensor) -> tuple[list[lis
 
     Returns, per row, the accepted path of node indices and the choice at its last node. The walk runs
     on host lists: a few comparisons per depth, where a tensor op per depth costs microseconds. Among
-    siblings sharing a token the first in rank order is taken, as in `_follow`."""
+    siblings sharing a token the first in rank order is taken."""
     children, child_tokens = padded.child_index.tolist(), padded.child_token.tolist()
     paths, finals = [], []
     for b, row in enumerate(choice.tolist()):
@@ -311,7 +329,8 @@ def accept_batch(
                 uniforms[i, : trees[b].size] = torch.rand(trees[b].size, generator=generators[b], dtype=torch.float64)
             at = torch.tensor(sampled)
             drawn = sub_choice[at]
-            _sample_visited(_subset(sub, at), logits, params, idx[at], uniforms, drawn)
+            sizes = [trees[match_rows[j]].size for j in sampled]
+            _sample_nodes(sizes, logits, params, idx[at], uniforms, drawn)
             sub_choice[at] = drawn
         paths, finals = _walk_matching(sub, sub_choice)
         for j, b in enumerate(match_rows):

@@ -60,16 +60,32 @@ def processed_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
     largest candidates (`_largest`). The result equals sorting everything: the same masks on the
     same descending probabilities, scattered back and renormalised over the same vocabulary.
     """
+    return _processed(logits, params, widen=True)[0]
+
+
+def processed_probs_unread(
+    logits: torch.Tensor, params: SamplingParams, candidates: int = TOP_P_FIRST_CANDIDATES
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`processed_probs` without reading the device: top-p keeps the first `candidates` instead of widening
+    until they suffice, and a device bool says whether they did in every row (None: nothing to check, as
+    when `candidates` covers the vocabulary). Where it is False the result is wrong: the caller reads the
+    flag with its own results (one copy) and redoes those rows with every candidate."""
+    return _processed(logits, params, widen=False, candidates=candidates)
+
+
+def _processed(
+    logits: torch.Tensor, params: SamplingParams, widen: bool, candidates: int = TOP_P_FIRST_CANDIDATES
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     logits = logits.float()
     if params.greedy:
-        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
+        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float(), None
     probs = torch.softmax(logits / params.temperature, dim=-1)
     if params.top_k == -1 and params.top_p >= 1.0 and params.min_p <= 0.0:
-        return probs
+        return probs, None
     if params.top_k == -1 and params.top_p >= 1.0:  # min-p alone needs no order, only the maximum
         filtered = probs * (probs >= probs.amax(-1, keepdim=True) * params.min_p)
-        return filtered / filtered.sum(-1, keepdim=True)
-    sorted_probs, order = _largest(probs, params)
+        return filtered / filtered.sum(-1, keepdim=True), None
+    sorted_probs, order, enough = _largest(probs, params, widen, candidates)
     keep = torch.ones_like(sorted_probs, dtype=torch.bool)  # top-k: only the top_k largest are candidates
     if params.top_p < 1.0:
         # A token is dropped once the mass strictly before it already exceeds top_p.
@@ -78,11 +94,14 @@ def processed_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
     if params.min_p > 0.0:
         keep &= sorted_probs >= sorted_probs[..., :1] * params.min_p
     filtered = torch.zeros_like(probs).scatter_(-1, order, sorted_probs * keep)
-    return filtered / filtered.sum(-1, keepdim=True)
+    return filtered / filtered.sum(-1, keepdim=True), enough
 
 
-def _largest(probs: torch.Tensor, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
-    """The candidates top-k / top-p can keep, in descending order (values, vocabulary indices).
+def _largest(
+    probs: torch.Tensor, params: SamplingParams, widen: bool = True, candidates: int = TOP_P_FIRST_CANDIDATES
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The candidates top-k / top-p can keep, in descending order (values, vocabulary indices), and, when
+    not `widen`ing, whether the first candidates sufficed (a device bool; None when they always do).
 
     top-k bounds them at top_k. top-p starts from TOP_P_FIRST_CANDIDATES and widens until, in every
     row, the candidates' mass exceeds top_p + TOP_P_MARGIN: the first token left out then has more
@@ -91,12 +110,17 @@ def _largest(probs: torch.Tensor, params: SamplingParams) -> tuple[torch.Tensor,
     vocab = probs.shape[-1]
     limit = vocab if params.top_k <= 0 else min(params.top_k, vocab)
     if params.top_p >= 1.0:
-        return probs.topk(limit, dim=-1)
-    k = min(limit, TOP_P_FIRST_CANDIDATES)
+        return (*probs.topk(limit, dim=-1), None)
+    k = min(limit, candidates)
     while True:
         values, order = probs.topk(k, dim=-1)
-        if k == limit or bool((values.sum(-1, dtype=torch.float64) > params.top_p + TOP_P_MARGIN).all()):
-            return values, order
+        if k == limit:
+            return values, order, None
+        enough = (values.sum(-1, dtype=torch.float64) > params.top_p + TOP_P_MARGIN).all()
+        if not widen:
+            return values, order, enough
+        if bool(enough):
+            return values, order, None
         k = min(limit, k * TOP_P_GROWTH)
 
 

@@ -886,10 +886,13 @@ def test_host_syncs_per_step_are_few_and_do_not_grow_with_the_batch(fresh, smoll
     [
         # penalties: every penalised row of the batch in a fixed number of ops (no loop over requests)
         (16, dict(temperature=0.0, frequency_penalty=0.5, presence_penalty=0.3, repetition_penalty=1.1), 2),
+        # sampled: the target's draws at every node at once, copied in one go (top-k bounds top-p's candidates;
+        # top-p alone reads its check with the draws, and redoes the rare step whose mass lies past them)
+        (16, dict(temperature=0.8, top_k=50, top_p=0.95), 2),
         # gated off: roots alone, decided on the device (plain SGLang's decode reads its tokens after the step)
         (0, dict(temperature=0.0), 0),
     ],
-    ids=["penalised", "gated-off"],
+    ids=["penalised", "sampled", "gated-off"],
 )
 def test_step_ops_do_not_grow_with_the_batch(fresh, smollm2, single_thread, tmp_path, budget, sampling, syncs):
     fresh.policy_control = _one_budget(tmp_path, budget)
