@@ -93,6 +93,10 @@ drifts over minutes.
 - Real SGLang on a CPU, through the test stand-in for sgl-kernel (`tests/sglang_cpu/stub`):
   `python -m bench.sglang_cpu_compare --help` (plain, NGRAM and JETSPEC servers in turn, fresh prompts per
   concurrency level, exact matches against plain SGLang).
+- What a decode step costs outside the target's forward, by batch size (1 / 4 / 16) and workload (greedy,
+  sampled, grammar, penalised): `python -m bench.step_overhead --help` (device ops per step, the proxy for
+  GPU kernel launches; host syncs per step with their code sites; host milliseconds per phase), plain
+  SGLang and JETSPEC in real servers on the CPU harness.
 - Real SGLang on a GPU: [bench/GPU.md](../bench/GPU.md) (`bench/gpu/run.sh`, `bench/gpu/sglang_compare.py`).
 - Each run's exact command is at the top of its result file, linked from every row below.
 """

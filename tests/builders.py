@@ -98,3 +98,18 @@ def grouped_attention_inputs(keys: int, masked_share: float, seed: int = 0):
     mask = torch.rand(2, 1, 5, keys, generator=gen) > masked_share
     mask[..., 0] = True
     return q, k, v, mask
+
+
+def break_target_processing(monkeypatch, **wrong) -> None:
+    """A deliberately broken acceptor: every target distribution acceptance processes is computed with the
+    request's parameters changed by `wrong` (temperature=1.0, top_p=1.0, ...), on both of its paths
+    (processed_probs: the residual and drawn walks; processed_probs_unread: sample-then-match)."""
+    from dataclasses import replace
+
+    from sglang_jetspec.core import acceptance, sampling
+
+    def broken(process):
+        return lambda logits, params, *rest: process(logits, replace(params, **wrong), *rest)
+
+    monkeypatch.setattr(acceptance, "processed_probs", broken(sampling.processed_probs))
+    monkeypatch.setattr(acceptance, "processed_probs_unread", broken(sampling.processed_probs_unread))

@@ -16,9 +16,10 @@ from scipy.stats import chisquare
 from sglang_jetspec.core import acceptance
 from sglang_jetspec.core.acceptance import accept_batch
 from sglang_jetspec.core.prompt_lookup import chain_guesses
-from sglang_jetspec.core.sampling import SamplingParams, make_generator, processed_probs, processed_probs_unread
+from sglang_jetspec.core.sampling import SamplingParams, make_generator, processed_probs
 from sglang_jetspec.core.tree import TreeSpec, build_tree, top_k_per_depth
 from sglang_jetspec.core.tree_drafting import TreeDraft
+from tests.builders import break_target_processing
 
 VOCAB = 6
 # enough power: each broken acceptor below already fails at 10,000 draws with p = 0 (measured)
@@ -229,13 +230,7 @@ def test_seeded_requests_reproduce():
 
 
 def test_catches_top_p_ignored_on_the_target_side(monkeypatch):
-    from dataclasses import replace
-
-    # sample-then-match draws through processed_probs_unread (every node at once), the residual walk through
-    # processed_probs: both broken alike
-    ignored = lambda process: lambda logits, p, *rest: process(logits, replace(p, top_p=1.0), *rest)  # noqa: E731
-    monkeypatch.setattr(acceptance, "processed_probs", ignored(processed_probs))
-    monkeypatch.setattr(acceptance, "processed_probs_unread", ignored(processed_probs_unread))
+    break_target_processing(monkeypatch, top_p=1.0)
     assert lossless_pvalue(SamplingParams(temperature=0.7, top_p=0.8), "match") < 1e-3
     assert lossless_pvalue(SamplingParams(temperature=0.7, top_p=0.8), "residual") < 1e-3
 

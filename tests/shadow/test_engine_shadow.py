@@ -9,7 +9,6 @@ greedy output that is not the target's is classified by margin and shows in the 
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 
 import numpy as np
 from opentelemetry.sdk.trace import TracerProvider
@@ -17,13 +16,12 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from sglang_jetspec.cli import main
-from sglang_jetspec.core import acceptance
-from sglang_jetspec.core.sampling import processed_probs
 from shadow.checker import ShadowChecker
 from shadow.metrics import ShadowMetrics
 from shadow.regenerate import Regenerator
 from shadow.target_logits import LocalReference
 from shadow.window import WindowReport
+from tests.builders import break_target_processing
 from tests.shadow.conftest import prompt_bodies, serve_and_spool
 
 CLEAN = [
@@ -101,9 +99,7 @@ def test_clean_speculative_run_passes_with_reports_and_metrics(engine, spool_pol
 
 def test_temperature_on_one_side_only_is_caught(engine, spool_policy, smollm2, tmp_path, monkeypatch):
     # The engine draws at temperature 1 whatever the request asked: the request's own T=0.5 is ignored.
-    monkeypatch.setattr(
-        acceptance, "processed_probs", lambda logits, p: processed_probs(logits, replace(p, temperature=1.0))
-    )
+    break_target_processing(monkeypatch, temperature=1.0)
     records = serve_and_spool(
         engine, spool_policy, tmp_path, prompt_bodies(smollm2.tokenizer, [{"temperature": 0.5}] * 4)
     )
@@ -119,7 +115,7 @@ def test_temperature_on_one_side_only_is_caught(engine, spool_policy, smollm2, t
 
 
 def test_top_p_on_one_side_only_is_caught(engine, spool_policy, smollm2, tmp_path, monkeypatch):
-    monkeypatch.setattr(acceptance, "processed_probs", lambda logits, p: processed_probs(logits, replace(p, top_p=1.0)))
+    break_target_processing(monkeypatch, top_p=1.0)
     records = serve_and_spool(
         engine, spool_policy, tmp_path, prompt_bodies(smollm2.tokenizer, [{"temperature": 1.0, "top_p": 0.5}] * 4)
     )
