@@ -81,22 +81,20 @@ def summarise(records: list[dict], batch_size: int) -> dict:
         out[name] = round(statistics.median(values), 2) if values else None
     phases = sorted({p for r in timed for p in r.get("phases_ms", {})})
     out["phases_ms"] = {p: round(statistics.median(r["phases_ms"].get(p, 0.0) for r in timed), 2) for p in phases}
-    sites: dict[str, float] = {}
-    for r in counted:
-        for site, n in r["sync_sites"].items():
-            sites[site] = sites.get(site, 0) + n / len(counted)
-    out["sync_sites_per_step"] = {s: round(n, 2) for s, n in sorted(sites.items(), key=lambda kv: -kv[1])}
-    ops: dict[str, float] = {}
-    for r in counted:
-        for op, n in r["top_ops"].items():
-            ops[op] = ops.get(op, 0) + n / len(counted)
-    out["top_ops_per_step"] = {o: round(n, 1) for o, n in sorted(ops.items(), key=lambda kv: -kv[1])[:15]}
-    sites = {}
-    for r in counted:
-        for site, n in r.get("op_sites", {}).items():
-            sites[site] = sites.get(site, 0) + n / len(counted)
-    out["op_sites_per_step"] = {s: round(n, 1) for s, n in sorted(sites.items(), key=lambda kv: -kv[1])[:20]}
+    out["sync_sites_per_step"] = per_step(counted, "sync_sites", digits=2)
+    out["top_ops_per_step"] = per_step(counted, "top_ops", digits=1, top=15)
+    out["op_sites_per_step"] = per_step(counted, "op_sites", digits=1, top=20)
     return out
+
+
+def per_step(records: list[dict], field: str, digits: int, top: int | None = None) -> dict[str, float]:
+    """A counter field of the records ({name: count}) as its mean per record, largest first (`top` of them)."""
+    sums: dict[str, float] = {}
+    for r in records:
+        for name, n in r.get(field, {}).items():
+            sums[name] = sums.get(name, 0) + n / len(records)
+    ranked = sorted(sums.items(), key=lambda kv: -kv[1])[:top]
+    return {name: round(n, digits) for name, n in ranked}
 
 
 def read_records(path: Path, skip: int) -> list[dict]:

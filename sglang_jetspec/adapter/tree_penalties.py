@@ -145,19 +145,15 @@ class _PenaltyLayout:
         additive = torch.zeros(len(keys), dtype=torch.float32)
         if self.any["frequency"]:
             additive.sub_(torch.zeros(len(keys)).index_put_((of_occurrence,), values[:, 0], accumulate=True))
-        presence = torch.zeros(len(keys))
-        presence[of_occurrence] = values[:, 1]
-        scale = torch.ones(len(keys))
-        scale[of_occurrence] = values[:, 2]
         if self.any["presence"]:
-            additive.sub_(presence)
+            additive.sub_(torch.zeros(len(keys)).index_put_((of_occurrence,), values[:, 1]))
         additive[of_blocked] = float("-inf")
         device = logits.device
         index = ((keys // self.vocab).to(device), (keys % self.vocab).to(device))
         penalised = logits[index]
         penalised.add_(additive.to(device, penalised.dtype))
         if self.any["repetition"]:
-            scale = scale.to(device, penalised.dtype)
+            scale = torch.ones(len(keys)).index_put_((of_occurrence,), values[:, 2]).to(device, penalised.dtype)
             penalised = torch.where(penalised < 0, penalised * scale, penalised / scale)
         logits[index] = penalised
 

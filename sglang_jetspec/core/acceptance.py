@@ -99,8 +99,8 @@ def visited_probs(
 
     `logits` are [B, N, V] and `params` has one entry per request; only the named rows are processed,
     those with identical distribution parameters together. With `read=False` nothing is read on the host
-    and a pair is returned: the distributions as `processed_probs_unread` gives them, and a device bool
-    that is False where they must be redone with `processed_probs` (None: nothing to check).
+    and a pair is returned: the distributions as `processed_probs_unread` gives them from the first
+    `candidates`, and a device bool that is False where those did not suffice (None: nothing to check).
     """
     device = logits.device
     # grouped by what shapes the distribution (a seed or a stop list does not): a batch of requests that

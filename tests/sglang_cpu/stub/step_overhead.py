@@ -34,9 +34,11 @@ class _Probing:
 
 
 def _phases(clock) -> dict[str, float]:
-    at = clock._at
-    order = ["start", *[p for p in ("drafted", "bound", "verified", "accepted", "committed") if p in at]]
-    return {f"{b}_ms": (at[b] - at[a]) * 1e3 for a, b in zip(order, order[1:])}
+    """Milliseconds of each phase the JETSPEC step clock marked (core.step_clock.PHASE_ENDS, in order)."""
+    from sglang_jetspec.core.step_clock import PHASE_ENDS
+
+    order = ["start", *PHASE_ENDS]
+    return {f"{b}_ms": clock.seconds(a, b) * 1e3 for a, b in zip(order, order[1:])}
 
 
 def _wrap_standin_kernels(state: _Probing) -> None:
