@@ -7,7 +7,8 @@ Two hooks on `SchedulerInternalStateController` (the scheduler-side handler of b
   several keys could be applied half-way.
 - AFTER `get_internal_state`: adds the state in force under `jetspec_policy`, the number of
   requests holding draft state under `jetspec_live_draft_states` and the head's context pool
-  (slots, bytes, valid slots) under `jetspec_context_pool`, and under `jetspec_ranks` each
+  (slots, bytes, valid slots) under `jetspec_context_pool`, the verify widths and the steps run at each
+  under `jetspec_verify_widths`, and under `jetspec_ranks` each
   tensor-parallel rank's live draft states, policy table and valid context slots (one entry with
   --tp-size 1); SGLang serves them on GET /server_info as `internal_states[i].jetspec_policy` (it has
   no /get_internal_state route).
@@ -37,6 +38,7 @@ def _policy_control(controller):
 LIVE_STATES_KEY = "jetspec_live_draft_states"
 CONTEXT_POOL_KEY = "jetspec_context_pool"
 RANKS_KEY = "jetspec_ranks"
+VERIFY_WIDTHS_KEY = "jetspec_verify_widths"
 
 
 def around_set_internal_state(original, controller, recv_req):
@@ -71,6 +73,8 @@ def after_get_internal_state(result, controller, recv_req):
         result.internal_state[LIVE_STATES_KEY] = worker.live_draft_states()
         # valid slots: the context of running and cached tokens only (0 after a flush, else a leak)
         result.internal_state[CONTEXT_POOL_KEY] = worker.context_pool_state()
+        # the verify widths steps are padded to (JETSPEC_VERIFY_WIDTHS) and the steps run at each
+        result.internal_state[VERIFY_WIDTHS_KEY] = worker.reporter.verify_widths(worker.drafting.widths.rungs)
         # every tensor-parallel rank's own view (SGLang hands this request to every rank's scheduler)
         result.internal_state[RANKS_KEY] = worker.ranks.gather(
             {

@@ -8,12 +8,14 @@ declared resolutions. Every problem found is reported at once, each naming the f
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 from policies import PolicyError, read_head_capacity
 from sglang_jetspec.adapter.attention_backends import backend_problems
 from sglang_jetspec.adapter.policy import POLICY_ENV, load_runtime_policy, max_budget, policy_path
 from sglang_jetspec.core.head_config import HeadConfigError, TargetInfo
+from sglang_jetspec.core.verify_widths import WIDTHS_ENV, VerifyWidths, VerifyWidthsError
 
 log = logging.getLogger(__name__)
 
@@ -58,10 +60,19 @@ def _head_problems(cfg) -> list[str]:
     return problems
 
 
+def configured_verify_widths(reserved: int) -> VerifyWidths:
+    """The verify widths JETSPEC_VERIFY_WIDTHS names, capped by the `reserved` width (unset: no padding)."""
+    return VerifyWidths.parse(os.environ.get(WIDTHS_ENV), reserved)
+
+
 def _runtime_problems(cfg) -> list[str]:
     from sglang.srt.runtime_context import attn_dp_enabled_of
 
     problems = backend_problems(cfg)
+    try:
+        configured_verify_widths(reserved=1 << 16)  # the syntax; the cap comes with the resolved shape
+    except VerifyWidthsError as exc:
+        problems.append(str(exc))
     if cfg.speculative_use_rejection_sampling:
         problems.append(
             "--speculative-use-rejection-sampling: JETSPEC accepts with its own lossless rules for each "

@@ -22,6 +22,7 @@ from sglang_jetspec.core.prompt_lookup import LookupMerge
 from sglang_jetspec.core.step_clock import Drafted, SizingLearners
 from sglang_jetspec.core.tree import root_only_tree
 from sglang_jetspec.core.tree_drafting import DraftTiming, budget_spec, step_trees
+from sglang_jetspec.core.verify_widths import VerifyWidths
 
 
 def verify_nodes(plan: StepPlan, reserved: int) -> int:
@@ -32,7 +33,8 @@ def verify_nodes(plan: StepPlan, reserved: int) -> int:
 
 class StepDrafting:
     """Drafts a step's trees. `reserved`: the verify width SGLang reserved per request
-    (speculative_num_draft_tokens); `tree_width`: the head's, where the plan leaves it 0."""
+    (speculative_num_draft_tokens); `tree_width`: the head's, where the plan leaves it 0; `widths`: the
+    verify widths a step's trees are padded to (none: each step verifies what it drafted)."""
 
     def __init__(
         self,
@@ -44,9 +46,11 @@ class StepDrafting:
         reserved: int,
         tree_width: int,
         device: torch.device,
+        widths: VerifyWidths = VerifyWidths(),
     ) -> None:
         self.drafter, self.hybrid, self.learners, self.ranks = drafter, hybrid, learners, ranks
         self.tokenizer, self.reserved, self.tree_width, self.device = tokenizer, reserved, tree_width, device
+        self.widths = widths
 
     def draft(self, batch, lanes: list[RequestDraftState], plan: StepPlan) -> Drafted:
         """The step's trees: rank 0 drafts every request that drafts (the others keep their root alone),
@@ -83,8 +87,10 @@ class StepDrafting:
             )
         trees = self.ranks.shared_trees(trees if self.ranks.drafts else [], lanes)
         set_time_batch(batch.reqs, "set_spec_draft_end_time", trace_only=True)
-        # trees cut by sizing or by grammars verify as many nodes as the longest of them
-        num_nodes = max(tree.size for tree in trees) if plan.sizes_adaptively or grammar is not None else budget
+        # trees cut by sizing or by grammars verify as many nodes as the longest of them, padded to a
+        # verify width a captured graph serves
+        longest = max(tree.size for tree in trees) if plan.sizes_adaptively or grammar is not None else budget
+        num_nodes = self.widths.width_for(longest)
         mask = grammar.mask(trees, num_nodes, self.device) if grammar is not None else None
         sized = drafts and sizing
         return Drafted(trees, num_nodes, timing, adaptive=plan.sizes_adaptively, sized=sized, verify_mask=mask)

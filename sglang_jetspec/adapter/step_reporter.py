@@ -7,6 +7,8 @@ Metrics and traces come from the drafting rank alone (tensor parallelism: the ot
 
 from __future__ import annotations
 
+from collections import Counter
+
 import torch
 
 from policies import StepPlan
@@ -20,6 +22,10 @@ class StepReporter:
         """`metrics`: the worker's JetspecMetrics or None; `traces`: this rank may send step spans."""
         self.metrics, self.traces, self.learners, self.device = metrics, traces, learners, device
         self._tracer = None  # the running step's tracer (None: tracing off), looked up once a step
+        # steps by verify width, and how many of them carried padding nodes (core.verify_widths): which
+        # captured widths a server uses, on /server_info (adapter.internal_state)
+        self.steps_by_width: Counter[int] = Counter()
+        self.padded_steps = 0
 
     def start(self, plan: StepPlan) -> StepClock:
         """The clock of a step of `plan`; it settles on the device when metrics or traces read it, or when
@@ -31,6 +37,8 @@ class StepReporter:
     def finish(self, clock: StepClock, plan: StepPlan, drafted: Drafted, out: StepOutputs, reqs: list) -> None:
         """`reqs`: the step's SGLang requests (a span names them)."""
         self.learners.observe(clock, drafted, out.results or [])  # None: roots alone, never sized
+        self.steps_by_width[drafted.num_nodes] += 1
+        self.padded_steps += drafted.num_nodes > max(tree.size for tree in drafted.trees)
         if self.metrics is None and self._tracer is None:
             return
         record = clock.record(drafted, plan.budget, out.row_counts)
@@ -38,3 +46,11 @@ class StepReporter:
             self.metrics.record_step(plan.cohort, record)
         if self._tracer is not None:
             trace_step(self._tracer, plan.cohort, record, clock.start_ns, [req.rid for req in reqs])
+
+    def verify_widths(self, rungs: tuple[int, ...]) -> dict:
+        """The widths a step may verify (`rungs`: none, no padding) and the steps run at each so far."""
+        return {
+            "rungs": list(rungs),
+            "steps_by_width": {str(width): n for width, n in sorted(self.steps_by_width.items())},
+            "padded_steps": self.padded_steps,
+        }

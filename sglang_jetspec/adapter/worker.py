@@ -47,7 +47,7 @@ from sglang_jetspec.adapter.draft_model import register_draft_models
 from sglang_jetspec.adapter.head_context import HeadContext
 from sglang_jetspec.adapter.policy import PolicyControl, load_runtime_policy
 from sglang_jetspec.adapter.request_state import DraftStateStore
-from sglang_jetspec.adapter.server_args import JetSpecArgsError, target_info
+from sglang_jetspec.adapter.server_args import JetSpecArgsError, configured_verify_widths, target_info
 from sglang_jetspec.adapter.spec_inputs import JetSpecDraftState
 from sglang_jetspec.adapter.step_commit import StepCommit
 from sglang_jetspec.adapter.step_drafting import StepDrafting
@@ -66,6 +66,7 @@ from sglang_jetspec.core.prompt_lookup import LookupMerge
 from sglang_jetspec.core.step_clock import SizingLearners
 from sglang_jetspec.core.suffix_store import RECENT_OUTPUT_TOKENS, SuffixStore, load_draft_corpus
 from sglang_jetspec.core.tree_sizing import TreeSizer
+from sglang_jetspec.core.verify_widths import VerifyWidths
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +119,7 @@ class JetSpecWorker(BaseSpecWorker):
             device=device,
             mask_layout=tree_mask_layout(verify_attention_backend(cfg)[1]),  # validated: a tree-mask backend
             reserved=get_spec().speculative_num_draft_tokens,
+            widths=configured_verify_widths(get_spec().speculative_num_draft_tokens),
             metrics=worker_metrics(cfg.enable_metrics and ranks.drafts),  # the drafting rank reports
             admin_key_configured=cfg.admin_api_key is not None,
             shadow=WorkerShadow.from_env(
@@ -156,10 +158,12 @@ class JetSpecWorker(BaseSpecWorker):
         admin_key_configured: bool = False,
         shadow: WorkerShadow | None = None,
         tree_width: int | None = None,
+        widths: VerifyWidths = VerifyWidths(),
     ) -> None:
         """`reserved`: the verify width per request SGLang sized KV reservations and buffers for (the
         widest tree any policy allows, reported as the result's speculative_num_draft_tokens);
-        `capacity`: the head's (bounds pushed tree widths; its tree width is the default one)."""
+        `capacity`: the head's (bounds pushed tree widths; its tree width is the default one);
+        `widths`: the verify widths each step's trees are padded to (core.verify_widths)."""
         BaseSpecWorker.__init__(self)
         self._target_worker = target_worker
         self.model_runner = target_worker.model_runner  # NGRAMWorker exposes the target's runner the same way
@@ -182,7 +186,9 @@ class JetSpecWorker(BaseSpecWorker):
         # worker, as the reference engine keeps one per engine, and the verify cost it has timed
         self.learners = SizingLearners(TreeSizer(), LearnedVerifyCost())
         width = tree_width if tree_width is not None else capacity.tree_width
-        self.drafting = StepDrafting(drafter, hybrid, self.learners, ranks, self.tokenizer, reserved, width, device)
+        self.drafting = StepDrafting(
+            drafter, hybrid, self.learners, ranks, self.tokenizer, reserved, width, device, widths
+        )
         self.verifier = TreeVerifier(target_worker, self.model_runner.model, mask_layout, device, ranks.drafts)
         self.committer = StepCommit(None, None, ranks, reserved, device)  # its pools come with alloc_memory_pool
         self.reporter = StepReporter(metrics, ranks.drafts, self.learners, device)

@@ -259,3 +259,12 @@ def test_the_kubernetes_manifest_passes_jetspec_validation(resolve):
     paths = ("--model-path=", "--speculative-draft-model-path=", "--speculative-algorithm=")
     args = [arg for arg in container["args"] if not arg.startswith(paths)]
     assert resolve(base=[*args, "--device", "cuda"]).speculative_algorithm.upper() == "JETSPEC"
+
+
+def test_a_malformed_verify_width_ladder_is_refused_at_start_up(resolve, monkeypatch):
+    from sglang_jetspec.core.verify_widths import WIDTHS_ENV
+
+    monkeypatch.setenv(WIDTHS_ENV, "4,8,sixteen")
+    assert f"{WIDTHS_ENV}='4,8,sixteen': 'sixteen' is not a width" in _problems(resolve)
+    monkeypatch.setenv(WIDTHS_ENV, "4,8,16,32,64")
+    assert resolve().speculative_num_draft_tokens >= 16  # a good ladder starts

@@ -44,6 +44,7 @@ from sglang_jetspec.core.learned_verify_cost import LearnedVerifyCost  # noqa: E
 from sglang_jetspec.core.prompt_lookup import LookupMerge  # noqa: E402
 from sglang_jetspec.core.suffix_store import SuffixStore  # noqa: E402
 from sglang_jetspec.core.tree_sizing import TreeSizer  # noqa: E402
+from sglang_jetspec.core.verify_widths import VerifyWidths  # noqa: E402
 from sglang_jetspec.reference.target import Segment  # noqa: E402
 
 
@@ -713,6 +714,54 @@ def test_seeded_sampling_does_not_depend_on_the_batch(fresh, smollm2, single_thr
     alone, batched = run(False), run(True)
     # the first token is SGLang's sampler (greedy argmax in the fake); the rest are the request's own draws
     assert alone == batched
+
+
+LADDER = (4, 8, 16, 32, 64)
+
+
+def test_padded_verify_widths_keep_adaptive_greedy_output_and_verify_only_rungs(
+    fresh, smollm2, single_thread, monkeypatch, tmp_path
+):
+    """Adaptive sizing cuts trees to any size; padded to the ladder (JETSPEC_VERIFY_WIDTHS), every tree
+    step verifies a rung's width and the tokens stay plain decoding's, beside a grammar-free neighbour."""
+    fresh.policy_control = _one_budget(tmp_path, 16, tree_sizing="adaptive")
+    monkeypatch.setattr(fresh.drafting, "widths", VerifyWidths.ladder(LADDER, 16))
+    counts = _verified_node_counts(fresh, monkeypatch)
+    padded_before = fresh.reporter.padded_steps
+    encode = lambda text: smollm2.tokenizer(text)["input_ids"]  # noqa: E731
+    reqs = [
+        FakeReq("p0", encode(PROMPTS[0]), 16, temperature=0.0),
+        FakeReq("p1", encode(PROMPTS[2]), 10, temperature=0.0),
+    ]
+    sched = Scheduler(fresh)
+    sched.run(reqs)
+    for req in reqs:
+        assert req.output_ids == _plain_greedy(smollm2, req.origin_input_ids, len(req.output_ids)), req.rid
+    assert set(counts) <= {1, 4, 8, 16} and {4, 8, 16} & set(counts)
+    assert fresh.reporter.padded_steps > padded_before  # some sized tree was not a rung's width
+    assert max(sched.accept_lens) > 1
+
+
+def test_padding_nodes_change_no_seeded_draw(fresh, smollm2, single_thread, monkeypatch, tmp_path):
+    """Budget 6 padded to width 8: the padding rows are never read, so a seeded sampled request draws
+    exactly the tokens it draws unpadded (sampled acceptance is unchanged, not only in distribution)."""
+    fresh.policy_control = _one_budget(tmp_path, 6)
+    prompt = smollm2.tokenizer(PROMPTS[1])["input_ids"]
+
+    def run(widths):
+        monkeypatch.setattr(fresh.drafting, "widths", widths)
+        fresh.states.drop_all()
+        counts = _verified_node_counts(fresh, monkeypatch)
+        reqs = [
+            FakeReq("s", prompt, 12, temperature=0.9, top_p=0.95, top_k=50, sampling_seed=1234),
+            FakeReq("g", smollm2.tokenizer(PROMPTS[0])["input_ids"], 12, temperature=0.0),
+        ]
+        Scheduler(fresh).run(reqs)
+        return [req.output_ids for req in reqs], set(counts)
+
+    (unpadded, unpadded_widths), (padded, padded_widths) = run(VerifyWidths()), run(VerifyWidths.ladder(LADDER, 16))
+    assert unpadded_widths == {6} and padded_widths == {8}
+    assert padded == unpadded
 
 
 class RecordingTee:
