@@ -1,0 +1,79 @@
+"""Padded verify widths inside the real SGLang server (fp32, the packaged policy: adaptive sizing cuts
+every tree to its own size): with JETSPEC_VERIFY_WIDTHS each step's trees are padded to a rung of the
+ladder, as the verify graphs captured on a GPU need (core.verify_widths), and the tokens stay plain
+SGLang's alone, four at a time and under the radix cache, and with grammars and penalties in one batch.
+The unpadded shipped server gives the same tokens (test_real_sglang_defaults.py), so padded and unpadded
+JETSPEC agree through plain SGLang."""
+
+from __future__ import annotations
+
+import pytest
+from e2e_client import generate_all, generate_batch, jetspec_args, jetspec_state, until_eos
+
+from sglang_jetspec.reference.prompts import encode
+
+LADDER = "4,8,16,32,64"
+
+
+@pytest.fixture(scope="module")
+def padded_server(servers, smollm2_dir):
+    server = servers.start(
+        "jetspec-padded", jetspec_args(smollm2_dir, radix_cache=True), {"JETSPEC_VERIFY_WIDTHS": LADDER}
+    )
+    yield server
+    servers.stop(server)
+
+
+def _ids(replies, eos):
+    return [until_eos(r["output_ids"], eos) for r in replies]
+
+
+def test_padded_trees_give_plain_sglangs_greedy_tokens_alone_and_four_at_a_time(
+    padded_server, humaneval_ids, hf_greedy, tokenizer
+):
+    eos = tokenizer.eos_token_id
+    alone = generate_all(padded_server.url, humaneval_ids[:4])
+    assert _ids(alone, eos) == hf_greedy[:4]  # plain SGLang gives HF's tokens (test_real_sglang_greedy.py)
+    # the first four prompts again, now from the radix cache, beside four new ones
+    four = generate_all(padded_server.url, humaneval_ids, concurrency=4)
+    assert _ids(four, eos) == hf_greedy
+    assert sum(r["meta_info"]["cached_tokens"] for r in four[:4]) > 0
+    widths = jetspec_state(padded_server.url)["jetspec_verify_widths"]
+    assert widths["rungs"] == [4, 8, 16, 32, 64]  # the packaged policy's largest budget, 64, is the top rung
+    steps = {int(width): n for width, n in widths["steps_by_width"].items()}
+    assert set(steps) <= {1, 4, 8, 16, 32, 64} and sum(n for width, n in steps.items() if width > 1) > 0
+    assert widths["padded_steps"] > 0  # sized trees between rungs were padded
+
+
+def test_padded_trees_with_grammars_and_penalties_in_one_batch_give_plain_sglangs_tokens(
+    padded_server, plain_server, humaneval_ids, tokenizer
+):
+    def chat(question):
+        return encode({"messages": [{"role": "user", "content": question}]}, tokenizer)
+
+    greedy = {"temperature": 0, "max_new_tokens": 40}
+    items = [
+        (
+            "regex",
+            chat("Give a date in ISO format, for example 2024-01-31."),
+            {**greedy, "regex": r"20[0-9]{2}-[01][0-9]-[0-3][0-9]"},
+        ),
+        (
+            "regex",
+            chat("Is Python a compiled language? Answer yes or no, then explain briefly."),
+            {**greedy, "regex": r"(Yes|No)\. [A-Za-z ,']{10,80}\."},
+        ),
+        (
+            "ebnf",
+            chat("List three fruits, comma separated."),
+            {**greedy, "ebnf": 'root ::= item (", " item)*\nitem ::= [a-z]+'},
+        ),
+        ("frequency", humaneval_ids[0], {**greedy, "frequency_penalty": 1.0}),
+        ("repetition", humaneval_ids[1], {**greedy, "repetition_penalty": 1.3}),
+        ("free", humaneval_ids[2], greedy),
+    ]
+    plain, padded = generate_batch(plain_server.url, items), generate_batch(padded_server.url, items)
+    assert [r["output_ids"] for r in padded] == [r["output_ids"] for r in plain]
+    assert sum(r["meta_info"]["completion_tokens"] for r in padded) > sum(
+        r["meta_info"]["spec_verify_ct"] for r in padded
+    )
