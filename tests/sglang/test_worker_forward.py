@@ -764,6 +764,61 @@ def test_padding_nodes_change_no_seeded_draw(fresh, smollm2, single_thread, monk
     assert padded == unpadded
 
 
+def test_steps_of_one_width_hand_sglang_inputs_of_one_shape_whatever_their_trees(
+    fresh, smollm2, single_thread, monkeypatch, tmp_path
+):
+    """Capture-input discipline: a verify graph replays from SGLang's static buffers, which the runner fills
+    by copying tensors of exactly bs * width tokens (input_ids, positions, out_cache_loc) and bs requests.
+    Two steps at one batch size and width, with different trees, must hand over the same shapes and dtypes,
+    the trees differing only in values (the tree mask's tree part, positions, retrieve links). The FULL
+    mask's length follows the prefix lengths; the backend's planning copies it into its own buffer outside
+    the graph, as it does for SGLang's EAGLE and NGRAM."""
+    fresh.policy_control = _one_budget(tmp_path, 16, tree_sizing="adaptive")
+    monkeypatch.setattr(fresh.drafting, "widths", VerifyWidths.ladder(LADDER, 16))
+    seen, real = [], tree_verify_module.TreeVerifier.forward
+
+    def spy(self, batch, lanes, drafted, inputs, reads_taps):
+        if not inputs.decode:
+            info = batch.spec_info
+            static = {
+                name: (tuple(t.shape), t.dtype)
+                for name, t in dict(
+                    input_ids=batch.input_ids,
+                    positions=info.positions,
+                    out_cache_loc=batch.out_cache_loc,
+                    retrieve_index=info.retrieve_index,
+                    retrieve_next_token=info.retrieve_next_token,
+                    retrieve_next_sibling=info.retrieve_next_sibling,
+                    req_pool_indices=batch.req_pool_indices,
+                    seq_lens=batch.seq_lens,
+                ).items()
+            }
+            tree = (info.retrieve_next_token.clone(), info.retrieve_next_sibling.clone(), info.positions.clone())
+            seen.append((len(lanes), drafted.num_nodes, info.draft_token_num, static, tree))
+        return real(self, batch, lanes, drafted, inputs, reads_taps)
+
+    monkeypatch.setattr(tree_verify_module.TreeVerifier, "forward", spy)
+    encode = lambda text: smollm2.tokenizer(text)["input_ids"]  # noqa: E731
+    Scheduler(fresh).run(
+        [FakeReq("d0", encode(PROMPTS[0]), 24, temperature=0.0), FakeReq("d1", encode(PROMPTS[2]), 24, temperature=0.0)]
+    )
+    by_bucket = {}
+    for bs, width, declared, static, tree in seen:
+        assert declared == width and static["input_ids"][0] == (bs * width,)  # the runner's width check and copy
+        by_bucket.setdefault((bs, width), []).append((static, tree))
+    shared = [steps for steps in by_bucket.values() if len(steps) > 1]
+    assert shared, by_bucket.keys()
+    for steps in shared:
+        assert all(static == steps[0][0] for static, _ in steps)
+    trees_differ = any(
+        any(not torch.equal(a, b) for a, b in zip(one[1], other[1]))
+        for steps in shared
+        for one in steps
+        for other in steps
+    )
+    assert trees_differ  # the same shapes carried different trees
+
+
 class RecordingTee:
     """A ShadowTee that samples everything and keeps what it is offered."""
 

@@ -7,6 +7,8 @@ JETSPEC agree through plain SGLang."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from e2e_client import generate_all, generate_batch, jetspec_args, jetspec_state, until_eos
 
@@ -16,9 +18,17 @@ LADDER = "4,8,16,32,64"
 
 
 @pytest.fixture(scope="module")
-def padded_server(servers, smollm2_dir):
+def region_log(tmp_path_factory):
+    return tmp_path_factory.mktemp("verify-region") / "region.jsonl"
+
+
+@pytest.fixture(scope="module")
+def padded_server(servers, smollm2_dir, region_log):
+    """JETSPEC with the ladder; its first verify forwards counted for host syncs (stub/verify_region.py)."""
     server = servers.start(
-        "jetspec-padded", jetspec_args(smollm2_dir, radix_cache=True), {"JETSPEC_VERIFY_WIDTHS": LADDER}
+        "jetspec-padded",
+        jetspec_args(smollm2_dir, radix_cache=True),
+        {"JETSPEC_VERIFY_WIDTHS": LADDER, "JETSPEC_TEST_VERIFY_REGION": str(region_log)},
     )
     yield server
     servers.stop(server)
@@ -77,3 +87,15 @@ def test_padded_trees_with_grammars_and_penalties_in_one_batch_give_plain_sglang
     assert sum(r["meta_info"]["completion_tokens"] for r in padded) > sum(
         r["meta_info"]["spec_verify_ct"] for r in padded
     )
+
+
+def test_the_region_a_verify_graph_captures_reads_nothing_back_to_the_host(padded_server, region_log, humaneval_ids):
+    """The target's verify forward (what SGLang's decode graph runner captures: its layers with the tap
+    capture, the logits processor returning each verify row's hidden state), probed on its first verify
+    steps: no `.item()`, `.tolist()`, `.cpu()`, data-dependent shape or other read of device data."""
+    generate_all(padded_server.url, humaneval_ids[4:6])  # verify steps, whatever ran before
+    records = [json.loads(line) for line in region_log.read_text().splitlines()]
+    assert len(records) >= 4 and all(r["device_ops"] > 100 for r in records)  # the layers ran inside the probe
+    padded_sizes = {bs * width for bs in range(1, 5) for width in (4, 8, 16, 32, 64)}
+    assert {r["num_tokens"] for r in records} <= padded_sizes  # a rung's width per request
+    assert [r["sync_sites"] for r in records if r["host_syncs"]] == []

@@ -15,7 +15,8 @@ AMX kernels, stays False because the stand-in defines no ``convert_weight_packed
 
 With ``JETSPEC_TEST_STEP_PROFILE`` also set, the same hook installs the benchmark's scheduler-side
 step timer (``step_profile.py``) when ``sglang.srt.managers.scheduler`` is imported; with
-``JETSPEC_TEST_STEP_OVERHEAD`` set, the per-step overhead probe (``step_overhead.py``).
+``JETSPEC_TEST_STEP_OVERHEAD`` set, the per-step overhead probe (``step_overhead.py``); with
+``JETSPEC_TEST_VERIFY_REGION`` set, the host-sync count of the verify's captured region (``verify_region.py``).
 
 Any other ``sitecustomize`` further down ``sys.path`` still runs afterwards.
 """
@@ -37,7 +38,11 @@ def _report_amx(module) -> None:
 
 
 # the scheduler-side instruments a benchmark switches on: variable -> module under stub/ with install(scheduler)
-_SCHEDULER_PROBES = {"JETSPEC_TEST_STEP_PROFILE": "step_profile", "JETSPEC_TEST_STEP_OVERHEAD": "step_overhead"}
+_SCHEDULER_PROBES = {
+    "JETSPEC_TEST_STEP_PROFILE": "step_profile",
+    "JETSPEC_TEST_STEP_OVERHEAD": "step_overhead",
+    "JETSPEC_TEST_VERIFY_REGION": "verify_region",
+}
 
 
 def _install_scheduler_probes(module) -> None:
