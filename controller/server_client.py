@@ -28,7 +28,13 @@ from typing import Any
 from pydantic import ValidationError
 
 from controller.http import Transport, urllib_transport
-from policies.control_api import INTERNAL_STATES_KEY, POLICY_KEY, SERVER_ARGS_KEY, table_to_flat_args
+from policies.control_api import (
+    INTERNAL_STATES_KEY,
+    LAST_REFUSAL_KEY,
+    POLICY_KEY,
+    SERVER_ARGS_KEY,
+    table_to_flat_args,
+)
 from policies.schema import Policy
 from policies.table import PolicyState, PolicyTable, validate_table
 
@@ -156,6 +162,16 @@ class ServerClient:
                 f"({type(exc).__name__}: {exc}) -- is it a JetSpec server?"
             ) from None
 
+    def _refusal_reasons(self) -> list[str]:
+        """Why SGLang answered a push [false]: the problems of the last push the server refused, as it keeps
+        them on /server_info (empty where it keeps none: an older plugin, or our own servers' 400s)."""
+        try:
+            payload = self._request("GET", _READBACK, None, self._api_key)
+            ranks = payload.get(INTERNAL_STATES_KEY) or []
+            return [str(p) for rank in ranks for p in ((rank.get(LAST_REFUSAL_KEY) or {}).get("problems") or [])]
+        except (PushRejected, ServerUnavailable, AttributeError, TypeError):
+            return []
+
     def read_state(self) -> PolicyState:
         """The state the server runs; ServerUnavailable while its ranks run different tables."""
         states = self._read_states()
@@ -172,7 +188,9 @@ class ServerClient:
         body = json.dumps({SERVER_ARGS_KEY: table_to_flat_args(table)}).encode()
         answer = self._request("POST", _PUSH, body, self._admin_key)
         if not (isinstance(answer, list) and answer and all(flag is True for flag in answer)):
-            raise PushRejected(f"POST {self.url}{_PUSH} answered {answer!r}: {_REFUSED}")
+            reasons = self._refusal_reasons()
+            why = f"the server's last refusal: {'; '.join(reasons)}" if reasons else _REFUSED
+            raise PushRejected(f"POST {self.url}{_PUSH} answered {answer!r}: {why}")
         state = self.read_state()  # neither SGLang nor our servers echo the new state
         if state.table != table:
             raise PushRejected(f"{self.url} accepted the push but runs a different table: {state.table.budgets()}")

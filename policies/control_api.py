@@ -47,6 +47,8 @@ from policies.table import PolicyTable, validate_table
 SERVER_ARGS_KEY = "server_args"
 INTERNAL_STATES_KEY = "internal_states"
 POLICY_KEY = "jetspec_policy"
+# beside POLICY_KEY in a JetSpec SGLang server's internal state: the last refused push ({"at", "problems"})
+LAST_REFUSAL_KEY = "jetspec_last_refused_push"
 FLAT_PREFIX = POLICY_KEY + "."
 # a cohort's fields in the flat form: jetspec_policy.<cohort>.<field>
 FLAT_FIELDS = (
@@ -169,6 +171,23 @@ def _type_problem(key: str, field: str, value: Any) -> Problem | None:
     if names_of is not None and value not in range(len(names_of)):
         return Problem((key,), f"{key} {value} is not a {field} code", f"send one of {dict(enumerate(names_of))}")
     return None
+
+
+def flat_type_problems(flat: dict[str, Any]) -> list[Problem]:
+    """The type problems of a push's `jetspec_policy.*` keys alone (the keys' names and values are checked
+    by `table_from_flat_args`): what must be refused before SGLang's own request type, which converts
+    "16" and true to numbers, sees the body."""
+    problems = []
+    for key, value in flat.items():
+        if not key.startswith(FLAT_PREFIX):
+            continue
+        field = key.removeprefix(FLAT_PREFIX).rpartition(".")[2]
+        if field not in (*FLAT_FIELDS, "ttl_s"):
+            continue
+        problem = _type_problem(key, field, value)
+        if problem is not None:
+            problems.append(problem)
+    return problems
 
 
 def _clipped(text: str, limit: int = 60) -> str:

@@ -8,7 +8,8 @@ Two hooks on `SchedulerInternalStateController` (the scheduler-side handler of b
 - AFTER `get_internal_state`: adds the state in force under `jetspec_policy`, the number of
   requests holding draft state under `jetspec_live_draft_states` and the head's context pool
   (slots, bytes, valid slots) under `jetspec_context_pool`, the verify widths and the steps run at each
-  under `jetspec_verify_widths`, and under `jetspec_ranks` each
+  under `jetspec_verify_widths`, the last refused push's time and problems under
+  `jetspec_last_refused_push` (SGLang answers a refused push 200 [false]), and under `jetspec_ranks` each
   tensor-parallel rank's live draft states, policy table and valid context slots (one entry with
   --tp-size 1); SGLang serves them on GET /server_info as `internal_states[i].jetspec_policy` (it has
   no /get_internal_state route).
@@ -20,7 +21,7 @@ from __future__ import annotations
 import logging
 import time
 
-from policies.control_api import POLICY_KEY
+from policies.control_api import LAST_REFUSAL_KEY, POLICY_KEY
 from sglang_jetspec.adapter.policy import is_policy_key
 
 log = logging.getLogger(__name__)
@@ -55,7 +56,8 @@ def around_set_internal_state(original, controller, recv_req):
         if rest and not original(controller, SetInternalStateReq(server_args=rest)).updated:
             return SetInternalStateReqOutput(updated=False)
         problems = control.push(ours, time.time())
-    if problems:  # one line per refused push, whatever it held
+    if problems:  # one line per refused push, whatever it held; the caller reads why on /server_info
+        control.last_refusal = {"at": time.time(), "problems": list(problems)}
         log.warning(
             "rejected %s push, nothing changed (%d problems): %s", POLICY_KEY, len(problems), "; ".join(problems)
         )
@@ -68,13 +70,15 @@ def after_get_internal_state(result, controller, recv_req):
     control = _policy_control(controller)
     if control is not None:
         result.internal_state[POLICY_KEY] = control.readback(time.time())
+        # SGLang answers a refused push 200 [false]: why, for the caller (None until a push is refused)
+        result.internal_state[LAST_REFUSAL_KEY] = control.last_refusal
         # requests holding draft state; 0 whenever nothing runs (else a leak)
         worker = controller.scheduler.draft_worker
         result.internal_state[LIVE_STATES_KEY] = worker.live_draft_states()
         # valid slots: the context of running and cached tokens only (0 after a flush, else a leak)
         result.internal_state[CONTEXT_POOL_KEY] = worker.context_pool_state()
         # the verify widths steps are padded to (JETSPEC_VERIFY_WIDTHS) and the steps run at each
-        result.internal_state[VERIFY_WIDTHS_KEY] = worker.reporter.verify_widths(worker.drafting.widths.rungs)
+        result.internal_state[VERIFY_WIDTHS_KEY] = worker.verify_widths_state()
         # every tensor-parallel rank's own view (SGLang hands this request to every rank's scheduler)
         result.internal_state[RANKS_KEY] = worker.ranks.gather(
             {

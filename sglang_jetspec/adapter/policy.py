@@ -76,6 +76,8 @@ class PolicyControl:
         self.admin_key_configured = admin_key_configured
         self._on_change = on_change  # called with the new PolicyState (metrics gauges)
         self._shown_generation = -1
+        # the last push refused through SGLang ({"at": unix time, "problems": [...]}; adapter.internal_state)
+        self.last_refusal: dict | None = None
 
     def step_plan(self, batch_size: int, now: float) -> StepPlan:
         self.refresh(now)

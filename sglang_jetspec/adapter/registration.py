@@ -10,6 +10,7 @@ from sglang_jetspec.adapter import (
     dummy_verify,
     internal_state,
     kv_reserve,
+    push_types,
     scheduler_hooks,
 )
 
@@ -25,6 +26,7 @@ HOOKS = (
     (kv_reserve.TARGET, kv_reserve.after_req_to_token_extra_context_len, "AFTER"),
     (context_pool_memory.CELL_SIZE_TARGET, context_pool_memory.after_dflash_draft_cell_size, "AFTER"),
     (attention_backends.AMX_METADATA_TARGET, attention_backends.after_intel_amx_init_forward_metadata, "AFTER"),
+    (push_types.TARGET, push_types.before_setup_and_run_http_server, "BEFORE"),
 )
 
 

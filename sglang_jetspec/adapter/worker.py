@@ -245,6 +245,10 @@ class JetSpecWorker(BaseSpecWorker):
         allocator = self.token_to_kv_pool_allocator
         return {**self.context_pool.describe(), "target_held_slots": allocator.size - allocator.available_size()}
 
+    def verify_widths_state(self) -> dict:
+        """The verify widths steps are padded to (none: no padding) and the steps run at each width."""
+        return self.reporter.verify_widths(self.drafting.widths.rungs)
+
     # ---- forward ----
 
     def forward_batch_generation(

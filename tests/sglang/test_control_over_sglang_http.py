@@ -14,6 +14,7 @@ from controller.server_client import PushRejected, ServerClient
 from policies import parse_policy_text, validate_table
 from policies.table import default_table
 from sglang_jetspec.adapter.policy import PolicyControl
+from sglang_jetspec.adapter.push_types import StrictPolicyPushes
 from sglang_jetspec.adapter.tensor_parallel import SingleRank
 
 ADMIN_KEY = "sglang-admin-key"
@@ -75,6 +76,7 @@ def sglang_server(monkeypatch, admin_key: str | None, api_key: str | None = None
                 policy_control=control,
                 live_draft_states=lambda: 0,
                 context_pool_state=lambda: {"slots": 0, "bytes": 0, "valid_slots": 0},
+                verify_widths_state=lambda: {"rungs": [], "steps_by_width": {}, "padded_steps": 0},
                 ranks=SingleRank(),
             )
         ),
@@ -113,6 +115,7 @@ def sglang_server(monkeypatch, admin_key: str | None, api_key: str | None = None
 
         monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(metrics_dir))
         add_prometheus_middleware(app)
+    app.add_middleware(StrictPolicyPushes)  # as the plugin's hook adds it, before SGLang's key check
     add_api_key_middleware(app, api_key=api_key, admin_api_key=admin_key)
     client = TestClient(app)
 
@@ -149,8 +152,11 @@ def test_sglang_refusals_reach_the_controller_with_their_fix(jetspec_registered,
     with pytest.raises(PushRejected, match=r"answered 401: Unauthorized -- missing or wrong admin key"):
         wrong.push(table(64))
     client = ServerClient("http://sglang", CONTROLLER_POLICY, ADMIN_KEY, transport=transport, sleep=lambda s: None)
-    with pytest.raises(PushRejected, match=r"answered \[False\]: .*'rejected jetspec_policy push'"):
-        client.push(table(8))  # not a candidate of the server's bs1
+    with pytest.raises(
+        PushRejected,
+        match=r"answered \[False\]: the server's last refusal: cohorts\[0\].budget 8 is not a candidate of 'bs1'",
+    ):
+        client.push(table(8))  # not a candidate of the server's bs1: SGLang says [false], /server_info says why
     nested = {"server_args": {"jetspec_policy": default_table(SERVER_POLICY).model_dump(mode="json")}}
     status, body = transport(
         "POST",
@@ -240,3 +246,77 @@ def test_with_both_keys_the_controller_scrapes_metrics_without_a_key(jetspec_reg
     assert (second.usage, second.failed) == ({}, [])  # nothing ran in between
     assert transport.seen == [("GET", "/metrics", None)] * 2
     assert transport("GET", "http://sglang/server_info", {}, None, 5.0)[0] == 401  # the key check is on
+
+
+# each field of a push, a valid value of its documented JSON type (ttl_s and probe_share: any finite
+# number; every other field: an integer), and the push it goes in (probe_budget and probe_share together)
+FIELD_VALUES = {
+    "ttl_s": 60.0,
+    "bs1.budget": 4,
+    "bs1.draft_rounds": 0,
+    "bs1.tree_width": 4,
+    "bs1.drafter": 1,
+    "bs1.tree_sizing": 1,
+    "bs1.sampled_children": 1,
+    "bs1.probe_budget": 64,
+    "bs1.probe_share": 0.05,
+}
+REAL = {"ttl_s", "bs1.probe_share"}
+
+
+def _variants(value):
+    """The same value as every JSON type: {type name: value}."""
+    number = float(value) if isinstance(value, float) else int(value)
+    return {
+        "int": int(number) if not isinstance(value, float) else None,
+        "float": float(number),
+        "string": str(value),
+        "bool": bool(number),
+        "null": None,
+        "array": [value],
+        "object": {"value": value},
+    }
+
+
+@pytest.mark.parametrize("field", FIELD_VALUES)
+def test_every_push_field_takes_only_its_documented_json_type(jetspec_registered, monkeypatch, field):
+    """SGLang's own request type would apply "4" and true as 4 and 1: each field is refused (400, the key
+    and its type named) in every JSON type but its own, and the table in force stays as it was."""
+    control, transport = sglang_server(monkeypatch, ADMIN_KEY)
+    base = {"jetspec_policy.ttl_s": 90.0, "jetspec_policy.bs1.budget": 16, "jetspec_policy.bs2-8.budget": 4}
+    if "probe" in field:
+        base |= {"jetspec_policy.bs1.probe_budget": 64, "jetspec_policy.bs1.probe_share": 0.05}
+    key = f"jetspec_policy.{field}"
+    documented = {"int", "float"} if field in REAL else {"int"}
+    for kind, value in _variants(FIELD_VALUES[field]).items():
+        if kind == "int" and value is None:
+            continue  # a real field's value has a fraction: its integer twin is another value
+        before = control.readback(0.0)
+        status, body = transport(
+            "POST",
+            "http://sglang/set_internal_state",
+            {"Authorization": f"Bearer {ADMIN_KEY}", "Content-Type": "application/json"},
+            json.dumps({"server_args": {**base, key: value}}).encode(),
+            5.0,
+        )
+        answer = json.loads(body)
+        if kind in documented:
+            assert (status, answer) == (200, [True]), (kind, answer)
+            assert control.readback(0.0)["generation"] == before["generation"] + 1
+        else:
+            assert status == 400, (kind, answer)
+            assert [p for p in answer["problems"] if key in p and "send" in p], (kind, answer)
+            after = control.readback(0.0)
+            assert (after["table"], after["generation"]) == (before["table"], before["generation"]), kind
+
+
+def test_a_push_of_the_wrong_type_without_the_admin_key_is_refused_for_the_key(jetspec_registered, monkeypatch):
+    control, transport = sglang_server(monkeypatch, ADMIN_KEY)
+    status, _ = transport(
+        "POST",
+        "http://sglang/set_internal_state",
+        {"Content-Type": "application/json"},
+        json.dumps({"server_args": {"jetspec_policy.bs1.budget": "4"}}).encode(),
+        5.0,
+    )
+    assert status == 401  # SGLang's key check runs first: its types tell an outsider nothing

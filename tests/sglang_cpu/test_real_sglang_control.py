@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from harness.serve import start_controller
-from policies.control_api import table_from_flat_args
+from policies.control_api import flat_type_problems, table_from_flat_args
 from policies.head import read_head_capacity
 from policies.loader import parse_policy_text
 from policies.problems import PolicyError
@@ -188,47 +188,65 @@ def _expected_table(flat: dict) -> dict | None:
 @given(
     flat=st.one_of(
         valid_tables(SERVER_POLICY, SERVER_HEAD, SHORT_TTL),
-        broken_tables(SERVER_POLICY, SERVER_HEAD, json_types=False, ttl_s=SHORT_TTL),
+        broken_tables(SERVER_POLICY, SERVER_HEAD, ttl_s=SHORT_TTL),
     )
 )
 def test_generated_pushes_never_take_the_server_down(yaml_policy_after, flat):
     """Fuzz of SGLang's /set_internal_state (a fixed seed): the server answers every push, applies exactly
-    the valid tables and reads back what it applied; a refused push leaves the table in force as it was.
+    the valid tables and reads back what it applied; a value of the wrong JSON type is refused with 400
+    before SGLang converts it, any other refused push answers [false] with its reasons on /server_info; a
+    refused push leaves the table in force as it was.
     (The fixture runs once around all examples: the last push expires before the next test.)"""
     url = yaml_policy_after
     before = jetspec_state(url)["jetspec_policy"]
     status, reply = post(f"{url}/set_internal_state", {"server_args": flat}, AUTH)
-    after = jetspec_state(url)["jetspec_policy"]  # the server is alive
+    state = jetspec_state(url)  # the server is alive
+    after = state["jetspec_policy"]
     expected = _expected_table(flat)
-    if expected is None:
+    if flat_type_problems(flat):
+        assert status == 400 and reply["problems"], (flat, reply)
+    elif expected is None:
         assert (status, reply) == (200, [False]), (flat, reply)
-        if before["source"] == "pushed" and after["generation"] == before["generation"]:
-            assert after["table"] == before["table"]
-        assert after["generation"] - before["generation"] <= 1  # at most an expiry, never this push
+        assert state["jetspec_last_refused_push"]["problems"], state  # why, for the caller
     else:
         assert (status, reply) == (200, [True]), (flat, reply)
         assert after["source"] == "pushed" and after["table"] == expected
+    if expected is None:
+        if before["source"] == "pushed" and after["generation"] == before["generation"]:
+            assert after["table"] == before["table"]
+        assert after["generation"] - before["generation"] <= 1  # at most an expiry, never this push
 
 
 @pytest.mark.parametrize(
-    "key, value, applied",
+    "key, value, answer",
     [
-        ("jetspec_policy.bs1.drafter", 1.0, False),  # once DRAFTERS[1.0]: a TypeError that killed the scheduler
-        ("jetspec_policy.bs1.tree_sizing", 1.0, False),
-        ("jetspec_policy.bs1.tree_width", 1_000_000, False),
-        ("jetspec_policy.ttl_s", 1e308, False),
-        # SGLang's own request type (Dict[str, int | float], lax) turns these into integers before any
-        # plugin code runs, so the scheduler sees budget 4 and drafter 1 and applies them
-        ("jetspec_policy.bs1.budget", "4", True),
-        ("jetspec_policy.bs1.drafter", True, True),
+        ("jetspec_policy.bs1.drafter", 1.0, 400),  # once DRAFTERS[1.0]: a TypeError that killed the scheduler
+        ("jetspec_policy.bs1.tree_sizing", 1.0, 400),
+        ("jetspec_policy.bs1.tree_width", 1_000_000, [False]),
+        ("jetspec_policy.ttl_s", 1e308, [False]),
+        # SGLang's own request type (Dict[str, int | float], lax) would turn these into integers before the
+        # scheduler sees them; the plugin's check of the raw body refuses them first
+        ("jetspec_policy.bs1.budget", "4", 400),
+        ("jetspec_policy.bs1.drafter", True, 400),
+        ("jetspec_policy.bs1.tree_sizing", False, 400),
+        ("jetspec_policy.ttl_s", "90", 400),
+        ("jetspec_policy.bs1.budget", 4, [True]),
     ],
 )
-def test_hostile_values_from_a_probe(yaml_policy_after, key, value, applied):
+def test_hostile_values_from_a_probe(yaml_policy_after, key, value, answer):
     url = yaml_policy_after
     flat = {"jetspec_policy.ttl_s": 2.0, "jetspec_policy.bs1.budget": 16, "jetspec_policy.bs2-4.budget": 16, key: value}
     status, reply = post(f"{url}/set_internal_state", {"server_args": flat}, AUTH)
-    assert (status, reply) == (200, [applied]), reply
-    assert budgets_in_force(url)[0] == ("pushed" if applied else "yaml")
+    if answer == 400:
+        assert status == 400 and any(key in problem for problem in reply["problems"]), reply
+    else:
+        assert (status, reply) == (200, answer), reply
+    if answer == [False]:  # SGLang's answer carries no reasons: /server_info does
+        assert any(
+            key.removeprefix("jetspec_policy.") in p or "ttl_s" in p
+            for p in jetspec_state(url)["jetspec_last_refused_push"]["problems"]
+        )
+    assert budgets_in_force(url)[0] == ("pushed" if answer == [True] else "yaml")
 
 
 def test_a_push_of_ten_thousand_keys_is_one_refusal_and_one_log_line(yaml_policy_after, jetspec_server):
