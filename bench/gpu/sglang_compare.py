@@ -45,6 +45,14 @@ COMMON = ["--disable-radix-cache", "--sampling-backend", "pytorch"]
 # JETSPEC switches SGLang's prefill CUDA graphs off itself (its prefill keeps every hidden state); the
 # plain and NGRAM servers it is compared with run the same way
 SYNC = ["--disable-overlap-schedule", "--disable-decode-cuda-graph", "--disable-prefill-cuda-graph"]
+# jetspec+graphs: decode CUDA graphs on, each step's trees padded to a width with its own verify graph
+GRAPH_WIDTHS = "4,8,16,32,64"
+SERVER_ENV = {"jetspec+graphs": {"JETSPEC_VERIFY_WIDTHS": GRAPH_WIDTHS}}
+
+
+def server_env(label: str) -> dict[str, str]:
+    """Environment variables a server label's process starts with (beside the bench's own)."""
+    return SERVER_ENV.get(label.partition("@")[0], {})
 
 
 # ---- pure parts (unit-tested on CPU) ----
@@ -326,6 +334,7 @@ def server_configs(servers: list[tuple[str, str]], args) -> dict[str, list[str]]
             "jetspec": jetspec,
             "jetspec+phases": jetspec + ["--enable-metrics"],
             "jetspec+profile": jetspec,
+            "jetspec+graphs": ["--disable-overlap-schedule", "--disable-prefill-cuda-graph"] + jetspec[len(SYNC) :],
             "plain": SYNC,
             "plain+defaults": [],
             "ngram": SYNC
@@ -486,7 +495,9 @@ def main(argv: list[str] | None = None) -> int:
     path = save()
     ports = {label: args.port + i for i, label in enumerate(configs)}
     launched = (
-        {label: Server(label, cmd, ports[label], args.out) for label, cmd in configs.items()} if args.together else {}
+        {label: Server(label, cmd, ports[label], args.out, server_env(label)) for label, cmd in configs.items()}
+        if args.together
+        else {}
     )
     try:
         # every start-up finishes before the first measurement: a neighbour capturing its CUDA graphs
@@ -505,7 +516,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.deadline_s is not None and time.perf_counter() - run_start + args.server_budget_s > args.deadline_s:
                 print(f"[{label}] skipped: would run past --deadline-s {args.deadline_s:.0f}", flush=True)
                 continue
-            server = launched.pop(label, None) or Server(label, cmd, ports[label], args.out)
+            server = launched.pop(label, None) or Server(label, cmd, ports[label], args.out, server_env(label))
             try:
                 server.wait_ready()
                 print(f"[{label}] ready {time.perf_counter() - run_start:.0f}s into the run", flush=True)

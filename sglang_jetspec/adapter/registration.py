@@ -12,6 +12,7 @@ from sglang_jetspec.adapter import (
     kv_reserve,
     push_types,
     scheduler_hooks,
+    verify_graphs,
 )
 
 # (dotted target, hook, HookType member name): every SGLang function the plugin patches.
@@ -27,6 +28,8 @@ HOOKS = (
     (context_pool_memory.CELL_SIZE_TARGET, context_pool_memory.after_dflash_draft_cell_size, "AFTER"),
     (attention_backends.AMX_METADATA_TARGET, attention_backends.after_intel_amx_init_forward_metadata, "AFTER"),
     (push_types.TARGET, push_types.before_setup_and_run_http_server, "BEFORE"),
+    (verify_graphs.SPEC_INFO_TARGET, verify_graphs.after_get_spec_info, "AFTER"),
+    (verify_graphs.CAN_RUN_TARGET, verify_graphs.around_can_run_graph, "AROUND"),
 )
 
 

@@ -15,7 +15,7 @@ from policies import PolicyError, read_head_capacity
 from sglang_jetspec.adapter.attention_backends import backend_problems
 from sglang_jetspec.adapter.policy import POLICY_ENV, load_runtime_policy, max_budget, policy_path
 from sglang_jetspec.core.head_config import HeadConfigError, TargetInfo
-from sglang_jetspec.core.verify_widths import WIDTHS_ENV, VerifyWidths, VerifyWidthsError
+from sglang_jetspec.core.verify_widths import DEFAULT_LADDER, WIDTHS_ENV, VerifyWidths, VerifyWidthsError
 
 log = logging.getLogger(__name__)
 
@@ -98,10 +98,19 @@ def _runtime_problems(cfg) -> list[str]:
             "previous step's tokens on the host); pass --disable-overlap-schedule"
         )
     if cfg.cuda_graph_config.decode.backend != "disabled":
-        problems.append(
-            "decode CUDA graphs are on: JETSPEC's verify width changes with the policy budget and SGLang "
-            "cannot capture a plugin's verify input; pass --disable-decode-cuda-graph"
-        )
+        if str(cfg.device) != "cuda":
+            problems.append(
+                f"decode graphs are on with --device {cfg.device}: SGLang's graphs there do not run a tree "
+                "verify; pass --disable-cuda-graph"
+            )
+        elif not os.environ.get(WIDTHS_ENV, "").strip():
+            # TODO(issue 57): on by default (the default ladder) once bench/gpu has measured graph verify
+            problems.append(
+                "decode CUDA graphs are on: JETSPEC verifies under them only at fixed widths, which "
+                f"{WIDTHS_ENV} lists (e.g. {WIDTHS_ENV}={','.join(map(str, DEFAULT_LADDER))}: one graph "
+                "per width and batch-size bucket; not yet measured on a GPU); set it, or pass "
+                "--disable-decode-cuda-graph"
+            )
     if cfg.page_size != 1:
         problems.append(
             f"--page-size {cfg.page_size}: JETSPEC compacts accepted tree nodes slot by slot and keeps the "

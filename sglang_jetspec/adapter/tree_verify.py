@@ -48,6 +48,7 @@ class TreeVerifier:
     def __init__(self, target_worker, model, mask_layout: MaskLayout, device: torch.device, drafts: bool) -> None:
         self.target_worker, self.model, self.mask_layout, self.device = target_worker, model, mask_layout, device
         self.drafts = drafts  # this rank keeps the head's context, so it reads the tap rows
+        self.graphs = None  # adapter.verify_graphs.VerifyGraphs once captured (CUDA, a width ladder)
 
     def bind(
         self,
@@ -82,6 +83,8 @@ class TreeVerifier:
         penalties), masked to what the request's grammar allows after the node's path, then the request's
         logit bias: the order of SGLang's own sampler."""
         capture = CaptureHiddenMode.FULL if inputs.capture_taps else CaptureHiddenMode.NULL
+        if self.graphs is not None:  # the width's verify graph, or SGLang's eager path for roots alone
+            self.graphs.select(1 if inputs.decode else drafted.num_nodes)
         with nullcontext() if reads_taps else taps_uncaptured(self.model):
             result = self.target_worker.forward_batch_generation(
                 batch, is_verify=True, capture_hidden_mode=capture if inputs.decode else None

@@ -56,6 +56,7 @@ from sglang_jetspec.adapter.step_reporter import StepReporter
 from sglang_jetspec.adapter.target_views import target_tables
 from sglang_jetspec.adapter.tensor_parallel import sglang_ranks
 from sglang_jetspec.adapter.tree_verify import TreeVerifier
+from sglang_jetspec.adapter.verify_graphs import VerifyGraphs
 from sglang_jetspec.adapter.worker_observability import WorkerShadow, worker_metrics, xgrammar_options
 from sglang_jetspec.core.context_pool import SlotContextPool
 from sglang_jetspec.core.draft_vocab import load_draft_vocab
@@ -210,6 +211,15 @@ class JetSpecWorker(BaseSpecWorker):
         self.head_context = HeadContext(pool, self.drafting.drafter.head, self.device)
         head_context = self.head_context if self.ranks.drafts else None
         self.committer = StepCommit(allocator, head_context, self.ranks, self.speculative_num_draft_tokens, self.device)
+
+    def init_cuda_graphs(self) -> None:
+        """After SGLang captured the target's verify graph at the widest width (scheduler
+        init_all_cuda_graphs): one more per lower width of the ladder (adapter.verify_graphs)."""
+        widths = self.drafting.widths
+        captured = getattr(self.model_runner, "decode_cuda_graph_captured", False)
+        if not captured or not widths.pads or self.device.type != "cuda":
+            return
+        self.verifier.graphs = VerifyGraphs.capture(self.model_runner, widths.rungs)
 
     def _draft_model_runners(self) -> tuple:
         return ()  # no SGLang draft runner: no draft KV pool for disaggregation, HiCache or resizing

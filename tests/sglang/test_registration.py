@@ -64,8 +64,8 @@ def test_load_plugin_is_idempotent_touches_no_device_and_loads_no_model_code():
     )
     assert got["cuda_initialized"] is False
     assert got["model_code"] == []
-    assert got["hooks_per_target"] == [1] * 11  # loaded three times, registered once (11 = len(HOOKS))
-    assert len(got["patched"]) == 11
+    assert got["hooks_per_target"] == [1] * 13  # loaded three times, registered once (13 = len(HOOKS))
+    assert len(got["patched"]) == 13
     assert got["registered"] == ["JETSPEC"]
     assert got["again_s"] < 0.05, "a repeated load must be a no-op"
 

@@ -214,7 +214,7 @@ def test_every_problem_is_reported_at_once(resolve):
         "  - --attention-backend torch_native",
         "  - --pp-size 2",
         "  - --enable-mixed-chunk",
-        "  - decode CUDA graphs are on",
+        "  - decode graphs are on with --device cpu",
     ]
 
 
@@ -268,3 +268,13 @@ def test_a_malformed_verify_width_ladder_is_refused_at_start_up(resolve, monkeyp
     assert f"{WIDTHS_ENV}='4,8,sixteen': 'sixteen' is not a width" in _problems(resolve)
     monkeypatch.setenv(WIDTHS_ENV, "4,8,16,32,64")
     assert resolve().speculative_num_draft_tokens >= 16  # a good ladder starts
+
+
+def test_decode_cuda_graphs_run_the_verify_once_a_width_ladder_is_set(resolve, monkeypatch):
+    from sglang_jetspec.core.verify_widths import WIDTHS_ENV
+
+    on = ["--attention-backend", "flashinfer", "--device", "cuda", "--disable-overlap-schedule"]
+    text = _problems(resolve, base=on)
+    assert f"decode CUDA graphs are on: JETSPEC verifies under them only at fixed widths, which {WIDTHS_ENV}" in text
+    monkeypatch.setenv(WIDTHS_ENV, "4,8,16,32,64")
+    assert resolve(base=on).cuda_graph_config.decode.backend != "disabled"  # graphs stay on: the verify is captured

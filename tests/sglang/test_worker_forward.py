@@ -727,6 +727,8 @@ def test_padded_verify_widths_keep_adaptive_greedy_output_and_verify_only_rungs(
     fresh.policy_control = _one_budget(tmp_path, 16, tree_sizing="adaptive")
     monkeypatch.setattr(fresh.drafting, "widths", VerifyWidths.ladder(LADDER, 16))
     counts = _verified_node_counts(fresh, monkeypatch)
+    selected = []  # the width whose verify graph each forward would replay (adapter.verify_graphs)
+    monkeypatch.setattr(fresh.verifier, "graphs", SimpleNamespace(select=selected.append))
     padded_before = fresh.reporter.padded_steps
     encode = lambda text: smollm2.tokenizer(text)["input_ids"]  # noqa: E731
     reqs = [
@@ -738,6 +740,7 @@ def test_padded_verify_widths_keep_adaptive_greedy_output_and_verify_only_rungs(
     for req in reqs:
         assert req.output_ids == _plain_greedy(smollm2, req.origin_input_ids, len(req.output_ids)), req.rid
     assert set(counts) <= {1, 4, 8, 16} and {4, 8, 16} & set(counts)
+    assert selected == counts  # each forward on its width's graph; roots alone (1) on the eager path
     assert fresh.reporter.padded_steps > padded_before  # some sized tree was not a rung's width
     assert max(sched.accept_lens) > 1
 

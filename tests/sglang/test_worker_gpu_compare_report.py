@@ -123,6 +123,18 @@ def test_servers_launched_together_share_the_gpu_memory(bench):
     assert all(cmd[-1] == "--log-level=warning" for cmd in configs.values())
 
 
+def test_the_graph_config_keeps_decode_graphs_and_names_the_width_ladder(bench):
+    class Args:
+        model, head, device, attention_backend, ngram_draft_tokens, together = "m", "h", "cuda", "triton", 8, False
+        server_arg = []
+
+    cmd = bench.server_configs([("jetspec+graphs", "bfloat16")], Args)["jetspec+graphs@bfloat16"]
+    assert "--disable-decode-cuda-graph" not in cmd and "--disable-overlap-schedule" in cmd
+    assert cmd[cmd.index("--speculative-algorithm") + 1] == "JETSPEC"
+    assert bench.server_env("jetspec+graphs@bfloat16") == {"JETSPEC_VERIFY_WIDTHS": "4,8,16,32,64"}
+    assert bench.server_env("jetspec@bfloat16") == {}
+
+
 def test_phase_ms_per_verify_step_from_counter_deltas(bench):
     before = {"draft": 1.0, "verify": 2.0, "accept": 1.0, "commit": 0.5, "steps": 100.0}
     after = {"draft": 1.5, "verify": 3.0, "tree": 0.2, "accept": 1.3, "commit": 0.6, "steps": 200.0}

@@ -1,0 +1,132 @@
+"""The tree verify under CUDA graphs: SGLang's own decode graph runner in TARGET_VERIFY mode, one per
+verify width of the ladder (core.verify_widths), as SGLang's adaptive EAGLE keeps one per step count.
+
+How a JETSPEC server gets there (SGLang 0.5.23; ../shared/notes/sglang-0.5.23-graph-runner.md):
+- SGLang captures the target's TARGET_VERIFY graph itself after the workers exist (scheduler
+  init_all_cuda_graphs), at the width it reserved KV for: the ladder's top rung. The worker has set the
+  tap layers before (`set_dflash_layers_to_capture`), so the graph returns their rows.
+- Its runner builds the capture's dummy verify input by algorithm and knows no plugin: the AFTER hook
+  `after_get_spec_info` supplies JETSPEC's (a tree verify over the runner's custom-mask buffer, FULL
+  hidden capture, the runner's width), as `dummy_verify` does for SGLang's warm-up forwards.
+- The runner would also take a DECODE batch (a step of roots alone) and replay it on the verify graph:
+  `around_can_run_graph` sends those to the eager path.
+- The worker's `init_cuda_graphs` (called right after the target's) captures the lower rungs, each with
+  its own attention backend (Triton sizes its mask by the width at creation), under SGLang's
+  speculative_num_draft_tokens set to that width. `VerifyGraphs.select(width)` installs a width's
+  backend and runner on the target before its forward; a width without a graph runs eager.
+
+TODO(GPU): none of this has run on a GPU yet (no device was lent to the sessions that wrote it); issue 57
+keeps it behind JETSPEC_VERIFY_WIDTHS until bench/gpu measures it. A step of roots alone runs eager (a
+plain decode graph captured with FULL hidden capture would serve it; not built).
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
+
+_RUNNER = "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner"
+SPEC_INFO_TARGET = f"{_RUNNER}.get_spec_info"
+CAN_RUN_TARGET = f"{_RUNNER}.can_run_graph"
+
+
+def _serves_jetspec(runner) -> bool:
+    from sglang_jetspec.adapter.spec_algo import JetSpecAlgo
+
+    model_runner = runner.model_runner
+    return isinstance(model_runner.spec_algorithm, JetSpecAlgo) and not model_runner.is_draft_worker
+
+
+def after_get_spec_info(result, runner, *args, **kwargs):
+    """The dummy verify input a JETSPEC verify graph is captured with: the runner's custom-mask buffer
+    (so the attention backend captures its custom-mask kernel) and width, FULL hidden capture (the class
+    default: the tap rows of every verify token)."""
+    if result is not None or not _serves_jetspec(runner) or not runner.capture_forward_mode.is_target_verify():
+        return result
+    from sglang_jetspec.adapter.spec_inputs import JetSpecVerifyInput
+
+    return JetSpecVerifyInput(
+        draft_token=None,
+        custom_mask=runner.buffers.custom_mask,
+        positions=None,
+        retrieve_index=None,
+        retrieve_next_token=None,
+        retrieve_next_sibling=None,
+        draft_token_num=runner.captured_req_width,
+    )
+
+
+def around_can_run_graph(original, runner, forward_batch, *args, **kwargs):
+    """A verify runner replays tree verifies only: a DECODE batch of roots runs eager."""
+    if (
+        _serves_jetspec(runner)
+        and runner.capture_forward_mode.is_target_verify()
+        and not forward_batch.forward_mode.is_target_verify()
+    ):
+        return False
+    return original(runner, forward_batch, *args, **kwargs)
+
+
+@contextmanager
+def _reserved_width(width: int):
+    """SGLang's speculative_num_draft_tokens set to `width` while a width's backend and runner are built."""
+    from sglang.srt.runtime_context import get_context, get_spec
+
+    was = get_spec().speculative_num_draft_tokens
+    get_context().override("jetspec.verify_graphs", speculative_num_draft_tokens=width)
+    try:
+        yield
+    finally:
+        get_context().override("jetspec.verify_graphs", speculative_num_draft_tokens=was)
+
+
+@dataclass
+class WidthGraphs:
+    attn_backend: object
+    graph_runner: object
+    memory_gb: float
+
+
+class VerifyGraphs:
+    """The target's verify graphs by width. `select(width)` before each forward of the target."""
+
+    def __init__(self, model_runner, by_width: dict[int, WidthGraphs], eager: WidthGraphs) -> None:
+        self.model_runner, self.by_width, self.eager = model_runner, by_width, eager
+
+    @classmethod
+    def capture(cls, model_runner, rungs: tuple[int, ...], runner_cls=None, free_gb=None) -> VerifyGraphs:
+        """SGLang's own capture (the top rung, already on `model_runner`) and one more backend and runner
+        per lower rung; each rung's graph memory is logged."""
+        if free_gb is None:
+            from sglang.srt.utils.common import get_available_gpu_memory
+
+            def free_gb() -> float:
+                return get_available_gpu_memory(model_runner.device, model_runner.gpu_id)
+
+        runner_cls = runner_cls or model_runner._decode_cuda_graph_runner_cls()
+        top = WidthGraphs(model_runner.attn_backend, model_runner.decode_cuda_graph_runner, 0.0)
+        by_width = {rungs[-1]: top}
+        for width in rungs[:-1]:
+            before = free_gb()
+            with _reserved_width(width):
+                backend = model_runner._get_attention_backend(init_new_workspace=True)
+                runner = runner_cls(model_runner, attn_backend=backend, speculative_num_draft_tokens=width)
+            by_width[width] = WidthGraphs(backend, runner, before - free_gb())
+            log.info(
+                "JETSPEC verify graphs at width %d: batch sizes %s, %.2f GB",
+                width,
+                getattr(runner, "capture_bs", "?"),
+                by_width[width].memory_gb,
+            )
+        return cls(model_runner, by_width, top)
+
+    def select(self, width: int) -> bool:
+        """Install `width`'s backend and runner on the target; False when no graph serves that width (the
+        forward then runs eager on SGLang's own backend)."""
+        chosen = self.by_width.get(width, self.eager)
+        self.model_runner.attn_backend = chosen.attn_backend
+        self.model_runner.decode_cuda_graph_runner = chosen.graph_runner
+        return width in self.by_width

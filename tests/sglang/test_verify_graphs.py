@@ -1,0 +1,107 @@
+"""The pieces of the CUDA-graph verify a CPU can check (adapter.verify_graphs): the dummy input SGLang's
+decode graph runner captures a JETSPEC verify with, the runner sending roots-only DECODE batches to the
+eager path, and the set of runners by width that the verifier selects before each forward. The capture
+and replay themselves need a GPU (issue 57's bench/gpu run)."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+pytest.importorskip("sglang")
+
+from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode  # noqa: E402
+
+from sglang_jetspec.adapter import verify_graphs  # noqa: E402
+from sglang_jetspec.adapter.spec_inputs import JetSpecVerifyInput  # noqa: E402
+from sglang_jetspec.adapter.verify_graphs import VerifyGraphs  # noqa: E402
+
+
+def _runner(spec_algorithm, width=8, mode=ForwardMode.TARGET_VERIFY, draft=False):
+    """The fields of a DecodeCudaGraphRunner the hooks read."""
+    return SimpleNamespace(
+        model_runner=SimpleNamespace(spec_algorithm=spec_algorithm, is_draft_worker=draft),
+        capture_forward_mode=mode,
+        buffers=SimpleNamespace(custom_mask=torch.ones(4 * width * (1 + width), dtype=torch.bool)),
+        captured_req_width=width,
+        speculative_num_steps=3,
+        speculative_num_draft_tokens=width,
+    )
+
+
+@pytest.fixture(scope="module")
+def runner_cls(jetspec_registered):
+    from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    HookRegistry.apply_hooks()
+    return DecodeCudaGraphRunner
+
+
+def test_sglangs_runner_captures_a_jetspec_verify_over_its_mask_buffer_at_its_width(runner_cls, jetspec_registered):
+    runner = _runner(jetspec_registered, width=16)
+    info = runner_cls.get_spec_info(runner, 4 * 16)  # SGLang's own method, our AFTER hook applied
+    assert isinstance(info, JetSpecVerifyInput)
+    assert info.custom_mask is runner.buffers.custom_mask  # the attention backend captures its mask kernel
+    assert (info.draft_token_num, info.num_tokens_per_req) == (16, 16)  # the runner's width check matches
+    assert info.capture_hidden_mode == CaptureHiddenMode.FULL  # the tap rows of every verify token
+
+
+def test_other_algorithms_and_draft_runners_keep_sglangs_answer(runner_cls, jetspec_registered):
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    assert runner_cls.get_spec_info(_runner(jetspec_registered, draft=True), 8) is None
+    ngram = runner_cls.get_spec_info(_runner(SpeculativeAlgorithm.from_string("NGRAM")), 8)
+    assert type(ngram).__name__ == "NgramVerifyInput"
+
+
+def test_a_roots_only_decode_batch_never_replays_the_verify_graph(runner_cls, jetspec_registered):
+    decode = SimpleNamespace(forward_mode=ForwardMode.DECODE, replace_embeds=None)
+    assert runner_cls.can_run_graph(_runner(jetspec_registered), decode) is False
+    seen = []
+    verify = SimpleNamespace(forward_mode=ForwardMode.TARGET_VERIFY)
+    original = lambda runner, fb: seen.append(fb) or True  # noqa: E731
+    assert verify_graphs.around_can_run_graph(original, _runner(jetspec_registered), verify) is True
+    assert seen == [verify]  # a tree verify gets SGLang's own checks (batch size, width)
+
+
+class FakeGraphRunner:
+    def __init__(self, model_runner, attn_backend, speculative_num_draft_tokens):
+        self.attn_backend, self.width = attn_backend, speculative_num_draft_tokens
+        self.capture_bs = [1, 2, 4]
+
+
+def test_one_runner_and_backend_per_lower_width_and_sglangs_own_for_the_top(monkeypatch):
+    widths_at_build = []
+
+    @contextmanager
+    def reserved(width):  # SGLang's speculative_num_draft_tokens while the width's pieces are built
+        widths_at_build.append(width)
+        yield
+
+    monkeypatch.setattr(verify_graphs, "_reserved_width", reserved)
+    backends = iter(range(100))
+    top_backend, top_runner = object(), object()
+    model_runner = SimpleNamespace(
+        attn_backend=top_backend,
+        decode_cuda_graph_runner=top_runner,
+        _get_attention_backend=lambda init_new_workspace: ("backend", next(backends)),
+    )
+    free = iter([10.0, 9.5, 9.5, 9.25])
+    graphs = VerifyGraphs.capture(model_runner, (4, 8, 16), runner_cls=FakeGraphRunner, free_gb=lambda: next(free))
+    assert widths_at_build == [4, 8]
+    assert {w: (g.graph_runner.width if w != 16 else 16) for w, g in graphs.by_width.items()} == {4: 4, 8: 8, 16: 16}
+    assert graphs.by_width[4].graph_runner.attn_backend is graphs.by_width[4].attn_backend  # a backend each
+    assert graphs.by_width[4].attn_backend != graphs.by_width[8].attn_backend
+    assert [graphs.by_width[w].memory_gb for w in (4, 8)] == [0.5, 0.25]
+    assert graphs.select(8) is True
+    assert (model_runner.attn_backend, model_runner.decode_cuda_graph_runner) == (
+        graphs.by_width[8].attn_backend,
+        graphs.by_width[8].graph_runner,
+    )
+    assert graphs.select(1) is False  # roots alone: SGLang's own backend, run eager
+    assert (model_runner.attn_backend, model_runner.decode_cuda_graph_runner) == (top_backend, top_runner)
+    assert graphs.select(16) is True and model_runner.decode_cuda_graph_runner is top_runner
