@@ -8,16 +8,19 @@ How a JETSPEC server gets there (SGLang 0.5.23; ../shared/notes/sglang-0.5.23-gr
 - Its runner builds the capture's dummy verify input by algorithm and knows no plugin: the AFTER hook
   `after_get_spec_info` supplies JETSPEC's (a tree verify over the runner's custom-mask buffer, FULL
   hidden capture, the runner's width), as `dummy_verify` does for SGLang's warm-up forwards.
-- The runner would also take a DECODE batch (a step of roots alone) and replay it on the verify graph:
-  `around_can_run_graph` sends those to the eager path.
+- A runner replays only batches of the mode and hidden-state capture it was captured with
+  (`around_can_run_graph`); SGLang's own check would replay a DECODE batch on the verify graph, and a
+  batch asking for more hidden states than the graph captured would raise instead of running eager.
 - The worker's `init_cuda_graphs` (called right after the target's) captures the lower rungs, each with
-  its own attention backend (Triton sizes its mask by the width at creation), under SGLang's
-  speculative_num_draft_tokens set to that width. `VerifyGraphs.select(width)` installs a width's
-  backend and runner on the target before its forward; a width without a graph runs eager.
+  its own attention backend (a backend's graph buffers belong to one runner; Triton also sizes its mask
+  by the width at creation), under SGLang's speculative_num_draft_tokens set to that width; and one
+  plain DECODE graph, captured as SGLang captures a server without speculation, for the steps of roots
+  alone that keep no draft context (a cohort gated off): those then cost what plain SGLang's decode
+  costs. `VerifyGraphs.select(width)` installs a width's backend and runner on the target before its
+  forward; a step no graph serves (roots alone that keep the tap rows) runs eager.
 
 TODO(GPU): none of this has run on a GPU yet (no device was lent to the sessions that wrote it); issue 57
-keeps it behind JETSPEC_VERIFY_WIDTHS until bench/gpu measures it. A step of roots alone runs eager (a
-plain decode graph captured with FULL hidden capture would serve it; not built).
+keeps it behind JETSPEC_VERIFY_WIDTHS until bench/gpu measures it.
 """
 
 from __future__ import annotations
@@ -60,14 +63,28 @@ def after_get_spec_info(result, runner, *args, **kwargs):
 
 
 def around_can_run_graph(original, runner, forward_batch, *args, **kwargs):
-    """A verify runner replays tree verifies only: a DECODE batch of roots runs eager."""
-    if (
-        _serves_jetspec(runner)
-        and runner.capture_forward_mode.is_target_verify()
-        and not forward_batch.forward_mode.is_target_verify()
+    """A JETSPEC runner replays only batches of its own mode (a verify graph never replays a DECODE batch of
+    roots) that ask for no more hidden states than it captured; anything else runs eager."""
+    if _serves_jetspec(runner) and (
+        runner.capture_forward_mode != forward_batch.forward_mode
+        or runner.capture_hidden_mode < forward_batch.capture_hidden_mode
     ):
         return False
     return original(runner, forward_batch, *args, **kwargs)
+
+
+@contextmanager
+def _without_speculation(model_runner):
+    """The target seen as a server without speculation while its plain DECODE graph is captured (SGLang's
+    runner captures TARGET_VERIFY whenever the server speculates)."""
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    algorithm = model_runner.spec_algorithm
+    model_runner.spec_algorithm = SpeculativeAlgorithm.NONE
+    try:
+        yield
+    finally:
+        model_runner.spec_algorithm = algorithm
 
 
 @contextmanager
@@ -91,15 +108,15 @@ class WidthGraphs:
 
 
 class VerifyGraphs:
-    """The target's verify graphs by width. `select(width)` before each forward of the target."""
+    """The target's graphs by verify width (1: the plain decode graph). `select(width)` before each forward."""
 
     def __init__(self, model_runner, by_width: dict[int, WidthGraphs], eager: WidthGraphs) -> None:
         self.model_runner, self.by_width, self.eager = model_runner, by_width, eager
 
     @classmethod
     def capture(cls, model_runner, rungs: tuple[int, ...], runner_cls=None, free_gb=None) -> VerifyGraphs:
-        """SGLang's own capture (the top rung, already on `model_runner`) and one more backend and runner
-        per lower rung; each rung's graph memory is logged."""
+        """SGLang's own capture (the top rung, already on `model_runner`), one more backend and runner per
+        lower rung, and the plain decode graph; each one's graph memory is logged."""
         if free_gb is None:
             from sglang.srt.utils.common import get_available_gpu_memory
 
@@ -107,20 +124,32 @@ class VerifyGraphs:
                 return get_available_gpu_memory(model_runner.device, model_runner.gpu_id)
 
         runner_cls = runner_cls or model_runner._decode_cuda_graph_runner_cls()
+
+        def captured(width: int, build) -> WidthGraphs:
+            before = free_gb()
+            backend, runner = build()
+            graphs = WidthGraphs(backend, runner, before - free_gb())
+            what = "plain decode" if width == 1 else f"verify width {width}"
+            log.info(
+                "JETSPEC %s graphs: batch sizes %s, %.2f GB", what, getattr(runner, "capture_bs", "?"), graphs.memory_gb
+            )
+            return graphs
+
+        def verify(width: int):
+            with _reserved_width(width):
+                backend = model_runner._get_attention_backend(init_new_workspace=True)
+                return backend, runner_cls(model_runner, attn_backend=backend, speculative_num_draft_tokens=width)
+
+        def plain_decode():
+            with _without_speculation(model_runner):
+                backend = model_runner._get_attention_backend(init_new_workspace=True)
+                return backend, runner_cls(model_runner, attn_backend=backend)
+
         top = WidthGraphs(model_runner.attn_backend, model_runner.decode_cuda_graph_runner, 0.0)
         by_width = {rungs[-1]: top}
         for width in rungs[:-1]:
-            before = free_gb()
-            with _reserved_width(width):
-                backend = model_runner._get_attention_backend(init_new_workspace=True)
-                runner = runner_cls(model_runner, attn_backend=backend, speculative_num_draft_tokens=width)
-            by_width[width] = WidthGraphs(backend, runner, before - free_gb())
-            log.info(
-                "JETSPEC verify graphs at width %d: batch sizes %s, %.2f GB",
-                width,
-                getattr(runner, "capture_bs", "?"),
-                by_width[width].memory_gb,
-            )
+            by_width[width] = captured(width, lambda width=width: verify(width))
+        by_width[1] = captured(1, plain_decode)
         return cls(model_runner, by_width, top)
 
     def select(self, width: int) -> bool:

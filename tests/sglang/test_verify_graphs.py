@@ -20,11 +20,12 @@ from sglang_jetspec.adapter.spec_inputs import JetSpecVerifyInput  # noqa: E402
 from sglang_jetspec.adapter.verify_graphs import VerifyGraphs  # noqa: E402
 
 
-def _runner(spec_algorithm, width=8, mode=ForwardMode.TARGET_VERIFY, draft=False):
+def _runner(spec_algorithm, width=8, mode=ForwardMode.TARGET_VERIFY, draft=False, hidden=CaptureHiddenMode.FULL):
     """The fields of a DecodeCudaGraphRunner the hooks read."""
     return SimpleNamespace(
         model_runner=SimpleNamespace(spec_algorithm=spec_algorithm, is_draft_worker=draft),
         capture_forward_mode=mode,
+        capture_hidden_mode=hidden,
         buffers=SimpleNamespace(custom_mask=torch.ones(4 * width * (1 + width), dtype=torch.bool)),
         captured_req_width=width,
         speculative_num_steps=3,
@@ -58,23 +59,37 @@ def test_other_algorithms_and_draft_runners_keep_sglangs_answer(runner_cls, jets
     assert type(ngram).__name__ == "NgramVerifyInput"
 
 
-def test_a_roots_only_decode_batch_never_replays_the_verify_graph(runner_cls, jetspec_registered):
-    decode = SimpleNamespace(forward_mode=ForwardMode.DECODE, replace_embeds=None)
-    assert runner_cls.can_run_graph(_runner(jetspec_registered), decode) is False
+def _batch(mode, hidden=CaptureHiddenMode.NULL):
+    return SimpleNamespace(forward_mode=mode, capture_hidden_mode=hidden, replace_embeds=None)
+
+
+def test_a_runner_replays_only_batches_of_its_mode_and_hidden_capture(runner_cls, jetspec_registered):
+    verify_runner = _runner(jetspec_registered)
+    decode_runner = _runner(jetspec_registered, width=1, mode=ForwardMode.DECODE, hidden=CaptureHiddenMode.NULL)
+    # SGLang's own check would replay roots on the verify graph; the plain decode graph holds no tap rows
+    assert runner_cls.can_run_graph(verify_runner, _batch(ForwardMode.DECODE)) is False
+    assert runner_cls.can_run_graph(decode_runner, _batch(ForwardMode.DECODE, CaptureHiddenMode.FULL)) is False
+    assert runner_cls.can_run_graph(decode_runner, _batch(ForwardMode.TARGET_VERIFY)) is False
     seen = []
-    verify = SimpleNamespace(forward_mode=ForwardMode.TARGET_VERIFY)
     original = lambda runner, fb: seen.append(fb) or True  # noqa: E731
-    assert verify_graphs.around_can_run_graph(original, _runner(jetspec_registered), verify) is True
-    assert seen == [verify]  # a tree verify gets SGLang's own checks (batch size, width)
+    verify, decode = _batch(ForwardMode.TARGET_VERIFY, CaptureHiddenMode.FULL), _batch(ForwardMode.DECODE)
+    assert verify_graphs.around_can_run_graph(original, verify_runner, verify) is True
+    assert verify_graphs.around_can_run_graph(original, decode_runner, decode) is True
+    assert seen == [verify, decode]  # then SGLang's own checks (batch size, width)
 
 
 class FakeGraphRunner:
-    def __init__(self, model_runner, attn_backend, speculative_num_draft_tokens):
+    def __init__(self, model_runner, attn_backend, speculative_num_draft_tokens=None):
         self.attn_backend, self.width = attn_backend, speculative_num_draft_tokens
+        self.algorithm = model_runner.spec_algorithm  # what the runner saw while it captured
         self.capture_bs = [1, 2, 4]
 
 
-def test_one_runner_and_backend_per_lower_width_and_sglangs_own_for_the_top(monkeypatch):
+def test_one_runner_and_backend_per_lower_width_a_plain_decode_graph_and_sglangs_own_for_the_top(
+    monkeypatch, jetspec_registered
+):
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
     widths_at_build = []
 
     @contextmanager
@@ -86,22 +101,29 @@ def test_one_runner_and_backend_per_lower_width_and_sglangs_own_for_the_top(monk
     backends = iter(range(100))
     top_backend, top_runner = object(), object()
     model_runner = SimpleNamespace(
+        spec_algorithm=jetspec_registered,
         attn_backend=top_backend,
         decode_cuda_graph_runner=top_runner,
         _get_attention_backend=lambda init_new_workspace: ("backend", next(backends)),
     )
-    free = iter([10.0, 9.5, 9.5, 9.25])
+    free = iter([10.0, 9.5, 9.5, 9.25, 9.25, 9.0])
     graphs = VerifyGraphs.capture(model_runner, (4, 8, 16), runner_cls=FakeGraphRunner, free_gb=lambda: next(free))
     assert widths_at_build == [4, 8]
-    assert {w: (g.graph_runner.width if w != 16 else 16) for w, g in graphs.by_width.items()} == {4: 4, 8: 8, 16: 16}
-    assert graphs.by_width[4].graph_runner.attn_backend is graphs.by_width[4].attn_backend  # a backend each
-    assert graphs.by_width[4].attn_backend != graphs.by_width[8].attn_backend
-    assert [graphs.by_width[w].memory_gb for w in (4, 8)] == [0.5, 0.25]
+    assert sorted(graphs.by_width) == [1, 4, 8, 16]
+    assert [graphs.by_width[w].graph_runner.width for w in (1, 4, 8)] == [None, 4, 8]
+    assert graphs.by_width[16].graph_runner is top_runner  # SGLang's own capture serves the top rung
+    # the plain decode graph captured as for a server without speculation, the verify graphs as JETSPEC's
+    assert graphs.by_width[1].graph_runner.algorithm == SpeculativeAlgorithm.NONE
+    assert graphs.by_width[4].graph_runner.algorithm is jetspec_registered
+    assert model_runner.spec_algorithm is jetspec_registered  # restored
+    backends_used = [graphs.by_width[w].attn_backend for w in (1, 4, 8)]
+    assert len(set(backends_used)) == 3 and top_backend not in backends_used  # a backend's graph state is one runner's
+    assert [graphs.by_width[w].memory_gb for w in (4, 8, 1)] == [0.5, 0.25, 0.25]
     assert graphs.select(8) is True
     assert (model_runner.attn_backend, model_runner.decode_cuda_graph_runner) == (
         graphs.by_width[8].attn_backend,
         graphs.by_width[8].graph_runner,
     )
-    assert graphs.select(1) is False  # roots alone: SGLang's own backend, run eager
+    assert graphs.select(1) is True and model_runner.decode_cuda_graph_runner is graphs.by_width[1].graph_runner
+    assert graphs.select(5) is False  # no graph for that width: SGLang's own backend, run eager
     assert (model_runner.attn_backend, model_runner.decode_cuda_graph_runner) == (top_backend, top_runner)
-    assert graphs.select(16) is True and model_runner.decode_cuda_graph_runner is top_runner
