@@ -117,3 +117,28 @@ def test_validity_follows_writes_invalidation_and_clearing():
     assert not pool.holds(slots) and pool.holds(slots[:2]) and pool.valid_slots() == 3
     pool.clear()  # a cache flush
     assert pool.valid_slots() == 0
+
+
+def test_a_draft_pass_dispatches_the_same_ops_whatever_the_contexts_and_reads_nothing_back():
+    """What a CUDA graph of the head's drafting pass needs (issue 57): for a batch size, a fixed sequence of
+    kernels however long the requests' contexts, and no read of device data by the host (a strict probe
+    raises at the first one). The first pass also packs the head's weights once (not counted here), and
+    the shapes still follow the longest context: a graph needs the context padded to a static bucket."""
+    from harness.step_probe import StepProbe
+
+    head = _head()
+    torch.manual_seed(0)
+    embed, lm_head = nn.Embedding(VOCAB, HIDDEN), nn.Linear(HIDDEN, VOCAB, bias=False)
+    pool = SlotContextPool(CFG, SLOTS, torch.float32, "cpu")
+    pool.write(head, _rows(5, 400), torch.arange(400), torch.arange(1, 401))
+    drafter = HeadDrafter(head, embed, lm_head, context=pool)
+
+    def ops(*lengths: int) -> int:
+        lanes = _slot_lanes(*[(torch.arange(1, 1 + n), 5 + i) for i, n in enumerate(lengths)])
+        with StepProbe(strict=True) as probe:
+            drafter.propose(lanes, 3)
+        return probe.take().device_ops
+
+    ops(8)  # the one-time packing of the head's weights
+    assert ops(20) == ops(200) == ops(399) > 10
+    assert ops(20, 390, 7) == ops(200, 5, 60) == ops(1, 1, 1)

@@ -287,11 +287,26 @@ def test_push_reads_back_every_data_parallel_rank(test_policy):
 
 @pytest.mark.parametrize("answer", [[False], [True, False], []])
 def test_sglang_refusing_a_table_is_rejected_pointing_at_its_log(test_policy, answer):
+    """A server that keeps no reasons on /server_info (an older plugin): the refusal points at its log."""
     table = table_with(test_policy)
     transport = SGLangAnswers((200, answer), [rank(table)])
     with pytest.raises(PushRejected, match=rf"answered {re.escape(repr(answer))}: .*'rejected jetspec_policy push'"):
         sglang_client(test_policy, transport).push(table)
-    assert transport.calls == [("POST", "set_internal_state")]  # not retried, nothing read back
+    assert transport.calls == [("POST", "set_internal_state"), ("GET", "server_info")]  # not retried
+
+
+def test_sglang_refusing_a_table_is_rejected_with_the_servers_reasons(test_policy):
+    table = table_with(test_policy)
+    refused = {
+        **rank(table),
+        "jetspec_last_refused_push": {"at": 1000.0, "problems": ["cohorts[0].budget 8 is not a candidate"]},
+    }
+    transport = SGLangAnswers((200, [False]), [refused])
+    with pytest.raises(
+        PushRejected, match=r"answered \[False\]: the server's last refusal: cohorts\[0\]\.budget 8 is not"
+    ):
+        sglang_client(test_policy, transport).push(table)
+    assert transport.calls == [("POST", "set_internal_state"), ("GET", "server_info")]
 
 
 @pytest.mark.parametrize(
