@@ -59,6 +59,7 @@ from sglang_jetspec.adapter.tree_verify import TreeVerifier
 from sglang_jetspec.adapter.verify_graphs import VerifyGraphs
 from sglang_jetspec.adapter.worker_observability import WorkerShadow, worker_metrics, xgrammar_options
 from sglang_jetspec.core.context_pool import SlotContextPool
+from sglang_jetspec.core.draft_graphs import DraftGraphs, context_buckets
 from sglang_jetspec.core.draft_vocab import load_draft_vocab
 from sglang_jetspec.core.head_drafter import HeadDrafter
 from sglang_jetspec.core.head_io import load_head
@@ -214,12 +215,20 @@ class JetSpecWorker(BaseSpecWorker):
 
     def init_cuda_graphs(self) -> None:
         """After SGLang captured the target's verify graph at the widest width (scheduler
-        init_all_cuda_graphs): one more per lower width of the ladder (adapter.verify_graphs)."""
+        init_all_cuda_graphs): one more per lower width of the ladder and the plain decode graph
+        (adapter.verify_graphs); the head's drafting pass by batch and context bucket, captured at each
+        bucket's first use (core.draft_graphs)."""
         widths = self.drafting.widths
         captured = getattr(self.model_runner, "decode_cuda_graph_captured", False)
         if not captured or not widths.pads or self.device.type != "cuda":
             return
         self.verifier.graphs = VerifyGraphs.capture(self.model_runner, widths.rungs)
+        if self.ranks.drafts:
+            drafter, table = self.drafting.drafter, self.req_to_token_pool.req_to_token
+            batches = tuple(self.model_runner.decode_cuda_graph_runner.capture_bs)
+            drafter.graphs = DraftGraphs(
+                drafter, self.context_pool, batches, context_buckets(table.shape[1]), capture=True
+            )
 
     def _draft_model_runners(self) -> tuple:
         return ()  # no SGLang draft runner: no draft KV pool for disaggregation, HiCache or resizing

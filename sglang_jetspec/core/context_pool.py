@@ -83,14 +83,23 @@ class SlotContextPool:
             raise ValueError("lanes of one step must share one slot table (SGLang's req_to_token)")
         kv_lens = [lane.kv_len for lane in lanes]
         rows = torch.tensor([lane.slot_row for lane in lanes], device=table.device)
-        slots = table[rows, : max(kv_lens)].long()
         lengths = torch.tensor(kv_lens, device=table.device)
-        valid = torch.arange(slots.shape[1], device=table.device) < lengths.unsqueeze(1)
+        context, valid = self.gather(table, rows, lengths, max(kv_lens))
+        return context, valid, lengths
+
+    def gather(
+        self, table: torch.Tensor, rows: torch.Tensor, lengths: torch.Tensor, length: int
+    ) -> tuple[list[LayerContext], torch.Tensor]:
+        """The contexts of `table`'s rows `rows` [B] of `lengths` [B], padded to `length` (at least the
+        longest): device data in, device data out, the shapes fixed by B and `length` alone (what a
+        captured draft pass replays, core.draft_graphs)."""
+        slots = table[rows, :length].long()
+        valid = torch.arange(length, device=table.device) < lengths.unsqueeze(1)
         context = [
             LayerContext(self.keys[layer][slots].transpose(1, 2), self.values[layer][slots].transpose(1, 2))
             for layer in range(self.keys.shape[0])
         ]
-        return context, valid, lengths
+        return context, valid
 
     def describe(self) -> dict:
         """Slots (the target's), bytes held, and the slots whose context is valid (a live or cached token's)."""

@@ -54,6 +54,9 @@ class HeadDrafter:
             None  # (key of the lm_head weight it came from, its draft_vocab rows)
         )
         self._packed_rows = PackedWeight()
+        # core.draft_graphs.DraftGraphs once the worker has set one up (a GPU with decode graphs): `propose`
+        # then replays the step's bucket instead of launching the pass kernel by kernel
+        self.graphs = None
 
     @property
     def max_depth(self) -> int:
@@ -88,12 +91,24 @@ class HeadDrafter:
         """[B, depth, V] draft logits for depths 1..depth (<= block_size-1); a lane's context is its
         tapped rows (one per committed token but the root). Only the needed rows pay for the lm_head;
         a causal head's rows see only earlier ones, so its block is cut to the depth+1 rows it needs."""
-        cfg = self.head.config
+        if self.graphs is not None:
+            replayed = self.graphs.propose(lanes, depth)
+            if replayed is not None:
+                return replayed
         context, valid, lengths = self.context.padded(self.head, lanes)
+        roots = torch.tensor([lane.root_token for lane in lanes], device=valid.device)
+        return self.block_logits(context, valid, lengths, roots, depth)
+
+    def block_logits(
+        self, context: list[LayerContext], valid: torch.Tensor, lengths: torch.Tensor, roots: torch.Tensor, depth: int
+    ) -> torch.Tensor:
+        """`propose` from device data alone: the contexts (valid mask [B, L]), their lengths [B] and the
+        roots [B]; shapes fixed by B, L and `depth` (what a captured draft pass replays)."""
+        cfg = self.head.config
         device = valid.device
         size = min(depth + 1, cfg.block_size) if cfg.causal_head else cfg.block_size
-        ids = torch.full((len(lanes), size), cfg.mask_token_id, dtype=torch.long, device=device)
-        ids[:, 0] = torch.tensor([lane.root_token for lane in lanes], device=device)
+        ids = torch.full((len(roots), size), cfg.mask_token_id, dtype=torch.long, device=device)
+        ids[:, 0] = roots
         positions = lengths.unsqueeze(1) + torch.arange(size, device=device)
         embeds = self.embed_tokens(ids).to(self.head.fc.weight.dtype)
         hidden = self.head(embeds, positions, context, block_mask(valid, size, cfg.causal_head))

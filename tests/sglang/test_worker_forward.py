@@ -38,6 +38,7 @@ from sglang_jetspec.adapter.tensor_parallel import SingleRank  # noqa: E402
 from sglang_jetspec.adapter.worker_observability import WorkerShadow  # noqa: E402
 from sglang_jetspec.core import tree_drafting as tree_drafting_module  # noqa: E402
 from sglang_jetspec.core.context_pool import SlotContextPool  # noqa: E402
+from sglang_jetspec.core.draft_graphs import DraftGraphs, context_buckets  # noqa: E402
 from sglang_jetspec.core.head_drafter import HeadDrafter  # noqa: E402
 from sglang_jetspec.core.head_io import load_head  # noqa: E402
 from sglang_jetspec.core.learned_verify_cost import LearnedVerifyCost  # noqa: E402
@@ -743,6 +744,25 @@ def test_padded_verify_widths_keep_adaptive_greedy_output_and_verify_only_rungs(
     assert selected == counts  # each forward on its width's graph; roots alone (1) on the eager path
     assert fresh.reporter.padded_steps > padded_before  # some sized tree was not a rung's width
     assert max(sched.accept_lens) > 1
+
+
+def test_drafting_through_static_buckets_keeps_greedy_output(fresh, smollm2, single_thread, monkeypatch, tmp_path):
+    """The head's drafting pass through core.draft_graphs' buckets (eager here, replayed on a GPU) drafts
+    the trees the eager pass does: the same tokens, with speculation working."""
+    fresh.policy_control = _one_budget(tmp_path, 16)
+    drafter = fresh.drafting.drafter
+    graphs = DraftGraphs(drafter, fresh.context_pool, (1, 2, 4), context_buckets(MAX_LEN, smallest=32), capture=False)
+    monkeypatch.setattr(drafter, "graphs", graphs)
+    encode = lambda text: smollm2.tokenizer(text)["input_ids"]  # noqa: E731
+    reqs = [
+        FakeReq("h0", encode(PROMPTS[0]), 16, temperature=0.0),
+        FakeReq("h1", encode(PROMPTS[2]), 12, temperature=0.0),
+    ]
+    sched = Scheduler(fresh)
+    sched.run(reqs)
+    for req in reqs:
+        assert req.output_ids == _plain_greedy(smollm2, req.origin_input_ids, len(req.output_ids)), req.rid
+    assert {batch for batch, _, _ in graphs._buckets} == {1, 2} and max(sched.accept_lens) > 1
 
 
 def test_padding_nodes_change_no_seeded_draw(fresh, smollm2, single_thread, monkeypatch, tmp_path):

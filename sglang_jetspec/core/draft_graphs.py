@@ -1,0 +1,119 @@
+"""The head's drafting pass over static buffers, replayed as a CUDA graph per (batch bucket, context
+bucket, depth).
+
+On a GPU the pass launches ~150 kernels a step (the CPU probe counts ~190 ops, the same number whatever
+the contexts: tests/test_context_pool.py); a graph replays them in one launch, but it needs every shape
+fixed and every input in a buffer that stays put. So a step's lanes are padded to a batch-size bucket
+(padding lanes read row 0 of the slot table with length 1; their rows are dropped) and their contexts to
+a context bucket (the valid mask hides the padding, as it hides a shorter lane's already), and the slot
+rows, lengths and roots go into the bucket's static buffer in one copy. The pass itself (the gather from
+the context pool, the head, the draft vocabulary's logits) reads only that buffer, the slot table and the
+pool, whose storages never move.
+
+With `capture=False` (a CPU) the same buffers and the same function run eagerly, so the CPU tests prove
+padded passes give the unpadded logits through exactly the path a replay takes.
+
+TODO(GPU, issue 57): never captured on a GPU yet. A graph reads the draft vocabulary's lm_head rows as
+they were at capture: a target weight update would need the graphs dropped (SGLang's weight updates are
+not wired to the head today).
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+import torch
+
+from .context_pool import SlotContextPool
+from .head_drafter import HeadDrafter
+from .lanes import SlotLane
+
+
+def context_buckets(table_width: int, smallest: int = 256) -> tuple[int, ...]:
+    """Powers of two from `smallest` below the slot table's width, then the width itself."""
+    buckets, size = [], smallest
+    while size < table_width:
+        buckets.append(size)
+        size *= 2
+    return (*buckets, table_width)
+
+
+@dataclass
+class _Bucket:
+    table: torch.Tensor
+    inputs: torch.Tensor  # [3, batch]: slot-table rows, context lengths, root tokens
+    length: int
+    depth: int
+    graph: object | None = None  # torch.cuda.CUDAGraph once captured
+    out: torch.Tensor | None = None  # the captured pass's logits [batch, depth, V]
+
+
+class DraftGraphs:
+    def __init__(
+        self,
+        drafter: HeadDrafter,
+        pool: SlotContextPool,
+        batch_buckets: tuple[int, ...],
+        context_buckets: tuple[int, ...],
+        capture: bool,
+    ) -> None:
+        self.drafter, self.pool, self.capture = drafter, pool, capture
+        self.batch_buckets, self.context_buckets = tuple(sorted(batch_buckets)), tuple(sorted(context_buckets))
+        self._buckets: dict[tuple, _Bucket] = {}
+        self._mempool = torch.cuda.graph_pool_handle() if capture else None
+
+    @staticmethod
+    def _bucket(sizes: tuple[int, ...], n: int) -> int | None:
+        at = bisect.bisect_left(sizes, n)
+        return sizes[at] if at < len(sizes) else None
+
+    def propose(self, lanes: list[SlotLane], depth: int) -> torch.Tensor | None:
+        """HeadDrafter.propose's logits for `lanes`, from the bucket's graph; None when no bucket holds the
+        step (more lanes or a longer context than any bucket: the caller drafts eagerly)."""
+        table = lanes[0].slot_table
+        batch = self._bucket(self.batch_buckets, len(lanes))
+        length = self._bucket(self.context_buckets, max(lane.kv_len for lane in lanes))
+        if batch is None or length is None or length > table.shape[1]:
+            return None
+        key = (batch, length, depth)
+        bucket = self._buckets.get(key)
+        if bucket is None or bucket.table is not table:
+            bucket = self._buckets[key] = _Bucket(
+                table, torch.zeros(3, batch, dtype=torch.long, device=table.device), length, depth
+            )
+        pad = batch - len(lanes)
+        host = torch.tensor(
+            [
+                [lane.slot_row for lane in lanes] + [0] * pad,
+                [lane.kv_len for lane in lanes] + [1] * pad,
+                [lane.root_token for lane in lanes] + [0] * pad,
+            ],
+            dtype=torch.long,
+        )
+        bucket.inputs.copy_(host, non_blocking=True)
+        if not self.capture:
+            return self._pass(bucket)[: len(lanes)]
+        if bucket.graph is None:
+            self._capture(bucket)
+        bucket.graph.replay()
+        return bucket.out[: len(lanes)]
+
+    def _pass(self, bucket: _Bucket) -> torch.Tensor:
+        """The whole drafting pass from the bucket's buffer: what a graph captures."""
+        rows, lengths, roots = bucket.inputs
+        context, valid = self.pool.gather(bucket.table, rows, lengths, bucket.length)
+        return self.drafter.block_logits(context, valid, lengths, roots, bucket.depth)
+
+    @torch.no_grad()
+    def _capture(self, bucket: _Bucket) -> None:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up: lazy packing and library set-up stay out of the graph
+            for _ in range(2):
+                self._pass(bucket)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._mempool):
+            bucket.out = self._pass(bucket)
+        bucket.graph = graph
