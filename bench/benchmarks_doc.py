@@ -296,7 +296,9 @@ def gpu_rows(rel: str, run: dict, dtype: str) -> list[list[str]]:
         cells = [rate_cell(c["tok_s"], speedup_over_plain(run, server, b)) for b, c in by_batch.items()]
         accepts = [cell["accept_length"] for cell in by_batch.values()]
         accept = " / ".join(f"{a:.2f}" for a in accepts) if None not in accepts else "-"
-        identity = run.get("identity", {}).get(dtype) if server.startswith("jetspec@") else None
+        # keyed by the JETSPEC server's label since 2026-11-29 (one entry per JETSPEC server); by dtype before
+        by = run.get("identity", {})
+        identity = by.get(server) or (by.get(dtype) if server.startswith("jetspec@") else None)
         exact = f"{sum(p['exact'] for p in identity)}/{len(identity)}" if identity else "-"
         rows.append([result_link(rel), server, *cells, accept, exact])
     return rows

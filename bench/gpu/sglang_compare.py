@@ -117,7 +117,8 @@ def parse_servers(text: str, default_dtype: str) -> list[tuple[str, str]]:
 def results_markdown(
     identity: dict[str, list[IdentityRow]], throughput: dict[str, dict[int, Speed]], meta: dict
 ) -> str:
-    """`identity`: per dtype, JETSPEC vs plain rows; `throughput`: per server label (name@dtype)."""
+    """`identity`: per JETSPEC server label, its rows against plain's of its dtype; `throughput`: per server
+    label (name@dtype)."""
     lines = [
         f"# SGLang GPU comparison ({meta.get('device', '?')}, SGLang {meta.get('sglang', '?')})",
         "",
@@ -127,10 +128,11 @@ def results_markdown(
         f"torch {meta.get('torch', '?')}.",
         "",
     ]
-    for dtype, rows in identity.items():
+    for label, rows in identity.items():
         exact = sum(r.exact for r in rows)
+        plain = server_label("plain", label.partition("@")[2])
         lines += [
-            f"Greedy identity JETSPEC vs plain, {dtype}: {exact}/{len(rows)} exact ({exact / max(1, len(rows)):.0%}).",
+            f"Greedy identity {label} vs {plain}: {exact}/{len(rows)} exact ({exact / max(1, len(rows)):.0%}).",
             "",
         ]
         diverged = [r for r in rows if not r.exact]
@@ -187,7 +189,7 @@ def write_results(
         json.dumps(
             {
                 "meta": meta,
-                "identity": {dtype: [asdict(r) for r in rows] for dtype, rows in identity.items()},
+                "identity": {label: [asdict(r) for r in rows] for label, rows in identity.items()},
                 "throughput": {k: {str(bs): asdict(v) for bs, v in by.items()} for k, by in throughput.items()},
             },
             indent=2,
@@ -534,14 +536,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def identity_of(greedy: dict[str, list[dict]]) -> dict[str, list[IdentityRow]]:
-    """Per dtype that has both a plain and a JETSPEC server: JETSPEC's greedy outputs against plain's."""
+    """Per JETSPEC server (jetspec, jetspec+graphs, ... @dtype) that has a plain server of its dtype: its
+    greedy outputs against plain's, keyed by its label."""
     out = {}
-    for label, plain in greedy.items():
+    for label, outputs in greedy.items():
         name, _, dtype = label.partition("@")
-        jetspec = greedy.get(server_label("jetspec", dtype))
-        if name == "plain" and jetspec is not None:
-            out[dtype] = identity_rows(
-                [output_ids(r) for r in plain], [output_ids(r) for r in jetspec], [top_logprob_maps(r) for r in plain]
+        plain = greedy.get(server_label("plain", dtype))
+        if name.startswith("jetspec") and plain is not None:
+            out[label] = identity_rows(
+                [output_ids(r) for r in plain], [output_ids(r) for r in outputs], [top_logprob_maps(r) for r in plain]
             )
     return out
 

@@ -50,10 +50,10 @@ def test_identity_rows_and_table(bench, tmp_path):
         "jetspec@float32": {1: Speed(150.0, 3.0)},
     }
     path = bench.write_results(
-        tmp_path, {"bfloat16": rows}, speeds, {"device": "H100", "sglang": "0.5.23", "max_new_tokens": 3}
+        tmp_path, {"jetspec@bfloat16": rows}, speeds, {"device": "H100", "sglang": "0.5.23", "max_new_tokens": 3}
     )
     text = path.read_text()
-    assert "bfloat16: 1/3 exact (33%)" in text and "| 1 | 1 | 0.0500 |" in text
+    assert "Greedy identity jetspec@bfloat16 vs plain@bfloat16: 1/3 exact (33%)" in text and "| 1 | 1 | 0.0500 |" in text
     assert "| jetspec@bfloat16 | 250.0 (2.50x), 2.50 | 450.0 (1.50x), 2.25 |" in text
     assert "| ngram@bfloat16 | 120.0 (1.20x), 1.50 | n/a |" in text
     assert "| jetspec@float32 | 150.0 (3.00x), 3.00 | n/a |" in text  # each dtype against its own plain server
@@ -64,7 +64,7 @@ def test_identity_rows_and_table(bench, tmp_path):
         "accept_length": 2.5,
         "phases_ms": {"draft": 1.25, "verify": 3.0},
     }
-    assert saved["identity"]["bfloat16"][1]["margin"] == pytest.approx(0.05)
+    assert saved["identity"]["jetspec@bfloat16"][1]["margin"] == pytest.approx(0.05)
 
 
 def test_servers_parse_with_a_dtype_each_and_identity_pairs_plain_with_jetspec_of_that_dtype(bench):
@@ -82,9 +82,12 @@ def test_servers_parse_with_a_dtype_each_and_identity_pairs_plain_with_jetspec_o
         "jetspec@float32": [response([1, 2])],
         "plain@bfloat16": [response([3, 4])],
         "ngram@float32": [response([9])],
+        "jetspec+graphs@float32": [response([1, 5])],
     }
     identity = bench.identity_of(greedy)
-    assert list(identity) == ["float32"] and identity["float32"][0].exact  # bf16 has no JETSPEC server here
+    # every JETSPEC server against plain of its dtype; bf16 has no JETSPEC server here
+    assert list(identity) == ["jetspec@float32", "jetspec+graphs@float32"]
+    assert identity["jetspec@float32"][0].exact and not identity["jetspec+graphs@float32"][0].exact
 
 
 def test_every_pass_gets_prompts_no_earlier_pass_sent(bench):
