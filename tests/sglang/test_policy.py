@@ -110,6 +110,9 @@ class _FakeWorker:
     def context_pool_state(self):
         return {"slots": 0, "bytes": 0, "valid_slots": 0}
 
+    def verify_widths_state(self):
+        return {"rungs": [], "steps_by_width": {}, "padded_steps": 0}
+
 
 def _controller(control):
     from sglang.srt.managers.scheduler_components.internal_state import SchedulerInternalStateController
@@ -129,14 +132,17 @@ def test_hooked_sglang_controller_applies_and_rejects(jetspec_registered, policy
     controller = _controller(control)
     good = controller.set_internal_state(SetInternalStateReq(server_args=_push(policy, bs1=64)))
     assert good.updated is True and control.step_plan(1, now=0.0).budget == 64
+    assert control.last_refusal is None
     bad = controller.set_internal_state(SetInternalStateReq(server_args=_push(policy, bs1=48)))
     assert bad.updated is False and control.step_plan(1, now=0.0).budget == 64
+    assert any("48" in problem for problem in control.last_refusal["problems"])  # why, for /server_info
     # a valid table next to a key SGLang rejects: all or nothing
     mixed = controller.set_internal_state(SetInternalStateReq(server_args={**_push(policy, bs1=8), "nope": 1}))
     assert mixed.updated is False and control.step_plan(1, now=0.0).budget == 64
     # readback: the AFTER hook on get_internal_state adds the state in force
     result = internal_state.after_get_internal_state(GetInternalStateReqOutput(internal_state={}), controller, None)
     assert result.internal_state["jetspec_policy"]["table"]["cohorts"][0]["budget"] == 64
+    assert result.internal_state["jetspec_last_refused_push"] == control.last_refusal
 
 
 def test_other_algorithms_pass_through(jetspec_registered):
