@@ -113,3 +113,19 @@ def break_target_processing(monkeypatch, **wrong) -> None:
 
     monkeypatch.setattr(acceptance, "processed_probs", broken(sampling.processed_probs))
     monkeypatch.setattr(acceptance, "processed_probs_unread", broken(sampling.processed_probs_unread))
+
+
+def internal_state_worker(control):
+    """What adapter.internal_state reads of a JETSPEC worker (its PolicyControl `control`, nothing running),
+    for tests of SGLang's internal-state hooks without a worker."""
+    from types import SimpleNamespace
+
+    from sglang_jetspec.adapter.tensor_parallel import SingleRank
+
+    return SimpleNamespace(
+        policy_control=control,
+        ranks=SingleRank(),
+        live_draft_states=lambda: 0,
+        context_pool_state=lambda: {"slots": 0, "bytes": 0, "valid_slots": 0},
+        verify_widths_state=lambda: {"rungs": [], "steps_by_width": {}, "padded_steps": 0},
+    )

@@ -15,7 +15,7 @@ from policies import parse_policy_text, validate_table
 from policies.table import default_table
 from sglang_jetspec.adapter.policy import PolicyControl
 from sglang_jetspec.adapter.push_types import StrictPolicyPushes
-from sglang_jetspec.adapter.tensor_parallel import SingleRank
+from tests.builders import internal_state_worker
 
 ADMIN_KEY = "sglang-admin-key"
 API_KEY = "sglang-api-key"  # SGLang --api-key: with --admin-api-key too, ordinary routes take only this one
@@ -71,15 +71,7 @@ def sglang_server(monkeypatch, admin_key: str | None, api_key: str | None = None
     HookRegistry.apply_hooks()
     control = PolicyControl(SERVER_POLICY, admin_key_configured=admin_key is not None)
     scheduler = SchedulerInternalStateController(
-        SimpleNamespace(
-            draft_worker=SimpleNamespace(
-                policy_control=control,
-                live_draft_states=lambda: 0,
-                context_pool_state=lambda: {"slots": 0, "bytes": 0, "valid_slots": 0},
-                verify_widths_state=lambda: {"rungs": [], "steps_by_width": {}, "padded_steps": 0},
-                ranks=SingleRank(),
-            )
-        ),
+        SimpleNamespace(draft_worker=internal_state_worker(control)),
         record_step_time=False,
     )
 

@@ -10,6 +10,7 @@ from policies import load_policy
 from policies.control_api import table_from_flat_args, table_to_flat_args
 from policies.table import default_table
 from sglang_jetspec.adapter.policy import POLICY_ENV, PolicyControl, load_runtime_policy, max_budget, policy_path
+from tests.builders import internal_state_worker
 
 
 @pytest.fixture()
@@ -97,27 +98,12 @@ def test_pushes_need_an_admin_key(policy):
     assert control.step_plan(1, now=0.0) == ("bs1", 32, 0, 0, "hybrid", "adaptive", "top_k", True)
 
 
-class _FakeWorker:
-    def __init__(self, control):
-        from sglang_jetspec.adapter.tensor_parallel import SingleRank
-
-        self.policy_control = control
-        self.ranks = SingleRank()
-
-    def live_draft_states(self):
-        return 0
-
-    def context_pool_state(self):
-        return {"slots": 0, "bytes": 0, "valid_slots": 0}
-
-    def verify_widths_state(self):
-        return {"rungs": [], "steps_by_width": {}, "padded_steps": 0}
-
-
 def _controller(control):
     from sglang.srt.managers.scheduler_components.internal_state import SchedulerInternalStateController
 
-    return SchedulerInternalStateController(SimpleNamespace(draft_worker=_FakeWorker(control)), record_step_time=False)
+    return SchedulerInternalStateController(
+        SimpleNamespace(draft_worker=internal_state_worker(control)), record_step_time=False
+    )
 
 
 def test_hooked_sglang_controller_applies_and_rejects(jetspec_registered, policy):
