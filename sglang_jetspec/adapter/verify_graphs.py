@@ -14,10 +14,11 @@ How a JETSPEC server gets there (SGLang 0.5.23; ../shared/notes/sglang-0.5.23-gr
 - The worker's `init_cuda_graphs` (called right after the target's) captures the lower rungs, each with
   its own attention backend (a backend's graph buffers belong to one runner; Triton also sizes its mask
   by the width at creation), under SGLang's speculative_num_draft_tokens set to that width; and one
-  plain DECODE graph, captured as SGLang captures a server without speculation, for the steps of roots
-  alone that keep no draft context (a cohort gated off): those then cost what plain SGLang's decode
-  costs. `VerifyGraphs.select(width)` installs a width's backend and runner on the target before its
-  forward; a step no graph serves (roots alone that keep the tap rows) runs eager.
+  plain DECODE graph, captured as SGLang captures a server without speculation but with every token's
+  hidden state (the tap rows, for a step of roots whose requests keep drafting), for the steps of roots
+  alone: a cohort gated off then costs what plain SGLang's decode costs. `VerifyGraphs.select(width)`
+  installs a width's backend and runner on the target before its forward; a step no graph serves runs
+  eager.
 
 TODO(GPU): none of this has run on a GPU yet (no device was lent to the sessions that wrote it); issue 57
 keeps it behind JETSPEC_VERIFY_WIDTHS until bench/gpu measures it.
@@ -88,16 +89,18 @@ def _without_speculation(model_runner):
 
 
 @contextmanager
-def _reserved_width(width: int):
-    """SGLang's speculative_num_draft_tokens set to `width` while a width's backend and runner are built."""
-    from sglang.srt.runtime_context import get_context, get_spec
+def resolved(**fields):
+    """SGLang's resolved config leaves set to `fields` while a graph's backend and runner are built (what
+    its buffers and capture read: speculative_num_draft_tokens, return_hidden_states_mode), then restored."""
+    from sglang.srt.runtime_context import get_context
 
-    was = get_spec().speculative_num_draft_tokens
-    get_context().override("jetspec.verify_graphs", speculative_num_draft_tokens=width)
+    context = get_context()
+    was = {name: context.config_leaf(name) for name in fields}
+    context.override("jetspec.verify_graphs", **fields)
     try:
         yield
     finally:
-        get_context().override("jetspec.verify_graphs", speculative_num_draft_tokens=was)
+        context.override("jetspec.verify_graphs", **was)
 
 
 @dataclass
@@ -136,12 +139,12 @@ class VerifyGraphs:
             return graphs
 
         def verify(width: int):
-            with _reserved_width(width):
+            with resolved(speculative_num_draft_tokens=width):
                 backend = model_runner._get_attention_backend(init_new_workspace=True)
                 return backend, runner_cls(model_runner, attn_backend=backend, speculative_num_draft_tokens=width)
 
-        def plain_decode():
-            with _without_speculation(model_runner):
+        def plain_decode():  # with every token's hidden state: a step of roots may keep its tap rows
+            with _without_speculation(model_runner), resolved(return_hidden_states_mode="full"):
                 backend = model_runner._get_attention_backend(init_new_workspace=True)
                 return backend, runner_cls(model_runner, attn_backend=backend)
 

@@ -90,14 +90,14 @@ def test_one_runner_and_backend_per_lower_width_a_plain_decode_graph_and_sglangs
 ):
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-    widths_at_build = []
+    resolved_at_build = []
 
     @contextmanager
-    def reserved(width):  # SGLang's speculative_num_draft_tokens while the width's pieces are built
-        widths_at_build.append(width)
+    def resolved(**fields):  # SGLang's resolved leaves while a graph's pieces are built (checked below)
+        resolved_at_build.append(fields)
         yield
 
-    monkeypatch.setattr(verify_graphs, "_reserved_width", reserved)
+    monkeypatch.setattr(verify_graphs, "resolved", resolved)
     backends = iter(range(100))
     top_backend, top_runner = object(), object()
     model_runner = SimpleNamespace(
@@ -108,7 +108,11 @@ def test_one_runner_and_backend_per_lower_width_a_plain_decode_graph_and_sglangs
     )
     free = iter([10.0, 9.5, 9.5, 9.25, 9.25, 9.0])
     graphs = VerifyGraphs.capture(model_runner, (4, 8, 16), runner_cls=FakeGraphRunner, free_gb=lambda: next(free))
-    assert widths_at_build == [4, 8]
+    assert resolved_at_build == [
+        {"speculative_num_draft_tokens": 4},
+        {"speculative_num_draft_tokens": 8},
+        {"return_hidden_states_mode": "full"},  # the decode graph returns the tap rows of roots that keep drafting
+    ]
     assert sorted(graphs.by_width) == [1, 4, 8, 16]
     assert [graphs.by_width[w].graph_runner.width for w in (1, 4, 8)] == [None, 4, 8]
     assert graphs.by_width[16].graph_runner is top_runner  # SGLang's own capture serves the top rung
@@ -127,3 +131,47 @@ def test_one_runner_and_backend_per_lower_width_a_plain_decode_graph_and_sglangs
     assert graphs.select(1) is True and model_runner.decode_cuda_graph_runner is graphs.by_width[1].graph_runner
     assert graphs.select(5) is False  # no graph for that width: SGLang's own backend, run eager
     assert (model_runner.attn_backend, model_runner.decode_cuda_graph_runner) == (top_backend, top_runner)
+
+
+def test_the_leaves_a_graph_is_built_under_are_sglangs_and_come_back():
+    """`resolved` on SGLang's published configuration (a subprocess: it changes process-wide state): the
+    width and hidden-state mode SGLang's runner reads while it captures, restored afterwards."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from harness.sglang_cpu import HEAD
+    from sglang_jetspec.models.fetch import fetch
+
+    code = f"""
+import json
+from importlib.metadata import entry_points
+from sglang.srt.server_args import prepare_server_args
+from sglang.srt.runtime_context import get_context, get_spec
+from sglang.srt.model_executor.forward_batch_info import get_server_return_hidden_states_mode
+(ep,) = [ep for ep in entry_points(group="sglang.srt.plugins") if ep.name == "jetspec"]
+ep.load()()
+from sglang_jetspec.adapter.verify_graphs import resolved
+args = prepare_server_args(["--model-path", {str(fetch("smollm2"))!r}, "--speculative-algorithm", "JETSPEC",
+    "--speculative-draft-model-path", {str(HEAD)!r}, "--attention-backend", "triton", "--device", "cuda",
+    "--disable-overlap-schedule"])
+args.resolve_once()
+get_context().set_server_args(args)
+read = lambda: [get_spec().speculative_num_draft_tokens, int(get_server_return_hidden_states_mode())]
+before = read()
+with resolved(speculative_num_draft_tokens=8, return_hidden_states_mode="full"):
+    inside = read()
+print(json.dumps([before, inside, read()]))
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin", "JETSPEC_VERIFY_WIDTHS": "4,8,16,32,64"},
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    before, inside, after = json.loads(out.stdout.strip().splitlines()[-1])
+    assert before == after == [64, int(CaptureHiddenMode.NULL)]  # the packaged policy's largest budget
+    assert inside == [8, int(CaptureHiddenMode.FULL)]
