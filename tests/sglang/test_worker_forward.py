@@ -720,6 +720,20 @@ def test_seeded_sampling_does_not_depend_on_the_batch(fresh, smollm2, single_thr
 LADDER = (4, 8, 16, 32, 64)
 
 
+def _greedy_equals_plain(worker, smollm2, *requests: tuple[str, int]) -> Scheduler:
+    """Greedy requests (prompt text, max new tokens) run together to the end; each one's tokens must be
+    plain decoding's. Returns the scheduler (its accept lengths)."""
+    reqs = [
+        FakeReq(f"r{i}", smollm2.tokenizer(text)["input_ids"], n, temperature=0.0)
+        for i, (text, n) in enumerate(requests)
+    ]
+    sched = Scheduler(worker)
+    sched.run(reqs)
+    for req in reqs:
+        assert req.output_ids == _plain_greedy(smollm2, req.origin_input_ids, len(req.output_ids)), req.rid
+    return sched
+
+
 def test_padded_verify_widths_keep_adaptive_greedy_output_and_verify_only_rungs(
     fresh, smollm2, single_thread, monkeypatch, tmp_path
 ):
@@ -731,15 +745,7 @@ def test_padded_verify_widths_keep_adaptive_greedy_output_and_verify_only_rungs(
     selected = []  # the width whose verify graph each forward would replay (adapter.verify_graphs)
     monkeypatch.setattr(fresh.verifier, "graphs", SimpleNamespace(select=selected.append))
     padded_before = fresh.reporter.padded_steps
-    encode = lambda text: smollm2.tokenizer(text)["input_ids"]  # noqa: E731
-    reqs = [
-        FakeReq("p0", encode(PROMPTS[0]), 16, temperature=0.0),
-        FakeReq("p1", encode(PROMPTS[2]), 10, temperature=0.0),
-    ]
-    sched = Scheduler(fresh)
-    sched.run(reqs)
-    for req in reqs:
-        assert req.output_ids == _plain_greedy(smollm2, req.origin_input_ids, len(req.output_ids)), req.rid
+    sched = _greedy_equals_plain(fresh, smollm2, (PROMPTS[0], 16), (PROMPTS[2], 10))
     assert set(counts) <= {1, 4, 8, 16} and {4, 8, 16} & set(counts)
     assert selected == counts  # each forward on its width's graph; roots alone (1) on the eager path
     assert fresh.reporter.padded_steps > padded_before  # some sized tree was not a rung's width
@@ -753,15 +759,7 @@ def test_drafting_through_static_buckets_keeps_greedy_output(fresh, smollm2, sin
     drafter = fresh.drafting.drafter
     graphs = DraftGraphs(drafter, fresh.context_pool, (1, 2, 4), context_buckets(MAX_LEN, smallest=32), capture=False)
     monkeypatch.setattr(drafter, "graphs", graphs)
-    encode = lambda text: smollm2.tokenizer(text)["input_ids"]  # noqa: E731
-    reqs = [
-        FakeReq("h0", encode(PROMPTS[0]), 16, temperature=0.0),
-        FakeReq("h1", encode(PROMPTS[2]), 12, temperature=0.0),
-    ]
-    sched = Scheduler(fresh)
-    sched.run(reqs)
-    for req in reqs:
-        assert req.output_ids == _plain_greedy(smollm2, req.origin_input_ids, len(req.output_ids)), req.rid
+    sched = _greedy_equals_plain(fresh, smollm2, (PROMPTS[0], 16), (PROMPTS[2], 12))
     assert {batch for batch, _, _ in graphs._buckets} == {1, 2} and max(sched.accept_lens) > 1
 
 

@@ -84,6 +84,11 @@ def until_eos(ids: list[int], eos: int) -> list[int]:
     return ids[: ids.index(eos)] if eos in ids else ids
 
 
+def outputs_until_eos(replies: list[dict], eos: int) -> list[list[int]]:
+    """Each /generate reply's output ids up to its first EOS."""
+    return [until_eos(r["output_ids"], eos) for r in replies]
+
+
 def server_info(url: str) -> dict:
     return json.loads(get(f"{url}/server_info"))
 

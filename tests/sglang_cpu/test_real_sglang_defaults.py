@@ -9,7 +9,16 @@ import threading
 import time
 
 import pytest
-from e2e_client import MAX_NEW, generate, generate_all, jetspec_args, jetspec_state, samples, until_eos
+from e2e_client import (
+    MAX_NEW,
+    generate,
+    generate_all,
+    jetspec_args,
+    jetspec_state,
+    outputs_until_eos,
+    samples,
+    until_eos,
+)
 
 
 @pytest.fixture(scope="module")
@@ -20,19 +29,15 @@ def shipped_server(servers, smollm2_dir):
     servers.stop(server)
 
 
-def _ids(replies, eos):
-    return [until_eos(r["output_ids"], eos) for r in replies]
-
-
 def test_shipped_defaults_give_plain_sglangs_greedy_tokens_alone_and_four_at_a_time(
     shipped_server, humaneval_ids, hf_greedy, tokenizer
 ):
     eos = tokenizer.eos_token_id
     alone = generate_all(shipped_server.url, humaneval_ids[:4])
-    assert _ids(alone, eos) == hf_greedy[:4]
+    assert outputs_until_eos(alone, eos) == hf_greedy[:4]
     # plain SGLang gives HF's tokens here (test_real_sglang_greedy.py), four at a time too
     four = generate_all(shipped_server.url, humaneval_ids, concurrency=4)
-    assert _ids(four, eos) == hf_greedy
+    assert outputs_until_eos(four, eos) == hf_greedy
     # the defaults speculate at both concurrencies: some step committed more than one token
     for replies in (alone, four):
         assert sum(r["meta_info"]["completion_tokens"] for r in replies) > sum(

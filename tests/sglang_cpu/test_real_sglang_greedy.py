@@ -6,16 +6,12 @@ control that shows these comparisons can fail)."""
 from __future__ import annotations
 
 import pytest
-from e2e_client import MAX_NEW, generate_all, until_eos
-
-
-def _ids(replies, eos):
-    return [until_eos(r["output_ids"], eos) for r in replies]
+from e2e_client import MAX_NEW, generate_all, outputs_until_eos
 
 
 @pytest.fixture(scope="module")
 def plain_sequential(plain_server, humaneval_ids, tokenizer):
-    return _ids(generate_all(plain_server.url, humaneval_ids), tokenizer.eos_token_id)
+    return outputs_until_eos(generate_all(plain_server.url, humaneval_ids), tokenizer.eos_token_id)
 
 
 def test_plain_sglang_on_the_standin_equals_hf(plain_sequential, hf_greedy):
@@ -26,7 +22,7 @@ def test_jetspec_greedy_equals_plain_and_hf_one_at_a_time(
     jetspec_server, humaneval_ids, hf_greedy, plain_sequential, tokenizer
 ):
     replies = generate_all(jetspec_server.url, humaneval_ids)
-    assert _ids(replies, tokenizer.eos_token_id) == plain_sequential == hf_greedy
+    assert outputs_until_eos(replies, tokenizer.eos_token_id) == plain_sequential == hf_greedy
     # speculation really ran: every reply verified trees, and some step kept more than the bonus token
     steps = [r["meta_info"]["spec_verify_ct"] for r in replies]
     tokens = [r["meta_info"]["completion_tokens"] for r in replies]
@@ -40,8 +36,8 @@ def test_jetspec_greedy_equals_plain_with_requests_joining_and_leaving(
     # next prompt joins the running batch
     lengths = [MAX_NEW - 4 * (i % 4) for i in range(len(humaneval_ids))]
     eos = tokenizer.eos_token_id
-    spec = _ids(generate_all(jetspec_server.url, humaneval_ids, concurrency=4, max_new=lengths), eos)
-    plain = _ids(generate_all(plain_server.url, humaneval_ids, concurrency=4, max_new=lengths), eos)
+    spec = outputs_until_eos(generate_all(jetspec_server.url, humaneval_ids, concurrency=4, max_new=lengths), eos)
+    plain = outputs_until_eos(generate_all(plain_server.url, humaneval_ids, concurrency=4, max_new=lengths), eos)
     assert spec == plain
     assert spec == [ref[:n] for ref, n in zip(hf_greedy, lengths)]
 
@@ -50,5 +46,5 @@ def test_negative_control_ignoring_the_tree_mask_diverges(controls_server, human
     """The stand-in's attention told to ignore the tree mask (causal over the flattened tree instead):
     nodes then see siblings and cousins, verify logits change, and greedy output must differ. Four at a
     time: this server's bs1 cohort is gated off (it would verify no tree)."""
-    got = _ids(generate_all(controls_server.url, humaneval_ids[:4], concurrency=4), tokenizer.eos_token_id)
+    got = outputs_until_eos(generate_all(controls_server.url, humaneval_ids[:4], concurrency=4), tokenizer.eos_token_id)
     assert sum(g != ref for g, ref in zip(got, hf_greedy)) >= 1

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from e2e_client import generate_all, generate_batch, jetspec_args, jetspec_state, until_eos
+from e2e_client import generate_all, generate_batch, jetspec_args, jetspec_state, outputs_until_eos
 
 from sglang_jetspec.reference.prompts import encode
 
@@ -34,19 +34,15 @@ def padded_server(servers, smollm2_dir, region_log):
     servers.stop(server)
 
 
-def _ids(replies, eos):
-    return [until_eos(r["output_ids"], eos) for r in replies]
-
-
 def test_padded_trees_give_plain_sglangs_greedy_tokens_alone_and_four_at_a_time(
     padded_server, humaneval_ids, hf_greedy, tokenizer
 ):
     eos = tokenizer.eos_token_id
     alone = generate_all(padded_server.url, humaneval_ids[:4])
-    assert _ids(alone, eos) == hf_greedy[:4]  # plain SGLang gives HF's tokens (test_real_sglang_greedy.py)
+    assert outputs_until_eos(alone, eos) == hf_greedy[:4]  # plain SGLang gives HF's tokens (test_real_sglang_greedy.py)
     # the first four prompts again, now from the radix cache, beside four new ones
     four = generate_all(padded_server.url, humaneval_ids, concurrency=4)
-    assert _ids(four, eos) == hf_greedy
+    assert outputs_until_eos(four, eos) == hf_greedy
     assert sum(r["meta_info"]["cached_tokens"] for r in four[:4]) > 0
     widths = jetspec_state(padded_server.url)["jetspec_verify_widths"]
     assert widths["rungs"] == [4, 8, 16, 32, 64]  # the packaged policy's largest budget, 64, is the top rung
