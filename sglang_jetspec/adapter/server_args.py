@@ -60,9 +60,19 @@ def _head_problems(cfg) -> list[str]:
     return problems
 
 
-def configured_verify_widths(reserved: int) -> VerifyWidths:
-    """The verify widths JETSPEC_VERIFY_WIDTHS names, capped by the `reserved` width (unset: no padding)."""
-    return VerifyWidths.parse(os.environ.get(WIDTHS_ENV), reserved)
+def verify_graphs_on(cfg) -> bool:
+    """Whether the target's verify runs under decode CUDA graphs: SGLang's default on CUDA, off with
+    --disable-decode-cuda-graph (or --disable-cuda-graph)."""
+    return str(cfg.device) == "cuda" and cfg.cuda_graph_config.decode.backend != "disabled"
+
+
+def configured_verify_widths(reserved: int, graphs: bool) -> VerifyWidths:
+    """The verify widths JETSPEC_VERIFY_WIDTHS names, capped by the `reserved` width. Unset: the default
+    ladder where the verify runs under graphs (a graph serves one width), no padding where it runs eager."""
+    text = os.environ.get(WIDTHS_ENV)
+    if (text is None or not text.strip()) and graphs:
+        return VerifyWidths.ladder(DEFAULT_LADDER, reserved)
+    return VerifyWidths.parse(text, reserved)
 
 
 def _runtime_problems(cfg) -> list[str]:
@@ -70,7 +80,7 @@ def _runtime_problems(cfg) -> list[str]:
 
     problems = backend_problems(cfg)
     try:
-        configured_verify_widths(reserved=1 << 16)  # the syntax; the cap comes with the resolved shape
+        configured_verify_widths(reserved=1 << 16, graphs=False)  # the syntax; the cap comes with the resolved shape
     except VerifyWidthsError as exc:
         problems.append(str(exc))
     if cfg.speculative_use_rejection_sampling:
@@ -97,20 +107,11 @@ def _runtime_problems(cfg) -> list[str]:
             "the overlap scheduler is on: JETSPEC runs synchronously (its tree and acceptance need the "
             "previous step's tokens on the host); pass --disable-overlap-schedule"
         )
-    if cfg.cuda_graph_config.decode.backend != "disabled":
-        if str(cfg.device) != "cuda":
-            problems.append(
-                f"decode graphs are on with --device {cfg.device}: SGLang's graphs there do not run a tree "
-                "verify; pass --disable-cuda-graph"
-            )
-        elif not os.environ.get(WIDTHS_ENV, "").strip():
-            # TODO(issue 57): on by default (the default ladder) once bench/gpu has measured graph verify
-            problems.append(
-                "decode CUDA graphs are on: JETSPEC verifies under them only at fixed widths, which "
-                f"{WIDTHS_ENV} lists (e.g. {WIDTHS_ENV}={','.join(map(str, DEFAULT_LADDER))}: one graph "
-                "per width and batch-size bucket; not yet measured on a GPU); set it, or pass "
-                "--disable-decode-cuda-graph"
-            )
+    if cfg.cuda_graph_config.decode.backend != "disabled" and str(cfg.device) != "cuda":
+        problems.append(
+            f"decode graphs are on with --device {cfg.device}: SGLang's graphs there do not run a tree "
+            "verify; pass --disable-cuda-graph"
+        )
     if cfg.page_size != 1:
         problems.append(
             f"--page-size {cfg.page_size}: JETSPEC compacts accepted tree nodes slot by slot and keeps the "

@@ -20,8 +20,8 @@ How a JETSPEC server gets there (SGLang 0.5.23; ../shared/notes/sglang-0.5.23-gr
   installs a width's backend and runner on the target before its forward; a step no graph serves runs
   eager.
 
-TODO(GPU): none of this has run on a GPU yet (no device was lent to the sessions that wrote it); issue 57
-keeps it behind JETSPEC_VERIFY_WIDTHS until bench/gpu measures it.
+TODO(GPU): none of this has run on a GPU yet (no device was lent to the sessions that wrote it). It is on
+by default on CUDA (issue 57); --disable-decode-cuda-graph is the operator's way back to the eager verify.
 """
 
 from __future__ import annotations

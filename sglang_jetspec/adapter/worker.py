@@ -18,8 +18,9 @@ What differs:
   no draft work. A cohort with adaptive tree sizing verifies only the nodes that pay for themselves
   (core.tree_sizing), against a verify cost this worker learns by timing its own verify passes
   (core.learned_verify_cost).
-The scheduler runs it synchronously: the overlap scheduler and decode CUDA graphs are refused by
-adapter.server_args, so every call sees the previous step's results in req.output_ids.
+The scheduler runs it synchronously: the overlap scheduler is refused by adapter.server_args, so
+every call sees the previous step's results in req.output_ids. On CUDA the verify runs under decode
+CUDA graphs at the widths of a ladder (adapter.verify_graphs, init_cuda_graphs).
 
 This module starts the worker and sequences a decode step; each phase lives in its own module and
 returns a value the next reads: adapter.step_drafting (Drafted), adapter.tree_verify (VerifyInputs,
@@ -47,7 +48,12 @@ from sglang_jetspec.adapter.draft_model import register_draft_models
 from sglang_jetspec.adapter.head_context import HeadContext
 from sglang_jetspec.adapter.policy import PolicyControl, load_runtime_policy
 from sglang_jetspec.adapter.request_state import DraftStateStore
-from sglang_jetspec.adapter.server_args import JetSpecArgsError, configured_verify_widths, target_info
+from sglang_jetspec.adapter.server_args import (
+    JetSpecArgsError,
+    configured_verify_widths,
+    target_info,
+    verify_graphs_on,
+)
 from sglang_jetspec.adapter.spec_inputs import JetSpecDraftState
 from sglang_jetspec.adapter.step_commit import StepCommit
 from sglang_jetspec.adapter.step_drafting import StepDrafting
@@ -121,7 +127,7 @@ class JetSpecWorker(BaseSpecWorker):
             device=device,
             mask_layout=tree_mask_layout(verify_attention_backend(cfg)[1]),  # validated: a tree-mask backend
             reserved=get_spec().speculative_num_draft_tokens,
-            widths=configured_verify_widths(get_spec().speculative_num_draft_tokens),
+            widths=configured_verify_widths(get_spec().speculative_num_draft_tokens, verify_graphs_on(cfg)),
             metrics=worker_metrics(cfg.enable_metrics and ranks.drafts),  # the drafting rank reports
             admin_key_configured=cfg.admin_api_key is not None,
             shadow=WorkerShadow.from_env(

@@ -176,12 +176,12 @@ def test_dp_attention_is_refused(resolve):
     assert "attention data parallelism (--attn-dp-size 2, or the deprecated --enable-dp-attention)" in text
 
 
-def test_overlap_scheduler_and_decode_graphs_must_be_off(resolve):
+def test_the_overlap_scheduler_must_be_off(resolve):
     text = _problems(resolve, base=["--attention-backend", "flashinfer", "--device", "cuda"])
     assert (
         "the overlap scheduler is on: JETSPEC runs synchronously" in text and "pass --disable-overlap-schedule" in text
     )
-    assert "decode CUDA graphs are on" in text and "pass --disable-decode-cuda-graph" in text
+    assert "decode" not in text  # decode CUDA graphs, SGLang's default on CUDA, are served
 
 
 def test_the_radix_cache_is_served_and_kv_from_outside_the_pool_is_refused(resolve):
@@ -270,11 +270,24 @@ def test_a_malformed_verify_width_ladder_is_refused_at_start_up(resolve, monkeyp
     assert resolve().speculative_num_draft_tokens >= 16  # a good ladder starts
 
 
-def test_decode_cuda_graphs_run_the_verify_once_a_width_ladder_is_set(resolve, monkeypatch):
+def test_decode_cuda_graphs_stay_on_by_default_on_cuda_and_pad_to_the_default_ladder(resolve, monkeypatch):
+    from sglang_jetspec.adapter.server_args import configured_verify_widths, verify_graphs_on
     from sglang_jetspec.core.verify_widths import WIDTHS_ENV
 
+    monkeypatch.delenv(WIDTHS_ENV, raising=False)
     on = ["--attention-backend", "flashinfer", "--device", "cuda", "--disable-overlap-schedule"]
-    text = _problems(resolve, base=on)
-    assert f"decode CUDA graphs are on: JETSPEC verifies under them only at fixed widths, which {WIDTHS_ENV}" in text
-    monkeypatch.setenv(WIDTHS_ENV, "4,8,16,32,64")
-    assert resolve(base=on).cuda_graph_config.decode.backend != "disabled"  # graphs stay on: the verify is captured
+    cfg = resolve(base=on)
+    assert verify_graphs_on(cfg) and cfg.speculative_num_draft_tokens == 64
+    assert configured_verify_widths(64, verify_graphs_on(cfg)).rungs == (4, 8, 16, 32, 64)
+    assert configured_verify_widths(24, graphs=True).rungs == (4, 8, 16, 24)  # capped by the KV reserved
+    off = resolve(base=[*on, "--disable-decode-cuda-graph"])
+    assert not verify_graphs_on(off) and not configured_verify_widths(64, verify_graphs_on(off)).pads  # eager
+    assert not verify_graphs_on(resolve("--disable-cuda-graph"))  # CPU: never
+    monkeypatch.setenv(WIDTHS_ENV, "8,32")  # the operator's ladder wins over the default
+    assert configured_verify_widths(64, graphs=True).rungs == (8, 32, 64)
+    assert configured_verify_widths(64, graphs=False).rungs == (8, 32, 64)  # and pads an eager verify too
+
+
+def test_decode_graphs_on_a_cpu_are_refused(resolve):
+    text = _problems(resolve, base=["--attention-backend", "intel_amx", "--device", "cpu"])
+    assert "decode graphs are on with --device cpu" in text and "pass --disable-cuda-graph" in text
