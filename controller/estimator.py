@@ -13,13 +13,11 @@ request-seconds x_i. Two views of the window:
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 
-from scipy import stats
-
 from controller.telemetry import Key, Usage
+from policies.confidence import t_critical
 
 
 @dataclass(frozen=True)
@@ -48,12 +46,6 @@ class Comparison:
         if self.samples < 2:
             return False
         return math.log(self.ratio) - t_critical(z, self.samples - 1) * self.log_stderr > math.log(factor)
-
-
-@functools.lru_cache(maxsize=256)
-def t_critical(z: float, dof: int) -> float:
-    """Student-t quantile with the same one-sided level as z under the normal (z=2 -> 97.7%)."""
-    return float(stats.t.ppf(stats.norm.cdf(z), dof))
 
 
 @dataclass(frozen=True)

@@ -81,6 +81,20 @@ class GatePolicy(StrictModel):
     reprobe_backoff_max_s: float = Field(default=1200.0, gt=0)
 
 
+class SameAllocationPolicy(StrictModel):
+    """The server's own speculative-or-native decision per cohort (policies/same_allocation.py)."""
+
+    enabled: bool = True
+    block_steps: int = Field(default=8, ge=2, le=1024)
+    explore_every: int = Field(default=4, ge=2, le=1024)
+    steady_every: int = Field(default=16, ge=2, le=1024)
+    min_blocks: int = Field(default=3, ge=2, le=1024)
+    window_blocks: int = Field(default=8, ge=2, le=1024)
+    margin: float = Field(default=0.03, ge=0, lt=1)
+    confidence_z: float = Field(default=2.0, ge=0, le=10)
+    stall_factor: float = Field(default=3.0, gt=1, le=100)
+
+
 class ControllerPolicy(StrictModel):
     interval_s: float = Field(default=10.0, gt=0)
     ttl_s: float = Field(default=90.0, gt=0, le=MAX_TTL_S, allow_inf_nan=False)
@@ -117,6 +131,7 @@ class LookupPolicy(StrictModel):
 class Policy(StrictModel):
     cohorts: list[CohortPolicy] = Field(min_length=1)
     gate: GatePolicy = GatePolicy()
+    same_allocation: SameAllocationPolicy = SameAllocationPolicy()
     controller: ControllerPolicy = ControllerPolicy()
     shadow: ShadowPolicy = ShadowPolicy()
     head: HeadLimits = HeadLimits()
@@ -239,6 +254,15 @@ def _timing_problems(policy: Policy) -> list[Problem]:
                 f"controller.window_s {ctl.window_s} holds fewer than min_samples "
                 f"({ctl.min_samples}) intervals of {ctl.interval_s}s",
                 f"set window_s >= {ctl.min_samples * ctl.interval_s:g}",
+            )
+        )
+    same = policy.same_allocation
+    if same.window_blocks < same.min_blocks:
+        problems.append(
+            Problem(
+                ("same_allocation", "window_blocks"),
+                f"same_allocation.window_blocks {same.window_blocks} holds fewer than min_blocks ({same.min_blocks})",
+                f"set window_blocks >= {same.min_blocks}",
             )
         )
     if policy.gate.reprobe_budget > policy.head.max_budget:

@@ -8,7 +8,8 @@ Two hooks on `SchedulerInternalStateController` (the scheduler-side handler of b
 - AFTER `get_internal_state`: adds the state in force under `jetspec_policy`, the number of
   requests holding draft state under `jetspec_live_draft_states` and the head's context pool
   (slots, bytes, valid slots) under `jetspec_context_pool`, the verify widths and the steps run at each
-  under `jetspec_verify_widths`, the last refused push's time and problems under
+  under `jetspec_verify_widths`, each cohort's same-allocation decision (speculative or native, its
+  measured gain) under `jetspec_same_allocation`, the last refused push's time and problems under
   `jetspec_last_refused_push` (SGLang answers a refused push 200 [false]), and under `jetspec_ranks` each
   tensor-parallel rank's live draft states, policy table and valid context slots (one entry with
   --tp-size 1); SGLang serves them on GET /server_info as `internal_states[i].jetspec_policy` (it has
@@ -40,6 +41,7 @@ LIVE_STATES_KEY = "jetspec_live_draft_states"
 CONTEXT_POOL_KEY = "jetspec_context_pool"
 RANKS_KEY = "jetspec_ranks"
 VERIFY_WIDTHS_KEY = "jetspec_verify_widths"
+SAME_ALLOCATION_KEY = "jetspec_same_allocation"
 
 
 def around_set_internal_state(original, controller, recv_req):
@@ -79,6 +81,8 @@ def after_get_internal_state(result, controller, recv_req):
         result.internal_state[CONTEXT_POOL_KEY] = worker.context_pool_state()
         # the verify widths steps are padded to (JETSPEC_VERIFY_WIDTHS) and the steps run at each
         result.internal_state[VERIFY_WIDTHS_KEY] = worker.verify_widths_state()
+        # per cohort: speculative or native, measured on this server's steps (None: the control is off)
+        result.internal_state[SAME_ALLOCATION_KEY] = control.same_allocation_state()
         # every tensor-parallel rank's own view (SGLang hands this request to every rank's scheduler)
         result.internal_state[RANKS_KEY] = worker.ranks.gather(
             {

@@ -29,6 +29,7 @@ from policies import (
     read_head_capacity,
 )
 from policies.control_api import FLAT_PREFIX, policy_readback, table_from_flat_args
+from policies.same_allocation import NATIVE, SameAllocationControl, ServedRounds
 
 log = logging.getLogger(__name__)
 
@@ -70,18 +71,54 @@ def is_policy_key(key: str) -> bool:
 class PolicyControl:
     """What the worker asks each step, and what /set_internal_state and its readback reach."""
 
-    def __init__(self, policy: Policy, admin_key_configured: bool, on_change=None, head: HeadCapacity | None = None):
+    def __init__(
+        self,
+        policy: Policy,
+        admin_key_configured: bool,
+        on_change=None,
+        head: HeadCapacity | None = None,
+        on_same_allocation=None,
+    ):
         self.policy = policy
         self.active = ActivePolicy(policy, head)  # `head`: the server's draft head, bounding pushed tree widths
         self.admin_key_configured = admin_key_configured
         self._on_change = on_change  # called with the new PolicyState (metrics gauges)
+        self._on_same_allocation = on_same_allocation  # called with same_allocation_state() when it changes
         self._shown_generation = -1
         # the last push refused through SGLang ({"at": unix time, "problems": [...]}; adapter.internal_state)
         self.last_refusal: dict | None = None
+        # whether each speculating cohort beats native decoding, measured on this server's own steps
+        same = policy.same_allocation
+        self.same_allocation = SameAllocationControl(same, [c.name for c in policy.cohorts]) if same.enabled else None
+        self._rounds = ServedRounds()
+        self._controlled: str | None = None  # the cohort of the step planned last, if the control chose its mode
 
     def step_plan(self, batch_size: int, now: float) -> StepPlan:
+        """The table's plan for the next step; in a cohort whose plan speculates, the same-allocation
+        control may run it native (budget 0, the draft context kept). Report it with `served`."""
         self.refresh(now)
-        return self.active.step_plan(batch_size, now)
+        plan = self.active.step_plan(batch_size, now)
+        self._controlled = plan.cohort if self.same_allocation is not None and plan.budget > 0 else None
+        if self._controlled is None:
+            return plan
+        closed = self.same_allocation.closed_blocks
+        mode = self.same_allocation.mode(plan.cohort)
+        if self.same_allocation.closed_blocks != closed and self._on_same_allocation is not None:
+            self._on_same_allocation(self.same_allocation.state())
+        return plan._replace(budget=0) if mode == NATIVE else plan
+
+    def served(self, batch_size: int, tokens: int, now: float) -> None:
+        """The step just planned served `tokens` tokens to `batch_size` requests; `now`: a monotonic clock."""
+        seconds = self._rounds.served(now)
+        if self._controlled is not None:
+            self.same_allocation.observe(self._controlled, batch_size, tokens, seconds)
+
+    def interrupted(self) -> None:
+        """Something other than a decode step ran (a prefill): the next step's interval is not its own."""
+        self._rounds.interrupted()
+
+    def same_allocation_state(self) -> dict | None:
+        return None if self.same_allocation is None else self.same_allocation.state()
 
     def refresh(self, now: float) -> None:
         """Revert an expired push and show the table in force (each step, and while the server idles)."""

@@ -189,6 +189,7 @@ class JetSpecWorker(BaseSpecWorker):
             admin_key_configured=admin_key_configured,
             on_change=metrics.show_policy if metrics is not None else None,
             head=capacity,
+            on_same_allocation=metrics.show_same_allocation if metrics is not None else None,
         )
         # adaptive tree sizing (cohorts whose policy asks for it): one calibration and draft gate for the
         # worker, as the reference engine keeps one per engine, and the verify cost it has timed
@@ -325,6 +326,7 @@ class JetSpecWorker(BaseSpecWorker):
         """Extend (or idle): the target forward samples the first token (SGLang's sampler, as in
         NGRAMWorker); FULL capture returns the tap rows of every computed position."""
         is_extend = batch.forward_mode.is_extend()
+        self.policy_control.interrupted()
         result = self._target_worker.forward_batch_generation(
             batch,
             pp_proxy_tensors=pp_proxy_tensors,
@@ -382,4 +384,6 @@ class JetSpecWorker(BaseSpecWorker):
         result = self.committer.commit(batch, lanes, drafted, inputs, verified, out, plan.budget, on_publish)
         clock.mark("committed")
         self.reporter.finish(clock, plan, drafted, out, batch.reqs)
+        if self.ranks.drafts:  # the rank that plans measures what each plan served
+            self.policy_control.served(len(batch.reqs), sum(out.row_counts), time.perf_counter())
         return result

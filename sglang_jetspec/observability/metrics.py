@@ -90,6 +90,22 @@ class JetspecMetrics:
             multiprocess_mode=POLICY_GAUGE_MODE,
             registry=registry,
         )
+        # The server's own decision per cohort (policies/same_allocation.py); the controller reads the
+        # same evidence from the step counters, where native steps count under budget 0.
+        self.same_allocation_speculating = Gauge(
+            "jetspec_same_allocation_speculating",
+            "1 while the cohort speculates, 0 while the server's own measurement runs it native",
+            ["cohort"],
+            multiprocess_mode=POLICY_GAUGE_MODE,
+            registry=registry,
+        )
+        self.same_allocation_gain = Gauge(
+            "jetspec_same_allocation_gain",
+            "Measured tokens per request per second, speculative over native (0 = not yet measured)",
+            ["cohort", "bound"],
+            multiprocess_mode=POLICY_GAUGE_MODE,
+            registry=registry,
+        )
         # Summed over live scheduler processes: per-request draft state held outside the KV pool.
         # It returns to 0 when no request is running; anything else is a leak.
         self.live_draft_states = Gauge(
@@ -106,6 +122,13 @@ class JetspecMetrics:
         histogram = self.accept_length.labels(*labels)
         for length in record.accept_lengths:
             histogram.observe(length)
+
+    def show_same_allocation(self, state: dict) -> None:
+        """`state`: SameAllocationControl.state(), by cohort."""
+        for cohort, entry in state.items():
+            self.same_allocation_speculating.labels(cohort).set(entry["mode"] == "speculative")
+            for bound, key in (("estimate", "gain"), ("low", "gain_low"), ("high", "gain_high")):
+                self.same_allocation_gain.labels(cohort, bound).set(entry[key] or 0.0)
 
     def show_policy(self, state: PolicyState) -> None:
         for cohort in state.table.cohorts:

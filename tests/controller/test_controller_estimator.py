@@ -9,7 +9,8 @@ import urllib.parse
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
-from controller.estimator import GoodputEstimator, t_critical
+from controller.estimator import GoodputEstimator
+from policies.confidence import t_critical
 from controller.telemetry import CounterDeltas, PrometheusApiSource, ScrapeSource, Usage, parse_counters
 
 

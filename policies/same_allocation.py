@@ -1,0 +1,220 @@
+"""Same-allocation control: per cohort, whether speculation beats native decoding on this server, now.
+
+The question an operator's "off where it does not pay" turns on cannot be answered from a model of the
+costs or from a few isolated timings (one run on a 2-core CPU moves by +-10%): it is measured here, on
+the server's own steps, under the load it is serving. A cohort whose table speculates runs its steps in
+blocks of `block_steps` steps of one mode, *speculative* (the table's plan) or *native* (budget 0, an
+ordinary decode step; the draft context is kept so that speculation can resume). One block in
+`explore_every` (no decision yet) or `steady_every` (decided) runs the mode the cohort is not in, so both
+modes are measured interleaved, in the same allocation, under the same traffic, and the decision is
+revisited for as long as the server runs (a machine that gets faster, a workload that changes).
+
+What a step counts: the tokens it served per request over the wall time since the previous served
+decode step ended (`ServedRounds`), i.e. what a client sees, scheduler and host work included. Dropped:
+the first step of a block after a switch (it pays the switch), a step after a prefill or another
+interruption (its time is not the decode's), a step whose batch size differs from its block's first
+(arrivals and departures: bursts), and a step slower than `stall_factor` x its block's median (stalls).
+A block yields one rate, the mean of what it kept.
+
+The decision, on the newest `window_blocks` block rates of each mode, once each has `min_blocks`: the
+gain (speculative / native) with a confidence interval of `confidence_z` standard errors (delta method on
+the log ratio; Student-t with few blocks). A speculating cohort turns native when even the interval's top
+is below 1 + margin (it cannot show a gain worth having); a native cohort turns speculative when the
+interval's bottom clears 1 + margin. In between it holds its mode and keeps exploring. Once a cohort has
+decided, it changes its mode again only on evidence gathered since its last change (`window_blocks`
+blocks of the other mode): no flapping near break-even. A cohort with no evidence of its own follows the
+nearest smaller cohort that has decided (monotone in batch size unless measured otherwise).
+
+Pure logic with no engine imports: the SGLang worker drives it through adapter.policy.PolicyControl.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
+
+from policies.confidence import t_critical
+from policies.schema import SameAllocationPolicy
+
+SPECULATIVE = "speculative"
+NATIVE = "native"
+
+
+def _other(mode: str) -> str:
+    return NATIVE if mode == SPECULATIVE else SPECULATIVE
+
+
+class ServedRounds:
+    """Wall seconds between consecutive served decode steps; None when something else ran in between."""
+
+    def __init__(self) -> None:
+        self._last: float | None = None
+
+    def interrupted(self) -> None:
+        """A prefill (or anything but a decode step) ran: the next decode step's interval is not its own."""
+        self._last = None
+
+    def served(self, now: float) -> float | None:
+        seconds = None if self._last is None else now - self._last
+        self._last = now
+        return seconds if seconds is None or seconds > 0 else None
+
+
+@dataclass
+class _Block:
+    mode: str
+    switched: bool  # its mode differs from the previous block's: its first step pays the switch
+    steps: int = 0
+    batch_size: int | None = None
+    rates: list[float] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    gain: float
+    low: float
+    high: float
+
+
+@dataclass
+class _Cohort:
+    mode: str | None  # the mode most blocks run; None until the first block (then inherited or speculative)
+    rates: dict[str, deque]
+    decided: bool = False
+    has_own_verdict: bool = False
+    blocks: int = 0
+    flips: int = 0
+    block: _Block | None = None
+    verdict: Verdict | None = None
+    dropped: int = 0
+    fresh: int = 0  # blocks of the mode it is not in, measured since its mode last changed
+
+
+class SameAllocationControl:
+    """`cohorts`: the policy's cohort names, smallest batch first (the order monotonicity follows)."""
+
+    def __init__(self, config: SameAllocationPolicy, cohorts: list[str]) -> None:
+        self.config = config
+        self.order = list(cohorts)
+        self.closed_blocks = 0  # blocks measured so far: the state changes only when this moves
+        window = config.window_blocks
+        self._cohorts = {
+            name: _Cohort(None, {SPECULATIVE: deque(maxlen=window), NATIVE: deque(maxlen=window)}) for name in cohorts
+        }
+
+    def mode(self, cohort: str) -> str:
+        """The mode the next step of `cohort` runs (a speculating table's step; call `observe` after it)."""
+        state = self._cohorts[cohort]
+        if state.block is None or state.block.steps >= self.config.block_steps:
+            self._close_block(cohort)
+            self._open_block(cohort)
+        state.block.steps += 1
+        return state.block.mode
+
+    def observe(self, cohort: str, batch_size: int, tokens: int, seconds: float | None) -> None:
+        """The step `mode` planned served `tokens` tokens to `batch_size` requests, `seconds` after the previous
+        served decode step (None: interrupted)."""
+        block = self._cohorts[cohort].block
+        if block is None:
+            return
+        first = block.steps == 1
+        if block.batch_size is None:
+            block.batch_size = batch_size
+        if (first and block.switched) or seconds is None or batch_size != block.batch_size or batch_size < 1:
+            self._cohorts[cohort].dropped += 1
+            return
+        block.rates.append(tokens / batch_size / seconds)
+
+    def state(self) -> dict:
+        """What each cohort runs and why (for /server_info and the metrics)."""
+        return {name: self._cohort_state(self._cohorts[name]) for name in self.order}
+
+    def _cohort_state(self, state: _Cohort) -> dict:
+        verdict = state.verdict
+        return {
+            "mode": state.mode or SPECULATIVE,
+            "decided": state.decided,
+            "gain": verdict and round(verdict.gain, 4),
+            "gain_low": verdict and round(verdict.low, 4),
+            "gain_high": verdict and round(verdict.high, 4),
+            "blocks": {mode: len(rates) for mode, rates in state.rates.items()},
+            "flips": state.flips,
+            "dropped_steps": state.dropped,
+        }
+
+    # ---- blocks ----
+
+    def _open_block(self, cohort: str) -> None:
+        state = self._cohorts[cohort]
+        if not state.has_own_verdict:
+            state.mode = self._inherited_mode(cohort)
+        every = self.config.steady_every if state.decided else self.config.explore_every
+        mode = _other(state.mode) if state.blocks % every == every - 1 else state.mode
+        previous = state.block.mode if state.block is not None else mode
+        state.block = _Block(mode, switched=mode != previous)
+        state.blocks += 1
+
+    def _close_block(self, cohort: str) -> None:
+        state = self._cohorts[cohort]
+        block = state.block
+        if block is None:
+            return
+        kept = block.rates
+        if kept:
+            median = statistics.median(kept)
+            kept = [rate for rate in kept if rate * self.config.stall_factor >= median]
+            state.dropped += len(block.rates) - len(kept)
+        if len(kept) >= max(1, self.config.block_steps // 2):
+            state.rates[block.mode].append(statistics.fmean(kept))
+            state.fresh += block.mode != state.mode
+            self.closed_blocks += 1
+            self._decide(state)
+
+    def _inherited_mode(self, cohort: str) -> str:
+        """No verdict of its own: the mode of the nearest smaller cohort that has one, else speculative."""
+        for name in reversed(self.order[: self.order.index(cohort)]):
+            smaller = self._cohorts[name]
+            if smaller.has_own_verdict:
+                return smaller.mode
+        return SPECULATIVE
+
+    # ---- the decision ----
+
+    def _decide(self, state: _Cohort) -> None:
+        verdict = gain_verdict(state.rates[SPECULATIVE], state.rates[NATIVE], self.config)
+        if verdict is None:
+            return
+        state.verdict = verdict
+        bar = 1.0 + self.config.margin
+        mode = state.mode or SPECULATIVE
+        if mode == SPECULATIVE and verdict.high < bar:
+            new = NATIVE
+        elif mode == NATIVE and verdict.low > bar:
+            new = SPECULATIVE
+        else:
+            new = mode
+        state.decided = verdict.high < bar or verdict.low > bar
+        if new != mode and state.has_own_verdict:
+            # a flip back needs evidence gathered since the last change: the other mode's window refreshed
+            if state.fresh < self.config.window_blocks:
+                return
+            state.flips += 1
+        if state.decided or new != mode:
+            state.has_own_verdict = True
+        if new != mode:
+            state.fresh = 0
+        state.mode = new
+
+
+def gain_verdict(speculative, native, config: SameAllocationPolicy) -> Verdict | None:
+    """Speculative over native block rates with its confidence interval; None before `min_blocks` of each."""
+    if min(len(speculative), len(native)) < config.min_blocks:
+        return None
+    s_mean, n_mean = statistics.fmean(speculative), statistics.fmean(native)
+    rel_var = statistics.variance(speculative) / len(speculative) / s_mean**2
+    rel_var += statistics.variance(native) / len(native) / n_mean**2
+    spread = t_critical(config.confidence_z, min(len(speculative), len(native)) - 1) * math.sqrt(rel_var)
+    gain = s_mean / n_mean
+    return Verdict(gain, gain * math.exp(-spread), gain * math.exp(spread))
