@@ -10,8 +10,8 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 from controller.estimator import GoodputEstimator
-from policies.confidence import t_critical
 from controller.telemetry import CounterDeltas, PrometheusApiSource, ScrapeSource, Usage, parse_counters
+from policies.confidence import t_critical
 
 
 def worker_page(values: dict[tuple[str, str], tuple[float, float, float]]) -> str:
