@@ -130,6 +130,23 @@ def test_what_a_tree_costs_after_its_verify_is_charged_to_every_tree_not_to_the_
     assert sized.trees[0].size == 1 and not sized.pays
 
 
+def test_sizing_charges_the_width_a_padded_verify_runs_at():
+    cost = VerifyCost((1, 4, 16), (1.0, 1.3, 2.5), unit_s=0.1)
+    tree = chain([0.9, 0.5, 0.05, 0.05, 0.05])  # path probabilities of nodes 1..5
+    # unpadded: 3 nodes, 2.4 / 1.2 = 2.0 (4 nodes: 2.45 / 1.3)
+    assert size_trees([tree], cost, draft_steps=0.0).trees[0].size == 3
+    # padded to the ladder 4, 8, 16: 3 nodes cost what 4 do, so the fourth comes free (2.45 / 1.3 > 2.4 / 1.3)
+    ladder = {1: 1, 2: 4, 3: 4, 4: 4, 5: 8, 6: 8}
+    assert size_trees([tree], cost, draft_steps=0.0, width=ladder.__getitem__).trees[0].size == 4
+    # a ladder of 8 and 16: any tree costs 8 rows, which (1 + 1.5) / 1.7 still beats the roots
+    sized = size_trees([chain([0.9, 0.6])], cost, draft_steps=0.0, width=lambda n: 1 if n == 1 else 8)
+    assert sized.trees[0].size == 3 and sized.pays
+    # ...and 16 rows for any tree (cost 2.5): 2.5 / 2.5 does not beat the roots alone
+    sized = size_trees([chain([0.9, 0.6])], cost, draft_steps=0.0, width=lambda n: 1 if n == 1 else 16)
+    assert sized.trees[0].size == 1 and not sized.pays
+    assert TreeSizer(cost, width=lambda n: 1 if n == 1 else 16).size([chain([0.9, 0.6])], spent_s=0.0)[0].size == 1
+
+
 def test_a_sizer_learns_the_overhead_of_a_tree_step_over_a_roots_step():
     overhead = TreeStepOverhead(decay=0.5)
     overhead.observe(0.004, verified_tree=True)

@@ -192,8 +192,9 @@ class JetSpecWorker(BaseSpecWorker):
             on_same_allocation=metrics.show_same_allocation if metrics is not None else None,
         )
         # adaptive tree sizing (cohorts whose policy asks for it): one calibration and draft gate for the
-        # worker, as the reference engine keeps one per engine, and the verify cost it has timed
-        self.learners = SizingLearners(TreeSizer(), LearnedVerifyCost())
+        # worker, as the reference engine keeps one per engine, and the verify cost it has timed; a
+        # verify of n nodes runs at its padded width
+        self.learners = SizingLearners(TreeSizer(width=widths.width_for), LearnedVerifyCost())
         width = tree_width if tree_width is not None else capacity.tree_width
         self.drafting = StepDrafting(
             drafter, hybrid, self.learners, ranks, self.tokenizer, reserved, width, device, widths

@@ -69,6 +69,12 @@ class StepClock:
         return self.seconds("bound", "verified")
 
     @property
+    def outside_draft_and_verify_s(self) -> float:
+        """Binding the verify's inputs, acceptance and commit: what a step costs besides its draft
+        (charged by sizing on its own) and its verify forward."""
+        return self.seconds("drafted", "bound") + self.after_verify_s
+
+    @property
     def after_verify_s(self) -> float:
         """Acceptance and commit: what a step costs after its verify forward."""
         return self.seconds("verified", "committed")
@@ -113,4 +119,4 @@ class SizingLearners:
         if drafted.sized:
             self.sizer.observe([result.path for result in results])
         if drafted.adaptive:
-            self.sizer.overhead.observe(clock.after_verify_s, verified_tree=drafted.num_nodes > 1)
+            self.sizer.overhead.observe(clock.outside_draft_and_verify_s, verified_tree=drafted.num_nodes > 1)

@@ -157,20 +157,22 @@ def size_trees(
     draft_steps: float,
     calibrate: Callable[[torch.Tensor], torch.Tensor] = lambda p: p,
     tree_steps: float = 0.0,
+    width: Callable[[int], int] = lambda n: n,
 ) -> SizedTrees:
     """Every tree cut to its first n nodes (a smaller tree keeps all of its own), n common to the batch
     because a batched verify pads every lane to the longest tree (the reference engine's forward and
     SGLang's verify alike): n maximises expected committed tokens per unit of step cost,
-    (B + sum of the kept nodes' q) / (V(B n) + D + T [n > 1]). `draft_steps`: D, what the step has spent
+    (B + sum of the kept nodes' q) / (V(B W(n)) + D + T [n > 1]). `draft_steps`: D, what the step has spent
     before sizing (head and tree building) in one-token forwards (cost.unit_s); `tree_steps`: T, what
-    verifying a tree adds outside the verify forward over verifying the roots alone (acceptance and
-    commit of more rows), same unit; `calibrate`: p -> q."""
+    verifying a tree adds outside the verify forward over verifying the roots alone (binding its inputs,
+    acceptance and commit of more rows), same unit; `width`: W, the nodes per lane a verify of n nodes
+    runs (padded to a rung of the verify widths, core.verify_widths); `calibrate`: p -> q."""
     lanes = len(trees)
     q = [calibrated_probabilities(tree, calibrate) for tree in trees]
     best_n, best_rate, best_expected, expected = 1, lanes / (cost(lanes) + draft_steps), 0.0, 0.0
     for n in range(2, max(tree.size for tree in trees) + 1):
         expected += sum(lane_q[n - 2] for lane_q in q if len(lane_q) >= n - 1)
-        rate = (lanes + expected) / (cost(lanes * n) + draft_steps + tree_steps)
+        rate = (lanes + expected) / (cost(lanes * width(n)) + draft_steps + tree_steps)
         if rate > best_rate:
             best_n, best_rate, best_expected = n, rate, expected
     pays = best_rate > lanes / cost(lanes)
@@ -202,7 +204,8 @@ class DraftGate:
 
 
 class TreeStepOverhead:
-    """Seconds a step spends after its verify forward (acceptance, commit, bookkeeping), learned
+    """Seconds a step spends outside its draft and its verify forward (binding the verify's inputs,
+    acceptance, commit, bookkeeping), learned
     separately for steps that verified a tree and steps that verified the roots alone (exponential
     moving averages, `decay` the weight of the older average, as LearnedVerifyCost's): their difference
     is what a tree costs beyond its verify rows, which sizing charges to every n > 1 (0 until both kinds
@@ -234,8 +237,10 @@ class TreeSizer:
         calibration: BandedCalibration | None = None,
         gate: DraftGate | None = None,
         headless_calibration: BandedCalibration | None = None,
+        width: Callable[[int], int] = lambda n: n,
     ) -> None:
         self.cost = cost
+        self.width = width  # nodes per lane a verify of n nodes runs (the verify widths' padding)
         self.calibration = calibration or BandedCalibration()
         self.headless_calibration = headless_calibration or BandedCalibration()
         self.gate = gate or DraftGate()
@@ -254,7 +259,12 @@ class TreeSizer:
             raise ValueError("no verify cost: build the TreeSizer with one or pass this step's")
         self._last = self.calibration if drafted else self.headless_calibration
         sized = size_trees(
-            trees, cost, spent_s / cost.unit_s, self._last.scale, tree_steps=self.overhead.extra_s / cost.unit_s
+            trees,
+            cost,
+            spent_s / cost.unit_s,
+            self._last.scale,
+            tree_steps=self.overhead.extra_s / cost.unit_s,
+            width=self.width,
         )
         self._kept = sized.trees
         if drafted:

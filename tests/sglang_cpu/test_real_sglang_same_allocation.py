@@ -1,0 +1,98 @@
+"""The server's own same-allocation control in real SGLang (policies/same_allocation.py): with no
+controller attached, a head that cannot pay is turned native on the server's own measurements and stays
+there, a head that pays stays on, and the tokens are plain SGLang's throughout (native blocks are ordinary
+decode steps)."""
+
+from __future__ import annotations
+
+import shutil
+import time
+
+import pytest
+import torch
+from e2e_client import HEAD, generate, generate_all, jetspec_args, jetspec_state, outputs_until_eos
+
+# Fixed trees of 16 nodes at batch 1, no lookup: what each step costs is the head's and the tree's alone.
+FIXED_16_YAML = """\
+cohorts:
+  - {name: bs1, min_batch: 1, max_batch: 1, budgets: [0, 4, 16], default: 16, tree_sizing: fixed}
+  - {name: bs2-4, min_batch: 2, max_batch: 4, budgets: [0, 4, 16], default: 16, tree_sizing: fixed}
+head: {max_budget: 16, max_draft_rounds: 0}
+"""
+DECISION_TIMEOUT_S = 240
+
+
+@pytest.fixture(scope="module")
+def policy(tmp_path_factory):
+    path = tmp_path_factory.mktemp("same-allocation") / "policy.yaml"
+    path.write_text(FIXED_16_YAML)
+    return path
+
+
+@pytest.fixture(scope="module")
+def useless_head(tmp_path_factory):
+    """The shipped head with every weight replaced by noise of the same scale: its drafts are random tokens."""
+    from safetensors.torch import load_file, save_file
+
+    path = tmp_path_factory.mktemp("useless-head") / "head"
+    shutil.copytree(HEAD, path)
+    weights = load_file(path / "model.safetensors")
+    generator = torch.Generator().manual_seed(0)
+    noise = {
+        name: (torch.randn(t.shape, generator=generator) * t.float().std().clamp(min=1e-3)).to(t.dtype)
+        for name, t in weights.items()
+    }
+    save_file(noise, path / "model.safetensors")
+    return path
+
+
+def _server(servers, smollm2_dir, policy, name, head=None):
+    args = jetspec_args(smollm2_dir, "--enable-metrics")
+    if head is not None:
+        args[args.index("--speculative-draft-model-path") + 1] = str(head)
+    return servers.start(name, args, {"JETSPEC_POLICY": str(policy)})
+
+
+def _bs1(url: str) -> dict:
+    return jetspec_state(url)["jetspec_same_allocation"]["bs1"]
+
+
+def _load_until_decided(url: str, prompts: list[list[int]]) -> tuple[dict, float]:
+    """One request at a time (the bs1 cohort) until bs1's decision is made; (its state, seconds of load)."""
+    started = time.monotonic()
+    i = 0
+    while not _bs1(url)["decided"]:
+        assert time.monotonic() - started < DECISION_TIMEOUT_S, f"no decision after {DECISION_TIMEOUT_S} s: {_bs1(url)}"
+        generate(url, prompts[i % len(prompts)], max_new_tokens=128)
+        i += 1
+    return _bs1(url), time.monotonic() - started
+
+
+def test_a_useless_head_is_turned_native_and_stays_there_with_plain_tokens(
+    servers, smollm2_dir, policy, useless_head, humaneval_ids, hf_greedy, tokenizer
+):
+    server = _server(servers, smollm2_dir, policy, "jetspec-useless-head", useless_head)
+    try:
+        state, seconds = _load_until_decided(server.url, humaneval_ids)
+        print(f"useless head: {state} after {seconds:.0f} s of load")
+        assert state["mode"] == "native" and state["gain_high"] < 1.03 and state["flips"] == 0
+        # more load: it stays native (re-probing one block in 16), and the tokens are plain SGLang's
+        replies = generate_all(server.url, humaneval_ids)
+        assert outputs_until_eos(replies, tokenizer.eos_token_id) == hf_greedy
+        for prompt in humaneval_ids[:4]:
+            generate(server.url, prompt, max_new_tokens=128)
+        after = _bs1(server.url)
+        assert after["mode"] == "native" and after["flips"] == 0
+        assert after["blocks"]["speculative"] >= state["blocks"]["speculative"]  # still measured
+    finally:
+        servers.stop(server)
+
+
+def test_a_useful_head_stays_on(servers, smollm2_dir, policy, humaneval_ids):
+    server = _server(servers, smollm2_dir, policy, "jetspec-useful-head")
+    try:
+        state, seconds = _load_until_decided(server.url, humaneval_ids)
+        print(f"shipped head on code: {state} after {seconds:.0f} s of load")
+        assert state["mode"] == "speculative" and state["gain_low"] > 1.03 and state["flips"] == 0
+    finally:
+        servers.stop(server)
