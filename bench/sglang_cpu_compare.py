@@ -72,6 +72,8 @@ POLICY_VARIANTS = {
     "jetspec-off": {"default": 0},
 }
 CONFIGS = ("plain", "ngram", *POLICY_VARIANTS)
+# a variant's keys that replace a whole section of the policy rather than a field of every cohort
+POLICY_SECTIONS = ("same_allocation",)
 RADIX = "+radix"  # config-name suffix: that server runs with SGLang's radix (prefix) cache on
 TP2 = "+tp2"  # config-name suffix: that server runs with --tp-size 2, one core per rank (TP2_ENV)
 PROFILE_ENV = "JETSPEC_TEST_STEP_PROFILE"
@@ -165,7 +167,7 @@ def server_args(config: str, model: str, dtype: str, max_running: int, ngram_tok
 
 def policy_env(config: str, log_dir: Path, variants: dict | None = None) -> dict[str, str]:
     """JETSPEC_POLICY for a policy variant (of `variants`, default POLICY_VARIANTS): the shipped policy with
-    every cohort's fields overridden."""
+    every cohort's fields overridden, and whole sections (POLICY_SECTIONS) replaced."""
     changes = (POLICY_VARIANTS if variants is None else variants).get(base_config(config))
     if not changes:
         return {}
@@ -174,8 +176,10 @@ def policy_env(config: str, log_dir: Path, variants: dict | None = None) -> dict
     from sglang_jetspec.adapter.policy import policy_path
 
     data = yaml.safe_load(policy_path().read_text())
+    sections = {key: value for key, value in changes.items() if key in POLICY_SECTIONS}
+    data.update(sections)
     for cohort in data["cohorts"]:
-        cohort.update(changes)
+        cohort.update({key: value for key, value in changes.items() if key not in sections})
     path = log_dir / f"{config}-policy.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(data, sort_keys=False))

@@ -41,9 +41,13 @@ from harness.sglang_cpu import jetspec_args, launch, server_args
 
 OVERHEAD_ENV = "JETSPEC_TEST_STEP_OVERHEAD"
 WORKLOADS = ("greedy", "sampled", "grammar", "penalised")
-# JETSPEC under the shipped policy; with every cohort at budget 16, fixed trees (so batch 16 speculates
-# too, where the shipped policy gates it off); with every cohort at budget 0
-VARIANTS = {"jetspec-16": {"default": 16, "tree_sizing": "fixed"}, "jetspec-off": {"default": 0}}
+# JETSPEC under the shipped policy; with every cohort at budget 16, fixed trees and no native blocks of
+# the same-allocation control (so every step at every batch size speculates, batch 16 too, where the
+# shipped policy gates it off); with every cohort at budget 0
+VARIANTS = {
+    "jetspec-16": {"default": 16, "tree_sizing": "fixed", "same_allocation": {"enabled": False}},
+    "jetspec-off": {"default": 0},
+}
 CONFIGS = ("plain", "jetspec", *VARIANTS)
 GRAMMAR_PROMPTS = Path(__file__).parent / "prompts" / "json-tools.jsonl"
 SAMPLING = {

@@ -140,6 +140,17 @@ def test_a_radix_config_runs_its_server_with_the_radix_cache_and_its_base_policy
     assert "drafter: hybrid" in Path(env["JETSPEC_POLICY"]).read_text()
 
 
+def test_a_variant_replaces_whole_policy_sections_and_sets_cohort_fields(compare, tmp_path):
+    from bench.step_overhead import VARIANTS
+
+    from policies import load_policy
+
+    env = compare.policy_env("jetspec-16", tmp_path, VARIANTS)
+    policy = load_policy(Path(env["JETSPEC_POLICY"]))
+    assert not policy.same_allocation.enabled  # every step speculates: the ops it reports are a tree step's
+    assert {(c.default, c.tree_sizing) for c in policy.cohorts} == {(16, "fixed")}
+
+
 def test_each_config_gets_the_harness_arguments_it_needs(compare):
     args = lambda config: compare.server_args(config, "m", "bfloat16", 16, 6, 1234)  # noqa: E731
     value = lambda argv, flag: argv[argv.index(flag) + 1]  # noqa: E731

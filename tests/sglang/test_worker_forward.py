@@ -557,6 +557,7 @@ def _one_budget(
         f"draft_rounds: {draft_rounds}, tree_width: {tree_width}, drafter: {drafter}, tree_sizing: {tree_sizing}, "
         f"sampled_children: {sampled_children}}}\n"
         f"head: {{max_draft_rounds: {draft_rounds}}}\n"
+        "same_allocation: {enabled: false}\n"  # every step runs the budget (no native blocks)
     )
     return PolicyControl(load_policy(path), admin_key_configured=False)
 

@@ -1,0 +1,303 @@
+"""JETSPEC as operators run it against plain SGLang on the CPU harness: steady state, time to decision, flips.
+
+    python -m bench.control_plane --concurrency 1,4,16 --warmup-s 60 --rounds 2 \
+        --json bench/results/sglang_cpu/control-plane.json --markdown bench/results/sglang_cpu/control-plane.md
+
+Two servers stay up for the whole run (both asleep when idle): plain SGLang and JETSPEC under the shipped
+policy (or JETSPEC_POLICY), its same-allocation control on as shipped; `--controller` adds `python -m
+controller` pushing tables to it, as docs/operators.md runs it. For each workload (chat: bench/prompts/
+chat.jsonl; code: HumanEval 100-163, the prompts no tuning saw) and concurrency level, in that order on the
+same JETSPEC server (so a cell starts from the decision the previous one left):
+- warm-up: `--warmup-s` seconds of closed-loop load on JETSPEC at that concurrency, from prompts the timed
+  rounds never send (bench/prompts/chat-tune.jsonl; HumanEval 0-99), so its control and the controller
+  see the load before anything is timed;
+- `--rounds` rounds: plain and JETSPEC take turns on the same new prompts (the order alternating), and each
+  round's JETSPEC / plain tokens per second is one ratio; the steady-state ratio is their median.
+A thread reads JETSPEC's `/server_info` every half second; for the cohort the level falls in it reports the
+seconds from the cell's first request to the first decision of the control that matches its mode at the
+cell's end, and how many times the mode changed (in all, and after the warm-up).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from harness.client import get, post_ok
+from harness.compare import WARMUP_TEXT
+from harness.serve import start_controller
+from harness.sglang_cpu import jetspec_args, launch, server_args
+
+ADMIN_KEY_ENV = "JETSPEC_BENCH_ADMIN_KEY"
+ADMIN_KEY = "control-plane-bench"
+# workload -> (timed prompts, warm-up prompts): warm-up prompts are never timed
+WORKLOADS = {
+    "chat": (("bench/prompts/chat.jsonl", slice(None)), ("bench/prompts/chat-tune.jsonl", slice(None))),
+    "code": (("humaneval", slice(100, 164)), ("humaneval", slice(0, 100))),
+}
+POLL_S = 0.5
+
+
+@dataclass
+class Cell:
+    workload: str
+    concurrency: int
+    cohort: str
+    plain_tokens_per_s: list[float]
+    jetspec_tokens_per_s: list[float]
+    ratios: list[float]
+    steady_ratio: float
+    final_mode: str | None  # speculative / native; None: the table does not speculate there
+    decided_after_s: float | None  # from the cell's first request; None: no decision matching the final mode
+    mode_changes: int
+    mode_changes_after_warmup: int
+    gain: float | None
+
+
+def cohort_of(policy_cohorts: list[dict], batch: int) -> str:
+    for cohort in policy_cohorts:
+        if cohort["min_batch"] <= batch <= cohort["max_batch"]:
+            return cohort["name"]
+    return policy_cohorts[-1]["name"]
+
+
+def jetspec_state(url: str) -> dict:
+    return json.loads(get(f"{url}/server_info", timeout=30))["internal_states"][0]
+
+
+class StatePoller:
+    """(seconds since start, same-allocation state) every POLL_S, in a thread."""
+
+    def __init__(self, url: str) -> None:
+        self.url, self.series, self._stop = url, [], threading.Event()
+        self.start = time.monotonic()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                state = jetspec_state(self.url)["jetspec_same_allocation"]
+                self.series.append((time.monotonic() - self.start, state))
+            except OSError:
+                pass
+            self._stop.wait(POLL_S)
+
+    def stop(self) -> list:
+        self._stop.set()
+        self._thread.join()
+        return self.series
+
+
+def decision_summary(
+    series: list, cohort: str, warmup_s: float
+) -> tuple[str | None, float | None, int, int, float | None]:
+    """(final mode, seconds to the first decided reading in it, mode changes, changes after warm-up, gain)."""
+    readings = [(t, state[cohort]) for t, state in series if state is not None and cohort in state]
+    if not readings:
+        return None, None, 0, 0, None
+    modes = [(t, entry["mode"]) for t, entry in readings]
+    changes = [t for (_, a), (t, b) in zip(modes, modes[1:]) if a != b]
+    final = readings[-1][1]
+    decided = next((t for t, entry in readings if entry["decided"] and entry["mode"] == final["mode"]), None)
+    return final["mode"], decided, len(changes), sum(t > warmup_s for t in changes), final["gain"]
+
+
+def generate(url: str, prompt: list[int], max_new_tokens: int) -> dict:
+    return post_ok(
+        f"{url}/generate",
+        {"input_ids": prompt, "sampling_params": {"temperature": 0, "max_new_tokens": max_new_tokens}},
+    )
+
+
+def timed_pass(url: str, prompts: list[list[int]], level: int, max_new_tokens: int) -> float:
+    start = time.perf_counter()
+    with ThreadPoolExecutor(level) as pool:
+        replies = list(pool.map(lambda p: generate(url, p, max_new_tokens), prompts))
+    return sum(r["meta_info"]["completion_tokens"] for r in replies) / (time.perf_counter() - start)
+
+
+def closed_loop(url: str, prompts: list[list[int]], level: int, seconds: float, max_new_tokens: int) -> None:
+    """`level` clients sending prompts back to back (cycling through `prompts`) for `seconds`."""
+    deadline = time.monotonic() + seconds
+    counter = iter(range(1 << 30))
+    lock = threading.Lock()
+
+    def client() -> None:
+        while time.monotonic() < deadline:
+            with lock:
+                i = next(counter)
+            generate(url, prompts[i % len(prompts)], max_new_tokens)
+
+    with ThreadPoolExecutor(level) as pool:
+        list(pool.map(lambda _: client(), range(level)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.control_plane", description=__doc__.split("\n\n")[0])
+    p.add_argument("--workloads", default="chat,code", help=f"comma-separated, of {','.join(WORKLOADS)}")
+    p.add_argument("--concurrency", default="1,4,16")
+    p.add_argument("--warmup-s", type=float, default=60.0, help="seconds of untimed load before each cell's rounds")
+    p.add_argument("--rounds", type=int, default=2, help="timed rounds per cell, each on new prompts")
+    p.add_argument("--num-prompts", type=int, default=8, help="prompts per round (at least the concurrency)")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--controller", action="store_true", help="also run python -m controller against JETSPEC")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--port", type=int, default=31200)
+    p.add_argument("--model", help="target checkpoint directory (default: jetspec model fetch smollm2)")
+    p.add_argument("--json", type=Path, required=True)
+    p.add_argument("--markdown", type=Path, required=True)
+    p.add_argument("--log-dir", type=Path, default=Path("bench/out/control-plane-logs"))
+    args = p.parse_args(argv)
+    workloads = [w for w in args.workloads.split(",") if w]
+    if not workloads or set(workloads) - set(WORKLOADS):
+        p.error(f"--workloads {args.workloads}: choose from {','.join(WORKLOADS)}")
+    try:
+        levels = [int(x) for x in args.concurrency.split(",") if x.strip()]
+    except ValueError:
+        levels = []
+    if not levels or min(levels) < 1:
+        p.error(f"--concurrency {args.concurrency}: give positive integers separated by commas, e.g. 1,4,16")
+    if args.rounds < 1 or args.warmup_s < 0:
+        p.error("--rounds must be >= 1 and --warmup-s >= 0")
+
+    import sglang
+    import torch
+    from transformers import AutoTokenizer
+
+    from sglang_jetspec.adapter.policy import policy_path
+    from sglang_jetspec.models.fetch import fetch
+    from sglang_jetspec.reference.precision import cpu_model
+    from sglang_jetspec.reference.prompts import encode, load_prompt_records
+
+    model = args.model or str(fetch("smollm2"))
+    tokenizer = AutoTokenizer.from_pretrained(model)
+
+    def prompts(source: tuple[str, slice]) -> list[list[int]]:
+        return [encode(r, tokenizer) for r in load_prompt_records(source[0])[source[1]]]
+
+    timed = {w: prompts(WORKLOADS[w][0]) for w in workloads}
+    warm = {w: prompts(WORKLOADS[w][1]) for w in workloads}
+    per_cell = [max(args.num_prompts, level) * args.rounds for level in levels]
+    for w in workloads:
+        if sum(per_cell) > len(timed[w]):
+            p.error(
+                f"{w}: {len(timed[w])} timed prompts, but {args.rounds} rounds at concurrency {args.concurrency} "
+                f"need {sum(per_cell)} new ones; lower --rounds or --num-prompts"
+            )
+    import yaml
+
+    policy = yaml.safe_load(policy_path().read_text())
+    args.log_dir.mkdir(parents=True, exist_ok=True)
+    env = {"OMP_NUM_THREADS": str(args.threads), ADMIN_KEY_ENV: ADMIN_KEY}
+    common = dict(dtype=args.dtype, max_total_tokens=32768, max_running=max(4, max(levels)))
+    plain = launch(
+        server_args(model, "--disable-overlap-schedule", port=args.port, **common), args.log_dir / "plain.log", env
+    )
+    jetspec = launch(
+        jetspec_args(model, "--enable-metrics", "--admin-api-key", ADMIN_KEY, port=args.port + 1, **common),
+        args.log_dir / "jetspec.log",
+        env,
+    )
+    controller = None
+    cells = []
+    try:
+        warmup_ids = tokenizer(WARMUP_TEXT)["input_ids"]
+        for server in (plain, jetspec):
+            generate(server.url, warmup_ids, 8)
+        if args.controller:
+            controller = start_controller(policy_path(), [jetspec.url], ADMIN_KEY_ENV, args.log_dir, env=env)
+        for w in workloads:
+            start = 0
+            for level in levels:
+                n = max(args.num_prompts, level)
+                cohort = cohort_of(policy["cohorts"], level)
+                poller = StatePoller(jetspec.url)
+                closed_loop(jetspec.url, warm[w], level, args.warmup_s, args.max_new_tokens)
+                plain_rates, jetspec_rates = [], []
+                for k in range(args.rounds):
+                    batch = timed[w][start : start + n]
+                    start += n
+                    order = [(plain, plain_rates), (jetspec, jetspec_rates)]
+                    for server, rates in order if k % 2 == 0 else order[::-1]:
+                        rates.append(timed_pass(server.url, batch, level, args.max_new_tokens))
+                mode, decided, changes, late, gain = decision_summary(poller.stop(), cohort, args.warmup_s)
+                ratios = [j / q for j, q in zip(jetspec_rates, plain_rates)]
+                cell = Cell(
+                    w,
+                    level,
+                    cohort,
+                    plain_rates,
+                    jetspec_rates,
+                    ratios,
+                    statistics.median(ratios),
+                    mode,
+                    decided,
+                    changes,
+                    late,
+                    gain,
+                )
+                print(json.dumps(asdict(cell)), flush=True)
+                cells.append(cell)
+    finally:
+        if controller is not None:
+            controller.stop()
+        jetspec.stop()
+        plain.stop()
+    meta = {
+        "command": "python -m bench.control_plane " + " ".join(sys.argv[1:] if argv is None else argv),
+        "cpu": cpu_model(),
+        "dtype": args.dtype,
+        "policy": str(policy_path()),
+        "controller": args.controller,
+        "warmup_s": args.warmup_s,
+        "rounds": args.rounds,
+        "max_new_tokens": args.max_new_tokens,
+        "sglang": sglang.__version__,
+        "torch": torch.__version__,
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+    }
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps({"meta": meta, "cells": [asdict(c) for c in cells]}, indent=2) + "\n")
+    args.markdown.parent.mkdir(parents=True, exist_ok=True)
+    args.markdown.write_text(markdown(cells, meta))
+    print(args.markdown.read_text())
+    return 0
+
+
+def markdown(cells: list[Cell], meta: dict) -> str:
+    lines = [
+        "# JETSPEC as operators run it vs plain SGLang (CPU harness)",
+        "",
+        f"`{meta['command']}`",
+        "",
+        f"{meta['cpu']}, {meta['dtype']}, SGLang {meta['sglang']}, torch {meta['torch']}, {meta['date']}; policy "
+        f"{meta['policy']}; controller {'on' if meta['controller'] else 'off'}; warm-up {meta['warmup_s']:g} s of "
+        f"load per cell before {meta['rounds']} timed rounds (plain and JETSPEC alternating on the same new prompts).",
+        "",
+        "| workload | concurrency | cohort | plain tok/s | JETSPEC tok/s | x plain by round | steady x plain | "
+        "mode at end | decided after (s) | mode changes (after warm-up) | control's gain |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for c in cells:
+        mode = c.final_mode or "off by the table"
+        decided = "-" if c.decided_after_s is None else f"{c.decided_after_s:.0f}"
+        gain = "-" if c.gain is None else f"{c.gain:.2f}"
+        lines.append(
+            f"| {c.workload} | {c.concurrency} | {c.cohort} | {statistics.fmean(c.plain_tokens_per_s):.1f} | "
+            f"{statistics.fmean(c.jetspec_tokens_per_s):.1f} | {' / '.join(f'{r:.2f}' for r in c.ratios)} | "
+            f"**{c.steady_ratio:.2f}** | {mode} | {decided} | {c.mode_changes} ({c.mode_changes_after_warmup}) | {gain} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,52 @@
+"""bench/control_plane.py's reading of a run: which cohort a level is in, and what the polled decisions say."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.control_plane import cohort_of, decision_summary, main
+
+COHORTS = [
+    {"name": "bs1", "min_batch": 1, "max_batch": 1},
+    {"name": "bs2-6", "min_batch": 2, "max_batch": 6},
+    {"name": "bs7-12", "min_batch": 7, "max_batch": 12},
+]
+
+
+def test_a_level_falls_in_its_cohort_and_beyond_the_last_in_the_last():
+    assert [cohort_of(COHORTS, n) for n in (1, 4, 12, 64)] == ["bs1", "bs2-6", "bs7-12", "bs7-12"]
+
+
+def _entry(mode, decided, gain=None):
+    return {"mode": mode, "decided": decided, "gain": gain}
+
+
+def test_the_decision_that_counts_is_the_first_decided_reading_in_the_final_mode():
+    series = [
+        (0.0, {"bs1": _entry("speculative", False)}),
+        (5.0, {"bs1": _entry("speculative", True, 1.1)}),  # decided, but not what the cell ends in
+        (9.0, {"bs1": _entry("native", False, 0.99)}),
+        (20.0, {"bs1": _entry("native", True, 0.9)}),
+        (70.0, {"bs1": _entry("speculative", False, 1.0)}),  # a change after the 60 s warm-up
+        (80.0, {"bs1": _entry("native", True, 0.92)}),
+    ]
+    assert decision_summary(series, "bs1", warmup_s=60.0) == ("native", 20.0, 3, 2, 0.92)
+
+
+def test_a_cohort_the_table_does_not_speculate_in_has_no_decision():
+    series = [(0.0, None), (1.0, {"bs2-6": _entry("speculative", True)})]
+    assert decision_summary(series, "bs1", warmup_s=0.0) == (None, None, 0, 0, None)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--workloads", "poetry"], "--workloads poetry: choose from chat,code"),
+        (["--concurrency", "0,4"], "--concurrency 0,4: give positive integers"),
+        (["--rounds", "0"], "--rounds must be >= 1"),
+    ],
+)
+def test_bad_arguments_name_the_flag(argv, message, capsys, tmp_path):
+    with pytest.raises(SystemExit):
+        main([*argv, "--json", str(tmp_path / "x.json"), "--markdown", str(tmp_path / "x.md")])
+    assert message in capsys.readouterr().err
