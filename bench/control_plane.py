@@ -294,7 +294,8 @@ def markdown(cells: list[Cell], meta: dict) -> str:
         lines.append(
             f"| {c.workload} | {c.concurrency} | {c.cohort} | {statistics.fmean(c.plain_tokens_per_s):.1f} | "
             f"{statistics.fmean(c.jetspec_tokens_per_s):.1f} | {' / '.join(f'{r:.2f}' for r in c.ratios)} | "
-            f"**{c.steady_ratio:.2f}** | {mode} | {decided} | {c.mode_changes} ({c.mode_changes_after_warmup}) | {gain} |"
+            f"**{c.steady_ratio:.2f}** | {mode} | {decided} | "
+            f"{c.mode_changes} ({c.mode_changes_after_warmup}) | {gain} |"
         )
     return "\n".join(lines) + "\n"
 

@@ -142,7 +142,6 @@ def test_a_radix_config_runs_its_server_with_the_radix_cache_and_its_base_policy
 
 def test_a_variant_replaces_whole_policy_sections_and_sets_cohort_fields(compare, tmp_path):
     from bench.step_overhead import VARIANTS
-
     from policies import load_policy
 
     env = compare.policy_env("jetspec-16", tmp_path, VARIANTS)
