@@ -12,7 +12,7 @@ import pytest
 import torch
 from e2e_client import HEAD, generate, generate_all, jetspec_args, jetspec_state, outputs_until_eos
 
-# Fixed trees of 16 nodes at batch 1, no lookup: what each step costs is the head's and the tree's alone.
+# Fixed trees of 16 nodes, no lookup: every speculative step pays for a full tree of the head's drafts.
 FIXED_16_YAML = """\
 cohorts:
   - {name: bs1, min_batch: 1, max_batch: 1, budgets: [0, 4, 16], default: 16, tree_sizing: fixed}
@@ -46,11 +46,12 @@ def useless_head(tmp_path_factory):
     return path
 
 
-def _server(servers, smollm2_dir, policy, name, head=None):
+def _server(servers, smollm2_dir, name, policy=None, head=None):
+    """JETSPEC with `head` (default: the shipped one) under `policy` (default: the packaged one)."""
     args = jetspec_args(smollm2_dir, "--enable-metrics")
     if head is not None:
         args[args.index("--speculative-draft-model-path") + 1] = str(head)
-    return servers.start(name, args, {"JETSPEC_POLICY": str(policy)})
+    return servers.start(name, args, {"JETSPEC_POLICY": str(policy)} if policy is not None else {})
 
 
 def _bs1(url: str) -> dict:
@@ -71,7 +72,7 @@ def _load_until_decided(url: str, prompts: list[list[int]]) -> tuple[dict, float
 def test_a_useless_head_is_turned_native_and_stays_there_with_plain_tokens(
     servers, smollm2_dir, policy, useless_head, humaneval_ids, hf_greedy, tokenizer
 ):
-    server = _server(servers, smollm2_dir, policy, "jetspec-useless-head", useless_head)
+    server = _server(servers, smollm2_dir, "jetspec-useless-head", policy, useless_head)
     try:
         state, seconds = _load_until_decided(server.url, humaneval_ids)
         print(f"useless head: {state} after {seconds:.0f} s of load")
@@ -88,8 +89,11 @@ def test_a_useless_head_is_turned_native_and_stays_there_with_plain_tokens(
         servers.stop(server)
 
 
-def test_a_useful_head_stays_on(servers, smollm2_dir, policy, humaneval_ids):
-    server = _server(servers, smollm2_dir, policy, "jetspec-useful-head")
+def test_a_useful_head_stays_on(servers, smollm2_dir, humaneval_ids):
+    """The shipped head and policy on code (bs1: hybrid drafter, adaptive sizing up to 32 nodes). On this
+    harness fixed trees of 16 head-only nodes do not pay at batch 1 (the control measured 0.64x): that is
+    what the useless head's server runs, so there the loss is the head's and the trees' alike."""
+    server = _server(servers, smollm2_dir, "jetspec-useful-head")
     try:
         state, seconds = _load_until_decided(server.url, humaneval_ids)
         print(f"shipped head on code: {state} after {seconds:.0f} s of load")
