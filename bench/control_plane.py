@@ -54,7 +54,7 @@ class Cell:
     jetspec_tokens_per_s: list[float]
     ratios: list[float]
     steady_ratio: float
-    final_mode: str | None  # speculative / native; None: the table does not speculate there
+    final_mode: str | None  # speculative / native; None: the control never ran (the table does not speculate)
     decided_after_s: float | None  # from the cell's first request; None: no decision matching the final mode
     mode_changes: int
     mode_changes_after_warmup: int
@@ -100,7 +100,7 @@ def decision_summary(
     series: list, cohort: str, warmup_s: float
 ) -> tuple[str | None, float | None, int, int, float | None]:
     """(final mode, seconds to the first decided reading in it, mode changes, changes after warm-up, gain)."""
-    readings = [(t, state[cohort]) for t, state in series if state is not None and cohort in state]
+    readings = [(t, state[cohort]) for t, state in series if state and (state.get(cohort) or {}).get("mode")]
     if not readings:
         return None, None, 0, 0, None
     modes = [(t, entry["mode"]) for t, entry in readings]
@@ -288,7 +288,7 @@ def markdown(cells: list[Cell], meta: dict) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for c in cells:
-        mode = c.final_mode or "off by the table"
+        mode = c.final_mode or "not run (the table's budget 0)"
         decided = "-" if c.decided_after_s is None else f"{c.decided_after_s:.0f}"
         gain = "-" if c.gain is None else f"{c.gain:.2f}"
         lines.append(

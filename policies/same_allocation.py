@@ -20,9 +20,10 @@ The decision, on the newest `window_blocks` block rates of each mode, once each 
 gain (speculative / native) with a confidence interval of `confidence_z` standard errors (delta method on
 the log ratio; Student-t with few blocks). A speculating cohort turns native when even the interval's top
 is below 1 + margin (it cannot show a gain worth having); a native cohort turns speculative when the
-interval's bottom clears 1 + margin. In between it holds its mode and keeps exploring. Once a cohort has
-decided, it changes its mode again only on evidence gathered since its last change (`window_blocks`
-blocks of the other mode): no flapping near break-even. A cohort with no evidence of its own follows the
+interval's bottom clears 1 + margin (1 + 2 x margin once it turned native on its own evidence). In
+between it holds its mode and keeps exploring. Once a cohort has decided, it changes its mode again only
+on evidence gathered since its last change (`window_blocks` blocks of the other mode): no flapping near
+break-even. A cohort with no evidence of its own follows the
 nearest smaller cohort that has decided (monotone in batch size unless measured otherwise).
 
 Pure logic with no engine imports: the SGLang worker drives it through adapter.policy.PolicyControl.
@@ -134,7 +135,7 @@ class SameAllocationControl:
     def _cohort_state(self, state: _Cohort) -> dict:
         verdict = state.verdict
         return {
-            "mode": state.mode or SPECULATIVE,
+            "mode": state.mode,  # None: no step of the cohort has speculated under its table yet
             "decided": state.decided,
             "gain": verdict and round(verdict.gain, 4),
             "gain_low": verdict and round(verdict.low, 4),
@@ -188,10 +189,13 @@ class SameAllocationControl:
             return
         state.verdict = verdict
         bar = 1.0 + self.config.margin
+        # turned native on its own evidence, it comes back only on a clear gain (twice the margin): the
+        # promise is never to lose, and a break-even cohort should not flap
+        back = 1.0 + 2 * self.config.margin if state.has_own_verdict else bar
         mode = state.mode or SPECULATIVE
         if mode == SPECULATIVE and verdict.high < bar:
             new = NATIVE
-        elif mode == NATIVE and verdict.low > bar:
+        elif mode == NATIVE and verdict.low > back:
             new = SPECULATIVE
         else:
             new = mode

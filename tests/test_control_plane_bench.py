@@ -34,7 +34,7 @@ def test_the_decision_that_counts_is_the_first_decided_reading_in_the_final_mode
 
 
 def test_a_cohort_the_table_does_not_speculate_in_has_no_decision():
-    series = [(0.0, None), (1.0, {"bs2-6": _entry("speculative", True)})]
+    series = [(0.0, None), (1.0, {"bs1": _entry(None, False), "bs2-6": _entry("speculative", True)})]
     assert decision_summary(series, "bs1", warmup_s=0.0) == (None, None, 0, 0, None)
 
 

@@ -126,6 +126,8 @@ class JetspecMetrics:
     def show_same_allocation(self, state: dict) -> None:
         """`state`: SameAllocationControl.state(), by cohort."""
         for cohort, entry in state.items():
+            if entry["mode"] is None:  # never controlled: its table does not speculate
+                continue
             self.same_allocation_speculating.labels(cohort).set(entry["mode"] == "speculative")
             for bound, key in (("estimate", "gain"), ("low", "gain_low"), ("high", "gain_high")):
                 self.same_allocation_gain.labels(cohort, bound).set(entry[key] or 0.0)
