@@ -97,6 +97,10 @@ drifts over minutes.
   sampled, grammar, penalised): `python -m bench.step_overhead --help` (device ops per step, the proxy for
   GPU kernel launches; host syncs per step with their code sites; host milliseconds per phase), plain
   SGLang and JETSPEC in real servers on the CPU harness.
+- JETSPEC as operators run it (shipped policy, the server's same-allocation control, `--controller` for the
+  controller too) against plain SGLang: `python -m bench.control_plane --help` (chat and code at concurrency
+  1 / 4 / 16 after a stated warm-up, interleaved rounds; the steady-state ratio, the seconds to the control's
+  first decision that lasts, and how often a decision changed).
 - Real SGLang on a GPU: [bench/GPU.md](../bench/GPU.md) (`bench/gpu/run.sh`, `bench/gpu/sglang_compare.py`).
 - Each run's exact command is at the top of its result file, linked from every row below.
 """
@@ -276,6 +280,43 @@ def harness_section(runs: dict[str, dict]) -> list[str]:
     return lines + ["![speedup against concurrency](img/speedup-vs-concurrency.png)", ""]
 
 
+# --- the control plane as operators run it (bench/control_plane.py) ----------------------------------
+
+# one run per machine and dtype: the newest
+CONTROL_PLANE_RUNS = ("sglang_cpu/control-plane-fp32-xeon.json", "sglang_cpu/control-plane-bf16-xeon.json")
+
+
+def control_plane_section(runs: dict[str, dict]) -> list[str]:
+    columns = ["run", "workload", "c", "cohort", "x plain (rounds)", "steady x plain", "mode", "decided (s)", "changes"]
+    lines = [
+        "## JETSPEC as operators run it (`bench/control_plane.py`)",
+        "",
+        "The shipped policy with the server's same-allocation control, after a warm-up of load; plain and JETSPEC",
+        "alternate on the same new prompts. Mode: what the control runs the cohort at the end (not run: the",
+        "table's budget is 0 there); decided: seconds from the cell's first request to the lasting decision;",
+        "changes: mode changes in the cell (after the warm-up).",
+        "",
+    ]
+    for rel, run in runs.items():
+        meta = run["meta"]
+        rows = [
+            [
+                result_link(rel),
+                c["workload"],
+                str(c["concurrency"]),
+                c["cohort"],
+                " / ".join(f"{r:.2f}" for r in c["ratios"]),
+                times(c["steady_ratio"]),
+                c["final_mode"] or "not run",
+                "-" if c["decided_after_s"] is None else f"{c['decided_after_s']:.0f}",
+                f"{c['mode_changes']} ({c['mode_changes_after_warmup']})",
+            ]
+            for c in run["cells"]
+        ]
+        lines += [f"### {meta['cpu']}, {meta['dtype']}", "", *table(columns, rows), ""]
+    return lines
+
+
 # --- real SGLang on GPU -----------------------------------------------------------------------------
 
 
@@ -367,10 +408,17 @@ def main(out: Path = DOCS) -> Path:
     reference = {rel: load(rel) for rel in REFERENCE_RUNS}
     harness = {rel: load(rel) for rel in SGLANG_CPU_RUNS}
     gpu = {rel: load(rel) for rel in GPU_RUNS}
+    control = {rel: load(rel) for rel in CONTROL_PLANE_RUNS}
     (out / "img").mkdir(parents=True, exist_ok=True)
     plot_budget(reference, out / "img" / "speedup-vs-budget.png")
     plot_concurrency({rel: harness[rel] for rel in CONCURRENCY_SWEEPS}, gpu, out / "img" / "speedup-vs-concurrency.png")
-    sections = [HEADER, *reference_section(reference), *harness_section(harness), *gpu_section(gpu)]
+    sections = [
+        HEADER,
+        *reference_section(reference),
+        *harness_section(harness),
+        *control_plane_section(control),
+        *gpu_section(gpu),
+    ]
     page = "\n".join([*sections, *inputs_section()]).rstrip("\n") + "\n"
     path = out / "benchmarks.md"
     path.write_text(page)
