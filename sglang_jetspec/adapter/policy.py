@@ -93,12 +93,15 @@ class PolicyControl:
         self._rounds = ServedRounds()
         self._controlled: str | None = None  # the cohort of the step planned last, if the control chose its mode
 
-    def step_plan(self, batch_size: int, now: float) -> StepPlan:
+    def step_plan(self, batch_size: int, now: float, seeded: bool = False) -> StepPlan:
         """The table's plan for the next step; in a cohort whose plan speculates, the same-allocation
-        control may run it native (budget 0, the draft context kept). Report it with `served`."""
+        control may run it native (budget 0, the draft context kept). Report it with `served`. `seeded`:
+        the batch holds a seeded sampled request, whose tokens depend on the steps' trees (one uniform per
+        node from its generator): its steps run the table's plan, so a seed reproduces as before."""
         self.refresh(now)
         plan = self.active.step_plan(batch_size, now)
-        self._controlled = plan.cohort if self.same_allocation is not None and plan.budget > 0 else None
+        controlled = self.same_allocation is not None and plan.budget > 0 and not seeded
+        self._controlled = plan.cohort if controlled else None
         if self._controlled is None:
             return plan
         closed = self.same_allocation.closed_blocks

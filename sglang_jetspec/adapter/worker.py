@@ -370,7 +370,8 @@ class JetSpecWorker(BaseSpecWorker):
 
     def _decode_step(self, batch, on_publish) -> GenerationBatchResult:
         """One decode step, phase by phase; each phase hands its value on, and the reporter reads them all."""
-        own_plan = self.policy_control.step_plan(len(batch.reqs), time.time()) if self.ranks.drafts else None
+        seeded = any(req.sampling_params.sampling_seed is not None for req in batch.reqs)
+        own_plan = self.policy_control.step_plan(len(batch.reqs), time.time(), seeded) if self.ranks.drafts else None
         plan = self.ranks.share(own_plan)  # rank 0's on every rank: the policy's expiry reads this process's clock
         clock = self.reporter.start(plan)
         lanes = self.states.lanes(batch, plan.keep_draft_context, self.vocab_size)

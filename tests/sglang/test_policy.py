@@ -141,3 +141,24 @@ def test_other_algorithms_pass_through(jetspec_registered):
     assert (
         controller.set_internal_state(SetInternalStateReq(server_args={"jetspec_policy.ttl_s": 9.0})).updated is False
     )
+
+
+def test_the_same_allocation_control_runs_native_blocks_but_never_under_a_seeded_request(policy):
+    control = PolicyControl(policy, admin_key_configured=False)
+    control.same_allocation.config = control.same_allocation.config.model_copy(
+        update={"block_steps": 2, "explore_every": 2}
+    )
+
+    def budgets(seeded: bool, steps: int = 8) -> list[int]:
+        out = []
+        for i in range(steps):
+            out.append(control.step_plan(1, 0.0, seeded).budget)
+            control.served(1, 3 if out[-1] else 1, float(i + 1))
+        return out
+
+    yaml_budget = default_table(policy).budgets()["bs1"]
+    # blocks of 2 steps, every second one native: budget 0 with the draft context kept
+    assert budgets(seeded=False) == [yaml_budget, yaml_budget, 0, 0] * 2
+    assert control.step_plan(1, 0.0).keep_draft_context
+    assert budgets(seeded=True) == [yaml_budget] * 8  # a seed's tokens depend on the trees: the plan runs as is
+    assert control.same_allocation_state()["bs1"]["blocks"]["native"] == 2

@@ -18,7 +18,9 @@ ADMIN_KEY = "cpu-e2e-admin-key"
 NUM_PROMPTS = 8
 MAX_NEW = 32
 # Small trees keep verify cheap on two cores while every step still verifies a real tree (budget 16
-# at batch 1 and 2-4); shadow re-checks every finished request.
+# at batch 1 and 2-4; no native blocks of the same-allocation control, which fixed 16-node trees would
+# earn on this harness: test_real_sglang_same_allocation.py tests the control); shadow re-checks every
+# finished request.
 POLICY_YAML = """\
 cohorts:
   - {name: bs1, min_batch: 1, max_batch: 1, budgets: [0, 4, 16], default: 16}
@@ -28,6 +30,7 @@ gate: {min_gain: 1.03, hysteresis: 0.03, confidence_z: 1.0, dwell_s: 8, probe_sh
 controller: {interval_s: 2, ttl_s: 8, window_s: 300, min_samples: 2}
 shadow: {sample_rate: 1.0, alpha: 0.01, gate_on_alarm: false}
 head: {max_budget: 16, max_draft_rounds: 0}
+same_allocation: {enabled: false}
 """
 
 
