@@ -30,10 +30,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from harness.client import get, post_ok
+from bench.sglang_cpu_compare import generate as compare_generate
+from harness.client import get
 from harness.compare import WARMUP_TEXT
 from harness.serve import start_controller
 from harness.sglang_cpu import jetspec_args, launch, server_args
+from policies.cohorts import cohort_index_for_batch
 
 ADMIN_KEY_ENV = "JETSPEC_BENCH_ADMIN_KEY"
 ADMIN_KEY = "control-plane-bench"
@@ -61,11 +63,9 @@ class Cell:
     gain: float | None
 
 
-def cohort_of(policy_cohorts: list[dict], batch: int) -> str:
-    for cohort in policy_cohorts:
-        if cohort["min_batch"] <= batch <= cohort["max_batch"]:
-            return cohort["name"]
-    return policy_cohorts[-1]["name"]
+def cohort_of(cohorts, batch: int) -> str:
+    """The name of the policy cohort a batch of `batch` requests runs in."""
+    return cohorts[cohort_index_for_batch(cohorts, batch)].name
 
 
 def jetspec_state(url: str) -> dict:
@@ -111,10 +111,7 @@ def decision_summary(
 
 
 def generate(url: str, prompt: list[int], max_new_tokens: int) -> dict:
-    return post_ok(
-        f"{url}/generate",
-        {"input_ids": prompt, "sampling_params": {"temperature": 0, "max_new_tokens": max_new_tokens}},
-    )
+    return compare_generate(url, (prompt, {}), max_new_tokens)  # greedy, unconstrained
 
 
 def timed_pass(url: str, prompts: list[list[int]], level: int, max_new_tokens: int) -> float:
@@ -193,9 +190,9 @@ def main(argv: list[str] | None = None) -> int:
                 f"{w}: {len(timed[w])} timed prompts, but {args.rounds} rounds at concurrency {args.concurrency} "
                 f"need {sum(per_cell)} new ones; lower --rounds or --num-prompts"
             )
-    import yaml
+    from policies import load_policy
 
-    policy = yaml.safe_load(policy_path().read_text())
+    policy = load_policy(policy_path())
     args.log_dir.mkdir(parents=True, exist_ok=True)
     env = {"OMP_NUM_THREADS": str(args.threads), ADMIN_KEY_ENV: ADMIN_KEY}
     common = dict(dtype=args.dtype, max_total_tokens=32768, max_running=max(4, max(levels)))
@@ -219,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
             start = 0
             for level in levels:
                 n = max(args.num_prompts, level)
-                cohort = cohort_of(policy["cohorts"], level)
+                cohort = cohort_of(policy.cohorts, level)
                 poller = StatePoller(jetspec.url)
                 closed_loop(jetspec.url, warm[w], level, args.warmup_s, args.max_new_tokens)
                 plain_rates, jetspec_rates = [], []

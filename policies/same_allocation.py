@@ -192,7 +192,7 @@ class SameAllocationControl:
         # turned native on its own evidence, it comes back only on a clear gain (twice the margin): the
         # promise is never to lose, and a break-even cohort should not flap
         back = 1.0 + 2 * self.config.margin if state.has_own_verdict else bar
-        mode = state.mode or SPECULATIVE
+        mode = state.mode  # set when its first block opened
         if mode == SPECULATIVE and verdict.high < bar:
             new = NATIVE
         elif mode == NATIVE and verdict.low > back:

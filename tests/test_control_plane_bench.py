@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from bench.control_plane import cohort_of, decision_summary, main
 
 COHORTS = [
-    {"name": "bs1", "min_batch": 1, "max_batch": 1},
-    {"name": "bs2-6", "min_batch": 2, "max_batch": 6},
-    {"name": "bs7-12", "min_batch": 7, "max_batch": 12},
+    SimpleNamespace(name="bs1", min_batch=1, max_batch=1),
+    SimpleNamespace(name="bs2-6", min_batch=2, max_batch=6),
+    SimpleNamespace(name="bs7-12", min_batch=7, max_batch=12),
 ]
 
 

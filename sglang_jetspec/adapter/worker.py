@@ -370,8 +370,10 @@ class JetSpecWorker(BaseSpecWorker):
 
     def _decode_step(self, batch, on_publish) -> GenerationBatchResult:
         """One decode step, phase by phase; each phase hands its value on, and the reporter reads them all."""
-        seeded = any(req.sampling_params.sampling_seed is not None for req in batch.reqs)
-        own_plan = self.policy_control.step_plan(len(batch.reqs), time.time(), seeded) if self.ranks.drafts else None
+        own_plan = None
+        if self.ranks.drafts:  # a seeded request's steps run the table's plan (PolicyControl.step_plan)
+            seeded = any(req.sampling_params.sampling_seed is not None for req in batch.reqs)
+            own_plan = self.policy_control.step_plan(len(batch.reqs), time.time(), seeded)
         plan = self.ranks.share(own_plan)  # rank 0's on every rank: the policy's expiry reads this process's clock
         clock = self.reporter.start(plan)
         lanes = self.states.lanes(batch, plan.keep_draft_context, self.vocab_size)
