@@ -120,12 +120,13 @@ def policy_file(tmp_path_factory) -> Path:
     return path
 
 
-# bs1 gated off by its YAML default; 2-4 concurrent requests speculate
+# bs1 gated off by its YAML default; 2-4 concurrent requests speculate on every step (no native blocks)
 GATED_BS1_YAML = """\
 cohorts:
   - {name: bs1, min_batch: 1, max_batch: 1, budgets: [0, 4, 16], default: 0}
   - {name: bs2-4, min_batch: 2, max_batch: 4, budgets: [0, 4, 16], default: 16}
 head: {max_budget: 16, max_draft_rounds: 0}
+same_allocation: {enabled: false}
 """
 
 

@@ -28,6 +28,7 @@ from e2e_client import (
     until_eos,
 )
 
+from bench.sglang_cpu_compare import policy_env
 from harness.sglang_cpu import TP2_ENV
 
 TP2 = ("--tp-size", "2")
@@ -39,6 +40,7 @@ AUTH = {"Authorization": f"Bearer {ADMIN_KEY}"}
 
 CONCURRENT_LENGTHS = [MAX_NEW - 4 * (i % 4) for i in range(PROMPTS)]  # requests leave and join mid-batch
 BUDGET_0_TOKENS = 16
+NO_NATIVE_BLOCKS = {"same_allocation": {"enabled": False}}
 
 
 def retracting_bodies(humaneval_ids) -> list[dict]:
@@ -67,12 +69,15 @@ def plain_tp(servers, smollm2_dir, humaneval_ids, tokenizer) -> dict:
 
 
 @pytest.fixture(scope="module")
-def tp_jetspec(servers, smollm2_dir, plain_tp):
+def tp_jetspec(servers, smollm2_dir, plain_tp, tmp_path_factory):
     """Pushes need the admin key; a tight KV pool makes SGLang retract (a low initial new-token ratio admits
-    four long requests at once); retraction is lossless, so every test's outputs stay comparable. Starts once
-    plain TP=2's outputs are in (`plain_tp`)."""
+    four long requests at once, and the shipped policy's widths reserve the rest); retraction is lossless, so
+    every test's outputs stay comparable. Starts once plain TP=2's outputs are in (`plain_tp`). The shipped
+    policy runs without the same-allocation control's native blocks: two one-core ranks can make trees lose,
+    and these tests need every step to verify one."""
     args = jetspec_args(smollm2_dir, *TP2, "--admin-api-key", ADMIN_KEY, max_total_tokens=TIGHT_POOL)
-    server = servers.start("jetspec-tp2", args, {**TP2_ENV, "SGLANG_INIT_NEW_TOKEN_RATIO": "0.1"})
+    policy = policy_env("jetspec", tmp_path_factory.mktemp("tp-policy"), {"jetspec": NO_NATIVE_BLOCKS})
+    server = servers.start("jetspec-tp2", args, {**TP2_ENV, "SGLANG_INIT_NEW_TOKEN_RATIO": "0.1", **policy})
     yield server
     servers.stop(server)
 
