@@ -16,6 +16,17 @@ same JETSPEC server (so a cell starts from the decision the previous one left):
 A thread reads JETSPEC's `/server_info` every half second; for the cohort the level falls in it reports the
 seconds from the cell's first request to the first decision of the control that matches its mode at the
 cell's end, and how many times the mode changed (in all, and after the warm-up).
+
+`--fixed-budgets 4,8,16` also starts one JETSPEC server per budget, every cohort at that budget with fixed
+trees and no same-allocation control (the static configurations an operator could pick by hand); they take
+their turns in every round, and each cell reports the best of them and JETSPEC's steady ratio to it.
+
+A cell where speculation cannot pay (issue 59's test of the control): `--useless-head` drafts with
+harness/useless_head.py's noise head, and `--fixed-budget 16` holds every cohort at 16-node fixed trees
+(the sizer would otherwise shrink them itself), so only the same-allocation control can turn it off:
+
+    python -m bench.control_plane --useless-head --fixed-budget 16 --workloads code --concurrency 1 \
+        --warmup-s 60 --rounds 4 --json ... --markdown ...
 """
 
 from __future__ import annotations
@@ -27,14 +38,16 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from bench.sglang_cpu_compare import generate as compare_generate
+from bench.sglang_cpu_compare import policy_env
 from harness.client import get
 from harness.compare import WARMUP_TEXT
 from harness.serve import start_controller
-from harness.sglang_cpu import jetspec_args, launch, server_args
+from harness.sglang_cpu import HEAD, jetspec_args, launch, server_args
+from harness.useless_head import make_useless_head
 from policies.cohorts import cohort_index_for_batch
 
 ADMIN_KEY_ENV = "JETSPEC_BENCH_ADMIN_KEY"
@@ -61,6 +74,9 @@ class Cell:
     mode_changes: int
     mode_changes_after_warmup: int
     gain: float | None
+    fixed_tokens_per_s: dict[str, list[float]] = field(default_factory=dict)  # budget -> its rounds
+    best_fixed: str | None = None  # the budget whose median ratio to plain is highest
+    best_fixed_ratio: float | None = None  # its median ratio to plain
 
 
 def cohort_of(cohorts, batch: int) -> str:
@@ -110,6 +126,32 @@ def decision_summary(
     return final["mode"], decided, len(changes), sum(t > warmup_s for t in changes), final["gain"]
 
 
+def best_fixed(plain: list[float], fixed: dict[str, list[float]]) -> tuple[str | None, float | None]:
+    """The fixed budget with the highest median per-round ratio to plain, and that ratio."""
+    medians = {budget: statistics.median(r / q for r, q in zip(rates, plain)) for budget, rates in fixed.items()}
+    if not medians:
+        return None, None
+    budget = max(medians, key=medians.get)
+    return budget, medians[budget]
+
+
+def fixed_budget_policy(budget: int, control: bool) -> dict:
+    """bench.sglang_cpu_compare.policy_env's changes for every cohort at `budget` with fixed trees; without
+    `control`, the same-allocation control's section off too (else as shipped)."""
+    changes = {"default": budget, "tree_sizing": "fixed"}
+    return changes if control else {**changes, "same_allocation": {"enabled": False}}
+
+
+def parse_budgets(text: str) -> list[int]:
+    try:
+        budgets = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        budgets = []
+    if not budgets or min(budgets) < 1:
+        raise ValueError(f"--fixed-budgets {text}: give budgets >= 1 separated by commas, e.g. 4,8,16")
+    return budgets
+
+
 def generate(url: str, prompt: list[int], max_new_tokens: int) -> dict:
     return compare_generate(url, (prompt, {}), max_new_tokens)  # greedy, unconstrained
 
@@ -147,6 +189,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--controller", action="store_true", help="also run python -m controller against JETSPEC")
+    heads = p.add_mutually_exclusive_group()
+    heads.add_argument("--head", type=Path, default=HEAD, help="JETSPEC's draft head (default: the shipped one)")
+    heads.add_argument("--useless-head", action="store_true", help="draft with noise weights: speculation cannot pay")
+    p.add_argument(
+        "--fixed-budget",
+        type=int,
+        help="every cohort's default budget, with fixed trees (one of each cohort's budgets; the control stays on)",
+    )
+    p.add_argument(
+        "--fixed-budgets",
+        default="",
+        help="also time a JETSPEC server per budget (fixed trees, no control), e.g. 4,8,16: the best fixed choice",
+    )
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--port", type=int, default=31200)
     p.add_argument("--model", help="target checkpoint directory (default: jetspec model fetch smollm2)")
@@ -165,6 +220,10 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--concurrency {args.concurrency}: give positive integers separated by commas, e.g. 1,4,16")
     if args.rounds < 1 or args.warmup_s < 0:
         p.error("--rounds must be >= 1 and --warmup-s >= 0")
+    try:
+        fixed_budgets = parse_budgets(args.fixed_budgets) if args.fixed_budgets else []
+    except ValueError as exc:
+        p.error(str(exc))
 
     import sglang
     import torch
@@ -192,26 +251,37 @@ def main(argv: list[str] | None = None) -> int:
             )
     from policies import load_policy
 
-    policy = load_policy(policy_path())
     args.log_dir.mkdir(parents=True, exist_ok=True)
     env = {"OMP_NUM_THREADS": str(args.threads), ADMIN_KEY_ENV: ADMIN_KEY}
+    if args.fixed_budget is not None:
+        env.update(policy_env("jetspec", args.log_dir, {"jetspec": fixed_budget_policy(args.fixed_budget, True)}))
+    policy_file = Path(env.get("JETSPEC_POLICY") or policy_path())
+    policy = load_policy(policy_file)
+    head = make_useless_head(HEAD, args.log_dir / "useless-head") if args.useless_head else args.head
     common = dict(dtype=args.dtype, max_total_tokens=32768, max_running=max(4, max(levels)))
     plain = launch(
         server_args(model, "--disable-overlap-schedule", port=args.port, **common), args.log_dir / "plain.log", env
     )
     jetspec = launch(
-        jetspec_args(model, "--enable-metrics", "--admin-api-key", ADMIN_KEY, port=args.port + 1, **common),
+        jetspec_args(model, "--enable-metrics", "--admin-api-key", ADMIN_KEY, port=args.port + 1, **common, head=head),
         args.log_dir / "jetspec.log",
         env,
     )
+    fixed_servers = {}
+    for k, budget in enumerate(fixed_budgets):
+        name = f"fixed-{budget}"
+        variant = {name: fixed_budget_policy(budget, control=False)}
+        fixed_env = {**env, **policy_env(name, args.log_dir, variant)}
+        fixed_args = jetspec_args(model, port=args.port + 2 + k, **common, head=head)
+        fixed_servers[str(budget)] = launch(fixed_args, args.log_dir / f"{name}.log", fixed_env)
     controller = None
     cells = []
     try:
         warmup_ids = tokenizer(WARMUP_TEXT)["input_ids"]
-        for server in (plain, jetspec):
+        for server in (plain, jetspec, *fixed_servers.values()):
             generate(server.url, warmup_ids, 8)
         if args.controller:
-            controller = start_controller(policy_path(), [jetspec.url], ADMIN_KEY_ENV, args.log_dir, env=env)
+            controller = start_controller(policy_file, [jetspec.url], ADMIN_KEY_ENV, args.log_dir, env=env)
         for w in workloads:
             start = 0
             for level in levels:
@@ -220,10 +290,12 @@ def main(argv: list[str] | None = None) -> int:
                 poller = StatePoller(jetspec.url)
                 closed_loop(jetspec.url, warm[w], level, args.warmup_s, args.max_new_tokens)
                 plain_rates, jetspec_rates = [], []
+                fixed_rates = {budget: [] for budget in fixed_servers}
                 for k in range(args.rounds):
                     batch = timed[w][start : start + n]
                     start += n
                     order = [(plain, plain_rates), (jetspec, jetspec_rates)]
+                    order += [(server, fixed_rates[budget]) for budget, server in fixed_servers.items()]
                     for server, rates in order if k % 2 == 0 else order[::-1]:
                         rates.append(timed_pass(server.url, batch, level, args.max_new_tokens))
                 mode, decided, changes, late, gain = decision_summary(poller.stop(), cohort, args.warmup_s)
@@ -241,22 +313,28 @@ def main(argv: list[str] | None = None) -> int:
                     changes,
                     late,
                     gain,
+                    fixed_rates,
+                    *best_fixed(plain_rates, fixed_rates),
                 )
                 print(json.dumps(asdict(cell)), flush=True)
                 cells.append(cell)
     finally:
         if controller is not None:
             controller.stop()
+        for server in fixed_servers.values():
+            server.stop()
         jetspec.stop()
         plain.stop()
     meta = {
         "command": "python -m bench.control_plane " + " ".join(sys.argv[1:] if argv is None else argv),
         "cpu": cpu_model(),
         "dtype": args.dtype,
-        "policy": str(policy_path()),
+        "policy": str(policy_file) if args.fixed_budget is None else f"shipped, every cohort fixed {args.fixed_budget}",
+        "head": "noise weights (harness/useless_head.py)" if args.useless_head else str(head),
         "controller": args.controller,
         "warmup_s": args.warmup_s,
         "rounds": args.rounds,
+        "fixed_budgets": fixed_budgets,
         "max_new_tokens": args.max_new_tokens,
         "sglang": sglang.__version__,
         "torch": torch.__version__,
@@ -271,29 +349,36 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def markdown(cells: list[Cell], meta: dict) -> str:
+    fixed = bool(meta.get("fixed_budgets"))
     lines = [
         "# JETSPEC as operators run it vs plain SGLang (CPU harness)",
         "",
         f"`{meta['command']}`",
         "",
         f"{meta['cpu']}, {meta['dtype']}, SGLang {meta['sglang']}, torch {meta['torch']}, {meta['date']}; policy "
-        f"{meta['policy']}; controller {'on' if meta['controller'] else 'off'}; warm-up {meta['warmup_s']:g} s of "
-        f"load per cell before {meta['rounds']} timed rounds (plain and JETSPEC alternating on the same new prompts).",
+        f"{meta['policy']}; head {meta['head']}; controller {'on' if meta['controller'] else 'off'}; "
+        f"warm-up {meta['warmup_s']:g} s of load per cell before {meta['rounds']} timed rounds (plain and "
+        "JETSPEC alternating on the same new prompts"
+        + (f"; fixed budgets {', '.join(map(str, meta['fixed_budgets']))} in turn with them)." if fixed else ")."),
         "",
         "| workload | concurrency | cohort | plain tok/s | JETSPEC tok/s | x plain by round | steady x plain | "
-        "mode at end | decided after (s) | mode changes (after warm-up) | control's gain |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "mode at end | decided after (s) | mode changes (after warm-up) | control's gain |"
+        + (" best fixed budget (x plain) | x best fixed |" if fixed else ""),
+        "|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if fixed else ""),
     ]
     for c in cells:
         mode = c.final_mode or "not run (the table's budget 0)"
         decided = "-" if c.decided_after_s is None else f"{c.decided_after_s:.0f}"
         gain = "-" if c.gain is None else f"{c.gain:.2f}"
-        lines.append(
+        row = (
             f"| {c.workload} | {c.concurrency} | {c.cohort} | {statistics.fmean(c.plain_tokens_per_s):.1f} | "
             f"{statistics.fmean(c.jetspec_tokens_per_s):.1f} | {' / '.join(f'{r:.2f}' for r in c.ratios)} | "
             f"**{c.steady_ratio:.2f}** | {mode} | {decided} | "
             f"{c.mode_changes} ({c.mode_changes_after_warmup}) | {gain} |"
         )
+        if fixed:
+            row += f" {c.best_fixed} ({c.best_fixed_ratio:.2f}) | **{c.steady_ratio / c.best_fixed_ratio:.2f}** |"
+        lines.append(row)
     return "\n".join(lines) + "\n"
 
 

@@ -96,15 +96,15 @@ def server_args(
     ]
 
 
-def jetspec_args(model_dir: Path | str, *extra: str, **kw) -> list[str]:
-    """`server_args` for JETSPEC with the shipped head (and what JETSPEC requires: no overlap scheduler,
-    no decode CUDA graphs), then `extra`."""
+def jetspec_args(model_dir: Path | str, *extra: str, head: Path | str = HEAD, **kw) -> list[str]:
+    """`server_args` for JETSPEC with `head` (default: the shipped one) and what JETSPEC requires on a CPU
+    (no overlap scheduler, no decode CUDA graphs), then `extra`."""
     return server_args(
         model_dir,
         "--speculative-algorithm",
         "JETSPEC",
         "--speculative-draft-model-path",
-        str(HEAD),
+        str(head),
         "--disable-overlap-schedule",
         "--disable-decode-cuda-graph",
         *extra,

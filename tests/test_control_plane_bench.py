@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from bench.control_plane import cohort_of, decision_summary, main
+from bench.control_plane import Cell, best_fixed, cohort_of, decision_summary, fixed_budget_policy, main, markdown
 
 COHORTS = [
     SimpleNamespace(name="bs1", min_batch=1, max_batch=1),
@@ -46,9 +46,36 @@ def test_a_cohort_the_table_does_not_speculate_in_has_no_decision():
         (["--workloads", "poetry"], "--workloads poetry: choose from chat,code"),
         (["--concurrency", "0,4"], "--concurrency 0,4: give positive integers"),
         (["--rounds", "0"], "--rounds must be >= 1"),
+        (["--fixed-budgets", "4,x"], "--fixed-budgets 4,x: give budgets >= 1"),
+        (["--fixed-budgets", "0"], "--fixed-budgets 0: give budgets >= 1"),
+        (["--head", "h", "--useless-head"], "not allowed with argument"),
     ],
 )
 def test_bad_arguments_name_the_flag(argv, message, capsys, tmp_path):
     with pytest.raises(SystemExit):
         main([*argv, "--json", str(tmp_path / "x.json"), "--markdown", str(tmp_path / "x.md")])
     assert message in capsys.readouterr().err
+
+
+def test_the_best_fixed_budget_is_the_one_with_the_best_median_ratio_to_plain():
+    plain = [10.0, 20.0, 10.0]
+    fixed = {"4": [11.0, 22.0, 11.0], "8": [15.0, 20.0, 14.0], "16": [30.0, 10.0, 9.0]}  # medians 1.1, 1.4, 0.9
+    assert best_fixed(plain, fixed) == ("8", 1.4)
+    assert best_fixed(plain, {}) == (None, None)
+
+
+def test_a_fixed_budget_server_runs_fixed_trees_and_drops_the_control_only_when_asked():
+    assert fixed_budget_policy(8, control=False) == {
+        "default": 8,
+        "tree_sizing": "fixed",
+        "same_allocation": {"enabled": False},
+    }
+    assert fixed_budget_policy(16, control=True) == {"default": 16, "tree_sizing": "fixed"}  # the shipped control
+
+
+def test_the_table_gives_the_ratio_to_the_best_fixed_budget_when_fixed_budgets_ran():
+    cell = Cell("code", 1, "bs1", [10.0], [20.0], [2.0], 2.0, "speculative", 5.0, 0, 0, 1.9, {"8": [25.0]}, "8", 2.5)
+    meta = dict(command="x", cpu="cpu", dtype="bfloat16", sglang="0.5.23", torch="2", date="d", policy="p", head="h")
+    table = markdown([cell], {**meta, "controller": False, "warmup_s": 60, "rounds": 1, "fixed_budgets": [8]})
+    assert table.splitlines()[-1].endswith("| 8 (2.50) | **0.80** |")
+    assert "best fixed" not in markdown([cell], {**meta, "controller": False, "warmup_s": 60, "rounds": 1})

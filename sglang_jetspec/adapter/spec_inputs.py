@@ -60,6 +60,7 @@ def bind_verify_batch(
         retrieve_next_sibling=tensors.retrieve_next_sibling.to(device, non_blocking=True),
         draft_token_num=num_nodes,
     )
+    batch.seq_lens_sum = None  # ForwardBatch.init_new recomputes it from the host mirror (the commit does not)
     if not capture_taps:  # nothing will read the tap rows (no rank-0 lane drafts): skip gathering them
         batch.spec_info.capture_hidden_mode = CaptureHiddenMode.NULL
 

@@ -3,8 +3,9 @@
 Every tensor-parallel rank first checks that all accepted the same tokens. Then the target KV of each
 request's kept nodes moves to the front of its verify window (one batched mover call; a root-only step
 has nothing to move: the root's KV is already in place), the logprobs of requests that asked for them
-are computed from the verify rows, the scheduler is told the new sequence lengths (`on_publish`, once
-per forward, right after acceptance: overlap_utils' contract), the head keeps the context of the
+are computed from the verify rows, the batch's sequence lengths advance in place (so the scheduler reads
+none back) and the scheduler is told them (`on_publish`, once per forward, right after acceptance:
+overlap_utils' contract), the head keeps the context of the
 committed tokens, and each request notes its budget and accept length (for the shadow record). The
 phase returns the GenerationBatchResult the scheduler reads.
 """
@@ -49,12 +50,12 @@ class StepCommit:
         self.ranks.agree("accepted tokens", [out.accept_lens, out.next_token_ids])
         accept_lens = out.accept_lens.to(self.device)
         accept_index = out.accept_index.to(self.device)
-        new_seq_lens = inputs.committed_lens + accept_lens
         if drafted.num_nodes > 1:
             move_accept_tokens_to_target_kvcache(batch, accept_index, accept_lens - 1, self.allocator)
         logits_output = verified.logits_output
         if batch.return_logprob:
             compute_spec_logprobs(batch, logits_output, out.predict.to(self.device), accept_index=accept_index)
+        new_seq_lens = advance_committed_lens(inputs, accept_lens, out.row_counts)
         if on_publish is not None:
             on_publish(new_seq_lens)
         taps = logits_output.hidden_states  # [bs*N, taps*H]: every node's tap rows (none when not captured)
@@ -76,3 +77,15 @@ class StepCommit:
             speculative_num_draft_tokens=self.reserved,
             speculative_output_stride=out.stride,
         )
+
+
+def advance_committed_lens(inputs: VerifyInputs, accept_lens: torch.Tensor, counts: list[int]) -> torch.Tensor:
+    """Advance the batch's own sequence-length tensors in place by each request's committed tokens (`counts`
+    on the host, `accept_lens` on the device) and return the device one. The scheduler copies a returned
+    tensor other than `batch.seq_lens` to the host (a sync per step on a GPU); this one it keeps as it is,
+    and its host mirror is already right, from the lengths the acceptance read."""
+    lens, mirror = inputs.committed_lens, inputs.committed_lens_cpu
+    lens.add_(accept_lens)
+    if mirror is not None and mirror.untyped_storage().data_ptr() != lens.untyped_storage().data_ptr():
+        mirror.add_(torch.tensor(counts, dtype=mirror.dtype))  # on a CPU device the two can be one tensor
+    return lens

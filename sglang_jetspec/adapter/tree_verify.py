@@ -27,12 +27,14 @@ from sglang_jetspec.core.step_clock import Drafted
 @dataclass(frozen=True)
 class VerifyInputs:
     """What `bind` laid on the batch: a DECODE forward of the roots (`decode`) or a tree verify, whether
-    the forward captures tap rows for the head's context, and the sequence lengths of the committed
-    tokens (device) as the batch held them before (a decode forward rebinds them to count the root)."""
+    the forward captures tap rows for the head's context, and the batch's own sequence-length tensors of
+    the committed tokens as it held them before (device, and the host mirror or None; a decode forward
+    rebinds them to count the root). The commit advances these very tensors."""
 
     decode: bool
     capture_taps: bool
     committed_lens: torch.Tensor
+    committed_lens_cpu: torch.Tensor | None
 
 
 @dataclass(frozen=True)
@@ -57,7 +59,8 @@ class TreeVerifier:
         drafted: Drafted,
     ) -> VerifyInputs:
         """Lay the trees on `batch` (the scheduler's _forward_isolation restores it after the step)."""
-        committed_lens, seq_lens = batch.seq_lens, [lane.kv_len for lane in lanes]
+        committed_lens, committed_lens_cpu = batch.seq_lens, batch.seq_lens_cpu
+        seq_lens = [lane.kv_len for lane in lanes]
         decode = drafted.num_nodes == 1 and not batch.return_logprob
         capture_taps = self.drafts and any(lane.drafts for lane in lanes)
         if not decode:
@@ -73,7 +76,7 @@ class TreeVerifier:
             )
         else:
             bind_decode_batch(batch, torch.tensor([lane.root_token for lane in lanes]), self.device)
-        return VerifyInputs(decode, capture_taps, committed_lens)
+        return VerifyInputs(decode, capture_taps, committed_lens, committed_lens_cpu)
 
     def forward(
         self, batch, lanes: list[RequestDraftState], drafted: Drafted, inputs: VerifyInputs, reads_taps: bool

@@ -248,12 +248,13 @@ class Scheduler:
 
     def step(self):
         kv = [len(r.origin_input_ids) + len(r.output_ids) - 1 for r in self.running]
-        batch = self._batch(
-            ForwardMode.DECODE, list(self.running), seq_lens=torch.tensor(kv), seq_lens_cpu=torch.tensor(kv)
-        )
+        seq_lens, seq_lens_cpu = torch.tensor(kv), torch.tensor(kv)
+        batch = self._batch(ForwardMode.DECODE, list(self.running), seq_lens=seq_lens, seq_lens_cpu=seq_lens_cpu)
         result = self.worker.forward_batch_generation(batch, on_publish=self.publishes.append)
         self.forwards += 1
-        assert result.new_seq_lens.tolist() == [k + a for k, a in zip(kv, result.accept_lens.tolist())]
+        advanced = [k + a for k, a in zip(kv, result.accept_lens.tolist())]
+        # the batch's own tensors advanced in place: the scheduler reads no new lengths back from the device
+        assert result.new_seq_lens is seq_lens and seq_lens.tolist() == seq_lens_cpu.tolist() == advanced
         tokens, stride = result.next_token_ids.tolist(), result.speculative_output_stride
         for i, req in enumerate(batch.reqs):
             accepted = tokens[i * stride : i * stride + int(result.accept_lens[i])]

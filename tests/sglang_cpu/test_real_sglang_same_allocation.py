@@ -5,12 +5,12 @@ decode steps)."""
 
 from __future__ import annotations
 
-import shutil
 import time
 
 import pytest
-import torch
 from e2e_client import HEAD, generate, generate_all, jetspec_args, jetspec_state, outputs_until_eos
+
+from harness.useless_head import make_useless_head
 
 # Fixed trees of 16 nodes, no lookup: every speculative step pays for a full tree of the head's drafts.
 FIXED_16_YAML = """\
@@ -32,25 +32,12 @@ def policy(tmp_path_factory):
 @pytest.fixture(scope="module")
 def useless_head(tmp_path_factory):
     """The shipped head with every weight replaced by noise of the same scale: its drafts are random tokens."""
-    from safetensors.torch import load_file, save_file
-
-    path = tmp_path_factory.mktemp("useless-head") / "head"
-    shutil.copytree(HEAD, path)
-    weights = load_file(path / "model.safetensors")
-    generator = torch.Generator().manual_seed(0)
-    noise = {
-        name: (torch.randn(t.shape, generator=generator) * t.float().std().clamp(min=1e-3)).to(t.dtype)
-        for name, t in weights.items()
-    }
-    save_file(noise, path / "model.safetensors")
-    return path
+    return make_useless_head(HEAD, tmp_path_factory.mktemp("useless-head") / "head")
 
 
 def _server(servers, smollm2_dir, name, policy=None, head=None):
     """JETSPEC with `head` (default: the shipped one) under `policy` (default: the packaged one)."""
-    args = jetspec_args(smollm2_dir, "--enable-metrics")
-    if head is not None:
-        args[args.index("--speculative-draft-model-path") + 1] = str(head)
+    args = jetspec_args(smollm2_dir, "--enable-metrics", head=head or HEAD)
     return servers.start(name, args, {"JETSPEC_POLICY": str(policy)} if policy is not None else {})
 
 
