@@ -286,6 +286,11 @@ def harness_section(runs: dict[str, dict]) -> list[str]:
 CONTROL_PLANE_RUNS = ("sglang_cpu/control-plane-fp32-xeon.json", "sglang_cpu/control-plane-bf16-xeon.json")
 
 
+def best_fixed_columns(cell: dict) -> list[str]:
+    best = cell["best_fixed_ratio"]
+    return [f"{cell['best_fixed']} ({best:.2f}x)", times(cell["steady_ratio"] / best)]
+
+
 def control_plane_section(runs: dict[str, dict]) -> list[str]:
     columns = ["run", "workload", "c", "cohort", "x plain (rounds)", "steady x plain", "mode", "decided (s)", "changes"]
     lines = [
@@ -294,11 +299,13 @@ def control_plane_section(runs: dict[str, dict]) -> list[str]:
         "The shipped policy with the server's same-allocation control, after a warm-up of load; plain and JETSPEC",
         "alternate on the same new prompts. Mode: what the control runs the cohort at the end (not run: the",
         "table's budget is 0 there); decided: seconds from the cell's first request to the lasting decision;",
-        "changes: mode changes in the cell (after the warm-up).",
+        "changes: mode changes in the cell (after the warm-up). Where fixed budgets ran in turn with them (fixed",
+        "trees, no control): the best of them per cell and JETSPEC's steady ratio to it.",
         "",
     ]
     for rel, run in runs.items():
         meta = run["meta"]
+        fixed = bool(meta.get("fixed_budgets"))
         rows = [
             [
                 result_link(rel),
@@ -310,10 +317,15 @@ def control_plane_section(runs: dict[str, dict]) -> list[str]:
                 c["final_mode"] or "not run",
                 "-" if c["decided_after_s"] is None else f"{c['decided_after_s']:.0f}",
                 f"{c['mode_changes']} ({c['mode_changes_after_warmup']})",
+                *(best_fixed_columns(c) if fixed else []),
             ]
             for c in run["cells"]
         ]
-        lines += [f"### {meta['cpu']}, {meta['dtype']}", "", *table(columns, rows), ""]
+        head = meta.get("head", "")
+        what = f", head: {head}" if "noise" in head else ""
+        what += f", policy: {meta['policy']}" if "fixed" in meta.get("policy", "") else ""
+        header = columns + (["best fixed budget", "x best fixed"] if fixed else [])
+        lines += [f"### {meta['cpu']}, {meta['dtype']}{what}", "", *table(header, rows), ""]
     return lines
 
 

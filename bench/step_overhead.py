@@ -14,6 +14,9 @@ steps whose batch is the full batch size it reports, per step (median, max in br
 
 - `ops_outside_forward`: aten ops on device data outside the target's forward: the proxy for kernel
   launches on a GPU (the draft head's forward is outside the target's: it counts);
+- `ops_with_draft_graph`: the same with the head's drafting pass replayed as one CUDA graph, as a GPU with
+  decode graphs runs it (core/draft_graphs.py): the pass's ops (counted inside `HeadDrafter.propose`) become
+  DRAFT_GRAPH_OPS (the copy of its inputs into the bucket's buffer, the replay, the slice of its output);
 - `host_syncs`: reads of device data by the host (`.item()`, `.tolist()`, `.cpu()`, truthiness,
   `nonzero`, boolean indexing, ...), with the code sites behind them in the JSON;
 - `host_ms`: wall milliseconds of the step outside the target's forward (unprobed steps), and for
@@ -56,7 +59,8 @@ SAMPLING = {
     "grammar": {"temperature": 0},
     "penalised": {"temperature": 0, "frequency_penalty": 0.5, "repetition_penalty": 1.1},
 }
-COUNT_FIELDS = ("ops_outside_forward", "host_syncs")
+COUNT_FIELDS = ("ops_outside_forward", "ops_with_draft_graph", "host_syncs")
+DRAFT_GRAPH_OPS = 3  # DraftGraphs.propose: inputs.copy_, graph.replay, out[: len(lanes)]
 TIME_FIELDS = ("host_ms", "forward_ms", "step_ms")
 
 
@@ -70,10 +74,17 @@ def parse_sizes(text: str) -> list[int]:
     return sizes
 
 
+def with_draft_graph(record: dict) -> dict:
+    """A probed step's record with `ops_with_draft_graph` (its ops when a drafting pass ran, else the same)."""
+    draft = record.get("draft_pass_ops", 0)
+    graphed = record["ops_outside_forward"] - draft + (DRAFT_GRAPH_OPS if draft else 0)
+    return {**record, "ops_with_draft_graph": graphed}
+
+
 def summarise(records: list[dict], batch_size: int) -> dict:
     """Median (and max) of every field over the steps whose batch held `batch_size` requests."""
     full = [r for r in records if r["batch_size"] == batch_size]
-    counted = [r for r in full if r["counted"]]
+    counted = [with_draft_graph(r) for r in full if r["counted"]]
     timed = [r for r in full if not r["counted"]]
     out: dict = {"steps_counted": len(counted), "steps_timed": len(timed)}
     for name in COUNT_FIELDS:
@@ -159,13 +170,14 @@ def markdown(results: dict, meta: dict) -> str:
         f"`{meta['command']}`",
         "",
         f"Commit {meta['commit']}. Median per decode step over the steps with the full batch (max in brackets);",
-        "ops: aten ops on device data outside the target's forward (the proxy for GPU kernel launches);",
+        "ops: aten ops on device data outside the target's forward (the proxy for GPU kernel launches); with draft",
+        "graph: the same when the head's drafting pass replays as one CUDA graph (GPU decode graphs);",
         "syncs: host reads of device data; ms: unprobed wall time outside the target's forward",
         "(JETSPEC's phases after).",
         "",
-        "| config | workload | batch | ops outside forward | host syncs | outside-forward ms | forward ms "
-        "| phases ms |",
-        "|---|---|---|---|---|---|---|---|",
+        "| config | workload | batch | ops outside forward | ops with draft graph | host syncs | outside-forward ms "
+        "| forward ms | phases ms |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for config, by_workload in results.items():
         for workload, by_size in by_workload.items():
@@ -173,6 +185,7 @@ def markdown(results: dict, meta: dict) -> str:
                 phases = " ".join(f"{k.removesuffix('_ms')} {v}" for k, v in s["phases_ms"].items())
                 lines.append(
                     f"| {config} | {workload} | {size} | {s['ops_outside_forward']} ({s['ops_outside_forward_max']}) "
+                    f"| {s.get('ops_with_draft_graph', '-')} ({s.get('ops_with_draft_graph_max', '-')}) "
                     f"| {s['host_syncs']} ({s['host_syncs_max']}) | {s['host_ms']} | {s['forward_ms']} "
                     f"| {phases} |"
                 )

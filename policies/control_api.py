@@ -47,6 +47,8 @@ from policies.table import PolicyTable, validate_table
 SERVER_ARGS_KEY = "server_args"
 INTERNAL_STATES_KEY = "internal_states"
 POLICY_KEY = "jetspec_policy"
+# beside POLICY_KEY: the same-allocation control's state per cohort (policies/same_allocation.py), when it runs
+SAME_ALLOCATION_KEY = "jetspec_same_allocation"
 # beside POLICY_KEY in a JetSpec SGLang server's internal state: the last refused push ({"at", "problems"})
 LAST_REFUSAL_KEY = "jetspec_last_refused_push"
 FLAT_PREFIX = POLICY_KEY + "."
@@ -124,9 +126,13 @@ def policy_readback(active: ActivePolicy, now: float) -> dict[str, Any]:
     return active.state(now).model_dump(mode="json")
 
 
-def handle_server_info(active: ActivePolicy, now: float) -> dict[str, Any]:
-    """The part of SGLang's GET /server_info a controller reads: one internal state (one rank)."""
-    return {INTERNAL_STATES_KEY: [{POLICY_KEY: policy_readback(active, now)}]}
+def handle_server_info(active: ActivePolicy, now: float, same_allocation: dict | None = None) -> dict[str, Any]:
+    """The part of SGLang's GET /server_info a controller reads: one internal state (one rank), with the
+    same-allocation control's state when it runs."""
+    state: dict[str, Any] = {POLICY_KEY: policy_readback(active, now)}
+    if same_allocation is not None:
+        state[SAME_ALLOCATION_KEY] = same_allocation
+    return {INTERNAL_STATES_KEY: [state]}
 
 
 def table_to_flat_args(table: PolicyTable) -> dict[str, int | float]:

@@ -10,11 +10,13 @@ modes are measured interleaved, in the same allocation, under the same traffic, 
 revisited for as long as the server runs (a machine that gets faster, a workload that changes).
 
 What a step counts: the tokens it served per request over the wall time since the previous served
-decode step ended (`ServedRounds`), i.e. what a client sees, scheduler and host work included. Dropped:
-the first step of a block after a switch (it pays the switch), a step after a prefill or another
-interruption (its time is not the decode's), a step whose batch size differs from its block's first
-(arrivals and departures: bursts), and a step slower than `stall_factor` x its block's median (stalls).
-A block yields one rate, the mean of what it kept.
+decode step ended (`ServedRounds`), i.e. what a client sees, scheduler and host work included. A step
+right after a prefill (or another interruption) counts its own time plus the usual gap between decode
+steps, not the prefill's: at 16 concurrent requests of a few dozen tokens a prefill comes every few steps,
+and dropping those steps would starve the decision. Dropped: the first step of a block after a switch (it
+pays the switch), a step whose batch size is more than BURST_SHARE off its block's first (a burst of
+arrivals; departures one at a time stay), and a step slower than `stall_factor` x its block's median
+(stalls). A block yields one rate, the mean of what it kept.
 
 The decision, on the newest `window_blocks` block rates of each mode, once each has `min_blocks`: the
 gain (speculative / native) with a confidence interval of `confidence_z` standard errors (delta method on
@@ -26,7 +28,8 @@ on evidence gathered since its last change (`window_blocks` blocks of the other 
 break-even. A cohort with no evidence of its own follows the
 nearest smaller cohort that has decided (monotone in batch size unless measured otherwise).
 
-Pure logic with no engine imports: the SGLang worker drives it through adapter.policy.PolicyControl.
+Pure logic with no engine imports: both engines drive it through policies/controlled_plans.py (the SGLang
+worker by way of adapter.policy.PolicyControl, the reference engine's worker directly).
 """
 
 from __future__ import annotations
@@ -41,6 +44,8 @@ from policies.schema import SameAllocationPolicy
 
 SPECULATIVE = "speculative"
 NATIVE = "native"
+BURST_SHARE = 0.25  # a step whose batch is this share larger or smaller than its block's first is a burst
+GAP_WEIGHT = 0.1  # the running mean of the gap between decode steps: this weight on each new one
 
 
 def _other(mode: str) -> str:
@@ -48,17 +53,29 @@ def _other(mode: str) -> str:
 
 
 class ServedRounds:
-    """Wall seconds between consecutive served decode steps; None when something else ran in between."""
+    """Wall seconds a served decode step stands for: since the previous one ended; after an interruption
+    (a prefill), its own time plus the running mean of the gap between uninterrupted steps (the scheduler's
+    work between them); None while no such gap is known."""
 
     def __init__(self) -> None:
         self._last: float | None = None
+        self._gap: float | None = None
 
     def interrupted(self) -> None:
         """A prefill (or anything but a decode step) ran: the next decode step's interval is not its own."""
         self._last = None
 
-    def served(self, now: float) -> float | None:
-        seconds = None if self._last is None else now - self._last
+    def served(self, now: float, started: float | None = None) -> float | None:
+        """The step that began at `started` ended at `now` (one clock)."""
+        if self._last is not None:
+            seconds = now - self._last
+            if started is not None and started >= self._last:
+                gap = started - self._last
+                self._gap = gap if self._gap is None else (1 - GAP_WEIGHT) * self._gap + GAP_WEIGHT * gap
+        elif started is not None and self._gap is not None:
+            seconds = now - started + self._gap
+        else:
+            seconds = None
         self._last = now
         return seconds if seconds is None or seconds > 0 else None
 
@@ -123,7 +140,8 @@ class SameAllocationControl:
         first = block.steps == 1
         if block.batch_size is None:
             block.batch_size = batch_size
-        if (first and block.switched) or seconds is None or batch_size != block.batch_size or batch_size < 1:
+        burst = abs(batch_size - block.batch_size) > BURST_SHARE * block.batch_size
+        if (first and block.switched) or seconds is None or burst or batch_size < 1:
             self._cohorts[cohort].dropped += 1
             return
         block.rates.append(tokens / batch_size / seconds)

@@ -433,3 +433,31 @@ def test_serve_refuses_draft_rounds_for_a_marginal_only_head(tmp_path, smollm2_d
     policy.write_text(POLICY_YAML + "head: {max_draft_rounds: 1}\n")
     assert serve(smollm2_dir, policy) == 2  # the shipped head drafts per-depth marginals only
     assert "head.max_draft_rounds is 1 but head" in capsys.readouterr().err
+
+
+def test_the_reference_server_runs_the_same_allocation_control_losslessly_and_never_under_a_seed(
+    smollm2, untrained_drafter
+):
+    """Blocks of 2 steps, every second native until a decision: a greedy request's steps run both modes
+    (budget 0 counted under the cohort), its tokens the autoregressive ones; /server_info shows the
+    control's state; a seeded sampled request's steps all run the table's budget."""
+    policy = parse_policy_text(POLICY_YAML + "same_allocation: {block_steps: 2, explore_every: 2}\n")
+    engine = ReferenceEngine(smollm2, untrained_drafter, EngineConfig(max_batch_size=4))
+    ids = smollm2.tokenizer(PROMPTS[0])["input_ids"]
+    reference = ReferenceEngine(smollm2, None).generate([Request(ids, SamplingParams(max_new_tokens=16))], budget=0)[0]
+    with JetspecServer(engine, policy, ADMIN_KEY) as server:
+        greedy = {"temperature": 0, "max_new_tokens": 16}
+        status, out = generate(server.url, {"input_ids": ids, "sampling_params": greedy})
+        steps = metric_samples(server.url)
+        status_info, info = call(f"{server.url}/server_info")
+        sampling = {"temperature": 0.8, "seed": 3, "max_new_tokens": 12, "ignore_eos": True}
+        before = steps.get(("jetspec_steps_total", (("budget", "0"), ("cohort", "bs1"))), 0)
+        seeded = generate(server.url, {"input_ids": ids, "sampling_params": sampling})
+        after = metric_samples(server.url).get(("jetspec_steps_total", (("budget", "0"), ("cohort", "bs1"))), 0)
+    assert status == 200 and out["output_ids"] == reference.output_ids
+    assert before >= 1 and steps[("jetspec_steps_total", (("budget", "4"), ("cohort", "bs1")))] >= 1
+    state = info["internal_states"][0]["jetspec_same_allocation"]
+    assert status_info == 200 and state["bs1"]["mode"] in ("speculative", "native") and state["bs2-4"]["mode"] is None
+    assert seeded[0] == 200 and after == before  # no native step under a seed
+    alone = ReferenceEngine(smollm2, untrained_drafter).generate([Request(ids, SamplingParams(**sampling))], budget=4)
+    assert seeded[1]["output_ids"] == alone[0].output_ids

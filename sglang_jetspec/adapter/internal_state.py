@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import time
 
-from policies.control_api import LAST_REFUSAL_KEY, POLICY_KEY
+from policies.control_api import LAST_REFUSAL_KEY, POLICY_KEY, SAME_ALLOCATION_KEY
 from sglang_jetspec.adapter.policy import is_policy_key
 
 log = logging.getLogger(__name__)
@@ -41,7 +41,6 @@ LIVE_STATES_KEY = "jetspec_live_draft_states"
 CONTEXT_POOL_KEY = "jetspec_context_pool"
 RANKS_KEY = "jetspec_ranks"
 VERIFY_WIDTHS_KEY = "jetspec_verify_widths"
-SAME_ALLOCATION_KEY = "jetspec_same_allocation"
 
 
 def around_set_internal_state(original, controller, recv_req):

@@ -29,7 +29,7 @@ from policies import (
     read_head_capacity,
 )
 from policies.control_api import FLAT_PREFIX, policy_readback, table_from_flat_args
-from policies.same_allocation import NATIVE, SameAllocationControl, ServedRounds
+from policies.controlled_plans import ControlledPlans
 
 log = logging.getLogger(__name__)
 
@@ -83,45 +83,27 @@ class PolicyControl:
         self.active = ActivePolicy(policy, head)  # `head`: the server's draft head, bounding pushed tree widths
         self.admin_key_configured = admin_key_configured
         self._on_change = on_change  # called with the new PolicyState (metrics gauges)
-        self._on_same_allocation = on_same_allocation  # called with same_allocation_state() when it changes
         self._shown_generation = -1
         # the last push refused through SGLang ({"at": unix time, "problems": [...]}; adapter.internal_state)
         self.last_refusal: dict | None = None
-        # whether each speculating cohort beats native decoding, measured on this server's own steps
-        same = policy.same_allocation
-        self.same_allocation = SameAllocationControl(same, [c.name for c in policy.cohorts]) if same.enabled else None
-        self._rounds = ServedRounds()
-        self._controlled: str | None = None  # the cohort of the step planned last, if the control chose its mode
+        # whether each speculating cohort beats native decoding, measured on this server's own steps;
+        # `on_same_allocation` is called with its state whenever it changes
+        self.plans = ControlledPlans(self.active, on_same_allocation)
 
     def step_plan(self, batch_size: int, now: float, seeded: bool = False) -> StepPlan:
-        """The table's plan for the next step; in a cohort whose plan speculates, the same-allocation
-        control may run it native (budget 0, the draft context kept). Report it with `served`. `seeded`:
-        the batch holds a seeded sampled request, whose tokens depend on the steps' trees (one uniform per
-        node from its generator): its steps run the table's plan, so a seed reproduces as before."""
+        """The plan for the next step (policies/controlled_plans.py: the table's, or native where the
+        same-allocation control says); report it with `served`."""
         self.refresh(now)
-        plan = self.active.step_plan(batch_size, now)
-        controlled = self.same_allocation is not None and plan.budget > 0 and not seeded
-        self._controlled = plan.cohort if controlled else None
-        if self._controlled is None:
-            return plan
-        closed = self.same_allocation.closed_blocks
-        mode = self.same_allocation.mode(plan.cohort)
-        if self.same_allocation.closed_blocks != closed and self._on_same_allocation is not None:
-            self._on_same_allocation(self.same_allocation.state())
-        return plan._replace(budget=0) if mode == NATIVE else plan
+        return self.plans.step_plan(batch_size, now, seeded)
 
-    def served(self, batch_size: int, tokens: int, now: float) -> None:
-        """The step just planned served `tokens` tokens to `batch_size` requests; `now`: a monotonic clock."""
-        seconds = self._rounds.served(now)
-        if self._controlled is not None:
-            self.same_allocation.observe(self._controlled, batch_size, tokens, seconds)
+    def served(self, batch_size: int, tokens: int, now: float, started: float | None = None) -> None:
+        self.plans.served(batch_size, tokens, now, started)
 
     def interrupted(self) -> None:
-        """Something other than a decode step ran (a prefill): the next step's interval is not its own."""
-        self._rounds.interrupted()
+        self.plans.interrupted()
 
     def same_allocation_state(self) -> dict | None:
-        return None if self.same_allocation is None else self.same_allocation.state()
+        return self.plans.state()
 
     def refresh(self, now: float) -> None:
         """Revert an expired push and show the table in force (each step, and while the server idles)."""

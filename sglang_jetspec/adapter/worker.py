@@ -370,7 +370,7 @@ class JetSpecWorker(BaseSpecWorker):
 
     def _decode_step(self, batch, on_publish) -> GenerationBatchResult:
         """One decode step, phase by phase; each phase hands its value on, and the reporter reads them all."""
-        own_plan = None
+        own_plan, started = None, time.perf_counter()
         if self.ranks.drafts:  # a seeded request's steps run the table's plan (PolicyControl.step_plan)
             seeded = any(req.sampling_params.sampling_seed is not None for req in batch.reqs)
             own_plan = self.policy_control.step_plan(len(batch.reqs), time.time(), seeded)
@@ -389,5 +389,5 @@ class JetSpecWorker(BaseSpecWorker):
         clock.mark("committed")
         self.reporter.finish(clock, plan, drafted, out, batch.reqs)
         if self.ranks.drafts:  # the rank that plans measures what each plan served
-            self.policy_control.served(len(batch.reqs), sum(out.row_counts), time.perf_counter())
+            self.policy_control.served(len(batch.reqs), sum(out.row_counts), time.perf_counter(), started)
         return result

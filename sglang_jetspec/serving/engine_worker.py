@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from opentelemetry import trace
 from opentelemetry.trace import SpanContext, Tracer
 
-from policies.runtime import ActivePolicy
+from policies.controlled_plans import ControlledPlans
 
 from ..core.prompt_lookup import LookupMerge
 from ..observability.metrics import JetspecMetrics
@@ -42,7 +42,7 @@ class EngineWorker:
     def __init__(
         self,
         engine: ReferenceEngine,
-        active: ActivePolicy,
+        plans: ControlledPlans,
         metrics: JetspecMetrics,
         clock: Callable[[], float] = time.time,
         idle_poll_s: float = 0.05,
@@ -52,8 +52,8 @@ class EngineWorker:
         self._engine = engine
         self._shadow = shadow  # tees a sampled share of finished requests to the shadow spool
         self._tracer = tracer if tracer is not None else trace.get_tracer(WORKER_TRACER)
-        self._active = active
-        self._hybrid = LookupMerge.from_policy(active.policy.lookup)  # for cohorts whose drafter is hybrid
+        self._plans = plans  # the table's plans, native where the same-allocation control says
+        self._hybrid = LookupMerge.from_policy(plans.active.policy.lookup)  # for cohorts whose drafter is hybrid
         self._metrics = metrics
         self._clock = clock
         self._idle_poll_s = idle_poll_s
@@ -130,6 +130,7 @@ class EngineWorker:
                 return
             if self._shadow:
                 self._shadow.admitted(request, self._clock())
+            self._plans.interrupted()  # the next decode step waited for this prefill
             try:
                 finished = batch.admit(request)
             except Exception as exc:  # a failed prefill sinks only its own request
@@ -147,7 +148,9 @@ class EngineWorker:
     def _step(self, batch: RunningBatch, running: dict[str, Future[RequestOutput]]) -> None:
         # the reference engine keeps every request's draft context whatever the plan (keep_draft_context
         # is for engines whose context memory matters: the SGLang worker)
-        plan = self._active.step_plan(len(batch), self._clock())
+        started = time.monotonic()
+        seeded = any(lane.request.params.seed is not None and not lane.request.params.greedy for lane in batch.lanes)
+        plan = self._plans.step_plan(len(batch), self._clock(), seeded)
         cohort, budget = plan.cohort, plan.budget
         links = step_links([self._span_contexts[lane.request.request_id] for lane in batch.lanes])
         if self._shadow:
@@ -162,6 +165,7 @@ class EngineWorker:
                 "draw" if plan.sampled_children == "drawn" else None,
             )
             record_step_phases(self._tracer, span, cohort, record)
+        self._plans.served(record.batch_size, record.committed_tokens, time.monotonic(), started)
         self._metrics.record_step(cohort, record)
         for request, output in finished:
             self._span_contexts.pop(request.request_id)

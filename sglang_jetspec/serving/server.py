@@ -31,6 +31,7 @@ from opentelemetry.trace import SpanKind, Tracer
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from policies.control_api import handle_server_info, handle_set_internal_state
+from policies.controlled_plans import ControlledPlans
 from policies.head import HeadCapacity
 from policies.runtime import ActivePolicy
 from policies.schema import Policy
@@ -110,7 +111,9 @@ class JetspecServer:
         self._tracer = tracer if tracer is not None else trace.get_tracer(WORKER_TRACER)
         self._model = engine.target.path.name  # gen_ai.request.model
         self._shadow = _shadow_tee(shadow_spool, policy, self.registry, str(engine.target.path), head)
-        self._worker = EngineWorker(engine, self.active, self.metrics, clock, tracer=self._tracer, shadow=self._shadow)
+        # the table's plans, run native where the server's own same-allocation control measures no gain
+        self.plans = ControlledPlans(self.active, self.metrics.show_same_allocation)
+        self._worker = EngineWorker(engine, self.plans, self.metrics, clock, tracer=self._tracer, shadow=self._shadow)
         self._request_ids = itertools.count()
         self._routes: dict[tuple[str, str], Callable[[Mapping[str, str], bytes], Reply]] = {
             ("POST", "/generate"): self._generate,
@@ -212,7 +215,7 @@ class JetspecServer:
         return _json(status, payload)
 
     def _server_info(self, headers: Mapping[str, str], body: bytes) -> Reply:
-        return _json(200, handle_server_info(self.active, self._clock()))
+        return _json(200, handle_server_info(self.active, self._clock(), self.plans.state()))
 
 
 class _Handler(BaseHTTPRequestHandler):

@@ -118,9 +118,29 @@ def test_served_rounds_time_decode_steps_and_forget_across_an_interruption():
     assert rounds.served(10.0) is None  # nothing to measure from
     assert rounds.served(10.5) == pytest.approx(0.5)
     rounds.interrupted()  # a prefill ran
-    assert rounds.served(11.5) is None
+    assert rounds.served(11.5) is None  # no step start given, no gap known: nothing to stand for it
     assert rounds.served(11.75) == pytest.approx(0.25)
     assert rounds.served(11.75) is None  # no time passed: not a rate
+
+
+def test_a_step_after_a_prefill_counts_its_own_time_plus_the_usual_gap_between_steps():
+    rounds = ServedRounds()
+    rounds.served(10.0, started=9.6)
+    assert rounds.served(10.5, started=10.1) == pytest.approx(0.5)  # a gap of 0.1 s, then 0.4 s of step
+    assert rounds.served(11.0, started=10.6) == pytest.approx(0.5)
+    rounds.interrupted()  # a 2 s prefill ran between the steps
+    assert rounds.served(13.4, started=13.0) == pytest.approx(0.5)  # 0.4 s of its own + the 0.1 s gap
+    rounds.interrupted()
+    assert ServedRounds().served(5.0, started=4.0) is None  # no gap measured yet
+
+
+def test_departures_one_at_a_time_still_count_and_a_burst_of_arrivals_does_not():
+    control = SameAllocationControl(CONFIG, ["bs13-24"])
+    # 16 concurrent requests: one leaves every other step, the next arrives after it
+    drive(control, "bs13-24", 400, gain=0.8, noise=0.05, batch=lambda i: 16 - (i % 4 > 1))
+    state = control.state()["bs13-24"]
+    assert state["mode"] == NATIVE and state["decided"] and 0.75 < state["gain"] < 0.85
+    assert state["dropped_steps"] < 400 // 8  # only first steps after a switch
 
 
 def test_window_shorter_than_min_blocks_is_a_policy_problem():

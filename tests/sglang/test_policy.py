@@ -145,7 +145,7 @@ def test_other_algorithms_pass_through(jetspec_registered):
 
 def test_the_same_allocation_control_runs_native_blocks_but_never_under_a_seeded_request(policy):
     control = PolicyControl(policy, admin_key_configured=False)
-    control.same_allocation.config = control.same_allocation.config.model_copy(
+    control.plans.control.config = control.plans.control.config.model_copy(
         update={"block_steps": 2, "explore_every": 2}
     )
 

@@ -8,6 +8,10 @@ the call sites of the syncs and the ops by name). Even steps run unprobed and re
 the worker's whole step, the target's forward, and for JETSPEC its phases as its own step clock read
 them. A probed step is several times slower, so timings come only from unprobed steps.
 
+Probed steps also count the device ops inside the head's drafting pass (``HeadDrafter.propose``): on a GPU
+with decode graphs that pass replays as one graph (core/draft_graphs.py), so the bench can say what the step
+launches then.
+
 The batch's ``*_cpu`` tensors and the JETSPEC worker's host-side learners and lookup stores are marked
 host data before a probed step. Each call of the sgl-kernel stand-in (stub/sgl_kernel: PyTorch where a GPU
 launches one kernel) counts as one device op, its insides as nothing.
@@ -31,6 +35,7 @@ class _Probing:
         self.probe = None  # the running step's StepProbe (probed steps only)
         self.forward_s = 0.0
         self.clock = None  # the JETSPEC step clock's readings, when the worker reports one
+        self.draft_pass_ops = 0  # device ops inside HeadDrafter.propose in the running probed step
 
 
 def _phases(clock) -> dict[str, float]:
@@ -61,6 +66,24 @@ def _wrap_standin_kernels(state: _Probing) -> None:
                 setattr(module, name, counted)
 
 
+def _count_draft_pass(state: _Probing) -> None:
+    """Device ops inside each HeadDrafter.propose of a probed step, into state.draft_pass_ops."""
+    from sglang_jetspec.core.head_drafter import HeadDrafter
+
+    propose = HeadDrafter.propose
+
+    def counted(self, *args, **kwargs):
+        probe = state.probe
+        before = probe.counts.device_ops if probe is not None else 0
+        try:
+            return propose(self, *args, **kwargs)
+        finally:
+            if probe is not None:
+                state.draft_pass_ops += probe.counts.device_ops - before
+
+    HeadDrafter.propose = counted
+
+
 def _host_state(worker) -> list:
     """What the JETSPEC worker keeps on the host between steps (None for other workers)."""
     drafting = getattr(worker, "drafting", None)
@@ -89,6 +112,7 @@ def install(scheduler_module) -> None:
 
     ModelRunner.forward = paused_forward
     _wrap_standin_kernels(state)
+    _count_draft_pass(state)
     cls = scheduler_module.Scheduler
     run_batch = cls.run_batch
 
@@ -111,7 +135,7 @@ def install(scheduler_module) -> None:
         hook_reporter(self.model_worker)
         state.steps += 1
         counted = state.steps % 2 == 1
-        state.forward_s, state.clock = 0.0, None
+        state.forward_s, state.clock, state.draft_pass_ops = 0.0, None, 0
         record = {"batch_size": len(batch.reqs), "counted": counted}
         start = time.perf_counter()
         if counted:
@@ -128,6 +152,7 @@ def install(scheduler_module) -> None:
             record.update(
                 ops_outside_forward=counts.device_ops,
                 host_syncs=counts.host_syncs,
+                draft_pass_ops=state.draft_pass_ops,
                 sync_sites=dict(counts.sync_sites),
                 top_ops=dict(counts.op_names.most_common(TOP_OPS)),
                 op_sites=dict(counts.op_sites.most_common(TOP_OPS)),
