@@ -283,7 +283,13 @@ def harness_section(runs: dict[str, dict]) -> list[str]:
 # --- the control plane as operators run it (bench/control_plane.py) ----------------------------------
 
 # one run per machine and dtype: the newest
-CONTROL_PLANE_RUNS = ("sglang_cpu/control-plane-fp32-xeon.json", "sglang_cpu/control-plane-bf16-xeon.json")
+CONTROL_PLANE_RUNS = (
+    "sglang_cpu/control-plane-fp32-xeon.json",
+    "sglang_cpu/control-plane-bf16-xeon.json",
+    "sglang_cpu/control-plane-fixed-bf16-xeon.json",
+    "sglang_cpu/control-plane-c16-bf16-xeon.json",
+    "sglang_cpu/control-plane-useless-bf16-xeon.json",
+)
 
 
 def best_fixed_columns(cell: dict) -> list[str]:
@@ -323,7 +329,7 @@ def control_plane_section(runs: dict[str, dict]) -> list[str]:
         ]
         head = meta.get("head", "")
         what = f", head: {head}" if "noise" in head else ""
-        what += f", policy: {meta['policy']}" if "fixed" in meta.get("policy", "") else ""
+        what += f", policy: {meta['policy']}" if meta.get("policy", "").startswith("shipped with") else ""
         header = columns + (["best fixed budget", "x best fixed"] if fixed else [])
         lines += [f"### {meta['cpu']}, {meta['dtype']}{what}", "", *table(header, rows), ""]
     return lines

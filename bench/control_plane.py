@@ -191,7 +191,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--controller", action="store_true", help="also run python -m controller against JETSPEC")
     heads = p.add_mutually_exclusive_group()
     heads.add_argument("--head", type=Path, default=HEAD, help="JETSPEC's draft head (default: the shipped one)")
-    heads.add_argument("--useless-head", action="store_true", help="draft with noise weights: speculation cannot pay")
+    heads.add_argument(
+        "--useless-head", action="store_true", help="draft with noise weights, the head alone: speculation cannot pay"
+    )
     p.add_argument(
         "--fixed-budget",
         type=int,
@@ -253,8 +255,11 @@ def main(argv: list[str] | None = None) -> int:
 
     args.log_dir.mkdir(parents=True, exist_ok=True)
     env = {"OMP_NUM_THREADS": str(args.threads), ADMIN_KEY_ENV: ADMIN_KEY}
-    if args.fixed_budget is not None:
-        env.update(policy_env("jetspec", args.log_dir, {"jetspec": fixed_budget_policy(args.fixed_budget, True)}))
+    changes = {} if args.fixed_budget is None else fixed_budget_policy(args.fixed_budget, control=True)
+    if args.useless_head:
+        changes["drafter"] = "head"  # the noise head alone: looked-up continuations would still pay
+    if changes:
+        env.update(policy_env("jetspec", args.log_dir, {"jetspec": changes}))
     policy_file = Path(env.get("JETSPEC_POLICY") or policy_path())
     policy = load_policy(policy_file)
     head = make_useless_head(HEAD, args.log_dir / "useless-head") if args.useless_head else args.head
@@ -329,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": "python -m bench.control_plane " + " ".join(sys.argv[1:] if argv is None else argv),
         "cpu": cpu_model(),
         "dtype": args.dtype,
-        "policy": str(policy_file) if args.fixed_budget is None else f"shipped, every cohort fixed {args.fixed_budget}",
+        "policy": f"shipped with every cohort's {changes}" if changes else str(policy_file),
         "head": "noise weights (harness/useless_head.py)" if args.useless_head else str(head),
         "controller": args.controller,
         "warmup_s": args.warmup_s,
