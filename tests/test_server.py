@@ -254,10 +254,14 @@ def test_metrics_page_carries_the_contract_names(server):
         }
         <= names
     )
+    per_server = ("jetspec_policy_", "jetspec_live_draft_states", "jetspec_same_allocation_")
     for name, labels in samples:
-        # per-step families carry cohort and budget; policy state and the live-state count are per server
-        if name.startswith("jetspec_") and not name.startswith(("jetspec_policy_", "jetspec_live_draft_states")):
+        # per-step families carry cohort and budget; policy state, the live-state count and the
+        # same-allocation control's state are per server (the control's per cohort, the gain per bound too)
+        if name.startswith("jetspec_") and not name.startswith(per_server):
             assert {k for k, _ in labels} - {"le"} == {"cohort", "budget"}, name
+        elif name.startswith("jetspec_same_allocation_"):
+            assert {k for k, _ in labels} == ({"cohort", "bound"} if "gain" in name else {"cohort"}), name
 
 
 def test_unknown_paths_are_404_and_wrong_methods_405(server):

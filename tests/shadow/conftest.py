@@ -11,11 +11,13 @@ from policies.loader import parse_policy_text
 from shadow.spool import read_spool
 
 # One cohort, speculating with an 8-node tree; every finished request is teed.
+# every step speculates at budget 8 (no native blocks of the same-allocation control): the shadow checks trees
 SPOOL_POLICY = """\
 cohorts:
   - {name: all, min_batch: 1, max_batch: 8, budgets: [0, 8], default: 8}
 gate: {reprobe_budget: 8}
 shadow: {sample_rate: 1.0, alpha: 0.001}
+same_allocation: {enabled: false}
 """
 
 
