@@ -42,7 +42,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from bench.sglang_cpu_compare import generate as compare_generate
-from bench.sglang_cpu_compare import policy_env
+from bench.sglang_cpu_compare import policy_env, positive_ints
 from harness.client import get
 from harness.compare import WARMUP_TEXT
 from harness.serve import start_controller
@@ -142,16 +142,6 @@ def fixed_budget_policy(budget: int, control: bool) -> dict:
     return changes if control else {**changes, "same_allocation": {"enabled": False}}
 
 
-def parse_budgets(text: str) -> list[int]:
-    try:
-        budgets = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        budgets = []
-    if not budgets or min(budgets) < 1:
-        raise ValueError(f"--fixed-budgets {text}: give budgets >= 1 separated by commas, e.g. 4,8,16")
-    return budgets
-
-
 def generate(url: str, prompt: list[int], max_new_tokens: int) -> dict:
     return compare_generate(url, (prompt, {}), max_new_tokens)  # greedy, unconstrained
 
@@ -214,18 +204,14 @@ def main(argv: list[str] | None = None) -> int:
     workloads = [w for w in args.workloads.split(",") if w]
     if not workloads or set(workloads) - set(WORKLOADS):
         p.error(f"--workloads {args.workloads}: choose from {','.join(WORKLOADS)}")
-    try:
-        levels = [int(x) for x in args.concurrency.split(",") if x.strip()]
-    except ValueError:
-        levels = []
-    if not levels or min(levels) < 1:
+    levels = positive_ints(args.concurrency)
+    if not levels:
         p.error(f"--concurrency {args.concurrency}: give positive integers separated by commas, e.g. 1,4,16")
     if args.rounds < 1 or args.warmup_s < 0:
         p.error("--rounds must be >= 1 and --warmup-s >= 0")
-    try:
-        fixed_budgets = parse_budgets(args.fixed_budgets) if args.fixed_budgets else []
-    except ValueError as exc:
-        p.error(str(exc))
+    fixed_budgets = positive_ints(args.fixed_budgets) if args.fixed_budgets else []
+    if args.fixed_budgets and not fixed_budgets:
+        p.error(f"--fixed-budgets {args.fixed_budgets}: give budgets >= 1 separated by commas, e.g. 4,8,16")
 
     import sglang
     import torch
@@ -255,11 +241,11 @@ def main(argv: list[str] | None = None) -> int:
 
     args.log_dir.mkdir(parents=True, exist_ok=True)
     env = {"OMP_NUM_THREADS": str(args.threads), ADMIN_KEY_ENV: ADMIN_KEY}
-    changes = {} if args.fixed_budget is None else fixed_budget_policy(args.fixed_budget, control=True)
+    policy_changes = {} if args.fixed_budget is None else fixed_budget_policy(args.fixed_budget, control=True)
     if args.useless_head:
-        changes["drafter"] = "head"  # the noise head alone: looked-up continuations would still pay
-    if changes:
-        env.update(policy_env("jetspec", args.log_dir, {"jetspec": changes}))
+        policy_changes["drafter"] = "head"  # the noise head alone: looked-up continuations would still pay
+    if policy_changes:
+        env.update(policy_env("jetspec", args.log_dir, {"jetspec": policy_changes}))
     policy_file = Path(env.get("JETSPEC_POLICY") or policy_path())
     policy = load_policy(policy_file)
     head = make_useless_head(HEAD, args.log_dir / "useless-head") if args.useless_head else args.head
@@ -334,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": "python -m bench.control_plane " + " ".join(sys.argv[1:] if argv is None else argv),
         "cpu": cpu_model(),
         "dtype": args.dtype,
-        "policy": f"shipped with every cohort's {changes}" if changes else str(policy_file),
+        "policy": f"shipped with every cohort's {policy_changes}" if policy_changes else str(policy_file),
         "head": "noise weights (harness/useless_head.py)" if args.useless_head else str(head),
         "controller": args.controller,
         "warmup_s": args.warmup_s,

@@ -85,12 +85,18 @@ class BenchArgsError(ValueError):
     pass
 
 
-def parse_concurrency(text: str) -> list[int]:
+def positive_ints(text: str) -> list[int]:
+    """Comma-separated positive integers ("1,4,16"); [] when `text` is anything else (each flag names its fix)."""
     try:
-        levels = [int(x) for x in text.split(",") if x.strip()]
+        values = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise BenchArgsError(f"--concurrency {text!r}: give positive integers separated by commas, e.g. 1,2,4,8,16")
-    if not levels or min(levels) < 1:
+        return []
+    return values if values and min(values) >= 1 else []
+
+
+def parse_concurrency(text: str) -> list[int]:
+    levels = positive_ints(text)
+    if not levels:
         raise BenchArgsError(f"--concurrency {text!r}: give positive integers separated by commas, e.g. 1,2,4,8,16")
     return levels
 

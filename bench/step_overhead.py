@@ -38,7 +38,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from bench.sglang_cpu_compare import policy_env
+from bench.sglang_cpu_compare import policy_env, positive_ints
 from harness.client import post_ok
 from harness.sglang_cpu import jetspec_args, launch, server_args
 
@@ -65,11 +65,8 @@ TIME_FIELDS = ("host_ms", "forward_ms", "step_ms")
 
 
 def parse_sizes(text: str) -> list[int]:
-    try:
-        sizes = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        sizes = []
-    if not sizes or min(sizes) < 1:
+    sizes = positive_ints(text)
+    if not sizes:
         raise argparse.ArgumentTypeError(f"{text!r}: give batch sizes as positive integers, e.g. 1,4,16")
     return sizes
 
