@@ -103,7 +103,8 @@ def grouped_attention_inputs(keys: int, masked_share: float, seed: int = 0):
 def break_target_processing(monkeypatch, **wrong) -> None:
     """A deliberately broken acceptor: every target distribution acceptance processes is computed with the
     request's parameters changed by `wrong` (temperature=1.0, top_p=1.0, ...), on both of its paths
-    (processed_probs: the residual and drawn walks; processed_probs_unread: sample-then-match)."""
+    (processed_probs: the residual and drawn walks and sample-then-match's rare redo; kept_candidates:
+    sample-then-match)."""
     from dataclasses import replace
 
     from sglang_jetspec.core import acceptance, sampling
@@ -112,7 +113,7 @@ def break_target_processing(monkeypatch, **wrong) -> None:
         return lambda logits, params, *rest: process(logits, replace(params, **wrong), *rest)
 
     monkeypatch.setattr(acceptance, "processed_probs", broken(sampling.processed_probs))
-    monkeypatch.setattr(acceptance, "processed_probs_unread", broken(sampling.processed_probs_unread))
+    monkeypatch.setattr(acceptance, "kept_candidates", broken(sampling.kept_candidates))
 
 
 def internal_state_worker(control):

@@ -148,9 +148,9 @@ def test_match_draws_every_node_once_in_bounded_chunks(monkeypatch):
 
     def counting(logits, params, candidates=sampling.TOP_P_FIRST_CANDIDATES):
         calls.append(logits.shape[:-1].numel())
-        return sampling.processed_probs_unread(logits, params, candidates)
+        return sampling.kept_candidates(logits, params, candidates)
 
-    monkeypatch.setattr(acceptance, "processed_probs_unread", counting)
+    monkeypatch.setattr(acceptance, "kept_candidates", counting)
     monkeypatch.setattr(acceptance, "SAMPLED_ELEMENTS_PER_CHUNK", 4 * VOCAB)  # 4 rows a chunk
     nodes = 0
     for seed in range(5):
@@ -160,22 +160,23 @@ def test_match_draws_every_node_once_in_bounded_chunks(monkeypatch):
     assert sum(calls) == nodes and max(calls) <= 4
 
 
-def test_top_p_past_the_first_candidates_is_redone_exactly(monkeypatch):
-    """A flat distribution over a large vocabulary puts top-p's mass past the first candidates: the draws
-    made from them are discarded and redone from every candidate, matching the full sort."""
+def test_top_p_past_the_first_candidates_is_redone_exactly_for_those_rows_alone(monkeypatch):
+    """A flat distribution over a large vocabulary puts top-p's mass past the first candidates: those
+    rows' draws are discarded and redone from their exact distribution, matching the full sort; rows
+    whose mass the candidates held keep their draws (nothing else is redone)."""
     redone: list[int] = []
 
-    def counting(logits, params, candidates=sampling.TOP_P_FIRST_CANDIDATES):
-        if candidates >= logits.shape[-1]:
-            redone.append(logits.shape[:-1].numel())
-        return sampling.processed_probs_unread(logits, params, candidates)
+    def counting(logits, params):
+        redone.append(logits.shape[:-1].numel())
+        return sampling.processed_probs(logits, params)
 
-    monkeypatch.setattr(acceptance, "processed_probs_unread", counting)
+    monkeypatch.setattr(acceptance, "processed_probs", counting)
     trees, logits = _batch(1)
     flat = torch.cat([logits, torch.zeros(*logits.shape[:2], 4 * sampling.TOP_P_FIRST_CANDIDATES)], -1)
+    flat[1::2, :, :VOCAB] *= 400.0  # odd requests: a peaked distribution, top-p's mass in a few tokens
     params = [SamplingParams(temperature=8.0, top_p=0.99)] * len(trees)
     got = accept_batch(trees, flat, params, [make_generator(b) for b in range(len(trees))], "match")
-    assert redone  # the fallback ran
+    assert sum(redone) == sum(tree.size for tree in trees[::2])  # the even requests' nodes, every one
     for b, (tree, p) in enumerate(zip(trees, params)):
         u = torch.rand(tree.size, generator=make_generator(b), dtype=torch.float64)
         draws = sample_from_probs(full_sort_probs(flat[b, : tree.size], p), u)
@@ -201,3 +202,25 @@ def test_lazy_match_walk_draws_what_the_full_one_did(seed):
             node = nxt[0]
             path.append(node)
         assert got[b].path == path and got[b].tokens == tree.tokens[path[1:]].tolist() + [int(draws[node])]
+
+
+def test_a_draw_from_the_kept_candidates_is_the_draw_from_the_whole_distribution():
+    """Sample-then-match draws a top-k / top-p row from its candidates alone (their masses in vocabulary
+    order): for every uniform it gives the token the renormalised full distribution gives. A draw that
+    walked the candidates in rank order, or forgot a mask, would differ."""
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randn(8, 5000, generator=gen) * 3.0
+    uniforms = torch.rand(400, 8, generator=gen, dtype=torch.float64)
+    for params in [
+        SamplingParams(temperature=0.7, top_p=0.8),
+        SamplingParams(temperature=1.3, top_k=7),
+        SamplingParams(temperature=0.9, top_k=40, top_p=0.9, min_p=0.05),
+        SamplingParams(temperature=1.0, min_p=0.1),  # no truncation: the whole vocabulary is kept
+        SamplingParams(temperature=1.0),
+    ]:
+        kept = sampling.kept_candidates(logits, params, candidates=512)
+        assert kept.sufficed is None or bool(kept.sufficed.all())
+        assert (kept.ids is None) == (not params.truncates)
+        whole = full_sort_probs(logits, params)
+        for u in uniforms:
+            assert torch.equal(acceptance.sample_kept(kept, u), sample_from_probs(whole, u)), params

@@ -15,10 +15,12 @@ All three emit exactly the processed target distribution at every position. All 
 uniforms drawn from each request's own generator, so a seed reproduces a request whatever its batch.
 
 Sample-then-match draws at every node of the sampled trees in one pass where the logits live, in chunks
-of at most SAMPLED_ELEMENTS_PER_CHUNK rows x vocabulary, and copies the draws to the host once (a walk depth
-by depth would read the device once per depth). The residual and drawn rules turn into probabilities only
-the nodes the walk visits (`visited_probs`, one [V] row per visited node, depth by depth): a batch's
-[B, N, V] logits never become a [B, N, V] distribution at once (GBs at B=24, N=32, V=152k).
+of at most SAMPLED_ELEMENTS_PER_CHUNK rows x vocabulary, each top-k / top-p draw from its largest
+candidates alone (their masses in vocabulary order: the inverse CDF of the full distribution), and copies
+the draws to the host once (a walk depth by depth would read the device once per depth). The residual
+and drawn rules turn into probabilities only the nodes the walk visits (`visited_probs`, one [V] row per
+visited node, depth by depth): a batch's [B, N, V] logits never become a [B, N, V] distribution at once
+(GBs at B=24, N=32, V=152k).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .sampling import TOP_P_FIRST_CANDIDATES, SamplingParams, processed_probs, processed_probs_unread
+from .sampling import Kept, SamplingParams, kept_candidates, processed_probs
 from .tree import DraftTree
 
 METHODS = ("match", "residual", "draw")
@@ -87,51 +89,49 @@ def reject_token(probs: torch.Tensor, rows: torch.Tensor, tokens: torch.Tensor) 
     probs[rows] /= probs[rows].sum(-1, keepdim=True).clamp(min=1e-30)
 
 
-def visited_probs(
-    logits: torch.Tensor,
-    params: list[SamplingParams],
-    rows: torch.Tensor,
-    nodes: torch.Tensor,
-    read: bool = True,
-    candidates: int = TOP_P_FIRST_CANDIDATES,
-):
+def visited_probs(logits: torch.Tensor, params: list[SamplingParams], rows: torch.Tensor, nodes: torch.Tensor):
     """Processed target distribution at node nodes[i] of request rows[i]: [len(rows), V] float32.
 
     `logits` are [B, N, V] and `params` has one entry per request; only the named rows are processed,
-    those with identical distribution parameters together. With `read=False` nothing is read on the host
-    and a pair is returned: the distributions as `processed_probs_unread` gives them from the first
-    `candidates`, and a device bool that is False where those did not suffice (None: nothing to check).
+    those with identical distribution parameters together.
     """
-    device = logits.device
-    # grouped by what shapes the distribution (a seed or a stop list does not): a batch of requests that
-    # differ only in their seeds is processed in one go, not one request at a time
-    groups: dict[tuple, list[int]] = {}
-    requests = rows.tolist()
-    for i, b in enumerate(requests):
-        groups.setdefault(_distribution_key(params[b]), []).append(i)
-    first = {key: params[requests[members[0]]] for key, members in groups.items()}
-    picked = logits[rows.to(device), nodes.to(device)]
-    process = processed_probs if read else lambda x, p: processed_probs_unread(x, p, candidates)
+    picked = logits[rows.to(logits.device), nodes.to(logits.device)]
+    groups = _groups(params, rows.tolist())
     if len(groups) == 1:
-        return process(picked, next(iter(first.values())))
-    out = torch.empty(len(rows), logits.shape[-1], dtype=torch.float32, device=device)
-    checks = []
-    for key, members in groups.items():
-        idx = torch.tensor(members, device=device)
-        if read:
-            out[idx] = process(picked[idx], first[key])
-        else:
-            out[idx], enough = process(picked[idx], first[key])
-            checks.append(enough)
-    if read:
-        return out
-    checks = [c for c in checks if c is not None]
-    return out, (torch.stack(checks).all() if checks else None)
+        return processed_probs(picked, next(iter(groups)))
+    out = torch.empty(len(rows), logits.shape[-1], dtype=torch.float32, device=logits.device)
+    for group, members in groups.items():
+        idx = torch.tensor(members, device=logits.device)
+        out[idx] = processed_probs(picked[idx], group)
+    return out
+
+
+def _groups(params: list[SamplingParams], requests: list[int]) -> dict[SamplingParams, list[int]]:
+    """Positions into `requests` grouped by what shapes a request's distribution (a seed or a stop list
+    does not), keyed by the first member's parameters: a batch of requests that differ only in their
+    seeds is processed in one go, not one request at a time."""
+    keys: dict[tuple, SamplingParams] = {}
+    groups: dict[SamplingParams, list[int]] = {}
+    for i, b in enumerate(requests):
+        first = keys.setdefault(_distribution_key(params[b]), params[b])
+        groups.setdefault(first, []).append(i)
+    return groups
 
 
 def _distribution_key(params: SamplingParams) -> tuple:
     """What processed_probs reads of a request's parameters."""
     return (params.temperature, params.top_p, params.top_k, params.min_p)
+
+
+def sample_kept(kept: Kept, uniforms: torch.Tensor) -> torch.Tensor:
+    """`sample_from_probs` of the distribution `kept` stands for, from its candidates alone: their masses
+    laid out in vocabulary order give the same inverse CDF (the vocabulary's other tokens add nothing),
+    so a uniform draws the token it draws from the renormalised [V] distribution."""
+    if kept.ids is None:
+        return sample_from_probs(kept.masses, uniforms)
+    ids, order = kept.ids.sort(-1)
+    at = sample_from_probs(kept.masses.gather(-1, order), uniforms)
+    return ids.gather(-1, at.unsqueeze(-1)).squeeze(-1)
 
 
 # rows x vocabulary of target distributions processed at once when sampled requests draw at every node
@@ -150,24 +150,40 @@ def _sample_nodes(
     origin[i], its row of `logits` and `params`) gets the target's draw at nodes 0..sizes[i]-1 in
     `choice` [S, N], from its uniform there. The walk reads only the nodes it reaches, whose draws are
     the ones a depth-by-depth walk would make; drawing them all costs one device-to-host copy a step
-    instead of one per depth, and memory bounded per chunk of rows (SAMPLED_ELEMENTS_PER_CHUNK)."""
+    instead of one per depth, and memory bounded per chunk of rows (SAMPLED_ELEMENTS_PER_CHUNK). A
+    top-k / top-p row draws from its first candidates (`kept_candidates`); the rare row whose top-p mass
+    lies past them is redone from its exact distribution after the copy."""
     rows = torch.tensor([i for i, n in enumerate(sizes) for _ in range(n)], dtype=torch.long)
     nodes = torch.tensor([k for n in sizes for k in range(n)], dtype=torch.long)
+    device = logits.device
     chunk = max(1, SAMPLED_ELEMENTS_PER_CHUNK // logits.shape[-1])
-    parts = [(rows[s : s + chunk], nodes[s : s + chunk]) for s in range(0, len(rows), chunk)]
-    drawn, checks = [], []
-    for r, k in parts:
-        probs, enough = visited_probs(logits, params, origin[r], k, read=False)
-        drawn.append(sample_from_probs(probs, uniforms[r, k].to(probs.device)))
-        checks.append(torch.ones((), dtype=torch.bool, device=probs.device) if enough is None else enough)
-    # the draws and whether every chunk's first top-p candidates sufficed, in one copy
-    host = torch.cat([*drawn, torch.stack(checks).long()]).cpu()
-    tokens, sufficed = host[: len(rows)], host[len(rows) :].tolist()
-    for (r, k), ok, at in zip(parts, sufficed, range(0, len(rows), chunk)):
-        if not ok:  # rare: some row's top-p mass lies past the first candidates; redo the chunk from all
-            probs, _ = visited_probs(logits, params, origin[r], k, read=False, candidates=logits.shape[-1])
-            tokens[at : at + len(r)] = sample_from_probs(probs, uniforms[r, k].to(probs.device)).cpu()
-    choice[rows, nodes] = tokens
+    places, draws, checks = [], [], []  # per group of a chunk: its positions into rows (host), draws, check
+    for start in range(0, len(rows), chunk):
+        r, k = origin[rows[start : start + chunk]], nodes[start : start + chunk]
+        picked = logits[r.to(device), k.to(device)]
+        for group, members in _groups(params, r.tolist()).items():
+            at = torch.tensor(members, dtype=torch.long)
+            kept = kept_candidates(picked if len(members) == len(r) else picked[at.to(device)], group)
+            at += start
+            places.append(at)
+            draws.append(sample_kept(kept, uniforms[rows[at], nodes[at]].to(device)))
+            checks.append(kept.sufficed)
+    # the draws and whether each row's candidates sufficed, in one copy
+    host = torch.cat([*draws, *(c.long() for c in checks if c is not None)]).cpu()
+    at = torch.cat(places)
+    drawn = torch.empty(len(rows), dtype=torch.long)
+    drawn[at] = host[: len(rows)]
+    sufficed = torch.ones(len(rows), dtype=torch.bool)
+    offset = len(rows)
+    for place, check in zip(places, checks):
+        if check is not None:
+            sufficed[place] = host[offset : offset + len(place)].bool()
+            offset += len(place)
+    short = (~sufficed).nonzero().squeeze(-1)
+    if len(short):  # rare: some row's top-p mass lies past its first candidates; redo those exactly
+        r, k = origin[rows[short]], nodes[short]
+        drawn[short] = sample_from_probs(visited_probs(logits, params, r, k), uniforms[rows[short], k]).cpu()
+    choice[rows, nodes] = drawn
 
 
 def _walk_matching(padded: _PaddedTrees, choice: torch.Tensor) -> tuple[list[list[int]], list[int]]:

@@ -43,6 +43,11 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
+    @property
+    def truncates(self) -> bool:
+        """A sampled request whose top-k or top-p cuts its distribution to its largest candidates."""
+        return not self.greedy and (self.top_k > 0 or self.top_p < 1.0)
+
 
 # Top-p without sorting the vocabulary: take the largest candidates first and widen only while they
 # hold less than top_p of the mass (plus a margin for rounding), so every token left out is one the
@@ -60,32 +65,51 @@ def processed_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
     largest candidates (`_largest`). The result equals sorting everything: the same masks on the
     same descending probabilities, scattered back and renormalised over the same vocabulary.
     """
-    return _processed(logits, params, widen=True)[0]
-
-
-def processed_probs_unread(
-    logits: torch.Tensor, params: SamplingParams, candidates: int = TOP_P_FIRST_CANDIDATES
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """`processed_probs` without reading the device: top-p keeps the first `candidates` instead of widening
-    until they suffice, and a device bool says whether they did in every row (None: nothing to check, as
-    when `candidates` covers the vocabulary). Where it is False the result is wrong: the caller reads the
-    flag with its own results (one copy) and redoes those rows with every candidate."""
-    return _processed(logits, params, widen=False, candidates=candidates)
-
-
-def _processed(
-    logits: torch.Tensor, params: SamplingParams, widen: bool, candidates: int = TOP_P_FIRST_CANDIDATES
-) -> tuple[torch.Tensor, torch.Tensor | None]:
     logits = logits.float()
     if params.greedy:
-        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float(), None
+        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
     probs = torch.softmax(logits / params.temperature, dim=-1)
-    if params.top_k == -1 and params.top_p >= 1.0 and params.min_p <= 0.0:
-        return probs, None
-    if params.top_k == -1 and params.top_p >= 1.0:  # min-p alone needs no order, only the maximum
-        filtered = probs * (probs >= probs.amax(-1, keepdim=True) * params.min_p)
-        return filtered / filtered.sum(-1, keepdim=True), None
-    sorted_probs, order, enough = _largest(probs, params, widen, candidates)
+    if not params.truncates:
+        return _min_p(probs, params)
+    kept = _kept(probs, params, widen=True)
+    filtered = torch.zeros_like(probs).scatter_(-1, kept.ids, kept.masses)
+    return filtered / filtered.sum(-1, keepdim=True)
+
+
+@dataclass(frozen=True)
+class Kept:
+    """What ordinary sampling keeps of a distribution, row by row: `masses` [rows, k] (un-renormalised),
+    each at vocabulary id `ids` [rows, k] (None: the whole vocabulary, in its order); `sufficed` [rows], a
+    device bool False where top-p's mass lay past the candidates looked at (that row's masses are then
+    wrong and must be redone with `processed_probs`), or None when they always suffice."""
+
+    masses: torch.Tensor
+    ids: torch.Tensor | None
+    sufficed: torch.Tensor | None
+
+
+def kept_candidates(logits: torch.Tensor, params: SamplingParams, candidates: int = TOP_P_FIRST_CANDIDATES) -> Kept:
+    """`processed_probs` of sampled rows [rows, vocab] without reading the device and without going back
+    to the vocabulary: a top-k / top-p request keeps its first `candidates` (fewer with top-k) as the
+    masks leave them, so a draw reads k masses, not the vocabulary's. Any other request (temperature
+    alone, min-p alone) keeps its whole distribution."""
+    logits = logits.float()
+    probs = torch.softmax(logits / params.temperature, dim=-1)
+    if not params.truncates:
+        return Kept(_min_p(probs, params), None, None)
+    return _kept(probs, params, widen=False, candidates=candidates)
+
+
+def _min_p(probs: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Min-p alone needs no order, only the maximum."""
+    if params.min_p <= 0.0:
+        return probs
+    filtered = probs * (probs >= probs.amax(-1, keepdim=True) * params.min_p)
+    return filtered / filtered.sum(-1, keepdim=True)
+
+
+def _kept(probs: torch.Tensor, params: SamplingParams, widen: bool, candidates: int = TOP_P_FIRST_CANDIDATES) -> Kept:
+    sorted_probs, order, sufficed = _largest(probs, params, widen, candidates)
     keep = torch.ones_like(sorted_probs, dtype=torch.bool)  # top-k: only the top_k largest are candidates
     if params.top_p < 1.0:
         # A token is dropped once the mass strictly before it already exceeds top_p.
@@ -93,15 +117,15 @@ def _processed(
         keep &= mass_before <= params.top_p
     if params.min_p > 0.0:
         keep &= sorted_probs >= sorted_probs[..., :1] * params.min_p
-    filtered = torch.zeros_like(probs).scatter_(-1, order, sorted_probs * keep)
-    return filtered / filtered.sum(-1, keepdim=True), enough
+    return Kept(sorted_probs * keep, order, sufficed)
 
 
 def _largest(
     probs: torch.Tensor, params: SamplingParams, widen: bool = True, candidates: int = TOP_P_FIRST_CANDIDATES
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """The candidates top-k / top-p can keep, in descending order (values, vocabulary indices), and, when
-    not `widen`ing, whether the first candidates sufficed (a device bool; None when they always do).
+    not `widen`ing, whether the first candidates sufficed in each row (device bools; None when they
+    always do).
 
     top-k bounds them at top_k. top-p starts from TOP_P_FIRST_CANDIDATES and widens until, in every
     row, the candidates' mass exceeds top_p + TOP_P_MARGIN: the first token left out then has more
@@ -116,10 +140,10 @@ def _largest(
         values, order = probs.topk(k, dim=-1)
         if k == limit:
             return values, order, None
-        enough = (values.sum(-1, dtype=torch.float64) > params.top_p + TOP_P_MARGIN).all()
+        sufficed = values.sum(-1, dtype=torch.float64) > params.top_p + TOP_P_MARGIN
         if not widen:
-            return values, order, enough
-        if bool(enough):
+            return values, order, sufficed
+        if bool(sufficed.all()):
             return values, order, None
         k = min(limit, k * TOP_P_GROWTH)
 
