@@ -5,9 +5,12 @@ costs or from a few isolated timings (one run on a 2-core CPU moves by +-10%): i
 the server's own steps, under the load it is serving. A cohort whose table speculates runs its steps in
 blocks of `block_steps` steps of one mode, *speculative* (the table's plan) or *native* (budget 0, an
 ordinary decode step; the draft context is kept so that speculation can resume). One block in
-`explore_every` (no decision yet) or `steady_every` (decided) runs the mode the cohort is not in, so both
-modes are measured interleaved, in the same allocation, under the same traffic, and the decision is
-revisited for as long as the server runs (a machine that gets faster, a workload that changes).
+`explore_every` (no decision yet) runs the mode the cohort is not in, so both modes are measured
+interleaved, in the same allocation, under the same traffic. Once decided, one block in `steady_every`
+to `steady_every_max` does, as few as keep what the other mode loses under `steady_cost` of throughput
+(a block of it loses 1 - 1/gain where speculation wins, 1 - gain where it loses): the decision is
+revisited for as long as the server runs (a machine that gets faster, a workload that changes), and a
+big gain is not taxed by the blocks that keep checking it.
 
 What a step counts: the tokens it served per request over the wall time since the previous served
 decode step ended (`ServedRounds`), i.e. what a client sees, scheduler and host work included. A step
@@ -102,7 +105,7 @@ class _Cohort:
     rates: dict[str, deque]
     decided: bool = False
     has_own_verdict: bool = False
-    blocks: int = 0
+    own_run: int = 0  # blocks of its own mode since the last of the other (whose share may change)
     flips: int = 0
     block: _Block | None = None
     verdict: Verdict | None = None
@@ -161,6 +164,8 @@ class SameAllocationControl:
             "blocks": {mode: len(rates) for mode, rates in state.rates.items()},
             "flips": state.flips,
             "dropped_steps": state.dropped,
+            # one block in this many runs the mode it is not in
+            "other_mode_every": self._steady_every(state) if state.decided else self.config.explore_every,
         }
 
     # ---- blocks ----
@@ -169,11 +174,21 @@ class SameAllocationControl:
         state = self._cohorts[cohort]
         if not state.has_own_verdict:
             state.mode = self._inherited_mode(cohort)
-        every = self.config.steady_every if state.decided else self.config.explore_every
-        mode = _other(state.mode) if state.blocks % every == every - 1 else state.mode
+        every = self._steady_every(state) if state.decided else self.config.explore_every
+        other = state.own_run >= every - 1
+        mode = _other(state.mode) if other else state.mode
+        state.own_run = 0 if other else state.own_run + 1
         previous = state.block.mode if state.block is not None else mode
         state.block = _Block(mode, switched=mode != previous)
-        state.blocks += 1
+
+    def _steady_every(self, state: _Cohort) -> int:
+        """A decided cohort's blocks per block of the other mode: enough that measuring the other mode costs
+        at most `steady_cost` of throughput (one block in `every` loses 1 - min(gain, 1/gain) of its
+        time), within [steady_every, steady_every_max] (the most bounds how long a change goes unseen)."""
+        gain = state.verdict.gain
+        loss = 1.0 - min(gain, 1.0 / gain)
+        every = math.ceil(loss / self.config.steady_cost)
+        return min(max(every, self.config.steady_every), self.config.steady_every_max)
 
     def _close_block(self, cohort: str) -> None:
         state = self._cohorts[cohort]

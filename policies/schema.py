@@ -88,6 +88,8 @@ class SameAllocationPolicy(StrictModel):
     block_steps: int = Field(default=8, ge=2, le=1024)
     explore_every: int = Field(default=4, ge=2, le=1024)
     steady_every: int = Field(default=16, ge=2, le=1024)
+    steady_every_max: int = Field(default=32, ge=2, le=1024)
+    steady_cost: float = Field(default=0.01, gt=0, lt=1)
     min_blocks: int = Field(default=3, ge=2, le=1024)
     window_blocks: int = Field(default=8, ge=2, le=1024)
     margin: float = Field(default=0.03, ge=0, lt=1)
@@ -263,6 +265,14 @@ def _timing_problems(policy: Policy) -> list[Problem]:
                 ("same_allocation", "window_blocks"),
                 f"same_allocation.window_blocks {same.window_blocks} holds fewer than min_blocks ({same.min_blocks})",
                 f"set window_blocks >= {same.min_blocks}",
+            )
+        )
+    if same.steady_every_max < same.steady_every:
+        problems.append(
+            Problem(
+                ("same_allocation", "steady_every_max"),
+                f"same_allocation.steady_every_max {same.steady_every_max} is under steady_every ({same.steady_every})",
+                f"set steady_every_max >= {same.steady_every}",
             )
         )
     if policy.gate.reprobe_budget > policy.head.max_budget:
