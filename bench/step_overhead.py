@@ -17,6 +17,8 @@ steps whose batch is the full batch size it reports, per step (median, max in br
 - `ops_with_draft_graph`: the same with the head's drafting pass replayed as one CUDA graph, as a GPU with
   decode graphs runs it (core/draft_graphs.py): the pass's ops (counted inside `HeadDrafter.propose`) become
   DRAFT_GRAPH_OPS (the copy of its inputs into the bucket's buffer, the replay, the slice of its output);
+- `kernels_outside_forward`, `kernels_with_draft_graph`: the same two less the views (`slice`, `view`,
+  `transpose`, ...), which only change a tensor's metadata and launch no kernel on a GPU;
 - `host_syncs`: reads of device data by the host (`.item()`, `.tolist()`, `.cpu()`, truthiness,
   `nonzero`, boolean indexing, ...), with the code sites behind them in the JSON;
 - `host_ms`: wall milliseconds of the step outside the target's forward (unprobed steps), and for
@@ -24,8 +26,10 @@ steps whose batch is the full batch size it reports, per step (median, max in br
 
 On a CPU every op runs where it is dispatched, so host_ms is compute as well as launches; the counts are
 what carries to a GPU. Configs: `plain` (SGLang's own decode and sampler), `jetspec` (the shipped head
-and policy), `jetspec-16` (every cohort at budget 16 with fixed trees: batch 16 speculates too) and
-`jetspec-off` (every cohort at budget 0).
+and policy), `jetspec-16` (every cohort at budget 16 with fixed trees: batch 16 speculates too),
+`jetspec-off` (every cohort at budget 0 in the YAML: no draft context kept) and `jetspec-native` (the
+shipped cohorts with a pushed table of budget 0: native steps that keep each request's draft context, as
+the same-allocation control's native blocks run them).
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from bench.sglang_cpu_compare import policy_env, positive_ints
-from harness.client import post_ok
+from harness.client import post, post_ok
 from harness.sglang_cpu import jetspec_args, launch, server_args
 
 OVERHEAD_ENV = "JETSPEC_TEST_STEP_OVERHEAD"
@@ -50,7 +54,10 @@ WORKLOADS = ("greedy", "sampled", "grammar", "penalised")
 VARIANTS = {
     "jetspec-16": {"default": 16, "tree_sizing": "fixed", "same_allocation": {"enabled": False}},
     "jetspec-off": {"default": 0},
+    "jetspec-native": {"same_allocation": {"enabled": False}},
 }
+PUSHED_OFF = ("jetspec-native",)  # configs whose every cohort gets a pushed budget 0 (ADMIN_KEY) at launch
+ADMIN_KEY = "step-overhead-admin-key"
 CONFIGS = ("plain", "jetspec", *VARIANTS)
 GRAMMAR_PROMPTS = Path(__file__).parent / "prompts" / "json-tools.jsonl"
 SAMPLING = {
@@ -59,8 +66,15 @@ SAMPLING = {
     "grammar": {"temperature": 0},
     "penalised": {"temperature": 0, "frequency_penalty": 0.5, "repetition_penalty": 1.1},
 }
-COUNT_FIELDS = ("ops_outside_forward", "ops_with_draft_graph", "host_syncs")
+COUNT_FIELDS = (
+    "ops_outside_forward",
+    "ops_with_draft_graph",
+    "kernels_outside_forward",
+    "kernels_with_draft_graph",
+    "host_syncs",
+)
 DRAFT_GRAPH_OPS = 3  # DraftGraphs.propose: inputs.copy_, graph.replay, out[: len(lanes)]
+DRAFT_GRAPH_KERNELS = 2  # ... of which the slice is a view
 TIME_FIELDS = ("host_ms", "forward_ms", "step_ms")
 
 
@@ -72,10 +86,19 @@ def parse_sizes(text: str) -> list[int]:
 
 
 def with_draft_graph(record: dict) -> dict:
-    """A probed step's record with `ops_with_draft_graph` (its ops when a drafting pass ran, else the same)."""
-    draft = record.get("draft_pass_ops", 0)
-    graphed = record["ops_outside_forward"] - draft + (DRAFT_GRAPH_OPS if draft else 0)
-    return {**record, "ops_with_draft_graph": graphed}
+    """A probed step's record with `ops_with_draft_graph` and `kernels_with_draft_graph` (its ops and kernels
+    when a drafting pass ran as a graph replay; else the same); a record without kernel counts (an older
+    probe's) gets them as None."""
+    out = dict(record)
+    for counted, drafted, replay in (
+        ("ops", "draft_pass_ops", DRAFT_GRAPH_OPS),
+        ("kernels", "draft_pass_kernels", DRAFT_GRAPH_KERNELS),
+    ):
+        total = record.get(f"{counted}_outside_forward")
+        draft = record.get(drafted, 0)
+        out[f"{counted}_outside_forward"] = total
+        out[f"{counted}_with_draft_graph"] = None if total is None else total - draft + (replay if draft else 0)
+    return out
 
 
 def summarise(records: list[dict], batch_size: int) -> dict:
@@ -85,7 +108,7 @@ def summarise(records: list[dict], batch_size: int) -> dict:
     timed = [r for r in full if not r["counted"]]
     out: dict = {"steps_counted": len(counted), "steps_timed": len(timed)}
     for name in COUNT_FIELDS:
-        values = [r[name] for r in counted]
+        values = [r[name] for r in counted if r[name] is not None]
         out[name] = statistics.median(values) if values else None
         out[f"{name}_max"] = max(values) if values else None
     for name in TIME_FIELDS:
@@ -127,6 +150,18 @@ def run_batch(url: str, prompts: list[tuple[list[int], dict]], workload: str, ma
         list(pool.map(one, range(len(prompts)), prompts))
 
 
+def push_off(url: str, policy: str | None) -> None:
+    """Every cohort of the server's policy at budget 0 for an hour, by push: its steps keep the draft context."""
+    from policies import load_policy
+    from sglang_jetspec.adapter.policy import policy_path
+
+    cohorts = load_policy(Path(policy) if policy else policy_path()).cohorts
+    flat = {"jetspec_policy.ttl_s": 3600, **{f"jetspec_policy.{c.name}.budget": 0 for c in cohorts}}
+    status, reply = post(f"{url}/set_internal_state", {"server_args": flat}, {"Authorization": f"Bearer {ADMIN_KEY}"})
+    if status != 200 or reply != [True]:
+        raise RuntimeError(f"push of budget 0 refused: {status} {reply}")
+
+
 def measure(config: str, args, model: str, prompts: dict, log_dir: Path) -> dict:
     records_path = (log_dir / f"{config}-steps.jsonl").resolve()
     records_path.unlink(missing_ok=True)
@@ -135,9 +170,12 @@ def measure(config: str, args, model: str, prompts: dict, log_dir: Path) -> dict
     extra = dict(dtype=args.dtype, max_running=size, max_total_tokens=args.max_total_tokens, port=args.port)
     env = {OVERHEAD_ENV: str(records_path), "OMP_NUM_THREADS": str(args.threads)}
     env.update(policy_env(config, log_dir, VARIANTS))
-    server = launch(make(model, **extra), log_dir / f"{config}.log", env)
+    flags = ("--admin-api-key", ADMIN_KEY) if config in PUSHED_OFF else ()
+    server = launch(make(model, *flags, **extra), log_dir / f"{config}.log", env)
     results: dict = {}
     try:
+        if config in PUSHED_OFF:
+            push_off(server.url, env.get("JETSPEC_POLICY"))
         run_batch(server.url, prompts["greedy"][:1], "greedy", 8)  # first-call allocations stay out
         for workload in args.workloads:
             for batch_size in args.batch_sizes:
@@ -150,6 +188,7 @@ def measure(config: str, args, model: str, prompts: dict, log_dir: Path) -> dict
                 results.setdefault(workload, {})[str(batch_size)] = summary
                 print(
                     f"[{config}] {workload} bs={batch_size}: ops {summary['ops_outside_forward']} "
+                    f"kernels {summary['kernels_outside_forward']} "
                     f"syncs {summary['host_syncs']} outside-forward {summary['host_ms']} ms "
                     f"(forward {summary['forward_ms']} ms) "
                     f"over {summary['steps_counted']}+{summary['steps_timed']} steps",
@@ -167,14 +206,15 @@ def markdown(results: dict, meta: dict) -> str:
         f"`{meta['command']}`",
         "",
         f"Commit {meta['commit']}. Median per decode step over the steps with the full batch (max in brackets);",
-        "ops: aten ops on device data outside the target's forward (the proxy for GPU kernel launches); with draft",
-        "graph: the same when the head's drafting pass replays as one CUDA graph (GPU decode graphs);",
+        "ops: aten ops on device data outside the target's forward; kernels: those of them that are not views",
+        "(a view launches no kernel on a GPU: the proxy for GPU kernel launches); with draft graph: the same when",
+        "the head's drafting pass replays as one CUDA graph (GPU decode graphs);",
         "syncs: host reads of device data; ms: unprobed wall time outside the target's forward",
         "(JETSPEC's phases after).",
         "",
-        "| config | workload | batch | ops outside forward | ops with draft graph | host syncs | outside-forward ms "
-        "| forward ms | phases ms |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| config | workload | batch | ops outside forward | ops with draft graph | kernels outside forward "
+        "| kernels with draft graph | host syncs | outside-forward ms | forward ms | phases ms |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for config, by_workload in results.items():
         for workload, by_size in by_workload.items():
@@ -183,6 +223,8 @@ def markdown(results: dict, meta: dict) -> str:
                 lines.append(
                     f"| {config} | {workload} | {size} | {s['ops_outside_forward']} ({s['ops_outside_forward_max']}) "
                     f"| {s.get('ops_with_draft_graph', '-')} ({s.get('ops_with_draft_graph_max', '-')}) "
+                    f"| {s.get('kernels_outside_forward', '-')} ({s.get('kernels_outside_forward_max', '-')}) "
+                    f"| {s.get('kernels_with_draft_graph', '-')} ({s.get('kernels_with_draft_graph_max', '-')}) "
                     f"| {s['host_syncs']} ({s['host_syncs_max']}) | {s['host_ms']} | {s['forward_ms']} "
                     f"| {phases} |"
                 )

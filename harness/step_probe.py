@@ -4,7 +4,9 @@
 
 - **device ops**: every aten op dispatched on the device's data, the proxy for a kernel launch on a GPU.
   Work on host data (a tree walked in Python, a list turned into a tensor to ship) launches nothing and
-  is not counted.
+  is not counted. **Kernel ops** are the device ops less the views (`slice`, `view`, `transpose`, ...:
+  an op whose schema says its output aliases its input without writing it), which change a tensor's
+  metadata on the host and launch nothing on a GPU either.
 - **host syncs**: every read of device data by the host: `.item()`, `.tolist()`, `.cpu()`, `.numpy()`,
   truthiness, `int()` / `float()`, and the ops whose output shape depends on the data (`nonzero`,
   boolean indexing, `masked_select`, `unique`, ...). Each is filed under its caller's `file:line`.
@@ -78,6 +80,7 @@ class HostSyncError(RuntimeError):
 @dataclass
 class StepCounts:
     device_ops: int = 0
+    kernel_ops: int = 0  # the device ops a GPU launches a kernel for: every one but the views
     host_syncs: int = 0
     sync_sites: Counter = field(default_factory=Counter)  # "file:line (what)" -> syncs there
     op_names: Counter = field(default_factory=Counter)  # aten op -> device dispatches
@@ -110,6 +113,7 @@ class _Dispatch(TorchDispatchMode):
         probe = self.probe
         if probe.counting and not probe.in_host_call:
             probe.counts.device_ops += 1
+            probe.counts.kernel_ops += not func.is_view
             probe.counts.op_names[func.__name__] += 1
             if probe.op_sites:
                 probe.counts.op_sites[_caller()] += 1
@@ -221,6 +225,7 @@ class StepProbe:
         where a GPU launches one kernel): counted as one device op, its insides neither ops nor syncs."""
         if self.counting:
             self.counts.device_ops += 1
+            self.counts.kernel_ops += 1
             self.counts.op_names[name] += 1
         return self.paused()
 

@@ -142,3 +142,42 @@ def test_a_draft_pass_dispatches_the_same_ops_whatever_the_contexts_and_reads_no
     ops(8)  # the one-time packing of the head's weights
     assert ops(20) == ops(200) == ops(399) > 10
     assert ops(20, 390, 7) == ops(200, 5, 60) == ops(1, 1, 1)
+
+
+def test_deferred_writes_land_once_before_anything_reads_or_frees_their_slots(monkeypatch):
+    """A run of native steps' writes waits and is projected in one pass: before a draft reads the pool,
+    before `holds`, before a slot is freed, or when DEFERRED_WRITES_MAX are held; what is stored then is
+    exactly what writing each at once stores (the projection is per row)."""
+    from sglang_jetspec.core import context_pool
+
+    head = _head()
+    rows, slots = _rows(7, 40), torch.randperm(SLOTS - 1)[:40] + 1
+    eager = SlotContextPool(CFG, SLOTS, torch.float32, "cpu")
+    _write_in_chunks(eager, head, rows, slots, [0, 30, *range(31, 41)])  # a prefill, then one row a step
+    deferred = SlotContextPool(CFG, SLOTS, torch.float32, "cpu")
+    projections = []
+    project = head.project_context
+    monkeypatch.setattr(head, "project_context", lambda *a: projections.append(a[0].shape[1]) or project(*a))
+    deferred.write(head, rows[:30], torch.arange(30), slots[:30])
+    for i in range(30, 40):  # ten native steps: nothing projected yet
+        deferred.write(head, rows[i : i + 1], torch.tensor([i]), slots[i : i + 1], defer=True)
+    assert projections == [30] and deferred.deferred_rows == 10
+    assert not bool(deferred.valid[slots[30:]].any())
+    # a draft reads the pool: the ten rows land first, in one projection
+    lanes = _slot_lanes((slots, 4))
+    drafter = HeadDrafter(head, nn.Embedding(VOCAB, HIDDEN), nn.Linear(HIDDEN, VOCAB, bias=False), context=deferred)
+    eager_drafter = HeadDrafter(head, drafter.embed_tokens, drafter.lm_head, context=eager)
+    assert torch.equal(drafter.propose(lanes, 3), eager_drafter.propose(lanes, 3))
+    assert projections[:2] == [30, 10] and deferred.deferred_rows == 0
+    assert torch.equal(deferred.keys, eager.keys) and torch.equal(deferred.valid, eager.valid)
+    # a slot freed while its write waits: written, then invalid, as if written at once
+    deferred.write(head, _rows(8, 1), torch.tensor([40]), torch.tensor([SLOTS - 1]), defer=True)
+    deferred.invalidate(torch.tensor([SLOTS - 1]))
+    assert deferred.deferred_rows == 0 and not bool(deferred.valid[SLOTS - 1])
+    # held at most DEFERRED_WRITES_MAX writes
+    monkeypatch.setattr(context_pool, "DEFERRED_WRITES_MAX", 3)
+    for i in range(3):
+        deferred.write(head, _rows(9 + i, 1), torch.tensor([41 + i]), torch.tensor([SLOTS - 2 - i]), defer=True)
+    assert deferred.deferred_rows == 0 and projections[-1] == 3
+    deferred.write(head, _rows(20, 1), torch.tensor([50]), torch.tensor([SLOTS - 9]), defer=True)
+    assert deferred.holds(torch.tensor([SLOTS - 9]))  # holds reads what was deferred

@@ -64,6 +64,16 @@ def test_device_ops_counted_host_copies_become_device_data():
     assert counts.op_names["mv.default"] == 1
 
 
+def test_views_are_device_ops_that_launch_no_kernel():
+    device = torch.randn(4, 6)
+    with StepProbe() as probe:
+        view = device[1:].transpose(0, 1).unsqueeze(0).view(6, 3)  # slice, transpose, unsqueeze, view
+        view * 2  # a multiply: a kernel
+        device.clone()  # a copy: a kernel
+    counts = probe.take()
+    assert (counts.device_ops, counts.kernel_ops) == (6, 2), counts.op_names
+
+
 def test_paused_regions_and_kernels():
     weight = torch.randn(4, 4)
     with StepProbe() as probe:
@@ -72,7 +82,7 @@ def test_paused_regions_and_kernels():
         with probe.kernel("standin:copy"):
             weight[weight > 0].sum().item()  # a stand-in kernel: one op, its insides nothing
     counts = probe.take()
-    assert (counts.device_ops, counts.host_syncs) == (1, 0)
+    assert (counts.device_ops, counts.kernel_ops, counts.host_syncs) == (1, 1, 0)
     assert counts.op_names["standin:copy"] == 1
 
 

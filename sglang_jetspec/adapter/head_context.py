@@ -4,7 +4,8 @@ request commits, projected into the head's K/V at their positions and stored at 
 Two moments write, through one `write`: a prefill (every computed position of a request whose cached
 prefix has its context in the pool) and a verify step's commit (the root and the accepted nodes of
 each drafting request, at the first slots of its verify window, where the KV mover put their target KV).
-Rejected nodes' slots are left invalid.
+Rejected nodes' slots are left invalid. A native step's commit (budget 0, context kept for speculation
+to resume) defers its write: the pool projects a run of them at once (core.context_pool).
 """
 
 from __future__ import annotations
@@ -20,9 +21,11 @@ class HeadContext:
     def __init__(self, pool: SlotContextPool, head: DraftHead, device: torch.device) -> None:
         self.pool, self.head, self.device = pool, head, device
 
-    def write(self, taps: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor) -> None:
+    def write(
+        self, taps: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, defer: bool = False
+    ) -> None:
         """Tap rows `rows` of `taps` at `positions` into KV slots `slots` (host index tensors are moved)."""
-        self.pool.write(self.head, taps[rows.to(self.device)], positions.to(self.device), slots)
+        self.pool.write(self.head, taps[rows.to(self.device)], positions.to(self.device), slots, defer)
 
     def store_prefill(self, batch, taps: torch.Tensor, states: list[RequestDraftState]) -> None:
         """The context of every computed position of each request that drafts (`states`, by request)."""
@@ -44,9 +47,11 @@ class HeadContext:
         row_counts: list[int],
         out_cache_loc: torch.Tensor,
         num_nodes: int,
+        defer: bool = False,
     ) -> None:
         """The context of each drafting request's committed tokens: verify rows `row_index` (request-major,
-        `row_counts` per request), at positions kv_len + i and the first slots of the request's window."""
+        `row_counts` per request), at positions kv_len + i and the first slots of the request's window;
+        `defer`: a native step's (the pool writes it with later ones)."""
         if not any(lane.drafts for lane in lanes):
             return
         counts = torch.tensor(row_counts)
@@ -55,4 +60,4 @@ class HeadContext:
         drafting = torch.tensor([lane.drafts for lane in lanes])[lane_of_row]
         positions = (torch.tensor([lane.kv_len for lane in lanes])[lane_of_row] + offset)[drafting]
         window = (lane_of_row * num_nodes + offset)[drafting]
-        self.write(taps, row_index[drafting], positions, out_cache_loc[window.to(self.device)])
+        self.write(taps, row_index[drafting], positions, out_cache_loc[window.to(self.device)], defer)

@@ -61,7 +61,9 @@ class StepCommit:
         taps = logits_output.hidden_states  # [bs*N, taps*H]: every node's tap rows (none when not captured)
         if taps is not None and self.head_context is not None:
             rows = (out.row_index, out.row_counts)
-            self.head_context.keep_committed(lanes, taps, *rows, batch.out_cache_loc, drafted.num_nodes)
+            # a native step (budget 0) keeps the context for speculation to resume: written with later ones
+            native = budget == 0
+            self.head_context.keep_committed(lanes, taps, *rows, batch.out_cache_loc, drafted.num_nodes, native)
         for lane, length in zip(lanes, out.row_counts):
             lane.budgets.append(budget)
             lane.accept_lengths.append(length)

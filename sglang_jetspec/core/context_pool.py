@@ -15,6 +15,14 @@ write (rejected tree nodes, which are rewritten or freed before anything reads t
 requests that do not draft) stay invalid. A request may draft only if every slot of its context is
 valid; one that is not (its prefix was written while speculation was off) is decoded without
 speculation.
+
+A write may be deferred (`write(..., defer=True)`: a native step's tokens, kept for speculation to
+resume but drafted from by nobody yet): its rows wait, unprojected, and are projected and stored together
+with the next write that is not deferred, at the latest after DEFERRED_WRITES_MAX of them, and before
+anything reads or frees slots (`flush`: a gather for a draft, `holds`, `invalidate`, the counts). A run of
+native steps then costs the projection's launches once, not once a step; what any reader sees is the
+same as if every write had happened at once. Gather (what a captured draft pass replays) does not
+flush: the drafter flushes before it (core.head_drafter).
 """
 
 from __future__ import annotations
@@ -25,6 +33,8 @@ from .context_cache import context_bytes_per_token
 from .head import DraftHead, LayerContext
 from .head_config import HeadConfig
 from .lanes import SlotLane
+
+DEFERRED_WRITES_MAX = 16  # deferred writes held at most (a native block is 8 steps by default)
 
 
 class SlotContextPool:
@@ -37,6 +47,7 @@ class SlotContextPool:
         self.keys = torch.zeros(shape, dtype=dtype, device=device)
         self.values = torch.zeros(shape, dtype=dtype, device=device)
         self.valid = torch.zeros(num_slots, dtype=torch.bool, device=device)
+        self._pending: list[tuple[DraftHead, torch.Tensor, torch.Tensor, torch.Tensor]] = []  # deferred writes
 
     @staticmethod
     def bytes_per_token(cfg: HeadConfig, dtype: torch.dtype) -> int:
@@ -50,27 +61,52 @@ class SlotContextPool:
         return sum(t.untyped_storage().nbytes() for t in (self.keys, self.values, self.valid))
 
     def valid_slots(self) -> int:
+        self.flush()
         return int(self.valid.sum())
 
     @torch.no_grad()
-    def write(self, head: DraftHead, rows: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor) -> None:
-        """Project tapped rows [n, taps*H] at `positions` [n] and store them at `slots` [n]."""
+    def write(
+        self, head: DraftHead, rows: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, defer: bool = False
+    ) -> None:
+        """Project tapped rows [n, taps*H] at `positions` [n] and store them at `slots` [n]; `defer`: later
+        (the module docstring), with the writes held before it."""
         if rows.shape[0] == 0:
             return
+        self._pending.append((head, rows, positions, slots))
+        if not defer or len(self._pending) >= DEFERRED_WRITES_MAX:
+            self.flush()
+
+    @torch.no_grad()
+    def flush(self) -> None:
+        """Project and store every deferred write, in one pass (a slot is in at most one: a freed slot's
+        write is flushed before it is freed)."""
+        if not self._pending:
+            return
+        head = self._pending[0][0]
+        columns = zip(*(write[1:] for write in self._pending))
+        rows, positions, slots = (parts[0] if len(parts) == 1 else torch.cat(parts) for parts in columns)
+        self._pending.clear()
         new = head.project_context(rows.unsqueeze(0).to(self.keys.dtype), positions.unsqueeze(0))
         for layer, n in enumerate(new):
             self.keys[layer, slots] = n.keys[0].transpose(0, 1)
             self.values[layer, slots] = n.values[0].transpose(0, 1)
         self.valid[slots] = True
 
+    @property
+    def deferred_rows(self) -> int:
+        return sum(len(write[1]) for write in self._pending)
+
     def invalidate(self, slots: torch.Tensor) -> None:
+        self.flush()
         self.valid[slots] = False
 
     def holds(self, slots: torch.Tensor) -> bool:
         """Whether every slot's context was written for the token now in it (one host sync)."""
+        self.flush()
         return slots.numel() == 0 or bool(self.valid[slots].all())
 
     def clear(self) -> None:
+        self._pending.clear()
         self.valid.zero_()
 
     def padded(self, head: DraftHead, lanes: list[SlotLane]) -> tuple[list[LayerContext], torch.Tensor, torch.Tensor]:
@@ -81,6 +117,7 @@ class SlotContextPool:
         table = lanes[0].slot_table
         if any(lane.slot_table is not table for lane in lanes):
             raise ValueError("lanes of one step must share one slot table (SGLang's req_to_token)")
+        self.flush()
         kv_lens = [lane.kv_len for lane in lanes]
         rows = torch.tensor([lane.slot_row for lane in lanes], device=table.device)
         lengths = torch.tensor(kv_lens, device=table.device)

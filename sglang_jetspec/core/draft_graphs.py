@@ -76,6 +76,7 @@ class DraftGraphs:
         length = self._bucket(self.context_buckets, max(lane.kv_len for lane in lanes))
         if batch is None or length is None or length > table.shape[1]:
             return None
+        self.pool.flush()  # deferred context writes land before the pass reads them (outside the graph)
         key = (batch, length, depth)
         bucket = self._buckets.get(key)
         if bucket is None or bucket.table is not table:

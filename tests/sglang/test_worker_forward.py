@@ -1029,3 +1029,27 @@ def test_step_ops_do_not_grow_with_the_batch(fresh, smollm2, single_thread, tmp_
     assert [n for _, n, _ in one + three] == [syncs] * 6, [sites for _, _, sites in one + three]
     ops_one, ops_three = [ops for ops, _, _ in one], [ops for ops, _, _ in three]
     assert max(ops_three) <= max(ops_one), (ops_one, ops_three)
+
+
+def test_native_steps_keep_the_context_with_a_few_ops_and_project_it_once_per_run(
+    fresh, smollm2, single_thread, tmp_path
+):
+    """A native step (a pushed budget 0, as the same-allocation control's native blocks run: the draft
+    context kept for speculation to resume) costs a gated-off step's ops plus a handful: its tap rows wait
+    in the pool (core.context_pool) and a run of DEFERRED_WRITES_MAX steps is projected once. A per-step
+    projection (some 60 ops with the pool's stores) would fail here."""
+    from sglang_jetspec.core.context_pool import DEFERRED_WRITES_MAX
+
+    flat = {
+        "jetspec_policy.ttl_s": 600,
+        **{f"jetspec_policy.{c.name}.budget": 0 for c in fresh.policy_control.policy.cohorts},
+    }
+    fresh.policy_control = PolicyControl(fresh.policy_control.policy, admin_key_configured=True)
+    assert fresh.policy_control.push(flat, time.time()) == []
+    native = [ops for ops, _, _ in _step_counts(fresh, smollm2, PROMPTS, steps=DEFERRED_WRITES_MAX, temperature=0.0)]
+    fresh.states.drop_all()
+    fresh.policy_control = _one_budget(tmp_path, 0)
+    off = [ops for ops, _, _ in _step_counts(fresh, smollm2, PROMPTS, steps=3, temperature=0.0)]
+    # the prefill's write flushed nothing: the first DEFERRED_WRITES_MAX - 1 steps defer, the last projects
+    assert max(native[:-1]) <= max(off) + 6, (native, off)
+    assert native[-1] > max(native[:-1]) + 20, native

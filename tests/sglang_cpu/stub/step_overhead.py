@@ -36,6 +36,7 @@ class _Probing:
         self.forward_s = 0.0
         self.clock = None  # the JETSPEC step clock's readings, when the worker reports one
         self.draft_pass_ops = 0  # device ops inside HeadDrafter.propose in the running probed step
+        self.draft_pass_kernels = 0  # ... and those of them that are not views
 
 
 def _phases(clock) -> dict[str, float]:
@@ -67,19 +68,21 @@ def _wrap_standin_kernels(state: _Probing) -> None:
 
 
 def _count_draft_pass(state: _Probing) -> None:
-    """Device ops inside each HeadDrafter.propose of a probed step, into state.draft_pass_ops."""
+    """Device ops (and kernel ops) inside each HeadDrafter.propose of a probed step, into
+    state.draft_pass_ops (and state.draft_pass_kernels)."""
     from sglang_jetspec.core.head_drafter import HeadDrafter
 
     propose = HeadDrafter.propose
 
     def counted(self, *args, **kwargs):
         probe = state.probe
-        before = probe.counts.device_ops if probe is not None else 0
+        ops, kernels = (probe.counts.device_ops, probe.counts.kernel_ops) if probe is not None else (0, 0)
         try:
             return propose(self, *args, **kwargs)
         finally:
             if probe is not None:
-                state.draft_pass_ops += probe.counts.device_ops - before
+                state.draft_pass_ops += probe.counts.device_ops - ops
+                state.draft_pass_kernels += probe.counts.kernel_ops - kernels
 
     HeadDrafter.propose = counted
 
@@ -135,7 +138,7 @@ def install(scheduler_module) -> None:
         hook_reporter(self.model_worker)
         state.steps += 1
         counted = state.steps % 2 == 1
-        state.forward_s, state.clock, state.draft_pass_ops = 0.0, None, 0
+        state.forward_s, state.clock, state.draft_pass_ops, state.draft_pass_kernels = 0.0, None, 0, 0
         record = {"batch_size": len(batch.reqs), "counted": counted}
         start = time.perf_counter()
         if counted:
@@ -151,8 +154,10 @@ def install(scheduler_module) -> None:
             counts = probe.take()
             record.update(
                 ops_outside_forward=counts.device_ops,
+                kernels_outside_forward=counts.kernel_ops,
                 host_syncs=counts.host_syncs,
                 draft_pass_ops=state.draft_pass_ops,
+                draft_pass_kernels=state.draft_pass_kernels,
                 sync_sites=dict(counts.sync_sites),
                 top_ops=dict(counts.op_names.most_common(TOP_OPS)),
                 op_sites=dict(counts.op_sites.most_common(TOP_OPS)),
