@@ -94,13 +94,14 @@ drifts over minutes.
   `python -m bench.sglang_cpu_compare --help` (plain, NGRAM and JETSPEC servers in turn, fresh prompts per
   concurrency level, exact matches against plain SGLang).
 - What a decode step costs outside the target's forward, by batch size (1 / 4 / 16) and workload (greedy,
-  sampled, grammar, penalised): `python -m bench.step_overhead --help` (device ops per step, the proxy for
-  GPU kernel launches; host syncs per step with their code sites; host milliseconds per phase), plain
-  SGLang and JETSPEC in real servers on the CPU harness.
+  sampled, grammar, penalised): `python -m bench.step_overhead --help` (device ops per step, and kernel ops:
+  the same less the views, the proxy for GPU kernel launches; host syncs per step with their code sites;
+  host milliseconds per phase), plain SGLang and JETSPEC in real servers on the CPU harness.
 - JETSPEC as operators run it (shipped policy, the server's same-allocation control, `--controller` for the
   controller too) against plain SGLang: `python -m bench.control_plane --help` (chat and code at concurrency
   1 / 4 / 16 after a stated warm-up, interleaved rounds; the steady-state ratio, the seconds to the control's
-  first decision that lasts, and how often a decision changed).
+  first decision that lasts, and how often a decision changed; `--fixed-budgets` against fixed trees,
+  `--self-baseline` against JETSPEC itself at budget 0 in the same process).
 - Real SGLang on a GPU: [bench/GPU.md](../bench/GPU.md) (`bench/gpu/run.sh`, `bench/gpu/sglang_compare.py`).
 - Each run's exact command is at the top of its result file, linked from every row below.
 """

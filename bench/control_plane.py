@@ -17,6 +17,12 @@ A thread reads JETSPEC's `/server_info` every half second; for the cohort the le
 seconds from the cell's first request to the first decision of the control that matches its mode at the
 cell's end, and how many times the mode changed (in all, and after the warm-up).
 
+`--self-baseline` also times, in every round, the JETSPEC server itself with every cohort pushed to budget
+0 (native steps, the draft context kept), then pushes the YAML's defaults back (for an hour: a cohort
+whose YAML default is 0 then keeps its context too): the ratio of JETSPEC to itself native, one process,
+no bias between processes, prefills and the scheduler included, which is what the control's own
+decode-step measure stands for.
+
 `--fixed-budgets 4,8,16` also starts one JETSPEC server per budget, every cohort at that budget with fixed
 trees and no same-allocation control (the static configurations an operator could pick by hand); they take
 their turns in every round, and each cell reports the best of them and JETSPEC's steady ratio to it.
@@ -45,6 +51,7 @@ from bench.sglang_cpu_compare import generate as compare_generate
 from bench.sglang_cpu_compare import policy_env, positive_ints
 from harness.client import get
 from harness.compare import WARMUP_TEXT
+from harness.policy_push import push_budgets
 from harness.serve import start_controller
 from harness.sglang_cpu import HEAD, jetspec_args, launch, server_args
 from harness.useless_head import make_useless_head
@@ -77,6 +84,7 @@ class Cell:
     fixed_tokens_per_s: dict[str, list[float]] = field(default_factory=dict)  # budget -> its rounds
     best_fixed: str | None = None  # the budget whose median ratio to plain is highest
     best_fixed_ratio: float | None = None  # its median ratio to plain
+    self_native_tokens_per_s: list[float] = field(default_factory=list)  # the JETSPEC server pushed to budget 0
 
 
 def cohort_of(cohorts, batch: int) -> str:
@@ -194,6 +202,11 @@ def main(argv: list[str] | None = None) -> int:
         default="",
         help="also time a JETSPEC server per budget (fixed trees, no control), e.g. 4,8,16: the best fixed choice",
     )
+    p.add_argument(
+        "--self-baseline",
+        action="store_true",
+        help="also time JETSPEC itself pushed to budget 0 in every round (one process: no per-process bias)",
+    )
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--port", type=int, default=31200)
     p.add_argument("--model", help="target checkpoint directory (default: jetspec model fetch smollm2)")
@@ -280,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
                 cohort = cohort_of(policy.cohorts, level)
                 poller = StatePoller(jetspec.url)
                 closed_loop(jetspec.url, warm[w], level, args.warmup_s, args.max_new_tokens)
-                plain_rates, jetspec_rates = [], []
+                plain_rates, jetspec_rates, self_native = [], [], []
                 fixed_rates = {budget: [] for budget in fixed_servers}
                 for k in range(args.rounds):
                     batch = timed[w][start : start + n]
@@ -289,6 +302,10 @@ def main(argv: list[str] | None = None) -> int:
                     order += [(server, fixed_rates[budget]) for budget, server in fixed_servers.items()]
                     for server, rates in order if k % 2 == 0 else order[::-1]:
                         rates.append(timed_pass(server.url, batch, level, args.max_new_tokens))
+                    if args.self_baseline:
+                        push_budgets(jetspec.url, ADMIN_KEY, {c.name: 0 for c in policy.cohorts})
+                        self_native.append(timed_pass(jetspec.url, batch, level, args.max_new_tokens))
+                        push_budgets(jetspec.url, ADMIN_KEY, {c.name: c.default for c in policy.cohorts})
                 mode, decided, changes, late, gain = decision_summary(poller.stop(), cohort, args.warmup_s)
                 ratios = [j / q for j, q in zip(jetspec_rates, plain_rates)]
                 cell = Cell(
@@ -306,6 +323,7 @@ def main(argv: list[str] | None = None) -> int:
                     gain,
                     fixed_rates,
                     *best_fixed(plain_rates, fixed_rates),
+                    self_native,
                 )
                 print(json.dumps(asdict(cell)), flush=True)
                 cells.append(cell)
@@ -326,6 +344,7 @@ def main(argv: list[str] | None = None) -> int:
         "warmup_s": args.warmup_s,
         "rounds": args.rounds,
         "fixed_budgets": fixed_budgets,
+        "self_baseline": args.self_baseline,
         "max_new_tokens": args.max_new_tokens,
         "sglang": sglang.__version__,
         "torch": torch.__version__,
@@ -341,6 +360,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def markdown(cells: list[Cell], meta: dict) -> str:
     fixed = bool(meta.get("fixed_budgets"))
+    itself = bool(meta.get("self_baseline"))
     lines = [
         "# JETSPEC as operators run it vs plain SGLang (CPU harness)",
         "",
@@ -354,8 +374,11 @@ def markdown(cells: list[Cell], meta: dict) -> str:
         "",
         "| workload | concurrency | cohort | plain tok/s | JETSPEC tok/s | x plain by round | steady x plain | "
         "mode at end | decided after (s) | mode changes (after warm-up) | control's gain |"
-        + (" best fixed budget (x plain) | x best fixed |" if fixed else ""),
-        "|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if fixed else ""),
+        + (" best fixed budget (x plain) | x best fixed |" if fixed else "")
+        + (" itself native tok/s | x itself native by round | x itself native |" if itself else ""),
+        "|---|---|---|---|---|---|---|---|---|---|---|"
+        + ("---|---|" if fixed else "")
+        + ("---|---|---|" if itself else ""),
     ]
     for c in cells:
         mode = c.final_mode or "not run (the table's budget 0)"
@@ -369,6 +392,12 @@ def markdown(cells: list[Cell], meta: dict) -> str:
         )
         if fixed:
             row += f" {c.best_fixed} ({c.best_fixed_ratio:.2f}) | **{c.steady_ratio / c.best_fixed_ratio:.2f}** |"
+        if itself:
+            own = [j / n for j, n in zip(c.jetspec_tokens_per_s, c.self_native_tokens_per_s)]
+            row += (
+                f" {statistics.fmean(c.self_native_tokens_per_s):.1f} | {' / '.join(f'{r:.2f}' for r in own)} | "
+                f"**{statistics.median(own):.2f}** |"
+            )
         lines.append(row)
     return "\n".join(lines) + "\n"
 

@@ -43,7 +43,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from bench.sglang_cpu_compare import policy_env, positive_ints
-from harness.client import post, post_ok
+from harness.client import post_ok
+from harness.policy_push import push_budgets
 from harness.sglang_cpu import jetspec_args, launch, server_args
 
 OVERHEAD_ENV = "JETSPEC_TEST_STEP_OVERHEAD"
@@ -156,10 +157,7 @@ def push_off(url: str, policy: str | None) -> None:
     from sglang_jetspec.adapter.policy import policy_path
 
     cohorts = load_policy(Path(policy) if policy else policy_path()).cohorts
-    flat = {"jetspec_policy.ttl_s": 3600, **{f"jetspec_policy.{c.name}.budget": 0 for c in cohorts}}
-    status, reply = post(f"{url}/set_internal_state", {"server_args": flat}, {"Authorization": f"Bearer {ADMIN_KEY}"})
-    if status != 200 or reply != [True]:
-        raise RuntimeError(f"push of budget 0 refused: {status} {reply}")
+    push_budgets(url, ADMIN_KEY, {c.name: 0 for c in cohorts})
 
 
 def measure(config: str, args, model: str, prompts: dict, log_dir: Path) -> dict:

@@ -184,8 +184,12 @@ class SameAllocationControl:
     def _steady_every(self, state: _Cohort) -> int:
         """A decided cohort's blocks per block of the other mode: enough that measuring the other mode costs
         at most `steady_cost` of throughput (one block in `every` loses 1 - min(gain, 1/gain) of its
-        time), within [steady_every, steady_every_max] (the most bounds how long a change goes unseen)."""
+        time), within [steady_every, steady_every_max] (the most bounds how long a change goes unseen);
+        `explore_every` while the gain favours the other mode (nothing is lost measuring a winner)."""
         gain = state.verdict.gain
+        if (gain > 1.0) != (state.mode == SPECULATIVE):
+            # the other mode is the one winning, its change held back for fresh evidence: gather it fast
+            return self.config.explore_every
         loss = 1.0 - min(gain, 1.0 / gain)
         every = math.ceil(loss / self.config.steady_cost)
         return min(max(every, self.config.steady_every), self.config.steady_every_max)

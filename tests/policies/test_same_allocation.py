@@ -110,6 +110,24 @@ def test_a_machine_that_gets_faster_changes_nothing_and_a_workload_that_stops_pa
     assert turned < 3000  # noticed through the steady share of native blocks
 
 
+def test_a_change_held_back_for_fresh_evidence_measures_the_winning_mode_often():
+    """Right after a flip a cohort needs `window_blocks` fresh blocks of the other mode before it flips again;
+    when those blocks are the ones winning (the gain favours the other mode) it runs one in
+    `explore_every`, not the steady share, so a workload that pays again is noticed quickly."""
+    control = SameAllocationControl(CONFIG, ["bs1"])
+    drive(control, "bs1", 1500, gain=1.5)
+    drive(control, "bs1", 3000, gain=0.75, seed=1)
+    assert control.state()["bs1"]["mode"] == NATIVE and control.state()["bs1"]["flips"] == 1
+    held = []
+    for block in range(200):  # the head pays again
+        drive(control, "bs1", 8, gain=1.5, seed=100 + block)
+        state = control.state()["bs1"]
+        if state["mode"] == NATIVE and state["decided"] and state["gain_low"] > 1.03:
+            held.append(state["other_mode_every"])
+    assert held and set(held) == {CONFIG.explore_every}, held
+    assert control.state()["bs1"]["mode"] == SPECULATIVE and control.state()["bs1"]["flips"] == 2
+
+
 def test_a_cohort_without_evidence_follows_the_nearest_smaller_decided_one_until_it_measures_otherwise():
     control = SameAllocationControl(CONFIG, ["bs1", "bs2-6", "bs7-12"])
     drive(control, "bs1", 400, gain=0.7)
