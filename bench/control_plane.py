@@ -17,11 +17,12 @@ A thread reads JETSPEC's `/server_info` every half second; for the cohort the le
 seconds from the cell's first request to the first decision of the control that matches its mode at the
 cell's end, and how many times the mode changed (in all, and after the warm-up).
 
-`--self-baseline` also times, in every round, the JETSPEC server itself with every cohort pushed to budget
-0 (native steps, the draft context kept), then pushes the YAML's defaults back (for an hour: a cohort
-whose YAML default is 0 then keeps its context too): the ratio of JETSPEC to itself native, one process,
-no bias between processes, prefills and the scheduler included, which is what the control's own
-decode-step measure stands for.
+`--self-baseline` also times, in every round, the JETSPEC server itself with the cell's cohort pushed to
+budget 0 (its steps native, the draft context kept; every other cohort, which the round's tail reaches as
+requests finish, as before), then pushes the YAML's defaults back (for an hour: a cohort whose YAML
+default is 0 then keeps its context too): the ratio of JETSPEC to itself with that cohort native, one
+process, no bias between processes, prefills and the scheduler included: what the control's decision
+for that cohort stands for.
 
 `--fixed-budgets 4,8,16` also starts one JETSPEC server per budget, every cohort at that budget with fixed
 trees and no same-allocation control (the static configurations an operator could pick by hand); they take
@@ -84,7 +85,7 @@ class Cell:
     fixed_tokens_per_s: dict[str, list[float]] = field(default_factory=dict)  # budget -> its rounds
     best_fixed: str | None = None  # the budget whose median ratio to plain is highest
     best_fixed_ratio: float | None = None  # its median ratio to plain
-    self_native_tokens_per_s: list[float] = field(default_factory=list)  # the JETSPEC server pushed to budget 0
+    self_native_tokens_per_s: list[float] = field(default_factory=list)  # JETSPEC, the cell's cohort pushed to 0
 
 
 def cohort_of(cohorts, batch: int) -> str:
@@ -205,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--self-baseline",
         action="store_true",
-        help="also time JETSPEC itself pushed to budget 0 in every round (one process: no per-process bias)",
+        help="also time JETSPEC itself with the cell's cohort pushed to budget 0 in every round (one process)",
     )
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--port", type=int, default=31200)
@@ -303,9 +304,10 @@ def main(argv: list[str] | None = None) -> int:
                     for server, rates in order if k % 2 == 0 else order[::-1]:
                         rates.append(timed_pass(server.url, batch, level, args.max_new_tokens))
                     if args.self_baseline:
-                        push_budgets(jetspec.url, ADMIN_KEY, {c.name: 0 for c in policy.cohorts})
+                        defaults = {c.name: c.default for c in policy.cohorts}
+                        push_budgets(jetspec.url, ADMIN_KEY, {**defaults, cohort: 0})
                         self_native.append(timed_pass(jetspec.url, batch, level, args.max_new_tokens))
-                        push_budgets(jetspec.url, ADMIN_KEY, {c.name: c.default for c in policy.cohorts})
+                        push_budgets(jetspec.url, ADMIN_KEY, defaults)
                 mode, decided, changes, late, gain = decision_summary(poller.stop(), cohort, args.warmup_s)
                 ratios = [j / q for j, q in zip(jetspec_rates, plain_rates)]
                 cell = Cell(
@@ -375,7 +377,7 @@ def markdown(cells: list[Cell], meta: dict) -> str:
         "| workload | concurrency | cohort | plain tok/s | JETSPEC tok/s | x plain by round | steady x plain | "
         "mode at end | decided after (s) | mode changes (after warm-up) | control's gain |"
         + (" best fixed budget (x plain) | x best fixed |" if fixed else "")
-        + (" itself native tok/s | x itself native by round | x itself native |" if itself else ""),
+        + (" itself, cohort native tok/s | x itself by round | x itself, cohort native |" if itself else ""),
         "|---|---|---|---|---|---|---|---|---|---|---|"
         + ("---|---|" if fixed else "")
         + ("---|---|---|" if itself else ""),
