@@ -165,7 +165,7 @@ class SameAllocationControl:
             "flips": state.flips,
             "dropped_steps": state.dropped,
             # one block in this many runs the mode it is not in
-            "other_mode_every": self._steady_every(state) if state.decided else self.config.explore_every,
+            "other_mode_every": self._other_mode_every(state),
         }
 
     # ---- blocks ----
@@ -174,12 +174,15 @@ class SameAllocationControl:
         state = self._cohorts[cohort]
         if not state.has_own_verdict:
             state.mode = self._inherited_mode(cohort)
-        every = self._steady_every(state) if state.decided else self.config.explore_every
-        other = state.own_run >= every - 1
+        other = state.own_run >= self._other_mode_every(state) - 1
         mode = _other(state.mode) if other else state.mode
         state.own_run = 0 if other else state.own_run + 1
         previous = state.block.mode if state.block is not None else mode
         state.block = _Block(mode, switched=mode != previous)
+
+    def _other_mode_every(self, state: _Cohort) -> int:
+        """Blocks per block of the mode the cohort is not in: `explore_every` until it decides."""
+        return self._steady_every(state) if state.decided else self.config.explore_every
 
     def _steady_every(self, state: _Cohort) -> int:
         """A decided cohort's blocks per block of the other mode: enough that measuring the other mode costs

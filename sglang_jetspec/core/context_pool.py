@@ -22,7 +22,7 @@ with the next write that is not deferred, at the latest after DEFERRED_WRITES_MA
 anything reads or frees slots (`flush`: a gather for a draft, `holds`, `invalidate`, the counts). A run of
 native steps then costs the projection's launches once, not once a step; what any reader sees is the
 same as if every write had happened at once. Gather (what a captured draft pass replays) does not
-flush: the drafter flushes before it (core.head_drafter).
+flush: `padded` (the eager pass) and core.draft_graphs (before a replay) flush before it.
 """
 
 from __future__ import annotations

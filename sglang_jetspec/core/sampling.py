@@ -65,10 +65,9 @@ def processed_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
     largest candidates (`_largest`). The result equals sorting everything: the same masks on the
     same descending probabilities, scattered back and renormalised over the same vocabulary.
     """
-    logits = logits.float()
     if params.greedy:
         return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
-    probs = torch.softmax(logits / params.temperature, dim=-1)
+    probs = _tempered(logits, params)
     if not params.truncates:
         return _min_p(probs, params)
     kept = _kept(probs, params, widen=True)
@@ -93,11 +92,15 @@ def kept_candidates(logits: torch.Tensor, params: SamplingParams, candidates: in
     to the vocabulary: a top-k / top-p request keeps its first `candidates` (fewer with top-k) as the
     masks leave them, so a draw reads k masses, not the vocabulary's. Any other request (temperature
     alone, min-p alone) keeps its whole distribution."""
-    logits = logits.float()
-    probs = torch.softmax(logits / params.temperature, dim=-1)
+    probs = _tempered(logits, params)
     if not params.truncates:
         return Kept(_min_p(probs, params), None, None)
     return _kept(probs, params, widen=False, candidates=candidates)
+
+
+def _tempered(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """softmax(logits / temperature) in float32."""
+    return torch.softmax(logits.float() / params.temperature, dim=-1)
 
 
 def _min_p(probs: torch.Tensor, params: SamplingParams) -> torch.Tensor:
