@@ -722,6 +722,13 @@ def test_seeded_sampling_does_not_depend_on_the_batch(fresh, smollm2, single_thr
 LADDER = (4, 8, 16, 32, 64)
 
 
+def _pad_to(worker, monkeypatch, widths: VerifyWidths) -> None:
+    """The worker's steps padded to `widths`, as JETSPEC_VERIFY_WIDTHS configures it at start-up: the
+    drafting pads each step's trees and the sizer charges the padded width (worker.__init__ binds both)."""
+    monkeypatch.setattr(worker.drafting, "widths", widths)
+    monkeypatch.setattr(worker.learners.sizer, "width", widths.width_for)
+
+
 def _greedy_equals_plain(worker, smollm2, *requests: tuple[str, int]) -> Scheduler:
     """Greedy requests (prompt text, max new tokens) run together to the end; each one's tokens must be
     plain decoding's. Returns the scheduler (its accept lengths)."""
@@ -741,8 +748,10 @@ def test_padded_verify_widths_keep_adaptive_greedy_output_and_verify_only_rungs(
 ):
     """Adaptive sizing cuts trees to any size; padded to the ladder (JETSPEC_VERIFY_WIDTHS), every tree
     step verifies a rung's width and the tokens stay plain decoding's, beside a grammar-free neighbour."""
-    fresh.policy_control = _one_budget(tmp_path, 16, tree_sizing="adaptive")
-    monkeypatch.setattr(fresh.drafting, "widths", VerifyWidths.ladder(LADDER, 16))
+    # budget 12 lies inside the rung 16: a step that keeps more than 8 nodes (the sizer's probe of the
+    # budget end among them) verifies 16 with padding
+    fresh.policy_control = _one_budget(tmp_path, 12, tree_sizing="adaptive")
+    _pad_to(fresh, monkeypatch, VerifyWidths.ladder(LADDER, 16))
     counts = _verified_node_counts(fresh, monkeypatch)
     selected = []  # the width whose verify graph each forward would replay (adapter.verify_graphs)
     monkeypatch.setattr(fresh.verifier, "graphs", SimpleNamespace(select=selected.append))
@@ -772,7 +781,7 @@ def test_padding_nodes_change_no_seeded_draw(fresh, smollm2, single_thread, monk
     prompt = smollm2.tokenizer(PROMPTS[1])["input_ids"]
 
     def run(widths):
-        monkeypatch.setattr(fresh.drafting, "widths", widths)
+        _pad_to(fresh, monkeypatch, widths)
         fresh.states.drop_all()
         counts = _verified_node_counts(fresh, monkeypatch)
         reqs = [
@@ -797,7 +806,7 @@ def test_steps_of_one_width_hand_sglang_inputs_of_one_shape_whatever_their_trees
     mask's length follows the prefix lengths; the backend's planning copies it into its own buffer outside
     the graph, as it does for SGLang's EAGLE and NGRAM."""
     fresh.policy_control = _one_budget(tmp_path, 16, tree_sizing="adaptive")
-    monkeypatch.setattr(fresh.drafting, "widths", VerifyWidths.ladder(LADDER, 16))
+    _pad_to(fresh, monkeypatch, VerifyWidths.ladder(LADDER, 16))
     seen, real = [], tree_verify_module.TreeVerifier.forward
 
     def spy(self, batch, lanes, drafted, inputs, reads_taps):
