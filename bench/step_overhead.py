@@ -239,13 +239,6 @@ def markdown(results: dict, meta: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return "unknown CPU"
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--batch-sizes", type=parse_sizes, default=[1, 4, 16])
@@ -272,6 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoTokenizer
 
     from sglang_jetspec.models.fetch import fetch
+    from sglang_jetspec.reference.precision import cpu_model
     from sglang_jetspec.reference.prompts import constraint_params, encode, humaneval_prompts, read_prompt_file
 
     model = args.model or str(fetch("smollm2"))
@@ -285,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     results = {config: measure(config, args, model, prompts, args.log_dir) for config in configs}
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     meta = {
-        "cpu": cpu_name(),
+        "cpu": cpu_model(),
         "dtype": args.dtype,
         "commit": commit,
         "command": "python -m bench.step_overhead " + " ".join(argv if argv is not None else sys.argv[1:]),

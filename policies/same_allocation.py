@@ -18,8 +18,16 @@ right after a prefill (or another interruption) counts its own time plus the usu
 steps, not the prefill's: at 16 concurrent requests of a few dozen tokens a prefill comes every few steps,
 and dropping those steps would starve the decision. Dropped: the first step of a block after a switch (it
 pays the switch), a step whose batch size is more than BURST_SHARE off its block's first (a burst of
-arrivals; departures one at a time stay), and a step slower than `stall_factor` x its block's median
-(stalls). A block yields one rate, the mean of what it kept.
+arrivals; departures one at a time stay), and a step that took more than `stall_factor` x its block's median
+seconds (a stall: a pause of the process, not a step's own work). A block yields one rate: the tokens per
+request its kept steps served over their seconds, what a client sees over the block.
+
+Why seconds and sums, not per-step rates: a speculative block mixes cheap steps (the roots alone, the head
+sitting out) with tree steps that cost several of them (at 16 concurrent requests on a CPU, 3-5x). Judged
+by its rate, a tree step that accepted little looks like a stall and is dropped, and a mean of per-step
+rates weighs the cheap steps by count rather than by time: both lean toward speculation, and together
+they measured it at 1.20x its native steps where it ran 0.69x (issue 59;
+tests/policies/test_same_allocation.py::test_speculations_expensive_steps_count_by_their_time).
 
 The decision, on the newest `window_blocks` block rates of each mode, once each has `min_blocks`: the
 gain (speculative / native) with a confidence interval of `confidence_z` standard errors (delta method on
@@ -89,7 +97,7 @@ class _Block:
     switched: bool  # its mode differs from the previous block's: its first step pays the switch
     steps: int = 0
     batch_size: int | None = None
-    rates: list[float] = field(default_factory=list)
+    served: list[tuple[float, float]] = field(default_factory=list)  # per kept step: (tokens per request, seconds)
 
 
 @dataclass(frozen=True)
@@ -147,7 +155,7 @@ class SameAllocationControl:
         if (first and block.switched) or seconds is None or burst or batch_size < 1:
             self._cohorts[cohort].dropped += 1
             return
-        block.rates.append(tokens / batch_size / seconds)
+        block.served.append((tokens / batch_size, seconds))
 
     def state(self) -> dict:
         """What each cohort runs and why (for /server_info and the metrics)."""
@@ -202,13 +210,13 @@ class SameAllocationControl:
         block = state.block
         if block is None:
             return
-        kept = block.rates
+        kept = block.served
         if kept:
-            median = statistics.median(kept)
-            kept = [rate for rate in kept if rate * self.config.stall_factor >= median]
-            state.dropped += len(block.rates) - len(kept)
+            longest = self.config.stall_factor * statistics.median(seconds for _, seconds in kept)
+            kept = [step for step in kept if step[1] <= longest]
+            state.dropped += len(block.served) - len(kept)
         if len(kept) >= max(1, self.config.block_steps // 2):
-            state.rates[block.mode].append(statistics.fmean(kept))
+            state.rates[block.mode].append(sum(tokens for tokens, _ in kept) / sum(seconds for _, seconds in kept))
             state.fresh += block.mode != state.mode
             self.closed_blocks += 1
             self._decide(state)

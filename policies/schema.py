@@ -94,7 +94,8 @@ class SameAllocationPolicy(StrictModel):
     window_blocks: int = Field(default=8, ge=2, le=1024)
     margin: float = Field(default=0.03, ge=0, lt=1)
     confidence_z: float = Field(default=2.0, ge=0, le=10)
-    stall_factor: float = Field(default=3.0, gt=1, le=100)
+    # a step this many times its block's median seconds is a stall (a tree step may take 5x a cheap one)
+    stall_factor: float = Field(default=10.0, gt=1, le=100)
 
 
 class ControllerPolicy(StrictModel):

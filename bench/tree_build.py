@@ -1,0 +1,96 @@
+"""Host milliseconds to build a step's marginal trees from the head's top-K: one `tree.build_tree` per
+request (the heap, in Python) against `core.marginal_trees` (every lane in one batched pass), by batch
+size and budget, side by side in one process. The top-K are the shape the shipped head drafts (15
+depths, K = 8) with log-probs from random logits; both builders give the same trees
+(tests/test_marginal_trees.py), which this script checks again on every input it times.
+
+    python -m bench.tree_build --markdown bench/results/sglang_cpu/tree-build-fp32.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from sglang_jetspec.core.marginal_trees import marginal_trees
+from sglang_jetspec.core.tree import TreeSpec, build_tree, top_k_per_depth
+from sglang_jetspec.reference.precision import cpu_model
+
+
+def _inputs(batch: int, depth: int, k: int, seed: int):
+    generator = torch.Generator().manual_seed(seed)
+    logits = torch.randn(batch, depth, 512, generator=generator) * 3
+    tokens, logprobs = top_k_per_depth(logits, k)
+    return torch.randint(0, 49152, (batch,), generator=generator), tokens, logprobs
+
+
+def _median_ms(fn, repeats: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return 1000 * statistics.median(times)
+
+
+def measure(batch: int, budget: int, depth: int, k: int, repeats: int) -> dict:
+    spec = TreeSpec(budget=budget, max_depth=min(depth, budget - 1), width=k)
+    roots, tokens, logprobs = _inputs(batch, depth, k, seed=batch * 100 + budget)
+    root_ids = roots.tolist()
+
+    def per_request():
+        return [build_tree(root_ids[b], tokens[b], logprobs[b], spec) for b in range(batch)]
+
+    def batched():
+        return marginal_trees(roots, tokens, logprobs, spec).trees()
+
+    for one, other in zip(per_request(), batched()):
+        if one.parents.tolist() != other.parents.tolist() or one.tokens.tolist() != other.tokens.tolist():
+            raise SystemExit(f"batch {batch} budget {budget}: the builders disagree")
+    loop_ms, batch_ms = _median_ms(per_request, repeats), _median_ms(batched, repeats)
+    return {"batch": batch, "budget": budget, "per_request_ms": loop_ms, "batched_ms": batch_ms}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--batch-sizes", default="1,4,16")
+    p.add_argument("--budgets", default="8,16,32")
+    p.add_argument("--repeats", type=int, default=50)
+    p.add_argument("--markdown", type=Path)
+    args = p.parse_args(argv)
+    torch.set_num_threads(1)
+    rows = [
+        measure(batch, budget, depth=15, k=8, repeats=args.repeats)
+        for budget in (int(b) for b in args.budgets.split(","))
+        for batch in (int(b) for b in args.batch_sizes.split(","))
+    ]
+    lines = [
+        f"# Building a step's marginal trees on the host ({cpu_model()}, 1 thread, torch {torch.__version__})",
+        "",
+        f"`python -m bench.tree_build {' '.join(argv if argv is not None else sys.argv[1:])}`",
+        "",
+        "Median ms per step over the repeats; 15 depths, K = 8; the two builders' trees checked equal.",
+        "",
+        "| budget | batch | build_tree per request ms | marginal_trees ms | per request / batched |",
+        "|---|---|---|---|---|",
+    ]
+    for row in rows:
+        lines.append(
+            f"| {row['budget']} | {row['batch']} | {row['per_request_ms']:.3f} | {row['batched_ms']:.3f} | "
+            f"{row['per_request_ms'] / row['batched_ms']:.2f}x |"
+        )
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.markdown:
+        args.markdown.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
