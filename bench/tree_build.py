@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from bench.sglang_cpu_compare import positive_ints
 from sglang_jetspec.core.marginal_trees import marginal_trees
 from sglang_jetspec.core.tree import TreeSpec, build_tree, top_k_per_depth
 from sglang_jetspec.reference.precision import cpu_model
@@ -64,12 +65,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=50)
     p.add_argument("--markdown", type=Path)
     args = p.parse_args(argv)
+    batch_sizes, budgets = positive_ints(args.batch_sizes), positive_ints(args.budgets)
+    if not batch_sizes or not budgets:
+        p.error("--batch-sizes and --budgets take positive integers separated by commas, e.g. 1,4,16")
     torch.set_num_threads(1)
-    rows = [
-        measure(batch, budget, depth=15, k=8, repeats=args.repeats)
-        for budget in (int(b) for b in args.budgets.split(","))
-        for batch in (int(b) for b in args.batch_sizes.split(","))
-    ]
+    rows = [measure(batch, budget, depth=15, k=8, repeats=args.repeats) for budget in budgets for batch in batch_sizes]
     lines = [
         f"# Building a step's marginal trees on the host ({cpu_model()}, 1 thread, torch {torch.__version__})",
         "",

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .tree import DraftTree, TreeSpec
+from .tree import DraftTree, TreeSpec, depth_caps
 
 
 @dataclass
@@ -56,16 +56,6 @@ class MarginalTrees:
 
     def trees(self) -> list[DraftTree]:
         return [self.tree(lane, size) for lane, size in enumerate(self.sizes.tolist())]
-
-
-def depth_caps(top_logprobs: torch.Tensor, spec: TreeSpec) -> torch.Tensor:
-    """[B, D] children allowed per node at each depth: `tree.fanout_caps` for a batch ([B, D, K])."""
-    batch, depth, k = top_logprobs.shape
-    if spec.fanout == "uniform" or k < 2:
-        return torch.full((batch, depth), k, dtype=torch.long, device=top_logprobs.device)
-    gaps = (top_logprobs[..., 0] - top_logprobs[..., 1]).double().nan_to_num(nan=torch.inf)
-    shares = torch.sigmoid(-spec.gap_beta * (gaps - spec.gap_center))
-    return torch.round(k * shares).long().clamp(min=1)  # round half to even, as Python's round
 
 
 def marginal_trees(

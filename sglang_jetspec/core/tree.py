@@ -183,19 +183,24 @@ def host_top_k(tokens: torch.Tensor, logprobs: torch.Tensor) -> tuple[torch.Tens
     return packed[0].long(), packed[1].to(logprobs.dtype)
 
 
-def fanout_caps(top_logprobs: torch.Tensor, spec: TreeSpec) -> list[int]:
-    """Children allowed per node at each depth 1..D.
+def depth_caps(top_logprobs: torch.Tensor, spec: TreeSpec) -> torch.Tensor:
+    """Children allowed per node at each depth 1..D, for top-K log-probs [..., D, K]: a tensor [..., D].
 
     top2gap: a confident depth (large gap between its top-2 log-probs) gets fewer children,
     cap_d = max(1, round(K * sigmoid(-beta * (gap_d - center)))).
     """
-    depth, k = top_logprobs.shape
+    k = top_logprobs.shape[-1]
     if spec.fanout == "uniform" or k < 2:
-        return [k] * depth
+        return torch.full(top_logprobs.shape[:-1], k, dtype=torch.long, device=top_logprobs.device)
     # gaps are +inf (or NaN, -inf - -inf) where a depth has fewer than two candidates: one child
-    gaps = (top_logprobs[:, 0] - top_logprobs[:, 1]).double().nan_to_num(nan=math.inf)
+    gaps = (top_logprobs[..., 0] - top_logprobs[..., 1]).double().nan_to_num(nan=math.inf)
     shares = torch.sigmoid(-spec.gap_beta * (gaps - spec.gap_center))
-    return [max(1, round(k * float(s))) for s in shares]
+    return torch.round(k * shares).long().clamp(min=1)  # half to even, as Python's round
+
+
+def fanout_caps(top_logprobs: torch.Tensor, spec: TreeSpec) -> list[int]:
+    """`depth_caps` of one tree's [D, K] top-K, as a list."""
+    return depth_caps(top_logprobs, spec).tolist()
 
 
 @dataclass(frozen=True)
