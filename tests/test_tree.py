@@ -125,6 +125,20 @@ def test_top2gap_caps_narrow_confident_depths():
     assert fanout_caps(logprobs, TreeSpec(budget=10, max_depth=2, width=4)) == [4, 4]
 
 
+@pytest.mark.parametrize("fanout", ["uniform", "top2gap"])
+def test_caps_of_host_top_k_read_no_device_data(fanout):
+    """The worker builds trees from top-k it copied to the host once; the caps read from that copy must
+    not count as another read of device data (a device-made cap tensor did: one sync per request)."""
+    from harness.step_probe import StepProbe
+
+    device_top_k = torch.tensor([[0.0, -6.0, -7.0, -8.0], [-1.0, -1.0, -1.0, -1.0]])  # made before: device
+    with StepProbe() as probe:
+        caps = fanout_caps(device_top_k.cpu(), TreeSpec(budget=10, max_depth=2, width=4, fanout=fanout))
+    counts = probe.take()
+    assert caps == ([1, 3] if fanout == "top2gap" else [4, 4])
+    assert counts.host_syncs == 1, counts.sync_sites  # the copy alone
+
+
 def test_impossible_candidates_never_become_nodes():
     logits = torch.full((3, 10), -math.inf)
     logits[0, 4] = 0.0  # depth 1 has one candidate, deeper depths none

@@ -191,7 +191,7 @@ def depth_caps(top_logprobs: torch.Tensor, spec: TreeSpec) -> torch.Tensor:
     """
     k = top_logprobs.shape[-1]
     if spec.fanout == "uniform" or k < 2:
-        return torch.full(top_logprobs.shape[:-1], k, dtype=torch.long, device=top_logprobs.device)
+        return top_logprobs.new_full(top_logprobs.shape[:-1], k, dtype=torch.long)  # host data stays host data
     # gaps are +inf (or NaN, -inf - -inf) where a depth has fewer than two candidates: one child
     gaps = (top_logprobs[..., 0] - top_logprobs[..., 1]).double().nan_to_num(nan=math.inf)
     shares = torch.sigmoid(-spec.gap_beta * (gaps - spec.gap_center))
