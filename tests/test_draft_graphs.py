@@ -4,13 +4,18 @@ stays put from step to step, and the pass reads nothing back to the host. The ca
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
 from harness.step_probe import StepProbe
+from sglang_jetspec.core import tree_drafting
 from sglang_jetspec.core.context_pool import SlotContextPool
 from sglang_jetspec.core.draft_graphs import DraftGraphs, context_buckets
 from sglang_jetspec.core.head_drafter import HeadDrafter
+from sglang_jetspec.core.marginal_trees import unpack_drafts
+from sglang_jetspec.core.tree import TreeSpec, build_tree, host_top_k, top_k_per_depth
+from sglang_jetspec.core.tree_drafting import draft_trees
 from tests.test_context_pool import CFG, HIDDEN, SLOTS, VOCAB, _head, _rows, _slot_lanes
 
 
@@ -88,3 +93,84 @@ def test_a_buckets_buffer_stays_put_and_its_pass_reads_nothing_back():
             graphs._pass(bucket)
         counts.append(probe.take().device_ops)
     assert counts[0] == counts[1] > 10
+
+
+def _host_trees(drafter, lanes, spec):
+    """The eager path's trees: the pass, the top-K copied to the host, the heap per lane."""
+    tokens, logprobs = host_top_k(
+        *top_k_per_depth(drafter.propose(lanes, spec.max_depth), spec.width, drafter.draft_vocab)
+    )
+    return [build_tree(lane.root_token, tokens[b], logprobs[b], spec) for b, lane in enumerate(lanes)]
+
+
+def _same_tree(a, b) -> bool:
+    fields = ("tokens", "parents", "depths", "ranks")
+    return all(torch.equal(getattr(a, f), getattr(b, f)) for f in fields) and torch.allclose(
+        a.cum_logprobs, b.cum_logprobs
+    )
+
+
+@pytest.mark.parametrize("fanout", ["uniform", "top2gap"])
+@pytest.mark.parametrize("draft_vocab", [None, torch.arange(3, 50, 2)], ids=["full-vocab", "draft-vocab"])
+def test_a_replayed_pass_builds_the_heaps_trees_and_ships_them_in_one_copy(fanout, draft_vocab, monkeypatch):
+    """The graph's pass takes the top-K and builds every lane's marginal tree on the device (core.marginal_trees);
+    unpacked from its one host copy, the padded bucket's lanes hold the trees the host heap builds from the eager
+    pass, and a tree step through draft_trees reads device data once, as the eager step does."""
+    drafter, pool = _drafter()
+    if draft_vocab is not None:
+        drafter = HeadDrafter(drafter.head, drafter.embed_tokens, drafter.lm_head, draft_vocab, context=pool)
+    spec = TreeSpec(budget=9, max_depth=3, width=4, fanout=fanout)
+    graphs = DraftGraphs(drafter, pool, (1, 4), context_buckets(500, smallest=64), capture=False)
+    for lengths in [(20,), (65, 3, 200)]:  # the second pads a lane
+        lanes = _lanes(*lengths)
+        logits, packed = graphs.propose_drafts(lanes, spec)
+        assert packed.device.type == "cpu" and logits.shape[0] == len(lanes)
+        tokens, logprobs, trees = unpack_drafts(packed, spec.max_depth, spec.width)
+        want = _host_trees(drafter, lanes, spec)
+        got = trees.trees()
+        assert all(_same_tree(g, w) for g, w in zip(got, want)) and len(got) == len(lanes), lengths
+        assert max(t.size for t in got) == spec.budget  # the trees are full: the comparison means something
+        assert set(tokens.flatten().tolist()) <= set(range(50) if draft_vocab is None else draft_vocab.tolist())
+
+    lanes = _lanes(30, 90)
+    eager, _ = draft_trees(drafter, lanes, spec)
+    drafter.graphs = graphs
+    bucket = graphs._buckets[next(iter(graphs._buckets))]
+    graphs._pass(bucket)  # packing set-up outside what is counted
+    with StepProbe(strict=True):  # what a graph captures: the pass, the top-K and the trees read nothing back
+        graphs._pass(bucket)
+    heaps = _count_heaps(monkeypatch)
+    with StepProbe() as probe:
+        replayed, _ = draft_trees(drafter, lanes, spec)
+    assert probe.take().host_syncs == 1  # the packed copy alone
+    assert heaps == []  # no lane went through the host heap
+    assert all(_same_tree(g, w) for g, w in zip(replayed, eager))
+
+
+def _count_heaps(monkeypatch) -> list:
+    """The roots of the trees tree_drafting builds on the host from here on."""
+    built = []
+
+    def counted(root, *args, **kwargs):
+        built.append(root)
+        return build_tree(root, *args, **kwargs)
+
+    monkeypatch.setattr(tree_drafting, "build_tree", counted)
+    return built
+
+
+def test_a_lane_with_guesses_rebuilds_its_tree_on_the_host_from_the_same_copy(monkeypatch):
+    """A lane with a chain to merge (a grammar's forced tokens here, lookups alike) takes the heap over the
+    shipped top-K; the lane beside it keeps the device's tree. The control: the forced lane's tree differs."""
+    drafter, pool = _drafter()
+    spec = TreeSpec(budget=9, max_depth=3, width=4)
+    lanes = _lanes(30, 90)
+    forced = [[], [41, 42]]
+    eager, _ = draft_trees(drafter, lanes, spec, forced=forced)
+    drafter.graphs = DraftGraphs(drafter, pool, (2,), (256,), capture=False)
+    heaps = _count_heaps(monkeypatch)
+    replayed, _ = draft_trees(drafter, lanes, spec, forced=forced)
+    assert heaps == [lanes[1].root_token]  # the forced lane alone went through the heap
+    assert all(_same_tree(g, w) for g, w in zip(replayed, eager))
+    assert 41 in replayed[1].tokens.tolist()
+    assert not _same_tree(replayed[1], draft_trees(drafter, lanes, spec)[0][1])

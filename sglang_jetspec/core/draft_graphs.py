@@ -1,5 +1,5 @@
 """The head's drafting pass over static buffers, replayed as a CUDA graph per (batch bucket, context
-bucket, depth).
+bucket, depth, tree spec).
 
 On a GPU the pass launches ~150 kernels a step (the CPU probe counts ~190 ops, the same number whatever
 the contexts: tests/test_context_pool.py); a graph replays them in one launch, but it needs every shape
@@ -9,6 +9,10 @@ a context bucket (the valid mask hides the padding, as it hides a shorter lane's
 rows, lengths and roots go into the bucket's static buffer in one copy. The pass itself (the gather from
 the context pool, the head, the draft vocabulary's logits) reads only that buffer, the slot table and the
 pool, whose storages never move.
+
+`propose_drafts` replays a pass that goes on to the top-K and every lane's marginal tree
+(core.marginal_trees) and packs both for the step's one copy to the host: tree_drafting then runs the
+host heap only for lanes with guesses to merge.
 
 With `capture=False` (a CPU) the same buffers and the same function run eagerly, so the CPU tests prove
 padded passes give the unpadded logits through exactly the path a replay takes.
@@ -28,6 +32,8 @@ import torch
 from .context_pool import SlotContextPool
 from .head_drafter import HeadDrafter
 from .lanes import SlotLane
+from .marginal_trees import marginal_trees, pack_drafts
+from .tree import TreeSpec, top_k_per_depth
 
 
 def context_buckets(table_width: int, smallest: int = 256) -> tuple[int, ...]:
@@ -45,8 +51,9 @@ class _Bucket:
     inputs: torch.Tensor  # [3, batch]: slot-table rows, context lengths, root tokens
     length: int
     depth: int
+    spec: TreeSpec | None = None  # with a spec the pass also builds the lanes' marginal trees
     graph: object | None = None  # torch.cuda.CUDAGraph once captured
-    out: torch.Tensor | None = None  # the captured pass's logits [batch, depth, V]
+    out: tuple[torch.Tensor, ...] | None = None  # the captured pass's outputs (_pass)
 
 
 class DraftGraphs:
@@ -71,17 +78,31 @@ class DraftGraphs:
     def propose(self, lanes: list[SlotLane], depth: int) -> torch.Tensor | None:
         """HeadDrafter.propose's logits for `lanes`, from the bucket's graph; None when no bucket holds the
         step (more lanes or a longer context than any bucket: the caller drafts eagerly)."""
+        out = self._run(lanes, depth, None)
+        return None if out is None else out[0][: len(lanes)]
+
+    def propose_drafts(self, lanes: list[SlotLane], spec: TreeSpec) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The logits [B, max_depth, V] (on the device) and, on the host, the lanes' top-K and marginal
+        trees packed by core.marginal_trees.pack_drafts: the pass, the top-K and the trees replay as one
+        graph and come back in the step's one copy. None when no bucket holds the step."""
+        out = self._run(lanes, spec.max_depth, spec)
+        if out is None:
+            return None
+        logits, packed = out
+        return logits[: len(lanes)], packed[: len(lanes)].cpu()
+
+    def _run(self, lanes: list[SlotLane], depth: int, spec: TreeSpec | None) -> tuple[torch.Tensor, ...] | None:
         table = lanes[0].slot_table
         batch = self._bucket(self.batch_buckets, len(lanes))
         length = self._bucket(self.context_buckets, max(lane.kv_len for lane in lanes))
         if batch is None or length is None or length > table.shape[1]:
             return None
         self.pool.flush()  # deferred context writes land before the pass reads them (outside the graph)
-        key = (batch, length, depth)
+        key = (batch, length, depth, spec)
         bucket = self._buckets.get(key)
         if bucket is None or bucket.table is not table:
             bucket = self._buckets[key] = _Bucket(
-                table, torch.zeros(3, batch, dtype=torch.long, device=table.device), length, depth
+                table, torch.zeros(3, batch, dtype=torch.long, device=table.device), length, depth, spec
             )
         pad = batch - len(lanes)
         host = torch.tensor(
@@ -94,17 +115,22 @@ class DraftGraphs:
         )
         bucket.inputs.copy_(host, non_blocking=True)
         if not self.capture:
-            return self._pass(bucket)[: len(lanes)]
+            return self._pass(bucket)
         if bucket.graph is None:
             self._capture(bucket)
         bucket.graph.replay()
-        return bucket.out[: len(lanes)]
+        return bucket.out
 
-    def _pass(self, bucket: _Bucket) -> torch.Tensor:
-        """The whole drafting pass from the bucket's buffer: what a graph captures."""
+    def _pass(self, bucket: _Bucket) -> tuple[torch.Tensor, ...]:
+        """The whole drafting pass from the bucket's buffer: what a graph captures. (logits,), or with a
+        spec (logits, the top-K and marginal trees packed)."""
         rows, lengths, roots = bucket.inputs
         context, valid = self.pool.gather(bucket.table, rows, lengths, bucket.length)
-        return self.drafter.block_logits(context, valid, lengths, roots, bucket.depth)
+        logits = self.drafter.block_logits(context, valid, lengths, roots, bucket.depth)
+        if bucket.spec is None:
+            return (logits,)
+        tokens, logprobs = top_k_per_depth(logits, bucket.spec.width, self.drafter.draft_vocab)
+        return logits, pack_drafts(tokens, logprobs, marginal_trees(roots, tokens, logprobs, bucket.spec))
 
     @torch.no_grad()
     def _capture(self, bucket: _Bucket) -> None:

@@ -16,12 +16,12 @@ exactly alike, a beam may keep the other (equally scored) node. Any tree is loss
 differs.
 
 Pure tensor work with no host read and no data-dependent shape (tests/test_marginal_trees.py runs it
-under the step probe's strict mode): what a captured drafting graph can hold on a GPU, where it would
-replace the per-request heap on the host. TODO(issue 56 item 2): not wired into core.draft_graphs yet,
-so no engine calls it. On a host it does not pay: about 150 small tensor ops cost 1.2-1.7 ms a step at
-batch 1 against the heap's 0.1-0.2 ms, and lose at batch 16 too from budget 16 up
-(`python -m bench.tree_build`, bench/results/sglang_cpu/tree-build-fp32-epyc.md), so core.tree_drafting
-keeps build_tree on the host copy of the top-K.
+under the step probe's strict mode): what a captured drafting graph holds on a GPU. core.draft_graphs
+runs it inside the drafting pass and packs the trees with the top-K (`pack_drafts`) for the step's one
+copy to the host, so a lane with nothing to merge skips the per-request heap. On a host it does not pay:
+about 150 small tensor ops cost 1.2-1.7 ms a step at batch 1 against the heap's 0.1-0.2 ms, and lose at
+batch 16 too from budget 16 up (`python -m bench.tree_build`, bench/results/sglang_cpu/tree-build-fp32-epyc.md),
+so the eager path (no draft graphs: every CPU) keeps build_tree on the host copy of the top-K.
 """
 
 from __future__ import annotations
@@ -117,3 +117,21 @@ def marginal_trees(
     out_ranks[:, 1:] = torch.where(real, all_ranks.gather(1, order), 0)
     out_cums[:, 1:] = torch.where(real, all_cum.gather(1, order), 0.0)
     return MarginalTrees(out_tokens, out_parents, out_depths, out_ranks, out_cums.float(), sizes)
+
+
+def pack_drafts(top_tokens: torch.Tensor, top_logprobs: torch.Tensor, trees: MarginalTrees) -> torch.Tensor:
+    """The top-K [B, D, K] and the trees in one float64 tensor [B, 2 D K + 5 budget + 1], for one copy to
+    the host (a GPU syncs at every device-to-host copy). Exact: token ids and node indices are integers
+    below 2**53, log-probs float32."""
+    fields = (top_tokens, top_logprobs, trees.tokens, trees.parents, trees.depths, trees.ranks, trees.cum_logprobs)
+    return torch.cat([f.flatten(1).double() for f in fields] + [trees.sizes.unsqueeze(1).double()], dim=1)
+
+
+def unpack_drafts(packed: torch.Tensor, depth: int, width: int) -> tuple[torch.Tensor, torch.Tensor, MarginalTrees]:
+    """`pack_drafts`' fields back: top-K tokens (long) and log-probs (float32) [B, depth, width], the trees."""
+    batch, top = packed.shape[0], depth * width
+    budget = (packed.shape[1] - 2 * top - 1) // 5
+    tokens, logprobs, rest = packed.split([top, top, 5 * budget + 1], dim=1)
+    nodes = rest[:, :-1].view(batch, 5, budget)
+    trees = MarginalTrees(*(nodes[:, i].long() for i in range(4)), nodes[:, 4].float(), rest[:, -1].long())
+    return tokens.long().view(batch, depth, width), logprobs.float().view(batch, depth, width), trees

@@ -22,6 +22,7 @@ from typing import Protocol
 import torch
 
 from .drawn_children import draw_children, proposals_from_logits
+from .marginal_trees import unpack_drafts
 from .prompt_lookup import (
     Guesses,
     LookupMerge,
@@ -172,19 +173,36 @@ def draft_trees(
     if draws is not None and rounds:
         raise ValueError(f"draws with draft rounds {rounds}: drawn children need the marginal tree (rounds 0)")
     t0 = time.perf_counter()
-    depth_logits = drafter.propose(lanes, spec.max_depth)
+    masked = root_allowed is not None and any(allowed is not None for allowed in root_allowed)
+    replayed = None if masked else graphed_drafts(drafter, lanes, spec)
+    depth_logits = drafter.propose(lanes, spec.max_depth) if replayed is None else replayed[0]
     t1 = settled_clock(depth_logits)
     # lanes need committed_ids only when something is looked up
     forced = forced or [[]] * len(lanes)
     guesses = [lane_guesses(lane, spec, lookup, forced[b]) for b, lane in enumerate(lanes)]
     vocab = getattr(drafter, "draft_vocab", None)
-    if root_allowed is not None and any(allowed is not None for allowed in root_allowed):
+    if masked:
         depth_logits = root_masked(depth_logits, root_allowed, vocab, getattr(drafter, "draft_vocab_host", None))
     # one top-k over the batch and one copy of its result to the host: trees are built there, and a
-    # copy per request would stall a GPU once per request
-    tokens, logprobs = host_top_k(*top_k_per_depth(depth_logits, spec.width, vocab))
+    # copy per request would stall a GPU once per request. A replayed drafting graph built the marginal
+    # trees too (core.draft_graphs): a lane with nothing to merge takes its tree from that same copy.
+    marginal = None
+    if replayed is None:
+        tokens, logprobs = host_top_k(*top_k_per_depth(depth_logits, spec.width, vocab))
+    else:
+        width = min(spec.width, depth_logits.shape[-1])
+        tokens, logprobs, marginal = unpack_drafts(replayed[1], depth_logits.shape[1], width)
+        sizes = marginal.sizes.tolist()  # host data: the packed copy is on the host already
     drafts = [
-        TreeDraft(lane.root_token, tokens[b], logprobs[b], spec, guesses=guesses[b], vocab=vocab)
+        TreeDraft(
+            lane.root_token,
+            tokens[b],
+            logprobs[b],
+            spec,
+            guesses=guesses[b],
+            tree=None if marginal is None or guesses[b] else marginal.tree(b, sizes[b]),
+            vocab=vocab,
+        )
         for b, lane in enumerate(lanes)
     ]
     timing = DraftTiming([t1 - t0], time.perf_counter() - t1)
@@ -198,6 +216,14 @@ def draft_trees(
         trees = drawn_trees(drafts, depth_logits, draws)
         timing.tree_s += time.perf_counter() - start
     return trees, timing
+
+
+def graphed_drafts(drafter: TreeDrafter, lanes: list, spec: TreeSpec) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The drafter's replayed drafting graph for this step (core.draft_graphs.DraftGraphs.propose_drafts:
+    the logits and the host copy of the top-K and marginal trees), or None: no graphs (the eager pass, every
+    CPU) or no bucket holds the step."""
+    graphs = getattr(drafter, "graphs", None)
+    return None if graphs is None else graphs.propose_drafts(lanes, spec)
 
 
 def root_masked(

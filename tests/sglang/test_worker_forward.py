@@ -771,7 +771,8 @@ def test_drafting_through_static_buckets_keeps_greedy_output(fresh, smollm2, sin
     graphs = DraftGraphs(drafter, fresh.context_pool, (1, 2, 4), context_buckets(MAX_LEN, smallest=32), capture=False)
     monkeypatch.setattr(drafter, "graphs", graphs)
     sched = _greedy_equals_plain(fresh, smollm2, (PROMPTS[0], 16), (PROMPTS[2], 12))
-    assert {batch for batch, _, _ in graphs._buckets} == {1, 2} and max(sched.accept_lens) > 1
+    assert {key[0] for key in graphs._buckets} == {1, 2} and max(sched.accept_lens) > 1
+    assert any(key[3] is not None for key in graphs._buckets)  # trees built in the pass (core.marginal_trees)
 
 
 def test_padding_nodes_change_no_seeded_draw(fresh, smollm2, single_thread, monkeypatch, tmp_path):
