@@ -39,34 +39,18 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-# Real-SGLang files that start their own servers (TP pairs, same-allocation runs, the padded and the
-# shipped-defaults servers; plain SGLang at most besides): a second group, so the two workers each run
-# one group of real servers, then share everything else. The rest use the session's shared JETSPEC
-# servers and stay together. One group alone was 55 minutes of a 56-minute suite (2-core AMD EPYC).
-OWN_SERVERS = (
-    "test_real_sglang_tp.py",
-    "test_real_sglang_same_allocation.py",
-    "test_real_sglang_padded_verify.py",
-    "test_real_sglang_defaults.py",
-)
-
-
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
-    """Each real-SGLang group runs on one worker, in order, on that worker's session servers; the
-    other tests go to whichever worker is free. (xdist's own xdist_group marks rename node ids, which
-    pytest 9 no longer lets a plugin do: they group nothing.) The groups are the largest scopes, so
-    xdist hands them out first, one to each worker."""
+    """One worker runs every real-SGLang test, in order, on the session's shared servers; the other
+    worker takes everything else. (xdist's own xdist_group marks rename node ids, which pytest 9 no
+    longer lets a plugin do: they group nothing.)"""
     from xdist.scheduler import LoadScopeScheduling
 
     prefix = f"{Path(os.path.relpath(REAL_SGLANG, config.rootpath)).as_posix()}/"  # node ids are rootdir-relative
 
     class RealServersTogether(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            if not nodeid.startswith(prefix):
-                return nodeid
-            own = nodeid[len(prefix) :].split("::")[0] in OWN_SERVERS
-            return "real-sglang-own-servers" if own else "real-sglang-shared-servers"
+            return "real-sglang-servers" if nodeid.startswith(prefix) else nodeid
 
     return RealServersTogether(config, log)
 
