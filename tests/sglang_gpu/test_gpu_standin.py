@@ -65,12 +65,11 @@ def test_the_committed_carry_list_is_what_the_probe_finds(missing_packages, cuda
     regenerate = "regenerate: python -m bench.gpu.missing_packages --write bench/gpu/requirements.txt"
     # the same distributions; versions must agree where SGLang pins one. An unpinned one (msgspec, say) keeps
     # the version the device staging last ran with: a newer release in this venv is not a defect of the list
-    assert [line.split("==")[0] for line in committed] == [line.split("==")[0] for line in lines], regenerate
-    pinned = {missing_packages.norm(name) for name in missing_packages.sglang_pins()}
-    assert [line for line in committed if line.split("==")[0] in pinned] == [
-        line for line in lines if line.split("==")[0] in pinned
-    ], regenerate
-    carried = {line.split("==")[0] for line in lines}
+    found, listed = (dict(line.split("==") for line in entries) for entries in (lines, committed))
+    assert list(listed) == list(found), regenerate
+    pinned = {missing_packages.norm(name) for name in missing_packages.sglang_pins()} & found.keys()
+    assert {name: listed[name] for name in pinned} == {name: found[name] for name in pinned}, regenerate
+    carried = set(found)
     assert {"sglang", "transformers", "xgrammar", "fastapi"} <= carried  # SGLang itself, a pinned override, two imports
     assert not {"torch", "triton", "numpy", "sglang-kernel", "flashinfer-python"} & carried  # image's, or stood in for
 
