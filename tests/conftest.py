@@ -9,6 +9,9 @@ import pytest
 import torch
 
 REAL_SGLANG = Path(__file__).parent / "sglang_cpu"
+# Real-SGLang files that start only servers of their own (no session server): they run last, as a group of
+# their own, on whichever worker the unit tests leave free first (see pytest_xdist_make_scheduler).
+REAL_SGLANG_TAIL = (REAL_SGLANG / "test_real_sglang_tp.py",)
 
 
 def pytest_configure(config):
@@ -27,10 +30,12 @@ def _real_sglang(item) -> bool:
 
 
 def pytest_collection_modifyitems(config, items):
-    # The real-SGLang tests first: they are the longest stretch (see pytest_xdist_make_scheduler).
-    real = [item for item in items if _real_sglang(item)]
-    chosen = set(real)
-    items[:] = real + [item for item in items if item not in chosen]
+    # The real-SGLang tests on the session's servers first: they are the longest stretch; the tail's
+    # files last (see pytest_xdist_make_scheduler).
+    tail = [item for item in items if Path(item.path) in REAL_SGLANG_TAIL]
+    real = [item for item in items if _real_sglang(item) and item not in tail]
+    chosen = set(real) | set(tail)
+    items[:] = real + [item for item in items if item not in chosen] + tail
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")
@@ -39,23 +44,31 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-# TODO(CI budget, 40 min): this group is the suite's wall: 55 of 56 minutes on a 2-core AMD EPYC
-# (--durations=0, 2026-12-02). Splitting it over both workers was slower (two real-server groups contend
-# for two cores, and shared servers launch twice) and made timing-sensitive tests fail; cut the group's
-# own time instead (fewer server launches, a shorter useless-head load).
+# TODO(CI budget, 40 min): the real-SGLang group is the suite's wall: 55 of 56 minutes on a 2-core AMD
+# EPYC (--durations=0, 2026-12-02), while the unit tests took 36 on the other worker. Splitting the group
+# over both workers from the start was slower (two real-server groups contend for two cores the whole run,
+# and shared servers launch twice) and made timing-sensitive tests fail; so only files with servers of
+# their own (REAL_SGLANG_TAIL) leave the group, and they run after the unit tests, on the worker those free.
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
-    """One worker runs every real-SGLang test, in order, on the session's shared servers; the other
-    worker takes everything else. (xdist's own xdist_group marks rename node ids, which pytest 9 no
-    longer lets a plugin do: they group nothing.)"""
+    """One worker runs the real-SGLang tests on the session's shared servers, in order; the other worker
+    takes the unit tests, then the tail's files (REAL_SGLANG_TAIL), one group. (xdist's own xdist_group
+    marks rename node ids, which pytest 9 no longer lets a plugin do: they group nothing.)"""
     from xdist.scheduler import LoadScopeScheduling
 
-    prefix = f"{Path(os.path.relpath(REAL_SGLANG, config.rootpath)).as_posix()}/"  # node ids are rootdir-relative
+    def relative(path: Path) -> str:  # node ids are rootdir-relative
+        return Path(os.path.relpath(path, config.rootpath)).as_posix()
+
+    prefix, tail = f"{relative(REAL_SGLANG)}/", tuple(f"{relative(path)}::" for path in REAL_SGLANG_TAIL)
 
     class RealServersTogether(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
+            if nodeid.startswith(tail):
+                return "real-sglang-tail"
             return "real-sglang-servers" if nodeid.startswith(prefix) else nodeid
 
+    # groups are handed out in collection order (pytest_collection_modifyitems), not largest first
+    config.option.loadscopereorder = False
     return RealServersTogether(config, log)
 
 

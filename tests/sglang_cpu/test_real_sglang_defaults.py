@@ -8,25 +8,15 @@ from __future__ import annotations
 import threading
 import time
 
-import pytest
 from e2e_client import (
     MAX_NEW,
     generate,
     generate_all,
-    jetspec_args,
     jetspec_state,
     outputs_until_eos,
     samples,
     until_eos,
 )
-
-
-@pytest.fixture(scope="module")
-def shipped_server(servers, smollm2_dir):
-    """JETSPEC with no JETSPEC_POLICY: the packaged policies/default.yaml, nothing pushed."""
-    server = servers.start("jetspec-shipped", jetspec_args(smollm2_dir))
-    yield server
-    servers.stop(server)
 
 
 def test_shipped_defaults_give_plain_sglangs_greedy_tokens_alone_and_four_at_a_time(

@@ -35,12 +35,6 @@ def useless_head(tmp_path_factory):
     return make_useless_head(HEAD, tmp_path_factory.mktemp("useless-head") / "head")
 
 
-def _server(servers, smollm2_dir, name, policy=None, head=None):
-    """JETSPEC with `head` (default: the shipped one) under `policy` (default: the packaged one)."""
-    args = jetspec_args(smollm2_dir, "--enable-metrics", head=head or HEAD)
-    return servers.start(name, args, {"JETSPEC_POLICY": str(policy)} if policy is not None else {})
-
-
 def _bs1(url: str) -> dict:
     return jetspec_state(url)["jetspec_same_allocation"]["bs1"]
 
@@ -59,7 +53,8 @@ def _load_until_decided(url: str, prompts: list[list[int]]) -> tuple[dict, float
 def test_a_useless_head_is_turned_native_and_stays_there_with_plain_tokens(
     servers, smollm2_dir, policy, useless_head, humaneval_ids, hf_greedy, tokenizer
 ):
-    server = _server(servers, smollm2_dir, "jetspec-useless-head", policy, useless_head)
+    args = jetspec_args(smollm2_dir, "--enable-metrics", head=useless_head)
+    server = servers.start("jetspec-useless-head", args, {"JETSPEC_POLICY": str(policy)})
     try:
         state, seconds = _load_until_decided(server.url, humaneval_ids)
         print(f"useless head: {state} after {seconds:.0f} s of load")
@@ -76,14 +71,12 @@ def test_a_useless_head_is_turned_native_and_stays_there_with_plain_tokens(
         servers.stop(server)
 
 
-def test_a_useful_head_stays_on(servers, smollm2_dir, humaneval_ids):
-    """The shipped head and policy on code (bs1: hybrid drafter, adaptive sizing up to 32 nodes). On this
-    harness fixed trees of 16 head-only nodes do not pay at batch 1 (the control measured 0.64x): that is
-    what the useless head's server runs, so there the loss is the head's and the trees' alike."""
-    server = _server(servers, smollm2_dir, "jetspec-useful-head")
-    try:
-        state, seconds = _load_until_decided(server.url, humaneval_ids)
-        print(f"shipped head on code: {state} after {seconds:.0f} s of load")
-        assert state["mode"] == "speculative" and state["gain_low"] > 1.03 and state["flips"] == 0
-    finally:
-        servers.stop(server)
+def test_a_useful_head_stays_on(shipped_server, humaneval_ids):
+    """The shipped head and policy on code (bs1: hybrid drafter, adaptive sizing up to 32 nodes), on the
+    session's shipped server (the shipped-defaults tests' requests may have decided bs1 already: a decision
+    does not flip back). On this harness fixed trees of 16 head-only nodes do not pay at batch 1 (the
+    control measured 0.64x): that is what the useless head's server runs, so there the loss is the head's
+    and the trees' alike."""
+    state, seconds = _load_until_decided(shipped_server.url, humaneval_ids)
+    print(f"shipped head on code: {state} after {seconds:.0f} s of load")
+    assert state["mode"] == "speculative" and state["gain_low"] > 1.03 and state["flips"] == 0
