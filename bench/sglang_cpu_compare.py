@@ -61,7 +61,6 @@ from harness.compare import WARMUP_TEXT, WORKER_PHASES, mean_accept_length, work
 from harness.sglang_cpu import TP2_ENV, jetspec_args, launch
 from harness.sglang_cpu import server_args as harness_server_args
 from sglang_jetspec.cli.bench import prompt_range
-from sglang_jetspec.reference.divergence import first_difference
 
 # JETSPEC under the shipped policy, then with every cohort's drafter and tree sizing changed
 # (jetspec-off: every cohort gated off, the fallback whose tax over plain SGLang an operator pays)
@@ -383,6 +382,8 @@ def interleaved_rounds(configs, repeats, levels, round_slices, start, run):
 
 
 def compare_outputs(result: ConfigResult, outputs, reference, attr: str, divergences: bool) -> None:
+    from sglang_jetspec.reference.divergence import first_difference  # loads torch: not for --help
+
     for p, got, ref in zip(result.passes, outputs, reference):
         at = {i: first_difference(r, g) for i, (r, g) in enumerate(zip(ref, got))}
         setattr(p, attr, sum(v is None for v in at.values()))

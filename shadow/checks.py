@@ -26,8 +26,7 @@ import numpy as np
 import torch
 
 from sglang_jetspec.core.sampling import SamplingParams, processed_probs
-
-DEFAULT_TIE_MARGIN = 0.05
+from shadow.margins import DEFAULT_TIE_MARGIN
 
 # Rank buckets of the emitted token in the processed order: [start, end) ranks, 0 = most likely.
 RANK_EDGES = (0, 1, 2, 4, 8, 16, 64)

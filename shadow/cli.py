@@ -19,7 +19,7 @@ import threading
 from pathlib import Path
 
 from sglang_jetspec.observability.process import add_telemetry_options, serve_metrics, stop_on_signals
-from shadow.checks import DEFAULT_TIE_MARGIN
+from shadow.margins import DEFAULT_TIE_MARGIN
 
 log = logging.getLogger("jetspec.shadow")
 

@@ -374,3 +374,26 @@ def test_console_scripts_and_python_m_paths_answer_help(argv):
     done = subprocess.run([*argv, "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "usage:" in done.stdout
+
+
+# What `--help` imports: the parsers only. torch and transformers take seconds to import (10 s for
+# `jetspec --help` before the training settings left the training code).
+HELP_WITHOUT_TORCH = """
+import sys
+from sglang_jetspec.cli.main import build_parser
+import bench.sglang_cpu_compare
+
+parser = build_parser()
+for heavy in ("torch", "transformers"):
+    assert heavy not in sys.modules, heavy
+# --device auto resolves once a command line is parsed, to what torch sees
+args = parser.parse_args(["bench", "--json", "out.json"])
+import torch
+assert args.device == ("cuda" if torch.cuda.is_available() else "cpu"), args.device
+assert parser.parse_args(["bench", "--json", "out.json", "--device", "cpu"]).device == "cpu"
+"""
+
+
+def test_help_loads_no_torch_and_device_auto_resolves_at_parse():
+    done = subprocess.run([sys.executable, "-c", HELP_WITHOUT_TORCH], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]

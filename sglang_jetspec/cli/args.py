@@ -8,9 +8,8 @@ from __future__ import annotations
 import argparse
 from typing import Callable
 
-from policies.schema import DEFAULT_LOOKUP_ACCEPT
+from policies.schema import DEFAULT_LOOKUP_ACCEPT, TREE_SIZINGS
 
-from ..core.tree_sizing import SIZINGS
 from ..reference.precision import DTYPE_CHOICES
 
 
@@ -50,10 +49,14 @@ def positive_int(text: str) -> int:
     return value
 
 
-def _cuda() -> bool:
+def device_name(text: str) -> str:
+    """--device: `auto` is cuda when torch sees a GPU, else cpu. argparse converts a default only once the
+    command line is parsed, so `--help` never loads torch for it."""
+    if text != "auto":
+        return text
     import torch
 
-    return torch.cuda.is_available()
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def add_target_arguments(parser: argparse.ArgumentParser) -> None:
@@ -69,7 +72,9 @@ def add_target_arguments(parser: argparse.ArgumentParser) -> None:
         help="target and head dtype; auto: bf16 on a GPU or a CPU with AMX-BF16 / AVX512-BF16, else fp32 "
         "(reference/precision.py; the choice and its reason are printed)",
     )
-    parser.add_argument("--device", default="cuda" if _cuda() else "cpu")
+    parser.add_argument(
+        "--device", default="auto", type=device_name, help="torch device (default auto: cuda when visible, else cpu)"
+    )
     parser.add_argument(
         "--attention",
         choices=["sdpa", "triton"],
@@ -186,7 +191,7 @@ SIZING_HELP = (
     "an ordinary decoding step), and the draft "
     "head sits out steps while it does not pay (prompt lookup still proposes)"
 )
-sizing_list = comma_list(str, lambda v: v in SIZINGS, f"one of {', '.join(SIZINGS)}", ",".join(SIZINGS))
+sizing_list = comma_list(str, lambda v: v in TREE_SIZINGS, f"one of {', '.join(TREE_SIZINGS)}", ",".join(TREE_SIZINGS))
 
 
 def add_sizing_argument(parser: argparse.ArgumentParser, several: bool = False, default: str = "fixed") -> None:
@@ -201,5 +206,5 @@ def add_sizing_argument(parser: argparse.ArgumentParser, several: bool = False, 
         )
     else:
         parser.add_argument(
-            "--tree-sizing", choices=SIZINGS, default=default, help=f"(default {default}) " + SIZING_HELP
+            "--tree-sizing", choices=TREE_SIZINGS, default=default, help=f"(default {default}) " + SIZING_HELP
         )

@@ -1,20 +1,41 @@
 """`jetspec train` (distil a draft head), `jetspec draft-vocab` (its reduced draft vocabulary) and
 `jetspec draft-corpus` (its draft corpus): the flags.
 
-The runs themselves are sglang_jetspec/train/command.py, train/vocab_command.py and train/corpus_command.py.
+The runs themselves are sglang_jetspec/train/command.py, train/vocab_command.py and train/corpus_command.py,
+imported when a command runs (they load torch); the flags read their defaults from train/config.py.
 """
 
 from __future__ import annotations
 
-from ..train.command import run as run_train
-from ..train.corpus_command import DEFAULT_MAX_TOKENS
-from ..train.corpus_command import run as run_draft_corpus
-from ..train.data import FEATURE_MODES, REGEN_BACKENDS, RegenerationConfig
-from ..train.objective import LOSSES, REVEALS
-from ..train.trainer import TrainConfig
-from ..train.vocab_command import DEFAULT_SIZE
-from ..train.vocab_command import run as run_draft_vocab
+from ..train.config import (
+    DEFAULT_CORPUS_TOKENS,
+    DEFAULT_VOCAB_SIZE,
+    FEATURE_MODES,
+    LOSSES,
+    REGEN_BACKENDS,
+    REVEALS,
+    RegenerationConfig,
+    TrainConfig,
+)
 from .args import add_target_arguments
+
+
+def run_train(args) -> int:
+    from ..train.command import run
+
+    return run(args)
+
+
+def run_draft_vocab(args) -> int:
+    from ..train.vocab_command import run
+
+    return run(args)
+
+
+def run_draft_corpus(args) -> int:
+    from ..train.corpus_command import run
+
+    return run(args)
 
 
 def register(sub) -> None:
@@ -164,7 +185,7 @@ def register_draft_vocab(sub) -> None:
         "write a head's reduced draft vocabulary from the target's own regenerated outputs",
         "draft_vocab.safetensors",
     )
-    p.add_argument("--size", type=int, default=DEFAULT_SIZE, help="tokens in the draft vocabulary")
+    p.add_argument("--size", type=int, default=DEFAULT_VOCAB_SIZE, help="tokens in the draft vocabulary")
     p.set_defaults(func=run_draft_vocab)
 
 
@@ -176,6 +197,6 @@ def register_draft_corpus(sub) -> None:
         "draft_corpus.safetensors",
     )
     p.add_argument(
-        "--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, help="most tokens kept in all (4 bytes each on disk)"
+        "--max-tokens", type=int, default=DEFAULT_CORPUS_TOKENS, help="most tokens kept in all (4 bytes each on disk)"
     )
     p.set_defaults(func=run_draft_corpus)

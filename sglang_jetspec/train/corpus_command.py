@@ -18,7 +18,6 @@ from pathlib import Path
 from ..core.suffix_store import DRAFT_CORPUS_FILE, SuffixStore, corpus_sequences, likeliest_paths, save_draft_corpus
 from .head_files import head_vocab_size, run_head_file_command, save_with_provenance, split_outputs
 
-DEFAULT_MAX_TOKENS = 1_000_000
 HELDOUT_GUESSES = 4  # depth-1 guesses counted in the held-out hit rate
 
 

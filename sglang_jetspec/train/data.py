@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -28,58 +28,10 @@ from ..core.sampling import SamplingParams
 from ..reference.engine import EngineConfig, ReferenceEngine, Request
 from ..reference.prompts import encode
 from ..reference.target import Segment, TargetModel
+from .config import RegenerationConfig
 
 RESPONSES = "responses.jsonl"
 MANIFEST = "manifest.json"
-
-
-@dataclass(frozen=True)
-class RegenerationConfig:
-    max_new_tokens: int = 96
-    sampled_share: float = 0.25  # share of prompts that also get a sampled response
-    temperature: float = 0.8
-    batch_size: int = 16
-    seed: int = 0
-    dtype: str = "fp32"  # the target's dtype while regenerating and computing teacher features
-    features: str = "teacher-forced"  # or "generation": features captured while generating
-    tap_layers: tuple[int, ...] = ()  # with features="generation": the taps captured (fixed per data dir)
-    backend: str = (
-        "engine"  # or "hf-generate": batched transformers generate + padded feature passes (train/batched_data.py)
-    )
-
-    def __post_init__(self) -> None:
-        if self.features not in FEATURE_MODES:
-            raise ValueError(f"features={self.features!r}: choose one of {FEATURE_MODES}")
-        if self.dtype not in ("fp32", "bf16", "fp16"):
-            raise ValueError(f"dtype={self.dtype!r}: choose fp32, bf16 or fp16")
-        if self.backend not in REGEN_BACKENDS:
-            raise ValueError(f"backend={self.backend!r}: choose one of {REGEN_BACKENDS}")
-        if self.backend == "hf-generate" and self.features != "teacher-forced":
-            raise ValueError(
-                "backend='hf-generate' computes teacher-forced features; "
-                "generation features come from the engine backend"
-            )
-        if self.sampled_share > 1 and self.sampled_share != int(self.sampled_share):
-            raise ValueError(
-                f"sampled_share={self.sampled_share}: above 1 it is a whole number of sampled responses per prompt"
-            )
-        if self.features == "generation" and not self.tap_layers:
-            raise ValueError("features='generation' needs tap_layers (the taps are captured while generating)")
-
-    def as_json(self) -> dict:
-        """The config as its manifest stores it (tuples as lists); `backend` only when it is not the engine,
-        so configs from before it existed keep their digest and data directory."""
-        fields = asdict(self)
-        if fields["backend"] == "engine":
-            del fields["backend"]
-        return json.loads(json.dumps(fields))
-
-    def digest(self) -> str:
-        return hashlib.sha256(json.dumps(self.as_json(), sort_keys=True).encode()).hexdigest()[:8]
-
-
-FEATURE_MODES = ("teacher-forced", "generation")
-REGEN_BACKENDS = ("engine", "hf-generate")
 
 
 def same_regeneration(previous: dict, current: RegenerationConfig) -> bool:

@@ -17,8 +17,7 @@ import random
 import torch
 import torch.nn.functional as F
 
-LOSSES = ("forward_kl", "reverse_kl", "sft")
-REVEALS = ("none", "prefix")
+from .config import LOSSES
 
 
 def training_mask(anchors: torch.Tensor, block_size: int, context_len: int, causal: bool) -> torch.Tensor:

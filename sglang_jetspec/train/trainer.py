@@ -15,9 +15,9 @@ from tqdm import tqdm
 from ..core.head import DraftHead
 from ..core.head_config import HeadConfig
 from ..core.head_io import init_head, save_head
+from .config import TrainConfig
 from .data import Sequence
 from .objective import (
-    REVEALS,
     block_inputs,
     distillation_per_row,
     per_sequence_mean,
@@ -43,39 +43,6 @@ class TrainedRows:
     labels: torch.Tensor
     distance: torch.Tensor
     sequence: torch.Tensor
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    steps: int = 2000
-    seqs_per_step: int = 4
-    blocks_per_seq: int = 8
-    lr: float = 6e-4
-    min_lr_ratio: float = 0.1
-    warmup_steps: int = 100
-    weight_decay: float = 0.01
-    grad_clip: float = 1.0
-    loss: str = "forward_kl"
-    kd_temperature: float = 1.0
-    position_decay: float | None = None
-    heldout_share: float = 0.03
-    eval_every: int = 250
-    save_every: int = 250
-    seed: int = 0
-    bf16: bool = False
-    reveal: str = "none"  # "prefix": blocks may hold true tokens before their masks (tree-causal drafting)
-    all_mask_share: float = 0.5  # with reveal "prefix": share of blocks with nothing revealed
-    init_from_target_layers: tuple[int, ...] = ()  # target layers copied into head layers 0, 1, ... before training
-    time_budget_s: float | None = (
-        None  # fit the run into this wall time: `steps` is lowered after TIMED_STEPS timed steps
-    )
-
-    def __post_init__(self) -> None:
-        if self.reveal not in REVEALS:
-            raise ValueError(f"reveal={self.reveal!r}: choose one of {REVEALS}")
-        if not 0.0 <= self.all_mask_share <= 1.0:
-            raise ValueError(f"all_mask_share={self.all_mask_share}: must be within [0, 1]")
-        object.__setattr__(self, "init_from_target_layers", tuple(self.init_from_target_layers))
 
 
 def copy_target_layers(head: DraftHead, target_model: torch.nn.Module, layer_ids: tuple[int, ...]) -> list[str]:

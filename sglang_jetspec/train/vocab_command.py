@@ -18,7 +18,6 @@ from .head_files import head_vocab_size, run_head_file_command, save_with_proven
 
 # Small enough to cut the draft step's lm_head read, large enough to lose no accept length (the
 # measurements: docs/training.md, "Draft vocabulary and draft corpus").
-DEFAULT_SIZE = 2048
 
 
 def end_token_ids(target_dir: Path | None) -> list[int]:
