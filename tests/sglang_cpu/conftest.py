@@ -1,9 +1,9 @@
 """Real SGLang servers on this CPU (through launch.py and the sgl-kernel stand-in), shared per session.
 
 One plain server and one JETSPEC server (metrics, traces to a gRPC receiver in this process, the admin
-key, a shadow spool) serve every end-to-end test; one JETSPEC server as shipped serves the shipped-defaults
-and same-allocation tests; servers for a single purpose (the negative control, retraction) are
-module-scoped so they stop when their module ends; the two negative controls share one.
+key, a shadow spool) serve every end-to-end test; servers for a single purpose (the negative control,
+retraction, JETSPEC as shipped) are module-scoped so they stop when their module ends (a 2-core, 24 GB
+machine holds about six servers at once); the two negative controls share one.
 Every server sleeps when idle, so the ones waiting for later tests leave the two cores to the ones working.
 """
 
@@ -144,14 +144,6 @@ def controls_server(servers, smollm2_dir, tmp_path_factory) -> LaunchedServer:
         jetspec_args(smollm2_dir, "--enable-metrics"),
         {"JETSPEC_POLICY": str(policy), "JETSPEC_TEST_IGNORE_TREE_MASK": "1"},
     )
-
-
-@pytest.fixture(scope="session")
-def shipped_server(servers, smollm2_dir) -> LaunchedServer:
-    """JETSPEC as shipped: no JETSPEC_POLICY (the packaged policies/default.yaml, its same-allocation
-    control on), the shipped head, nothing pushed; metrics on, which change no step. One launch serves the
-    shipped-defaults identity tests and the test that the control keeps a useful head on."""
-    return servers.start("jetspec-shipped", jetspec_args(smollm2_dir, "--enable-metrics"))
 
 
 @pytest.fixture(scope="session")

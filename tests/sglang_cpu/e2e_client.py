@@ -107,6 +107,27 @@ def jetspec_state(url: str) -> dict:
     return state
 
 
+DECISION_TIMEOUT_S = 240
+
+
+def bs1_control(url: str) -> dict:
+    """The same-allocation control's state of the bs1 cohort."""
+    return jetspec_state(url)["jetspec_same_allocation"]["bs1"]
+
+
+def load_until_decided(url: str, prompts: list[list[int]]) -> tuple[dict, float]:
+    """One request at a time (the bs1 cohort) until bs1's decision is made; (its state, seconds of load)."""
+    started = time.monotonic()
+    i = 0
+    while not bs1_control(url)["decided"]:
+        assert time.monotonic() - started < DECISION_TIMEOUT_S, (
+            f"no decision after {DECISION_TIMEOUT_S} s: {bs1_control(url)}"
+        )
+        generate(url, prompts[i % len(prompts)], max_new_tokens=128)
+        i += 1
+    return bs1_control(url), time.monotonic() - started
+
+
 def live_draft_states(url: str) -> int:
     return jetspec_state(url)["jetspec_live_draft_states"]
 

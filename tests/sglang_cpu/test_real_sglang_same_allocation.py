@@ -1,14 +1,12 @@
 """The server's own same-allocation control in real SGLang (policies/same_allocation.py): with no
 controller attached, a head that cannot pay is turned native on the server's own measurements and stays
-there, a head that pays stays on, and the tokens are plain SGLang's throughout (native blocks are ordinary
-decode steps)."""
+there, and the tokens are plain SGLang's throughout (native blocks are ordinary decode steps). That a head
+that pays stays on is tested on the shipped server (test_real_sglang_defaults.py)."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
-from e2e_client import HEAD, generate, generate_all, jetspec_args, jetspec_state, outputs_until_eos
+from e2e_client import HEAD, bs1_control, generate, generate_all, jetspec_args, load_until_decided, outputs_until_eos
 
 from harness.useless_head import make_useless_head
 
@@ -19,7 +17,6 @@ cohorts:
   - {name: bs2-4, min_batch: 2, max_batch: 4, budgets: [0, 4, 16], default: 16, tree_sizing: fixed}
 head: {max_budget: 16, max_draft_rounds: 0}
 """
-DECISION_TIMEOUT_S = 240
 
 
 @pytest.fixture(scope="module")
@@ -35,28 +32,13 @@ def useless_head(tmp_path_factory):
     return make_useless_head(HEAD, tmp_path_factory.mktemp("useless-head") / "head")
 
 
-def _bs1(url: str) -> dict:
-    return jetspec_state(url)["jetspec_same_allocation"]["bs1"]
-
-
-def _load_until_decided(url: str, prompts: list[list[int]]) -> tuple[dict, float]:
-    """One request at a time (the bs1 cohort) until bs1's decision is made; (its state, seconds of load)."""
-    started = time.monotonic()
-    i = 0
-    while not _bs1(url)["decided"]:
-        assert time.monotonic() - started < DECISION_TIMEOUT_S, f"no decision after {DECISION_TIMEOUT_S} s: {_bs1(url)}"
-        generate(url, prompts[i % len(prompts)], max_new_tokens=128)
-        i += 1
-    return _bs1(url), time.monotonic() - started
-
-
 def test_a_useless_head_is_turned_native_and_stays_there_with_plain_tokens(
     servers, smollm2_dir, policy, useless_head, humaneval_ids, hf_greedy, tokenizer
 ):
     args = jetspec_args(smollm2_dir, "--enable-metrics", head=useless_head)
     server = servers.start("jetspec-useless-head", args, {"JETSPEC_POLICY": str(policy)})
     try:
-        state, seconds = _load_until_decided(server.url, humaneval_ids)
+        state, seconds = load_until_decided(server.url, humaneval_ids)
         print(f"useless head: {state} after {seconds:.0f} s of load")
         assert state["mode"] == "native" and state["gain_high"] < 1.03 and state["flips"] == 0
         # more load: it stays native (re-probing one block in 16), and the tokens are plain SGLang's
@@ -64,19 +46,8 @@ def test_a_useless_head_is_turned_native_and_stays_there_with_plain_tokens(
         assert outputs_until_eos(replies, tokenizer.eos_token_id) == hf_greedy
         for prompt in humaneval_ids[:4]:
             generate(server.url, prompt, max_new_tokens=128)
-        after = _bs1(server.url)
+        after = bs1_control(server.url)
         assert after["mode"] == "native" and after["flips"] == 0
         assert after["blocks"]["speculative"] >= state["blocks"]["speculative"]  # still measured
     finally:
         servers.stop(server)
-
-
-def test_a_useful_head_stays_on(shipped_server, humaneval_ids):
-    """The shipped head and policy on code (bs1: hybrid drafter, adaptive sizing up to 32 nodes), on the
-    session's shipped server (the shipped-defaults tests' requests may have decided bs1 already: a decision
-    does not flip back). On this harness fixed trees of 16 head-only nodes do not pay at batch 1 (the
-    control measured 0.64x): that is what the useless head's server runs, so there the loss is the head's
-    and the trees' alike."""
-    state, seconds = _load_until_decided(shipped_server.url, humaneval_ids)
-    print(f"shipped head on code: {state} after {seconds:.0f} s of load")
-    assert state["mode"] == "speculative" and state["gain_low"] > 1.03 and state["flips"] == 0
