@@ -85,3 +85,28 @@ def test_learners_observe_what_the_step_can_tell_them(settled, adaptive, sized, 
         assert learners.verify_costs.seconds == [pytest.approx(0.040)]  # 2 lanes x 3 rows, the verify's seconds
     if adaptive:  # binding the verify's inputs (5 ms) and acceptance and commit (7 ms)
         assert sizer.overhead.mean_s == {True: pytest.approx(0.012)}
+
+
+def _clock_at(start: float, readings: dict[str, float]) -> StepClock:
+    clock = StepClock("cpu")
+    clock._at = {"start": start, **{phase: start + at for phase, at in readings.items()}}
+    return clock
+
+
+def test_learners_time_the_gap_between_steps_but_not_a_prefill_or_a_wait_between_them():
+    learners = SizingLearners(TreeSizer(), LearnedVerifyCost())
+    adaptive = _drafted(adaptive=True)
+    step_s = READINGS["committed"]  # 72 ms a step
+    learners.observe(_clock_at(0.0, READINGS), adaptive, [])
+    assert learners.sizer.overhead.gap_s is None  # the first step has no previous one
+    learners.observe(_clock_at(step_s + 0.010, READINGS), adaptive, [])  # 10 ms of scheduler between them
+    assert learners.sizer.overhead.gap_s == pytest.approx(0.010)
+    # 50 ms between them is more than half a step: a prefill or an idle wait, not counted
+    learners.observe(_clock_at(2 * step_s + 0.010 + 0.050, READINGS), adaptive, [])
+    assert learners.sizer.overhead.gap_s == pytest.approx(0.010)
+    # a fixed-sizing step teaches no gap, but the next gap is counted from its end
+    learners.observe(_clock_at(3 * step_s + 0.070, READINGS), _drafted(), [])
+    learners.observe(_clock_at(4 * step_s + 0.070 + 0.020, READINGS), adaptive, [])
+    assert learners.sizer.overhead.gap_s == pytest.approx(0.8 * 0.010 + 0.2 * 0.020)
+    # what every step pays: the steps' outside seconds (5 ms binding + 7 ms acceptance and commit) + the gap
+    assert learners.sizer.overhead.every_step_s == pytest.approx(0.012 + 0.012)

@@ -130,6 +130,20 @@ def test_what_a_tree_costs_after_its_verify_is_charged_to_every_tree_not_to_the_
     assert sized.trees[0].size == 1 and not sized.pays
 
 
+def test_what_every_step_pays_is_charged_to_the_roots_too_so_trees_grow():
+    cost = VerifyCost((1, 2, 4), (1.0, 1.2, 1.6), unit_s=0.1)
+    tree = chain([0.6, 0.2])
+    # the verify alone: 2 nodes (1.6 / 1.2 = 1.33) beat 3 (1.8 / 1.4 = 1.29)
+    assert size_trees([tree], cost, draft_steps=0.0).trees[0].size == 2
+    # 2 units every step pays besides its verify: 1.6 / 3.2 = 0.50 < 1.8 / 3.4 = 0.53, the third node pays
+    sized = size_trees([tree], cost, draft_steps=0.0, every_step=2.0)
+    assert sized.trees[0].size == 3 and sized.pays
+    # ...and the roots pay it as well: a draft that costs 1.5 units then still pays (2.8 / 4.9 > 1 / 3),
+    # where next to the verify alone it does not (2.8 / 2.9 < 1 / 1)
+    assert size_trees([tree], cost, draft_steps=1.5, every_step=2.0).pays
+    assert not size_trees([tree], cost, draft_steps=1.5).pays
+
+
 def test_sizing_charges_the_width_a_padded_verify_runs_at():
     cost = VerifyCost((1, 4, 16), (1.0, 1.3, 2.5), unit_s=0.1)
     tree = chain([0.9, 0.5, 0.05, 0.05, 0.05])  # path probabilities of nodes 1..5
@@ -162,8 +176,22 @@ def test_a_sizer_learns_the_overhead_of_a_tree_step_over_a_roots_step():
     sizer.overhead.observe(0.03, verified_tree=True)
     sizer.overhead.observe(0.01, verified_tree=False)
     tree = chain([0.5, 0.1])
-    # rates: roots 1 / 1; 2 nodes 1.5 / (1.2 + 0.2) = 1.07; 3 nodes 1.6 / (1.4 + 0.2) = 1.0
+    # every step pays the roots' 0.01 s = 0.1 units; rates: roots 1 / 1.1; 2 nodes 1.5 / (1.2 + 0.1 + 0.2)
+    # = 1.0; 3 nodes 1.6 / (1.4 + 0.1 + 0.2) = 0.94
+    assert sizer.overhead.every_step_s == pytest.approx(0.01)
     assert sizer.size([tree], spent_s=0.0)[0].size == 2
+
+
+def test_a_sizer_learns_what_every_step_pays_the_gap_between_steps_included():
+    overhead = TreeStepOverhead(decay=0.5)
+    assert overhead.every_step_s == 0.0
+    overhead.observe(0.004, verified_tree=True)
+    assert overhead.every_step_s == pytest.approx(0.004)  # trees alone timed: what each of them pays outside
+    overhead.observe(0.001, verified_tree=False)
+    assert overhead.every_step_s == pytest.approx(0.001)  # the roots' own, once timed
+    overhead.observe_gap(0.010)
+    overhead.observe_gap(0.020)  # moving average: 0.010 + 0.5 (0.020 - 0.010)
+    assert overhead.every_step_s == pytest.approx(0.001 + 0.015)
 
 
 def test_the_gate_backs_off_while_the_head_loses_and_returns_once_it_pays():

@@ -64,6 +64,10 @@ class StepClock:
     def seconds(self, since: str, until: str) -> float:
         return self._at[until] - self._at[since]
 
+    def at(self, boundary: str) -> float:
+        """perf_counter() at `boundary` ("start" or a marked phase end)."""
+        return self._at[boundary]
+
     @property
     def verify_s(self) -> float:
         return self.seconds("bound", "verified")
@@ -103,14 +107,21 @@ class StepClock:
         )
 
 
+# A gap between two steps longer than this share of the later step's own seconds held something else (a
+# prefill, an idle wait, native steps in between): not the scheduler's turn every step pays.
+GAP_SHARE_MAX = 0.5
+
+
 @dataclass
 class SizingLearners:
     """What adaptive sizing learns from an engine's own steps: the verify cost by rows (from every
     settled step, so a cohort that turns adaptive later finds a curve) and, through the sizer, the
-    accepted paths of the trees it cut and the seconds a tree costs after its verify."""
+    accepted paths of the trees it cut, the seconds a tree costs after its verify, and the gap between
+    consecutive steps."""
 
     sizer: TreeSizer
     verify_costs: LearnedVerifyCost
+    last_end: float | None = None  # perf_counter() at the previous observed step's commit
 
     def observe(self, clock: StepClock, drafted: Drafted, results: list) -> None:
         """`results`: each request's acceptance (anything with the accepted `path`, root first)."""
@@ -120,3 +131,8 @@ class SizingLearners:
             self.sizer.observe([result.path for result in results])
         if drafted.adaptive:
             self.sizer.overhead.observe(clock.outside_draft_and_verify_s, verified_tree=drafted.num_nodes > 1)
+            if self.last_end is not None:
+                gap = clock.at("start") - self.last_end
+                if 0.0 <= gap <= GAP_SHARE_MAX * clock.seconds("start", "committed"):
+                    self.sizer.overhead.observe_gap(gap)
+        self.last_end = clock.at("committed")

@@ -158,24 +158,28 @@ def size_trees(
     calibrate: Callable[[torch.Tensor], torch.Tensor] = lambda p: p,
     tree_steps: float = 0.0,
     width: Callable[[int], int] = lambda n: n,
+    every_step: float = 0.0,
 ) -> SizedTrees:
     """Every tree cut to its first n nodes (a smaller tree keeps all of its own), n common to the batch
     because a batched verify pads every lane to the longest tree (the reference engine's forward and
     SGLang's verify alike): n maximises expected committed tokens per unit of step cost,
-    (B + sum of the kept nodes' q) / (V(B W(n)) + D + T [n > 1]). `draft_steps`: D, what the step has spent
-    before sizing (head and tree building) in one-token forwards (cost.unit_s); `tree_steps`: T, what
-    verifying a tree adds outside the verify forward over verifying the roots alone (binding its inputs,
-    acceptance and commit of more rows), same unit; `width`: W, the nodes per lane a verify of n nodes
-    runs (padded to a rung of the verify widths, core.verify_widths); `calibrate`: p -> q."""
+    (B + sum of the kept nodes' q) / (V(B W(n)) + D + C + T [n > 1]). `draft_steps`: D, what the step has
+    spent before sizing (head and tree building) in one-token forwards (cost.unit_s); `every_step`: C, what
+    every step costs besides its draft and its verify forward, the roots alone included (the scheduler's
+    turn between steps, binding, acceptance, commit), same unit: left out, it makes every node look dearer
+    than it is next to the whole step and sizing cuts trees short; `tree_steps`: T, what verifying a tree
+    adds to C (binding, accepting and committing more rows), same unit; `width`: W, the nodes per lane a
+    verify of n nodes runs (padded to a rung of the verify widths, core.verify_widths); `calibrate`: p -> q."""
     lanes = len(trees)
     q = [calibrated_probabilities(tree, calibrate) for tree in trees]
-    best_n, best_rate, best_expected, expected = 1, lanes / (cost(lanes) + draft_steps), 0.0, 0.0
+    roots = cost(lanes) + every_step  # an ordinary step's cost, without a draft
+    best_n, best_rate, best_expected, expected = 1, lanes / (roots + draft_steps), 0.0, 0.0
     for n in range(2, max(tree.size for tree in trees) + 1):
         expected += sum(lane_q[n - 2] for lane_q in q if len(lane_q) >= n - 1)
-        rate = (lanes + expected) / (cost(lanes * width(n)) + draft_steps + tree_steps)
+        rate = (lanes + expected) / (cost(lanes * width(n)) + every_step + draft_steps + tree_steps)
         if rate > best_rate:
             best_n, best_rate, best_expected = n, rate, expected
-    pays = best_rate > lanes / cost(lanes)
+    pays = best_rate > lanes / roots
     return SizedTrees([truncate(tree, best_n) for tree in trees], best_expected, pays)
 
 
@@ -205,19 +209,34 @@ class DraftGate:
 
 class TreeStepOverhead:
     """Seconds a step spends outside its draft and its verify forward (binding the verify's inputs,
-    acceptance, commit, bookkeeping), learned
-    separately for steps that verified a tree and steps that verified the roots alone (exponential
-    moving averages, `decay` the weight of the older average, as LearnedVerifyCost's): their difference
-    is what a tree costs beyond its verify rows, which sizing charges to every n > 1 (0 until both kinds
-    of step are timed)."""
+    acceptance, commit, bookkeeping), learned separately for steps that verified a tree and steps that
+    verified the roots alone, and the gap between one step's end and the next one's start (the engine's
+    scheduler: SGLang's result processing, streaming, batch planning), all exponential moving averages
+    (`decay` the weight of the older average, as LearnedVerifyCost's). The roots-alone steps' seconds plus
+    the gap are what every step pays (`every_step_s`); the difference of the two kinds of step is what a
+    tree costs beyond its verify rows (`extra_s`, 0 until both kinds of step are timed)."""
 
     def __init__(self, decay: float = 0.8) -> None:
         self.decay = decay
         self.mean_s: dict[bool, float] = {}
+        self.gap_s: float | None = None
+
+    def _mean(self, old: float | None, seconds: float) -> float:
+        return seconds if old is None else self.decay * old + (1 - self.decay) * seconds
 
     def observe(self, seconds: float, verified_tree: bool) -> None:
-        old = self.mean_s.get(verified_tree)
-        self.mean_s[verified_tree] = seconds if old is None else self.decay * old + (1 - self.decay) * seconds
+        self.mean_s[verified_tree] = self._mean(self.mean_s.get(verified_tree), seconds)
+
+    def observe_gap(self, seconds: float) -> None:
+        """Seconds from the previous step's commit to this step's start."""
+        self.gap_s = self._mean(self.gap_s, seconds)
+
+    @property
+    def every_step_s(self) -> float:
+        """The roots-alone steps' outside seconds (a tree step's, until a roots-alone step is timed: a
+        sizer that never cuts to the roots still charges what each of its steps pays) plus the gap."""
+        outside = self.mean_s.get(False, self.mean_s.get(True, 0.0))
+        return outside + (self.gap_s or 0.0)
 
     @property
     def extra_s(self) -> float:
@@ -265,6 +284,7 @@ class TreeSizer:
             self._last.scale,
             tree_steps=self.overhead.extra_s / cost.unit_s,
             width=self.width,
+            every_step=self.overhead.every_step_s / cost.unit_s,
         )
         self._kept = sized.trees
         if drafted:
