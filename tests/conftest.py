@@ -45,7 +45,8 @@ def pytest_collection_modifyitems(config, items):
 
 
 # TODO(CI budget, 40 min): the real-SGLang group is the suite's wall: 55 of 56 minutes on a 2-core AMD
-# EPYC (--durations=0, 2026-12-02), while the unit tests took 36 on the other worker. Splitting the group
+# EPYC (--durations=0, 2026-12-02), while the unit tests took 36 on the other worker; with the TP file in
+# the tail, 50 minutes in all (the group 49, TP 15 beside it, the CPU 80% busy on average). Splitting the group
 # over both workers from the start was slower (two real-server groups contend for two cores the whole run,
 # and shared servers launch twice) and made timing-sensitive tests fail; so only files with servers of
 # their own (REAL_SGLANG_TAIL) leave the group, and they run after the unit tests, on the worker those free.
