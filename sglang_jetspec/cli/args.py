@@ -6,6 +6,7 @@ Imports no subcommand module, so every subcommand (cli/*.py) can build on it.
 from __future__ import annotations
 
 import argparse
+import importlib
 from typing import Callable
 
 from policies.schema import DEFAULT_LOOKUP_ACCEPT, TREE_SIZINGS
@@ -47,6 +48,16 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: must be an integer >= 1")
     return value
+
+
+def run_of(module: str) -> Callable[[argparse.Namespace], int]:
+    """A subcommand's `func`: `module`'s `run(args)` (relative to sglang_jetspec), imported when the command
+    runs, so building the parser (`--help`) loads none of the heavy code behind it."""
+
+    def run(args: argparse.Namespace) -> int:
+        return importlib.import_module(module, "sglang_jetspec").run(args)
+
+    return run
 
 
 def device_name(text: str) -> str:

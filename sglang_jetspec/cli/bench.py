@@ -14,6 +14,7 @@ from .args import (
     add_tree_arguments,
     comma_list,
     positive_int,
+    run_of,
 )
 
 METHODS = ("jetspec", "dflash", "chain", "lookup", "hybrid")
@@ -91,7 +92,7 @@ def register_gap(sub) -> None:
     p.add_argument("--json", required=True, help="write the header, every cell's summary and the raw gaps here")
     p.add_argument("--markdown", help="also write a markdown table here")
     p.add_argument("--plot", help="also write a PNG of the gap distributions (empirical CDFs) here")
-    p.set_defaults(func=_run_gap)
+    p.set_defaults(func=run_of(".evaluation.gap"))
 
 
 def register(sub) -> None:
@@ -107,7 +108,9 @@ def register(sub) -> None:
         help="0 = greedy; sampled requests get per-request seeds",
     )
     add_sizing_argument(p, several=True)
-    p.set_defaults(func=_run, dtype="auto")  # timings in this machine's best dtype unless --dtype says otherwise
+    p.set_defaults(
+        func=run_of(".evaluation.run"), dtype="auto"
+    )  # timings in this machine's best dtype unless --dtype says otherwise
 
 
 def register_replay(sub) -> None:
@@ -118,22 +121,4 @@ def register_replay(sub) -> None:
     )
     _drafting_arguments(p)
     p.add_argument("--ar-batch-size", type=positive_int, default=8, help="batch size of the autoregressive run")
-    p.set_defaults(func=_run_replay)
-
-
-def _run(args) -> int:
-    from ..evaluation.run import run
-
-    return run(args)
-
-
-def _run_gap(args) -> int:
-    from ..evaluation.gap import run
-
-    return run(args)
-
-
-def _run_replay(args) -> int:
-    from ..evaluation.replay import run
-
-    return run(args)
+    p.set_defaults(func=run_of(".evaluation.replay"))

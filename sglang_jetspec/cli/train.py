@@ -17,25 +17,7 @@ from ..train.config import (
     RegenerationConfig,
     TrainConfig,
 )
-from .args import add_target_arguments
-
-
-def run_train(args) -> int:
-    from ..train.command import run
-
-    return run(args)
-
-
-def run_draft_vocab(args) -> int:
-    from ..train.vocab_command import run
-
-    return run(args)
-
-
-def run_draft_corpus(args) -> int:
-    from ..train.corpus_command import run
-
-    return run(args)
+from .args import add_target_arguments, run_of
 
 
 def register(sub) -> None:
@@ -159,7 +141,7 @@ def register(sub) -> None:
         help="fine-tune: start from this head directory's weights (same layers, block size and taps; "
         "ignored when --resume finds a checkpoint)",
     )
-    p.set_defaults(func=run_train)
+    p.set_defaults(func=run_of(".train.command"))
 
 
 def _head_file_parser(sub, name: str, help_text: str, file_name: str):
@@ -186,7 +168,7 @@ def register_draft_vocab(sub) -> None:
         "draft_vocab.safetensors",
     )
     p.add_argument("--size", type=int, default=DEFAULT_VOCAB_SIZE, help="tokens in the draft vocabulary")
-    p.set_defaults(func=run_draft_vocab)
+    p.set_defaults(func=run_of(".train.vocab_command"))
 
 
 def register_draft_corpus(sub) -> None:
@@ -199,4 +181,4 @@ def register_draft_corpus(sub) -> None:
     p.add_argument(
         "--max-tokens", type=int, default=DEFAULT_CORPUS_TOKENS, help="most tokens kept in all (4 bytes each on disk)"
     )
-    p.set_defaults(func=run_draft_corpus)
+    p.set_defaults(func=run_of(".train.corpus_command"))
