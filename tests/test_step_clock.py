@@ -79,12 +79,13 @@ def test_learners_observe_what_the_step_can_tell_them(settled, adaptive, sized, 
     results = [AcceptResult(path=[0, 1], tokens=[6, 8]), AcceptResult(path=[0], tokens=[3])]
     learners.observe(_clock(READINGS, "cpu" if settled else None), drafted, results)
     calibrated = sizer.calibration.factors != TreeSizer().calibration.factors
-    learned = (learners.verify_costs.rows == [6], calibrated, bool(sizer.overhead.mean_s))
+    learned = (learners.verify_costs.by_rows.counts == [6], calibrated, bool(sizer.overheads))
     assert learned == expect
     if settled:
-        assert learners.verify_costs.seconds == [pytest.approx(0.040)]  # 2 lanes x 3 rows, the verify's seconds
+        own = learners.verify_costs.by_lanes[2]  # 2 lanes of 3 nodes, the verify's seconds
+        assert own.counts == [3] and own.seconds == [pytest.approx(0.040)]
     if adaptive:  # binding the verify's inputs (5 ms) and acceptance and commit (7 ms)
-        assert sizer.overhead.mean_s == {True: pytest.approx(0.012)}
+        assert sizer.overheads[2].mean_s == {True: pytest.approx(0.012)}  # the 2 lanes' own
 
 
 def _clock_at(start: float, readings: dict[str, float]) -> StepClock:
@@ -98,15 +99,15 @@ def test_learners_time_the_gap_between_steps_but_not_a_prefill_or_a_wait_between
     adaptive = _drafted(adaptive=True)
     step_s = READINGS["committed"]  # 72 ms a step
     learners.observe(_clock_at(0.0, READINGS), adaptive, [])
-    assert learners.sizer.overhead.gap_s is None  # the first step has no previous one
+    assert learners.sizer.overheads[2].gap_s is None  # the first step has no previous one
     learners.observe(_clock_at(step_s + 0.010, READINGS), adaptive, [])  # 10 ms of scheduler between them
-    assert learners.sizer.overhead.gap_s == pytest.approx(0.010)
+    assert learners.sizer.overheads[2].gap_s == pytest.approx(0.010)
     # 50 ms between them is more than half a step: a prefill or an idle wait, not counted
     learners.observe(_clock_at(2 * step_s + 0.010 + 0.050, READINGS), adaptive, [])
-    assert learners.sizer.overhead.gap_s == pytest.approx(0.010)
+    assert learners.sizer.overheads[2].gap_s == pytest.approx(0.010)
     # a fixed-sizing step teaches no gap, but the next gap is counted from its end
     learners.observe(_clock_at(3 * step_s + 0.070, READINGS), _drafted(), [])
     learners.observe(_clock_at(4 * step_s + 0.070 + 0.020, READINGS), adaptive, [])
-    assert learners.sizer.overhead.gap_s == pytest.approx(0.8 * 0.010 + 0.2 * 0.020)
+    assert learners.sizer.overheads[2].gap_s == pytest.approx(0.8 * 0.010 + 0.2 * 0.020)
     # what every step pays: the steps' outside seconds (5 ms binding + 7 ms acceptance and commit) + the gap
-    assert learners.sizer.overhead.every_step_s == pytest.approx(0.012 + 0.012)
+    assert learners.sizer.overheads[2].every_step_s == pytest.approx(0.012 + 0.012)

@@ -173,13 +173,26 @@ def test_a_sizer_learns_the_overhead_of_a_tree_step_over_a_roots_step():
     assert overhead.extra_s == 0.0
     # the sizer charges it in its own unit: 0.02 s over unit 0.1 s = tree_steps 0.2
     sizer = TreeSizer(VerifyCost((1, 2, 4), (1.0, 1.2, 1.6), unit_s=0.1))
-    sizer.overhead.observe(0.03, verified_tree=True)
-    sizer.overhead.observe(0.01, verified_tree=False)
+    sizer.overhead_at(1).observe(0.03, verified_tree=True)
+    sizer.overhead_at(1).observe(0.01, verified_tree=False)
     tree = chain([0.5, 0.1])
     # every step pays the roots' 0.01 s = 0.1 units; rates: roots 1 / 1.1; 2 nodes 1.5 / (1.2 + 0.1 + 0.2)
     # = 1.0; 3 nodes 1.6 / (1.4 + 0.1 + 0.2) = 0.94
-    assert sizer.overhead.every_step_s == pytest.approx(0.01)
+    assert sizer.overhead_for(1).every_step_s == pytest.approx(0.01)
     assert sizer.size([tree], spent_s=0.0)[0].size == 2
+
+
+def test_each_lane_count_is_charged_its_own_overhead_or_the_nearest_timed_one():
+    sizer = TreeSizer()
+    assert sizer.overhead_for(4).every_step_s == 0.0 and not sizer.overheads  # nothing timed: nothing charged
+    sizer.overhead_at(1).observe(0.002, verified_tree=False)
+    sizer.overhead_at(16).observe(0.040, verified_tree=False)
+    assert sizer.overhead_for(1).every_step_s == pytest.approx(0.002)
+    assert sizer.overhead_for(4).every_step_s == pytest.approx(0.002)  # nearer one lane than 16
+    assert sizer.overhead_for(12).every_step_s == pytest.approx(0.040)
+    sizer.overhead_at(4).observe(0.010, verified_tree=False)
+    assert sizer.overhead_for(4).every_step_s == pytest.approx(0.010)  # its own, once timed
+    assert sizer.overhead_for(1).every_step_s == pytest.approx(0.002)  # one lane's unchanged by 4 lanes'
 
 
 def test_a_sizer_learns_what_every_step_pays_the_gap_between_steps_included():
@@ -326,7 +339,7 @@ def _fixed_step_costs(monkeypatch) -> None:
     the timed verifies came out uneven enough to make wider trees look cheap (5.8 nodes a lane for a
     random head, checked with a 2-thread load beside it). The learning is tested on its own below."""
     monkeypatch.setattr(reference_engine, "verify_cost", lambda target, taps=(): SMOLLM2_FP32)
-    monkeypatch.setattr(LearnedVerifyCost, "observe", lambda self, rows, seconds: None)
+    monkeypatch.setattr(LearnedVerifyCost, "observe", lambda self, lanes, nodes, seconds: None)
     monkeypatch.setattr(TreeStepOverhead, "observe", lambda self, seconds, verified_tree: None)
 
 
@@ -393,11 +406,10 @@ def test_the_engine_sizes_with_the_verify_cost_its_own_steps_teach(smollm2, untr
     engine = ReferenceEngine(
         smollm2, untrained_drafter, EngineConfig(tree_width=4, max_batch_size=2, tree_sizing="adaptive")
     )
-    assert engine.learners.sizer.cost is None and engine.learners.verify_costs.seconds == pytest.approx(
-        [10.0, 15.0, 43.5]
-    )
+    by_rows = engine.learners.verify_costs.by_rows
+    assert engine.learners.sizer.cost is None and by_rows.seconds == pytest.approx([10.0, 15.0, 43.5])
     engine.generate(workload[:2], budget=16)
-    learned = dict(zip(engine.learners.verify_costs.rows, engine.learners.verify_costs.seconds))
+    learned = dict(zip(by_rows.counts, by_rows.seconds))
     timed = {rows: seconds for rows, seconds in learned.items() if rows % 2 == 0}
     assert timed and max(timed.values()) < 1.0  # two lanes' verify passes as timed, not the seconds the seed implies
     assert [learned[1], learned[3], learned[63]] == pytest.approx([10.0, 15.0, 43.5])  # never verified: still the seed

@@ -4,7 +4,7 @@ SGLang worker).
 A step runs the same phases in both engines: draft (the head and the trees: `Drafted`), bind (the
 verify's inputs: positions, masks, grammar rows), verify (the target's forward and its logits), accept
 and commit. The engine marks each boundary on a `StepClock`; the clock's readings make the step's
-StepRecord and feed adaptive sizing's learners (`SizingLearners`): the verify cost by rows, the
+StepRecord and feed adaptive sizing's learners (`SizingLearners`): the verify cost by lane count, the
 accepted paths of sized trees, and what a tree costs after its verify.
 """
 
@@ -114,7 +114,7 @@ GAP_SHARE_MAX = 0.5
 
 @dataclass
 class SizingLearners:
-    """What adaptive sizing learns from an engine's own steps: the verify cost by rows (from every
+    """What adaptive sizing learns from an engine's own steps: the verify cost by lane count (from every
     settled step, so a cohort that turns adaptive later finds a curve) and, through the sizer, the
     accepted paths of the trees it cut, the seconds a tree costs after its verify, and the gap between
     consecutive steps."""
@@ -126,13 +126,14 @@ class SizingLearners:
     def observe(self, clock: StepClock, drafted: Drafted, results: list) -> None:
         """`results`: each request's acceptance (anything with the accepted `path`, root first)."""
         if clock.settled:
-            self.verify_costs.observe(len(drafted.trees) * drafted.num_nodes, clock.verify_s)
+            self.verify_costs.observe(len(drafted.trees), drafted.num_nodes, clock.verify_s)
         if drafted.sized:
             self.sizer.observe([result.path for result in results])
         if drafted.adaptive:
-            self.sizer.overhead.observe(clock.outside_draft_and_verify_s, verified_tree=drafted.num_nodes > 1)
+            overhead = self.sizer.overhead_at(len(drafted.trees))
+            overhead.observe(clock.outside_draft_and_verify_s, verified_tree=drafted.num_nodes > 1)
             if self.last_end is not None:
                 gap = clock.at("start") - self.last_end
                 if 0.0 <= gap <= GAP_SHARE_MAX * clock.seconds("start", "committed"):
-                    self.sizer.overhead.observe_gap(gap)
+                    overhead.observe_gap(gap)
         self.last_end = clock.at("committed")

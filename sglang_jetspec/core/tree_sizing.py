@@ -263,7 +263,9 @@ class TreeSizer:
         self.calibration = calibration or BandedCalibration()
         self.headless_calibration = headless_calibration or BandedCalibration()
         self.gate = gate or DraftGate()
-        self.overhead = TreeStepOverhead()
+        # what a step pays besides its draft and verify, per lane count: binding, accepting and committing
+        # 16 lanes costs several times one lane's, and a server moves between loads (as LearnedVerifyCost)
+        self.overheads: dict[int, TreeStepOverhead] = {}
         self._kept: list[DraftTree] = []
         self._last = self.calibration
 
@@ -277,19 +279,32 @@ class TreeSizer:
         if cost is None:
             raise ValueError("no verify cost: build the TreeSizer with one or pass this step's")
         self._last = self.calibration if drafted else self.headless_calibration
+        overhead = self.overhead_for(len(trees))
         sized = size_trees(
             trees,
             cost,
             spent_s / cost.unit_s,
             self._last.scale,
-            tree_steps=self.overhead.extra_s / cost.unit_s,
+            tree_steps=overhead.extra_s / cost.unit_s,
             width=self.width,
-            every_step=self.overhead.every_step_s / cost.unit_s,
+            every_step=overhead.every_step_s / cost.unit_s,
         )
         self._kept = sized.trees
         if drafted:
             self.gate.observe(sized.pays)
         return sized.trees
+
+    def overhead_at(self, lanes: int) -> TreeStepOverhead:
+        """The overhead `lanes` lanes' steps teach."""
+        return self.overheads.setdefault(lanes, TreeStepOverhead())
+
+    def overhead_for(self, lanes: int) -> TreeStepOverhead:
+        """The overhead sizing charges `lanes` lanes: their own once any of their steps was timed, else
+        the nearest lane count's (the fewer lanes on a tie), else nothing."""
+        timed = [n for n, overhead in self.overheads.items() if overhead.mean_s]
+        if not timed:
+            return TreeStepOverhead()
+        return self.overheads[min(timed, key=lambda n: (abs(n - lanes), n))]
 
     def observe(self, paths: list[list[int]]) -> None:
         """After acceptance of the last sized step: each lane's accepted node indices (root first)."""

@@ -651,18 +651,19 @@ def test_an_adaptive_cohort_times_both_ends_of_its_verify_cost_then_sizes_and_st
     # an ordinary step, then the full tree, then what the learned curve says pays (never more than the budget)
     assert counts[:2] == [1, 16] and max(counts[2:]) <= 16
     costs = fresh.learners.verify_costs
-    assert costs.rows[0] == 1 and 16 in costs.rows and costs.probe(1, 16) is None
+    assert costs.by_lanes[1].counts[0] == 1 and 16 in costs.by_lanes[1].counts and costs.probe(1, 16) is None
     # both kinds of step timed after their verify: what a tree costs beyond the roots is charged from then on
-    assert set(fresh.learners.sizer.overhead.mean_s) == {True, False} and fresh.learners.sizer.overhead.extra_s >= 0
+    overhead = fresh.learners.sizer.overheads[1]  # one request: one lane's
+    assert set(overhead.mean_s) == {True, False} and overhead.extra_s >= 0
 
 
 def test_an_adaptive_cohort_on_a_costly_verify_keeps_the_roots_and_rests_the_head(
     fresh, smollm2, single_thread, monkeypatch, tmp_path
 ):
     fresh.policy_control = _one_budget(tmp_path, 16, tree_sizing="adaptive")
-    for rows, seconds in ((1, 0.01), (64, 0.704)):  # every added row costs more than a whole step: no draft pays
-        fresh.learners.verify_costs.observe(rows, seconds)
-    monkeypatch.setattr(fresh.learners.verify_costs, "observe", lambda rows, seconds: None)  # the curve stays as set
+    for nodes, seconds in ((1, 0.01), (64, 0.704)):  # every added node costs more than a whole step: no draft pays
+        fresh.learners.verify_costs.observe(1, nodes, seconds)
+    monkeypatch.setattr(fresh.learners.verify_costs, "observe", lambda lanes, nodes, seconds: None)  # stays as set
     counts = _verified_node_counts(fresh, monkeypatch)
     head_steps, real = [], tree_drafting_module.draft_trees
     monkeypatch.setattr(tree_drafting_module, "draft_trees", lambda *a, **k: head_steps.append(1) or real(*a, **k))
