@@ -1,10 +1,12 @@
 """Adaptive tree sizing (core/tree_sizing.py): which nodes a step verifies, and that it stays lossless."""
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
 
+from sglang_jetspec.core import tree_drafting
 from sglang_jetspec.core.learned_verify_cost import LearnedVerifyCost
 from sglang_jetspec.core.prompt_lookup import LookupMerge
 from sglang_jetspec.core.sampling import SamplingParams
@@ -13,6 +15,7 @@ from sglang_jetspec.core.tree_drafting import FORCED_LOGPROB, headless_trees
 from sglang_jetspec.core.tree_sizing import (
     AcceptCalibration,
     BandedCalibration,
+    DraftDepth,
     DraftGate,
     TreeSizer,
     TreeStepOverhead,
@@ -205,6 +208,46 @@ def test_a_sizer_learns_what_every_step_pays_the_gap_between_steps_included():
     overhead.observe_gap(0.010)
     overhead.observe_gap(0.020)  # moving average: 0.010 + 0.5 (0.020 - 0.010)
     assert overhead.every_step_s == pytest.approx(0.001 + 0.015)
+
+
+def test_the_head_drafts_as_deep_as_recent_steps_kept_plus_headroom_per_lane_count():
+    depth = DraftDepth(window=3, headroom=2, rungs=(3, 5, 7, 11))
+    for kept in (4, 2, 3):
+        assert depth.depth(lanes=4, bound=15) == 15  # until a window of drafted steps is seen: the whole bound
+        depth.observe([chain([0.9] * kept), chain([0.5])] + [chain([])] * 2)
+    assert depth.depth(4, bound=15) == 7  # deepest kept 4, + 2 = 6: the rung 7
+    assert depth.depth(4, bound=3) == 3  # never deeper than the budget allows
+    assert depth.depth(1, bound=15) == 15  # another lane count keeps its own evidence
+    depth.observe([chain([0.9] * 7)] + [chain([])] * 3)  # a tree kept down to the bound: the next draft deepens
+    assert depth.depth(4, bound=15) == 11
+    for _ in range(3):
+        depth.observe([chain([0.9])] * 4)
+    assert depth.depth(4, bound=15) == 3  # the window moved on: shallow trees, shallow drafts
+    depth.observe([chain([0.9] * 10)] * 4)
+    assert depth.depth(4, bound=15) == 15  # 12 is past every rung: the bound
+    for bad in ({"window": 0}, {"headroom": 0}, {"rungs": (5, 3)}, {"rungs": ()}):
+        with pytest.raises(ValueError, match="rungs"):
+            DraftDepth(**bad)
+
+
+def test_a_sized_step_drafts_to_the_depth_its_sizer_names(monkeypatch):
+    """step_trees passes the head the sizer's draft depth: after a window of steps keeping 4 depths the
+    head is asked for 7 (4 + 2, the next rung), not the budget's 15."""
+    asked = []
+
+    def fake_draft_trees(drafter, lanes, spec, *args, **kwargs):
+        asked.append(spec.max_depth)
+        return [chain([0.95] * min(4, spec.max_depth)) for _ in lanes], tree_drafting.DraftTiming([], 0.0)
+
+    monkeypatch.setattr(tree_drafting, "draft_trees", fake_draft_trees)
+    sizer = TreeSizer(VerifyCost((1, 64), (1.0, 1.01), unit_s=0.1))  # next to free: every node is kept
+    lanes = [SimpleNamespace(root_token=1)] * 2
+    spec = tree_drafting.budget_spec(max_depth=15, budget=16, width=2)
+    for _ in range(sizer.draft_depth.window + 1):
+        trees, _ = tree_drafting.step_trees(None, lanes, spec, sizer=sizer)
+        assert [tree.size for tree in trees] == [5, 5]
+    assert asked == [15] * sizer.draft_depth.window + [7]
+    assert tree_drafting.step_trees(None, lanes, spec)[0][0].size == 5 and asked[-1] == 15  # unsized: the budget's
 
 
 def test_the_gate_backs_off_while_the_head_loses_and_returns_once_it_pays():

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import torch
@@ -283,6 +283,8 @@ def step_trees(
     drafting_lanes = [lanes[i] for i in drafting]
     head_runs = sizer is None or sizer.gate.should_draft()
     if head_runs:
+        if sizer is not None:  # the head drafts no deeper than sizing has been keeping
+            spec = replace(spec, max_depth=sizer.draft_depth.depth(len(lanes), spec.max_depth))
         draws = sampled_draws(drafting_lanes, draw, rounds)
         drafted, timing = draft_trees(
             drafter, drafting_lanes, spec, rounds, lookup, draws, root_allowed=root_allowed, forced=forced
