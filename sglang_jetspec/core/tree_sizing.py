@@ -269,7 +269,7 @@ class DraftDepth:
 
     def observe(self, trees: list[DraftTree]) -> None:
         """The trees sizing kept on a step the head drafted."""
-        deepest = max(int(tree.depths.max()) for tree in trees)
+        deepest = int(torch.cat([tree.depths for tree in trees]).max())  # one reduction, flat in batch size
         self.kept.setdefault(len(trees), deque(maxlen=self.window)).append(deepest)
 
     def depth(self, lanes: int, bound: int) -> int:
