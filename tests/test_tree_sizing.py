@@ -88,14 +88,14 @@ def test_the_best_prefix_is_chosen_by_rate_including_the_draft_cost():
 def test_calibration_scales_the_draft_probabilities():
     cost = VerifyCost((1, 2, 4), (1.0, 1.2, 1.6), unit_s=0.1)
     assert size_trees([chain([0.6, 0.4, 0.3])], cost, 0.0).trees[0].size == 4
-    assert size_trees([chain([0.6, 0.4, 0.3])], cost, 0.0, calibrate=lambda p: 0.25 * p).trees[0].size == 1
+    assert size_trees([chain([0.6, 0.4, 0.3])], cost, 0.0, calibrate=lambda p, d: 0.25 * p).trees[0].size == 1
 
 
 def test_a_node_is_scored_by_its_calibrated_probability_given_its_parent_times_its_parents_score():
     tree = chain([0.6, 0.3, 0.2])
     assert conditional_probabilities(tree).tolist() == pytest.approx([0.6, 0.5, 2 / 3])
-    assert calibrated_probabilities(tree, lambda r: r) == pytest.approx([0.6, 0.3, 0.2])
-    assert calibrated_probabilities(tree, lambda r: 0.5 * r) == pytest.approx([0.3, 0.075, 0.025])
+    assert calibrated_probabilities(tree, lambda r, d: r) == pytest.approx([0.6, 0.3, 0.2])
+    assert calibrated_probabilities(tree, lambda r, d: 0.5 * r) == pytest.approx([0.3, 0.075, 0.025])
 
 
 def test_a_batch_verifies_one_node_count_chosen_over_all_lanes():
@@ -323,11 +323,30 @@ def test_calibration_follows_what_the_target_accepts_within_its_bounds():
 def test_each_band_of_draft_probability_learns_its_own_factor():
     cal = BandedCalibration(edges=(0.5,), decay=0.0, prior=1.0)
     p = torch.tensor([0.9, 0.8, 0.3, 0.2, 0.1], dtype=torch.float64)
-    cal.observe(p, torch.tensor([True, True, False, False, False]))
+    cal.observe(p, torch.ones(5, dtype=torch.long), torch.tensor([True, True, False, False, False]))
     assert cal.factors == pytest.approx([1.0, 0.1])  # the sure band right (capped at 1), the unsure one wrong (floor)
-    assert cal.scale(torch.tensor([0.7, 0.4], dtype=torch.float64)).tolist() == pytest.approx([0.7, 0.04])
+    one = torch.ones(2, dtype=torch.long)
+    assert cal.scale(torch.tensor([0.7, 0.4], dtype=torch.float64), one).tolist() == pytest.approx([0.7, 0.04])
     with pytest.raises(ValueError, match="descending"):
         BandedCalibration(edges=(0.2, 0.5))
+    with pytest.raises(ValueError, match="depth class"):
+        BandedCalibration(depths=0)
+
+
+def test_each_depth_class_learns_its_own_factor_and_reads_the_pooled_one_until_it_has_evidence():
+    """First-level guesses overconfident, deeper ones not (chat, issue 59): one factor per band averages
+    them; a class with no evidence of its own (never tried) reads the band's pooled factor."""
+    cal = BandedCalibration(edges=(0.5,), decay=0.0, prior=1.0, depths=3)
+    p = torch.full((6,), 0.6, dtype=torch.float64)
+    depth = torch.tensor([1, 1, 1, 1, 2, 2])
+    cal.observe(p, depth, torch.tensor([False, False, False, True, True, True]))
+    assert cal.factors == pytest.approx([3 / 3.6, 1.0])  # pooled: 3 accepted of 3.6 predicted
+    depth_1, depth_2, depth_3 = cal.depth_factors
+    # own sums plus one token of the pooled factor: (1 + 5/6) / (2.4 + 1), (2 + 5/6) / (1.2 + 1) capped at 1
+    assert depth_1 == pytest.approx([(1 + 5 / 6) / 3.4, 1.0]) and depth_2 == pytest.approx([1.0, 1.0])
+    assert depth_3 == pytest.approx([5 / 6, 1.0])  # never tried: the pooled factor
+    scaled = cal.scale(torch.tensor([0.6, 0.6, 0.6], dtype=torch.float64), torch.tensor([1, 2, 7]))
+    assert scaled.tolist() == pytest.approx([0.6 * (1 + 5 / 6) / 3.4, 0.6, 0.6 * 5 / 6])  # depth 7: the last class
 
 
 def test_a_sizer_learns_from_the_nodes_the_target_accepted():

@@ -10,10 +10,11 @@ longest tree, so a lane cut shorter than the others saves nothing) and chosen to
 
     (B + sum of the kept nodes' q_i) / (V(B n) + D),
 
-where q_i = q_parent x c(r_i) r_i, r_i the draft's probability of node i given its parent, rescales the
-draft by what the target actually accepted of verified nodes whose parent it accepted, in the same
-band of r (BandedCalibration: a head is overconfident by a different factor at r = 0.9 than at
-r = 0.1, and a prompt-lookup guess is scored by its own tuned rate). n = 1 verifies the roots alone:
+where q_i = q_parent x c(r_i, d_i) r_i, r_i the draft's probability of node i given its parent, rescales
+the draft by what the target actually accepted of verified nodes whose parent it accepted, in the same
+band of r and, where it has evidence, the same class of depth d_i (BandedCalibration: a head is
+overconfident by a different factor at r = 0.9 than at r = 0.1, and at depth 1 than deeper; a
+prompt-lookup guess is scored by its own tuned rate). n = 1 verifies the roots alone:
 an ordinary decoding step, what a step whose drafts are all unsure should cost. Lossless: the set of
 nodes verified never changes what the target accepts among them.
 
@@ -75,7 +76,14 @@ class AcceptCalibration:
 
     @property
     def factor(self) -> float:
+        if self.predicted <= 0:  # no prior and no evidence yet
+            return 1.0
         return min(1.0, max(self.floor, self.accepted / self.predicted))
+
+    def factor_toward(self, mean: float, weight: float) -> float:
+        """The factor with `weight` tokens of a prior whose factor is `mean` added to its own sums: a
+        subset of the evidence (one depth) read as the whole's (`mean`) until it has evidence of its own."""
+        return min(1.0, max(self.floor, (self.accepted + weight * mean) / (self.predicted + weight)))
 
     def observe(self, predicted: float, accepted: float) -> None:
         if predicted <= 0:
@@ -85,34 +93,68 @@ class AcceptCalibration:
 
 
 class BandedCalibration:
-    """One AcceptCalibration per band of a draft probability (band edges `edges`, descending):
-    p -> p x the factor of p's band, learned from which nodes of that band the target accepted."""
+    """One AcceptCalibration per band of a draft probability (band edges `edges`, descending), pooled over
+    depths, and under each band one per depth class (1, 2, ..., `depths`, the last holding every deeper
+    node): p -> p x the factor of its node's band and depth class, that class's own evidence shrunk toward
+    the band's pooled factor by `prior` tokens. A head's first-level guesses and its deeper ones are
+    miscalibrated differently: on chat at 4 lanes (reference engine, hybrid drafter, bf16) the target
+    accepted depth-1 nodes at about 0.6 of their r and depth-3+ ones at about 1.0, so one factor per band
+    over-predicted the first and under-predicted the rest (issue 59). A class never tried (a wrong head's
+    depth 2: no parent accepted) reads its band's pooled factor, as if there were no classes."""
 
     def __init__(
-        self, edges: tuple[float, ...] = (0.8, 0.5, 0.2), decay: float = 0.95, prior: float = 2.0, floor: float = 0.1
+        self,
+        edges: tuple[float, ...] = (0.8, 0.5, 0.2),
+        decay: float = 0.95,
+        prior: float = 2.0,
+        floor: float = 0.1,
+        depths: int = 3,
     ) -> None:
         if list(edges) != sorted(edges, reverse=True) or not all(0 < e < 1 for e in edges):
             raise ValueError(f"edges={edges}: need descending probabilities in (0, 1)")
+        if depths < 1:
+            raise ValueError(f"depths={depths}: need at least one depth class")
         self.edges = torch.tensor(edges, dtype=torch.float64)
+        self.prior, self.depths = prior, depths
         self.bands = [AcceptCalibration(decay, prior, floor) for _ in range(len(edges) + 1)]
+        # each class's own moving sums, no prior: factor_toward supplies the pooled one
+        self.by_depth = [[AcceptCalibration(decay, 0.0, floor) for _ in self.bands] for _ in range(depths)]
 
     @property
     def factors(self) -> list[float]:
-        """Each band's factor, the most probable band first."""
+        """Each band's factor pooled over depths, the most probable band first."""
         return [band.factor for band in self.bands]
 
-    def band_of(self, probabilities: torch.Tensor) -> torch.Tensor:
-        return (probabilities.double().unsqueeze(-1) < self.edges).sum(-1)
+    @property
+    def depth_factors(self) -> list[list[float]]:
+        """Each depth class's band factors (the shallowest class first), as `scale` applies them."""
+        pooled = self.factors
+        return [[cell.factor_toward(f, self.prior) for cell, f in zip(row, pooled)] for row in self.by_depth]
 
-    def scale(self, probabilities: torch.Tensor) -> torch.Tensor:
-        return probabilities * torch.tensor(self.factors, dtype=probabilities.dtype)[self.band_of(probabilities)]
+    def _cells(self, probabilities: torch.Tensor, depths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each node's band, and its (depth class, band) as one index into the flattened classes."""
+        bands = (probabilities.double().unsqueeze(-1) < self.edges).sum(-1)
+        return bands, (depths.clamp(1, self.depths) - 1) * len(self.bands) + bands
 
-    def observe(self, probabilities: torch.Tensor, accepted: torch.Tensor) -> None:
-        """Verified non-root nodes' draft probabilities and whether each was accepted."""
-        bands = self.band_of(probabilities)
-        for band in bands.unique().tolist():
-            mask = bands == band
-            self.bands[band].observe(float(probabilities[mask].sum()), float(accepted[mask].sum()))
+    def scale(self, probabilities: torch.Tensor, depths: torch.Tensor) -> torch.Tensor:
+        """Non-root nodes' conditional draft probabilities and their depths (>= 1) -> calibrated ones."""
+        table = torch.tensor([f for row in self.depth_factors for f in row], dtype=probabilities.dtype)
+        return probabilities * table[self._cells(probabilities, depths)[1]]
+
+    def observe(self, probabilities: torch.Tensor, depths: torch.Tensor, accepted: torch.Tensor) -> None:
+        """Verified non-root nodes' draft probabilities, their depths, and whether each was accepted."""
+        width = len(self.bands)
+        cells = self._cells(probabilities, depths)[1]
+        pooled: dict[int, list[float]] = {}
+        for cell in cells.unique().tolist():
+            mask = cells == cell
+            predicted, hits = float(probabilities[mask].sum()), float(accepted[mask].sum())
+            self.by_depth[cell // width][cell % width].observe(predicted, hits)
+            band = pooled.setdefault(cell % width, [0.0, 0.0])
+            band[0] += predicted
+            band[1] += hits
+        for band, (predicted, hits) in pooled.items():  # once per band and step: one decay a step, as before
+            self.bands[band].observe(predicted, hits)
 
 
 def truncate(tree: DraftTree, size: int) -> DraftTree:
@@ -135,10 +177,13 @@ def conditional_probabilities(tree: DraftTree) -> torch.Tensor:
     return (cums[1:] - cums[tree.parents[1:]]).exp().clamp(max=1.0)
 
 
-def calibrated_probabilities(tree: DraftTree, calibrate: Callable[[torch.Tensor], torch.Tensor]) -> list[float]:
+Calibrate = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (conditional p, depths) -> calibrated p
+
+
+def calibrated_probabilities(tree: DraftTree, calibrate: Calibrate) -> list[float]:
     """[N - 1] each non-root node's calibrated acceptance probability q: its parent's q times its own
     calibrated conditional probability (a node is accepted only if its parent is)."""
-    conditional = calibrate(conditional_probabilities(tree)).tolist()
+    conditional = calibrate(conditional_probabilities(tree), tree.depths[1:]).tolist()
     parents = tree.parents.tolist()
     q = []
     for i, c in enumerate(conditional):
@@ -158,7 +203,7 @@ def size_trees(
     trees: list[DraftTree],
     cost: VerifyCost,
     draft_steps: float,
-    calibrate: Callable[[torch.Tensor], torch.Tensor] = lambda p: p,
+    calibrate: Calibrate = lambda p, depths: p,
     tree_steps: float = 0.0,
     width: Callable[[int], int] = lambda n: n,
     every_step: float = 0.0,
@@ -352,7 +397,7 @@ class TreeSizer:
                 accepted[path] = True
                 # a node tells about its conditional probability only if its parent was accepted
                 tried = accepted[tree.parents[1:]]
-                self._last.observe(conditional_probabilities(tree)[tried], accepted[1:][tried])
+                self._last.observe(conditional_probabilities(tree)[tried], tree.depths[1:][tried], accepted[1:][tried])
 
 
 def relative_costs(seconds: dict[int, float]) -> VerifyCost:
