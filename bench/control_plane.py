@@ -12,7 +12,12 @@ same JETSPEC server (so a cell starts from the decision the previous one left):
   rounds never send (bench/prompts/chat-tune.jsonl; HumanEval 0-99), so its control and the controller
   see the load before anything is timed;
 - `--rounds` rounds: plain and JETSPEC take turns on the same new prompts (the order alternating), and each
-  round's JETSPEC / plain tokens per second is one ratio; the steady-state ratio is their median.
+  round's JETSPEC / plain tokens per second is one ratio; the steady-state ratio is their median. The rate
+  is timed while every client has a request in flight (`busy_rate`: to the pass's last send), not over the
+  drain after it, where a pass of one wave spends a third of its time at 16 concurrent requests; so give
+  `--num-prompts` above the concurrency (at 16: 32, two waves). A cell whose passes have no busy stretch
+  (no more prompts than clients) falls back to whole passes; the table says which, and gives the ratios
+  over whole passes beside.
 A thread reads JETSPEC's `/server_info` every half second; for the cohort the level falls in it reports the
 seconds from the cell's first request to the first decision of the control that matches its mode at the
 cell's end, and how many times the mode changed (in all, and after the warm-up).
@@ -86,6 +91,10 @@ class Cell:
     best_fixed: str | None = None  # the budget whose median ratio to plain is highest
     best_fixed_ratio: float | None = None  # its median ratio to plain
     self_native_tokens_per_s: list[float] = field(default_factory=list)  # JETSPEC, the cell's cohort pushed to 0
+    # what the rates above are: "busy" (busy_rate: while every client had a request in flight) where every
+    # pass had more prompts than clients, else "whole" (each pass's tokens over its wall time)
+    measure: str = "whole"
+    whole_ratios: list[float] = field(default_factory=list)  # JETSPEC / plain over whole passes, drain included
 
 
 def cohort_of(cohorts, batch: int) -> str:
@@ -155,11 +164,49 @@ def generate(url: str, prompt: list[int], max_new_tokens: int) -> dict:
     return compare_generate(url, (prompt, {}), max_new_tokens)  # greedy, unconstrained
 
 
-def timed_pass(url: str, prompts: list[list[int]], level: int, max_new_tokens: int) -> float:
+@dataclass(frozen=True)
+class Served:
+    """One request of a timed pass: when a client sent it and got its reply (one clock), and its tokens."""
+
+    sent: float
+    replied: float
+    tokens: int
+
+
+@dataclass(frozen=True)
+class PassRates:
+    whole: float  # tokens over the pass's wall time, the drain at its end included
+    busy: float | None  # tokens per second while every client had a request in flight (busy_rate)
+
+
+def busy_rate(served: list[Served], start: float, clients: int) -> float | None:
+    """Tokens per second from the pass's `start` to its last send: until then each client sends its next
+    prompt as its reply comes, so every one has a request in flight (the load the cell names); after it
+    the clients drain one by one, and a pass of one wave at 16 concurrent requests spends a third of its
+    time there, where speculation's uneven speed per request leaves a few slow requests running at a small
+    batch (issue 59: JETSPEC 0.92x itself with the cohort native over whole passes of one wave, its steps
+    1.2x). A request still running at the last send counts the share of its tokens its elapsed share of
+    its time stands for (its tokens taken as evenly spread over it). None when every prompt was sent at
+    at once (no more prompts than `clients`): there is no busy stretch to time."""
+    if len(served) <= clients:
+        return None
+    end = max(s.sent for s in served)
+    tokens = sum(s.tokens * min(1.0, (end - s.sent) / max(s.replied - s.sent, 1e-9)) for s in served)
+    return tokens / (end - start)
+
+
+def timed_pass(url: str, prompts: list[list[int]], level: int, max_new_tokens: int) -> PassRates:
+    """`prompts` sent by `level` clients, each sending the next as its reply comes."""
     start = time.perf_counter()
+
+    def one(prompt: list[int]) -> Served:
+        sent = time.perf_counter()
+        reply = generate(url, prompt, max_new_tokens)
+        return Served(sent, time.perf_counter(), reply["meta_info"]["completion_tokens"])
+
     with ThreadPoolExecutor(level) as pool:
-        replies = list(pool.map(lambda p: generate(url, p, max_new_tokens), prompts))
-    return sum(r["meta_info"]["completion_tokens"] for r in replies) / (time.perf_counter() - start)
+        served = list(pool.map(one, prompts))
+    return PassRates(sum(s.tokens for s in served) / (time.perf_counter() - start), busy_rate(served, start, level))
 
 
 def closed_loop(url: str, prompts: list[list[int]], level: int, seconds: float, max_new_tokens: int) -> None:
@@ -294,20 +341,28 @@ def main(argv: list[str] | None = None) -> int:
                 cohort = cohort_of(policy.cohorts, level)
                 poller = StatePoller(jetspec.url)
                 closed_loop(jetspec.url, warm[w], level, args.warmup_s, args.max_new_tokens)
-                plain_rates, jetspec_rates, self_native = [], [], []
-                fixed_rates = {budget: [] for budget in fixed_servers}
+                plain_passes, jetspec_passes, self_passes = [], [], []
+                fixed_passes = {budget: [] for budget in fixed_servers}
                 for k in range(args.rounds):
                     batch = timed[w][start : start + n]
                     start += n
-                    order = [(plain, plain_rates), (jetspec, jetspec_rates)]
-                    order += [(server, fixed_rates[budget]) for budget, server in fixed_servers.items()]
-                    for server, rates in order if k % 2 == 0 else order[::-1]:
-                        rates.append(timed_pass(server.url, batch, level, args.max_new_tokens))
+                    order = [(plain, plain_passes), (jetspec, jetspec_passes)]
+                    order += [(server, fixed_passes[budget]) for budget, server in fixed_servers.items()]
+                    for server, passes in order if k % 2 == 0 else order[::-1]:
+                        passes.append(timed_pass(server.url, batch, level, args.max_new_tokens))
                     if args.self_baseline:
                         defaults = {c.name: c.default for c in policy.cohorts}
                         push_budgets(jetspec.url, ADMIN_KEY, {**defaults, cohort: 0})
-                        self_native.append(timed_pass(jetspec.url, batch, level, args.max_new_tokens))
+                        self_passes.append(timed_pass(jetspec.url, batch, level, args.max_new_tokens))
                         push_budgets(jetspec.url, ADMIN_KEY, defaults)
+                every = [*plain_passes, *jetspec_passes, *self_passes, *(r for v in fixed_passes.values() for r in v)]
+                measure = "busy" if all(r.busy is not None for r in every) else "whole"
+
+                def rates(passes: list[PassRates]) -> list[float]:
+                    return [r.busy if measure == "busy" else r.whole for r in passes]
+
+                plain_rates, jetspec_rates = rates(plain_passes), rates(jetspec_passes)
+                fixed_rates = {budget: rates(passes) for budget, passes in fixed_passes.items()}
                 mode, decided, changes, late, gain = decision_summary(poller.stop(), cohort, args.warmup_s)
                 ratios = [j / q for j, q in zip(jetspec_rates, plain_rates)]
                 cell = Cell(
@@ -325,7 +380,9 @@ def main(argv: list[str] | None = None) -> int:
                     gain,
                     fixed_rates,
                     *best_fixed(plain_rates, fixed_rates),
-                    self_native,
+                    rates(self_passes),
+                    measure,
+                    [j.whole / q.whole for j, q in zip(jetspec_passes, plain_passes)],
                 )
                 print(json.dumps(asdict(cell)), flush=True)
                 cells.append(cell)
@@ -372,13 +429,17 @@ def markdown(cells: list[Cell], meta: dict) -> str:
         f"{meta['policy']}; head {meta['head']}; controller {'on' if meta['controller'] else 'off'}; "
         f"warm-up {meta['warmup_s']:g} s of load per cell before {meta['rounds']} timed rounds (plain and "
         "JETSPEC alternating on the same new prompts"
-        + (f"; fixed budgets {', '.join(map(str, meta['fixed_budgets']))} in turn with them)." if fixed else ")."),
+        + (f"; fixed budgets {', '.join(map(str, meta['fixed_budgets']))} in turn with them)." if fixed else ").")
+        + " Rate `busy`: tokens per second while every client had a request in flight (to a pass's last send,"
+        " bench.control_plane.busy_rate); `whole`: over each whole pass, its drain included (a pass with no"
+        " more prompts than clients has no busy stretch).",
         "",
-        "| workload | concurrency | cohort | plain tok/s | JETSPEC tok/s | x plain by round | steady x plain | "
-        "mode at end | decided after (s) | mode changes (after warm-up) | control's gain |"
+        "| workload | concurrency | cohort | rate | plain tok/s | JETSPEC tok/s | x plain by round | steady x plain | "
+        "x plain by round, whole passes | mode at end | decided after (s) | mode changes (after warm-up) | "
+        "control's gain |"
         + (" best fixed budget (x plain) | x best fixed |" if fixed else "")
         + (" itself, cohort native tok/s | x itself by round | x itself, cohort native |" if itself else ""),
-        "|---|---|---|---|---|---|---|---|---|---|---|"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
         + ("---|---|" if fixed else "")
         + ("---|---|---|" if itself else ""),
     ]
@@ -386,10 +447,12 @@ def markdown(cells: list[Cell], meta: dict) -> str:
         mode = c.final_mode or "not run (the table's budget 0)"
         decided = "-" if c.decided_after_s is None else f"{c.decided_after_s:.0f}"
         gain = "-" if c.gain is None else f"{c.gain:.2f}"
+        whole = " / ".join(f"{r:.2f}" for r in c.whole_ratios) or "-"
         row = (
-            f"| {c.workload} | {c.concurrency} | {c.cohort} | {statistics.fmean(c.plain_tokens_per_s):.1f} | "
-            f"{statistics.fmean(c.jetspec_tokens_per_s):.1f} | {' / '.join(f'{r:.2f}' for r in c.ratios)} | "
-            f"**{c.steady_ratio:.2f}** | {mode} | {decided} | "
+            f"| {c.workload} | {c.concurrency} | {c.cohort} | {c.measure} | "
+            f"{statistics.fmean(c.plain_tokens_per_s):.1f} | {statistics.fmean(c.jetspec_tokens_per_s):.1f} | "
+            f"{' / '.join(f'{r:.2f}' for r in c.ratios)} | "
+            f"**{c.steady_ratio:.2f}** | {whole} | {mode} | {decided} | "
             f"{c.mode_changes} ({c.mode_changes_after_warmup}) | {gain} |"
         )
         if fixed:

@@ -6,7 +6,17 @@ from types import SimpleNamespace
 
 import pytest
 
-from bench.control_plane import Cell, best_fixed, cohort_of, decision_summary, fixed_budget_policy, main, markdown
+from bench.control_plane import (
+    Cell,
+    Served,
+    best_fixed,
+    busy_rate,
+    cohort_of,
+    decision_summary,
+    fixed_budget_policy,
+    main,
+    markdown,
+)
 
 COHORTS = [
     SimpleNamespace(name="bs1", min_batch=1, max_batch=1),
@@ -75,9 +85,11 @@ def test_a_fixed_budget_server_runs_fixed_trees_and_drops_the_control_only_when_
 
 def test_the_table_gives_the_ratio_to_the_best_fixed_budget_when_fixed_budgets_ran():
     cell = Cell("code", 1, "bs1", [10.0], [20.0], [2.0], 2.0, "speculative", 5.0, 0, 0, 1.9, {"8": [25.0]}, "8", 2.5)
+    cell.measure, cell.whole_ratios = "busy", [1.8]
     meta = dict(command="x", cpu="cpu", dtype="bfloat16", sglang="0.5.23", torch="2", date="d", policy="p", head="h")
     table = markdown([cell], {**meta, "controller": False, "warmup_s": 60, "rounds": 1, "fixed_budgets": [8]})
     assert table.splitlines()[-1].endswith("| 8 (2.50) | **0.80** |")
+    assert table.splitlines()[-1].startswith("| code | 1 | bs1 | busy | 10.0 | 20.0 | 2.00 | **2.00** | 1.80 |")
     assert "best fixed" not in markdown([cell], {**meta, "controller": False, "warmup_s": 60, "rounds": 1})
 
 
@@ -89,3 +101,15 @@ def test_the_table_gives_the_ratio_to_jetspec_itself_with_the_cohort_native_when
     table = markdown([cell], {**meta, "self_baseline": True})
     assert table.splitlines()[-1].endswith("| 8.8 | 0.80 / 1.20 | **1.00** |")
     assert "itself" not in markdown([cell], meta)
+
+
+def test_the_busy_rate_times_the_pass_until_its_last_send_and_counts_the_running_share_of_open_requests():
+    """Two clients, four prompts: sends at 0, 0, 4 (first reply), 6 (second reply: the last send). Until 6
+    every client is busy; the requests still running then count their elapsed share."""
+    served = [Served(0.0, 4.0, 40), Served(0.0, 6.0, 60), Served(4.0, 8.0, 40), Served(6.0, 16.0, 100)]
+    # 40 + 60 done, the third half-way (20 of 40), the fourth just sent (0 of 100): 120 tokens in 6 s
+    assert busy_rate(served, start=0.0, clients=2) == pytest.approx(20.0)
+    # a drain that takes long changes nothing: the whole-pass rate would be 240 / 16 = 15
+    assert busy_rate([*served[:3], Served(6.0, 60.0, 100)], start=0.0, clients=2) == pytest.approx(20.0)
+    # one wave (no more prompts than clients): nothing to time
+    assert busy_rate([Served(0.0, 4.0, 40), Served(0.0, 6.0, 60)], start=0.0, clients=2) is None
