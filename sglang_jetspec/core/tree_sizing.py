@@ -153,7 +153,7 @@ class BandedCalibration:
             band = pooled.setdefault(cell % width, [0.0, 0.0])
             band[0] += predicted
             band[1] += hits
-        for band, (predicted, hits) in pooled.items():  # once per band and step: one decay a step, as before
+        for band, (predicted, hits) in pooled.items():  # once per band and call: one decay per call, as the classes
             self.bands[band].observe(predicted, hits)
 
 
