@@ -17,7 +17,9 @@ same JETSPEC server (so a cell starts from the decision the previous one left):
   drain after it, where a pass of one wave spends a third of its time at 16 concurrent requests; so give
   `--num-prompts` above the concurrency (at 16: 32, two waves). A cell whose passes have no busy stretch
   (no more prompts than clients) falls back to whole passes; the table says which, and gives the ratios
-  over whole passes beside.
+  over whole passes beside. `--length-spread S` gives the requests max_new_tokens spread over
+  `--max-new-tokens` +- S (token_limits): with one limit for all, native requests that start together
+  finish together and the next wave's prefills batch, which speculation's uneven pace does not get.
 A thread reads JETSPEC's `/server_info` every half second; for the cohort the level falls in it reports the
 seconds from the cell's first request to the first decision of the control that matches its mode at the
 cell's end, and how many times the mode changed (in all, and after the warm-up).
@@ -45,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 import sys
 import threading
@@ -195,22 +198,38 @@ def busy_rate(served: list[Served], start: float, clients: int) -> float | None:
     return tokens / (end - start)
 
 
-def timed_pass(url: str, prompts: list[list[int]], level: int, max_new_tokens: int) -> PassRates:
-    """`prompts` sent by `level` clients, each sending the next as its reply comes."""
+def token_limits(count: int, mean: int, spread: int) -> list[int]:
+    """`count` requests' max_new_tokens, evenly over mean +- spread in a fixed shuffled order (the same for
+    every server). With one limit for all, requests that start together finish together at native speed,
+    and the next wave's prefills run as one batch; speculation's uneven speed per request admits them one
+    at a time, each a forward of its own: at 16 concurrent chat requests on a CPU that, not the decode
+    steps, made JETSPEC lose to itself with the cohort native (issue 59). Traffic with lengths of its own
+    has no such lockstep."""
+    if spread == 0 or count == 1:
+        return [mean] * count
+    limits = [mean - spread + round(2 * spread * k / (count - 1)) for k in range(count)]
+    random.Random(0).shuffle(limits)
+    return limits
+
+
+def timed_pass(url: str, prompts: list[list[int]], level: int, limits: list[int]) -> PassRates:
+    """`prompts` sent by `level` clients, each sending the next as its reply comes; prompt i with at most
+    `limits[i]` new tokens."""
     start = time.perf_counter()
 
-    def one(prompt: list[int]) -> Served:
+    def one(job: tuple[list[int], int]) -> Served:
         sent = time.perf_counter()
-        reply = generate(url, prompt, max_new_tokens)
+        reply = generate(url, *job)
         return Served(sent, time.perf_counter(), reply["meta_info"]["completion_tokens"])
 
     with ThreadPoolExecutor(level) as pool:
-        served = list(pool.map(one, prompts))
+        served = list(pool.map(one, zip(prompts, limits)))
     return PassRates(sum(s.tokens for s in served) / (time.perf_counter() - start), busy_rate(served, start, level))
 
 
-def closed_loop(url: str, prompts: list[list[int]], level: int, seconds: float, max_new_tokens: int) -> None:
-    """`level` clients sending prompts back to back (cycling through `prompts`) for `seconds`."""
+def closed_loop(url: str, prompts: list[list[int]], level: int, seconds: float, limits: list[int]) -> None:
+    """`level` clients sending prompts back to back (cycling through `prompts`, prompt i with at most
+    `limits[i]` new tokens) for `seconds`."""
     deadline = time.monotonic() + seconds
     counter = iter(range(1 << 30))
     lock = threading.Lock()
@@ -219,7 +238,7 @@ def closed_loop(url: str, prompts: list[list[int]], level: int, seconds: float, 
         while time.monotonic() < deadline:
             with lock:
                 i = next(counter)
-            generate(url, prompts[i % len(prompts)], max_new_tokens)
+            generate(url, prompts[i % len(prompts)], limits[i % len(prompts)])
 
     with ThreadPoolExecutor(level) as pool:
         list(pool.map(lambda _: client(), range(level)))
@@ -233,6 +252,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=2, help="timed rounds per cell, each on new prompts")
     p.add_argument("--num-prompts", type=int, default=8, help="prompts per round (at least the concurrency)")
     p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument(
+        "--length-spread",
+        type=int,
+        default=0,
+        help="requests' max_new_tokens spread evenly over max-new-tokens +- this (0: all the same; see token_limits)",
+    )
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--controller", action="store_true", help="also run python -m controller against JETSPEC")
     heads = p.add_mutually_exclusive_group()
@@ -270,6 +295,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--concurrency {args.concurrency}: give positive integers separated by commas, e.g. 1,4,16")
     if args.rounds < 1 or args.warmup_s < 0:
         p.error("--rounds must be >= 1 and --warmup-s >= 0")
+    if not 0 <= args.length_spread < args.max_new_tokens:
+        p.error(f"--length-spread {args.length_spread}: give 0 up to --max-new-tokens - 1 ({args.max_new_tokens - 1})")
     fixed_budgets = positive_ints(args.fixed_budgets) if args.fixed_budgets else []
     if args.fixed_budgets and not fixed_budgets:
         p.error(f"--fixed-budgets {args.fixed_budgets}: give budgets >= 1 separated by commas, e.g. 4,8,16")
@@ -340,7 +367,9 @@ def main(argv: list[str] | None = None) -> int:
                 n = max(args.num_prompts, level)
                 cohort = cohort_of(policy.cohorts, level)
                 poller = StatePoller(jetspec.url)
-                closed_loop(jetspec.url, warm[w], level, args.warmup_s, args.max_new_tokens)
+                warm_limits = token_limits(len(warm[w]), args.max_new_tokens, args.length_spread)
+                closed_loop(jetspec.url, warm[w], level, args.warmup_s, warm_limits)
+                limits = token_limits(n, args.max_new_tokens, args.length_spread)
                 plain_passes, jetspec_passes, self_passes = [], [], []
                 fixed_passes = {budget: [] for budget in fixed_servers}
                 for k in range(args.rounds):
@@ -349,11 +378,11 @@ def main(argv: list[str] | None = None) -> int:
                     order = [(plain, plain_passes), (jetspec, jetspec_passes)]
                     order += [(server, fixed_passes[budget]) for budget, server in fixed_servers.items()]
                     for server, passes in order if k % 2 == 0 else order[::-1]:
-                        passes.append(timed_pass(server.url, batch, level, args.max_new_tokens))
+                        passes.append(timed_pass(server.url, batch, level, limits))
                     if args.self_baseline:
                         defaults = {c.name: c.default for c in policy.cohorts}
                         push_budgets(jetspec.url, ADMIN_KEY, {**defaults, cohort: 0})
-                        self_passes.append(timed_pass(jetspec.url, batch, level, args.max_new_tokens))
+                        self_passes.append(timed_pass(jetspec.url, batch, level, limits))
                         push_budgets(jetspec.url, ADMIN_KEY, defaults)
                 every = [*plain_passes, *jetspec_passes, *self_passes, *(r for v in fixed_passes.values() for r in v)]
                 measure = "busy" if all(r.busy is not None for r in every) else "whole"
@@ -405,6 +434,7 @@ def main(argv: list[str] | None = None) -> int:
         "fixed_budgets": fixed_budgets,
         "self_baseline": args.self_baseline,
         "max_new_tokens": args.max_new_tokens,
+        "length_spread": args.length_spread,
         "sglang": sglang.__version__,
         "torch": torch.__version__,
         "date": time.strftime("%Y-%m-%d %H:%M"),
@@ -427,7 +457,8 @@ def markdown(cells: list[Cell], meta: dict) -> str:
         "",
         f"{meta['cpu']}, {meta['dtype']}, SGLang {meta['sglang']}, torch {meta['torch']}, {meta['date']}; policy "
         f"{meta['policy']}; head {meta['head']}; controller {'on' if meta['controller'] else 'off'}; "
-        f"warm-up {meta['warmup_s']:g} s of load per cell before {meta['rounds']} timed rounds (plain and "
+        f"warm-up {meta['warmup_s']:g} s of load per cell before {meta['rounds']} timed rounds of requests of "
+        f"{meta['max_new_tokens']} +- {meta.get('length_spread', 0)} new tokens (plain and "
         "JETSPEC alternating on the same new prompts"
         + (f"; fixed budgets {', '.join(map(str, meta['fixed_budgets']))} in turn with them)." if fixed else ").")
         + " Rate `busy`: tokens per second while every client had a request in flight (to a pass's last send,"

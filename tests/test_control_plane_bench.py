@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from types import SimpleNamespace
 
 import pytest
@@ -16,6 +17,7 @@ from bench.control_plane import (
     fixed_budget_policy,
     main,
     markdown,
+    token_limits,
 )
 
 COHORTS = [
@@ -59,6 +61,7 @@ def test_a_cohort_the_table_does_not_speculate_in_has_no_decision():
         (["--fixed-budgets", "4,x"], "--fixed-budgets 4,x: give budgets >= 1"),
         (["--fixed-budgets", "0"], "--fixed-budgets 0: give budgets >= 1"),
         (["--head", "h", "--useless-head"], "not allowed with argument"),
+        (["--length-spread", "64"], "--length-spread 64: give 0 up to --max-new-tokens - 1 (63)"),
     ],
 )
 def test_bad_arguments_name_the_flag(argv, message, capsys, tmp_path):
@@ -87,6 +90,7 @@ def test_the_table_gives_the_ratio_to_the_best_fixed_budget_when_fixed_budgets_r
     cell = Cell("code", 1, "bs1", [10.0], [20.0], [2.0], 2.0, "speculative", 5.0, 0, 0, 1.9, {"8": [25.0]}, "8", 2.5)
     cell.measure, cell.whole_ratios = "busy", [1.8]
     meta = dict(command="x", cpu="cpu", dtype="bfloat16", sglang="0.5.23", torch="2", date="d", policy="p", head="h")
+    meta["max_new_tokens"] = 64
     table = markdown([cell], {**meta, "controller": False, "warmup_s": 60, "rounds": 1, "fixed_budgets": [8]})
     assert table.splitlines()[-1].endswith("| 8 (2.50) | **0.80** |")
     assert table.splitlines()[-1].startswith("| code | 1 | bs1 | busy | 10.0 | 20.0 | 2.00 | **2.00** | 1.80 |")
@@ -97,7 +101,7 @@ def test_the_table_gives_the_ratio_to_jetspec_itself_with_the_cohort_native_when
     cell = Cell("chat", 16, "bs13-24", [10.0, 10.0], [8.0, 9.0], [0.8, 0.9], 0.85, "speculative", 40.0, 0, 0, 1.2)
     cell.self_native_tokens_per_s = [10.0, 7.5]
     meta = dict(command="x", cpu="cpu", dtype="bfloat16", sglang="0.5.23", torch="2", date="d", policy="p", head="h")
-    meta.update(controller=False, warmup_s=60, rounds=2)
+    meta.update(controller=False, warmup_s=60, rounds=2, max_new_tokens=64)
     table = markdown([cell], {**meta, "self_baseline": True})
     assert table.splitlines()[-1].endswith("| 8.8 | 0.80 / 1.20 | **1.00** |")
     assert "itself" not in markdown([cell], meta)
@@ -113,3 +117,10 @@ def test_the_busy_rate_times_the_pass_until_its_last_send_and_counts_the_running
     assert busy_rate([*served[:3], Served(6.0, 60.0, 100)], start=0.0, clients=2) == pytest.approx(20.0)
     # one wave (no more prompts than clients): nothing to time
     assert busy_rate([Served(0.0, 4.0, 40), Served(0.0, 6.0, 60)], start=0.0, clients=2) is None
+
+
+def test_token_limits_spread_evenly_around_the_mean_in_one_fixed_order_or_not_at_all():
+    limits = token_limits(32, 64, 32)
+    assert sorted(limits) == [32 + round(64 * k / 31) for k in range(32)] and limits == token_limits(32, 64, 32)
+    assert limits != sorted(limits) and statistics.fmean(limits) == pytest.approx(64, abs=0.5)
+    assert token_limits(16, 64, 0) == [64] * 16 and token_limits(1, 64, 32) == [64]
