@@ -14,7 +14,7 @@ same JETSPEC server (so a cell starts from the decision the previous one left):
 - `--rounds` rounds: plain and JETSPEC take turns on the same new prompts (the order alternating), and each
   round's JETSPEC / plain tokens per second is one ratio; the steady-state ratio is their median. The rate
   is timed while every client has a request in flight (`busy_rate`: to the pass's last send), not over the
-  drain after it, where a pass of one wave spends a third of its time at 16 concurrent requests; so give
+  drain after it, which a pass of one wave at 16 concurrent requests is largely made of; so give
   `--num-prompts` above the concurrency (at 16: 32, two waves). A cell whose passes have no busy stretch
   (no more prompts than clients) falls back to whole passes; the table says which, and gives the ratios
   over whole passes beside. `--length-spread S` gives the requests max_new_tokens spread over
@@ -185,12 +185,11 @@ class PassRates:
 def busy_rate(served: list[Served], start: float, clients: int) -> float | None:
     """Tokens per second from the pass's `start` to its last send: until then each client sends its next
     prompt as its reply comes, so every one has a request in flight (the load the cell names); after it
-    the clients drain one by one, and a pass of one wave at 16 concurrent requests spends a third of its
-    time there, where speculation's uneven speed per request leaves a few slow requests running at a small
-    batch (issue 59: JETSPEC 0.92x itself with the cohort native over whole passes of one wave, its steps
-    1.2x). A request still running at the last send counts the share of its tokens its elapsed share of
-    its time stands for (its tokens taken as evenly spread over it). None when every prompt was sent at
-    at once (no more prompts than `clients`): there is no busy stretch to time."""
+    the clients drain one by one, and speculation's uneven speed per request leaves a few slow requests
+    running at a small batch there, a load the cell does not name. A request still running at the last
+    send counts the share of its tokens its elapsed share of its time stands for (its tokens taken as
+    evenly spread over it, its prefill included: a slight credit to the system with shorter requests).
+    None when every prompt was sent at once (no more prompts than `clients`): no busy stretch to time."""
     if len(served) <= clients:
         return None
     end = max(s.sent for s in served)
