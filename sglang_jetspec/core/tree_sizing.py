@@ -64,6 +64,9 @@ class VerifyCost:
         return max(c0 + (c1 - c0) * (n - n0) / (n1 - n0), 1e-9)
 
 
+Calibrate = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (conditional p, depths) -> calibrated p
+
+
 class AcceptCalibration:
     """c = accepted draft tokens / predicted (the sum of p_i over verified nodes), as exponential
     moving sums over recent steps. It starts at 1 with a prior worth `prior` tokens of each, and is
@@ -131,20 +134,26 @@ class BandedCalibration:
         pooled = self.factors
         return [[cell.factor_toward(f, self.prior) for cell, f in zip(row, pooled)] for row in self.by_depth]
 
-    def _cells(self, probabilities: torch.Tensor, depths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each node's band, and its (depth class, band) as one index into the flattened classes."""
+    def _cells(self, probabilities: torch.Tensor, depths: torch.Tensor) -> torch.Tensor:
+        """Each node's (depth class, band) as one index into the flattened classes."""
         bands = (probabilities.double().unsqueeze(-1) < self.edges).sum(-1)
-        return bands, (depths.clamp(1, self.depths) - 1) * len(self.bands) + bands
+        return (depths.clamp(1, self.depths) - 1) * len(self.bands) + bands
+
+    def scaler(self) -> Calibrate:
+        """`scale` with the factors read once: a step sizes every lane's tree with the same ones."""
+        table = torch.tensor([f for row in self.depth_factors for f in row], dtype=torch.float64)
+        return lambda probabilities, depths: (
+            probabilities * table.to(probabilities.dtype)[self._cells(probabilities, depths)]
+        )
 
     def scale(self, probabilities: torch.Tensor, depths: torch.Tensor) -> torch.Tensor:
         """Non-root nodes' conditional draft probabilities and their depths (>= 1) -> calibrated ones."""
-        table = torch.tensor([f for row in self.depth_factors for f in row], dtype=probabilities.dtype)
-        return probabilities * table[self._cells(probabilities, depths)[1]]
+        return self.scaler()(probabilities, depths)
 
     def observe(self, probabilities: torch.Tensor, depths: torch.Tensor, accepted: torch.Tensor) -> None:
         """Verified non-root nodes' draft probabilities, their depths, and whether each was accepted."""
         width = len(self.bands)
-        cells = self._cells(probabilities, depths)[1]
+        cells = self._cells(probabilities, depths)
         pooled: dict[int, list[float]] = {}
         for cell in cells.unique().tolist():
             mask = cells == cell
@@ -175,9 +184,6 @@ def conditional_probabilities(tree: DraftTree) -> torch.Tensor:
     """[N - 1] each non-root node's draft probability given its parent's token (cum_logprob differences)."""
     cums = tree.cum_logprobs.double()
     return (cums[1:] - cums[tree.parents[1:]]).exp().clamp(max=1.0)
-
-
-Calibrate = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (conditional p, depths) -> calibrated p
 
 
 def calibrated_probabilities(tree: DraftTree, calibrate: Calibrate) -> list[float]:
@@ -366,7 +372,7 @@ class TreeSizer:
             trees,
             cost,
             spent_s / cost.unit_s,
-            self._last.scale,
+            self._last.scaler(),
             tree_steps=overhead.extra_s / cost.unit_s,
             width=self.width,
             every_step=overhead.every_step_s / cost.unit_s,
