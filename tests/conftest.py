@@ -10,8 +10,9 @@ import torch
 
 REAL_SGLANG = Path(__file__).parent / "sglang_cpu"
 # Real-SGLang files that start only servers of their own (no session server): they run last, as a group of
-# their own, on whichever worker the unit tests leave free first (see pytest_xdist_make_scheduler).
-REAL_SGLANG_TAIL = (REAL_SGLANG / "test_real_sglang_tp.py",)
+# their own, on whichever worker the unit tests leave free first (see pytest_xdist_make_scheduler). The
+# useless-head file joined the TP file there (2026-12-03): it took 5 of the group's 43 minutes on a Zen 3.
+REAL_SGLANG_TAIL = tuple(REAL_SGLANG / f"test_real_sglang_{name}.py" for name in ("same_allocation", "tp"))
 
 
 def pytest_configure(config):
@@ -44,9 +45,9 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-# TODO(CI budget, 40 min): the real-SGLang group is the suite's wall: 55 of 56 minutes on a 2-core AMD
-# EPYC (--durations=0, 2026-12-02), while the unit tests took 36 on the other worker; with the TP file in
-# the tail, 50 minutes in all (the group 49, TP 15 beside it, the CPU 80% busy on average). Splitting the group
+# TODO(CI budget, 40 min): the real-SGLang group is the suite's wall. On a 2-core AMD EPYC (Zen 3,
+# 2026-12-03) the whole suite took 43.1 minutes with only the TP file in the tail, 41.4 with the useless-head
+# file beside it (the group about 39). Splitting the group
 # over both workers from the start was slower (two real-server groups contend for two cores the whole run,
 # and shared servers launch twice) and made timing-sensitive tests fail; so only files with servers of
 # their own (REAL_SGLANG_TAIL) leave the group, and they run after the unit tests, on the worker those free.
