@@ -45,10 +45,11 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-# TODO(CI budget, 40 min): the real-SGLang group is the suite's wall. On a 2-core AMD EPYC (Zen 3,
-# 2026-12-03) the whole suite took 43.1 minutes with only the TP file in the tail, 41.4 with the useless-head
-# file beside it (the group about 39). Splitting the group
-# over both workers from the start was slower (two real-server groups contend for two cores the whole run,
+# CI budget, 40 min: on a 2-core AMD EPYC (Zen 3, 2026-12-03) the whole suite took 43.1 minutes with only
+# the TP file in the tail, 41.4 with the useless-head file beside it, and 37.5 once test servers ran one
+# OpenMP thread each (tests/sglang_cpu/conftest.py): the real-SGLang group 34.4, the unit tests 25.5 then
+# the tail 11.2 on the other worker, the CPU 96% busy. TODO(CI budget): not yet timed on an Intel Xeon.
+# Splitting the group over both workers from the start was slower (two real-server groups contend for two cores the whole run,
 # and shared servers launch twice) and made timing-sensitive tests fail; so only files with servers of
 # their own (REAL_SGLANG_TAIL) leave the group, and they run after the unit tests, on the worker those free.
 @pytest.hookimpl(optionalhook=True)

@@ -18,12 +18,13 @@ from e2e_client import ADMIN_KEY, MAX_NEW, NUM_PROMPTS, POLICY_YAML, jetspec_arg
 
 from harness.sglang_cpu import LaunchedServer, launch
 
-# A test session keeps several servers and the test process on 2 cores: OpenMP threads that spin after
-# each parallel region would take the cores from the others, so they sleep. Benchmarks run one server
-# alone and keep OpenMP's default (spin briefly, then sleep): sleeping at once made a decode forward
-# ~1.4x and a verify over 64 nodes ~2x slower (bench/results/sglang_cpu/verify-cost-bf16-omp-passive.md
-# beside verify-cost-bf16.md).
-TEST_SERVER_ENV = {"OMP_NUM_THREADS": "2", "OMP_WAIT_POLICY": "PASSIVE"}
+# A test session runs one working server beside the other test worker on 2 cores: one OpenMP thread per
+# test server, so nothing oversubscribes the cores (no thread spins or sleeps waiting for a core another
+# process holds). Against two threads with OMP_WAIT_POLICY=PASSIVE (what test servers ran before), the
+# greedy module with a one-thread CPU burner beside it took 402 s instead of 516 s (AMD EPYC Zen 3, fp32,
+# 2026-12-03): launches 75-80 s instead of 92-95 s, JETSPEC one at a time 30 s instead of 44 s.
+# Benchmarks run one server alone with OpenMP's defaults (both cores).
+TEST_SERVER_ENV = {"OMP_NUM_THREADS": "1"}
 
 
 @pytest.fixture(scope="session")
