@@ -49,9 +49,10 @@ def pytest_collection_modifyitems(config, items):
 # the TP file in the tail, 41.4 with the useless-head file beside it, and 37.5 once test servers ran one
 # OpenMP thread each (tests/sglang_cpu/conftest.py): the real-SGLang group 34.4, the unit tests 25.5 then
 # the tail 11.2 on the other worker, the CPU 96% busy. TODO(CI budget): not yet timed on an Intel Xeon.
-# Splitting the group over both workers from the start was slower (two real-server groups contend for two cores the whole run,
-# and shared servers launch twice) and made timing-sensitive tests fail; so only files with servers of
-# their own (REAL_SGLANG_TAIL) leave the group, and they run after the unit tests, on the worker those free.
+# Splitting the group over both workers from the start was slower (two real-server groups contend for two
+# cores the whole run, and shared servers launch twice) and made timing-sensitive tests fail; so only files
+# with servers of their own (REAL_SGLANG_TAIL) leave the group, and they run after the unit tests, on the
+# worker those free.
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
     """One worker runs the real-SGLang tests on the session's shared servers, in order; the other worker
