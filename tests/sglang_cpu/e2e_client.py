@@ -101,6 +101,15 @@ def samples(url: str, name: str) -> dict[tuple, float]:
     return metrics(url).get(name, {})
 
 
+def steps_at(url: str, cohort: str, budget: int) -> float:
+    """Verify steps `cohort` ran at `budget`, from the server's /metrics."""
+    return sum(
+        v
+        for labels, v in samples(url, "jetspec_steps_total").items()
+        if dict(labels).get("cohort") == cohort and dict(labels).get("budget") == str(budget)
+    )
+
+
 def jetspec_state(url: str) -> dict:
     """The JETSPEC scheduler's internal state as /server_info serves it."""
     (state,) = [s for s in server_info(url)["internal_states"] if "jetspec_policy" in s]

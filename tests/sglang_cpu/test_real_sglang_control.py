@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from e2e_client import ADMIN_KEY, HEAD, POLICY_YAML, generate, get, jetspec_state, post, samples, until_eos
+from e2e_client import ADMIN_KEY, HEAD, POLICY_YAML, generate, get, jetspec_state, post, samples, steps_at, until_eos
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
@@ -39,14 +39,6 @@ def wait_for_yaml(url: str, timeout_s: float = 60) -> None:
     while budgets_in_force(url)[0] != "yaml":
         assert time.monotonic() < deadline, "the pushed table did not expire"
         time.sleep(0.5)
-
-
-def steps_at(url: str, cohort: str, budget: int) -> float:
-    return sum(
-        v
-        for labels, v in samples(url, "jetspec_steps_total").items()
-        if dict(labels).get("cohort") == cohort and dict(labels).get("budget") == str(budget)
-    )
 
 
 @pytest.fixture()

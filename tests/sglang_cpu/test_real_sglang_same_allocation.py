@@ -6,7 +6,7 @@ that pays stays on is tested on the shipped server (test_real_sglang_defaults.py
 from __future__ import annotations
 
 import pytest
-from e2e_client import HEAD, bs1_control, generate_all, jetspec_args, load_until_decided, outputs_until_eos, samples
+from e2e_client import HEAD, bs1_control, generate_all, jetspec_args, load_until_decided, outputs_until_eos, steps_at
 
 from harness.useless_head import make_useless_head
 
@@ -47,20 +47,11 @@ def test_a_useless_head_is_turned_native_and_stays_there_with_plain_tokens(
         assert state["mode"] == "native" and state["gain_high"] < 1.03 and state["flips"] == 0
         assert state["other_mode_every"] == STEADY_EVERY
         # more load: it stays native while re-probing speculation, and the tokens are plain SGLang's
-        probed = _bs1_tree_steps(server.url)
+        probed = steps_at(server.url, "bs1", 16)
         replies = generate_all(server.url, humaneval_ids)
         assert outputs_until_eos(replies, tokenizer.eos_token_id) == hf_greedy
         after = bs1_control(server.url)
         assert after["mode"] == "native" and after["flips"] == 0
-        assert _bs1_tree_steps(server.url) > probed  # speculative blocks ran after the decision: still measured
+        assert steps_at(server.url, "bs1", 16) > probed  # speculative blocks ran after the decision: still measured
     finally:
         servers.stop(server)
-
-
-def _bs1_tree_steps(url: str) -> float:
-    """Verify steps of the bs1 cohort that verified a tree (budget above 0)."""
-    return sum(
-        value
-        for labels, value in samples(url, "jetspec_steps_total").items()
-        if dict(labels).get("cohort") == "bs1" and dict(labels).get("budget") not in (None, "0")
-    )
