@@ -92,7 +92,9 @@ drifts over minutes.
   (greedy accept length only, every budget from one autoregressive run).
 - Real SGLang on a CPU, through the test stand-in for sgl-kernel (`tests/sglang_cpu/stub`):
   `python -m bench.sglang_cpu_compare --help` (plain, NGRAM and JETSPEC servers in turn, fresh prompts per
-  concurrency level, exact matches against plain SGLang).
+  concurrency level, exact matches against plain SGLang). Before and after a change in one run:
+  `--checkout before=DIR` (a `git worktree add DIR <commit>`) and a config `jetspec@before`, whose server
+  runs that checkout's plugin, policy and head beside `jetspec` from here, pass by pass with `--interleave`.
 - What a decode step costs outside the target's forward, by batch size (1 / 4 / 16) and workload (greedy,
   sampled, grammar, penalised): `python -m bench.step_overhead --help` (device ops per step, and kernel ops:
   the same less the views, the proxy for GPU kernel launches; host syncs per step with their code sites;

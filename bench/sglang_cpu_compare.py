@@ -20,6 +20,13 @@ SGLang's radix cache on (the others run without it), and `--shared-prefix FILE` 
 `--baseline` names the config the ratios and exact matches compare with (default plain). A config
 named with `+tp2` (after `+radix` if both) runs its server with `--tp-size 2`, one core per rank.
 
+Before and after a change, in one run: `--checkout before=DIR` names another checkout of this repository
+(a `git worktree add DIR <commit>`), and a config named `jetspec@before` runs its server from it (its
+plugin, shipped policy, head and harness; SGLang and the stand-in's kernels are this venv's and that
+checkout's), beside `plain` and `jetspec` from here on the same prompts: `--interleave` then pairs the
+two JETSPECs seconds apart, where two runs minutes apart on a 2-core machine drift by more than the
+difference asked about.
+
 `--repeats R` runs the whole set of configs R times in turn (plain, NGRAM, JETSPEC, plain, NGRAM, ...),
 each time on fresh servers and the same prompt slices: a ratio is taken between runs side by side in one
 round, and the reported x plain is the median over rounds (each round's ratio is listed too); tokens/s,
@@ -49,7 +56,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -58,7 +67,7 @@ from pathlib import Path
 
 from harness.client import post_ok
 from harness.compare import WARMUP_TEXT, WORKER_PHASES, mean_accept_length, worker_phases, worker_seconds
-from harness.sglang_cpu import TP2_ENV, jetspec_args, launch
+from harness.sglang_cpu import HEAD, REPO, TP2_ENV, jetspec_args, launch
 from harness.sglang_cpu import server_args as harness_server_args
 from sglang_jetspec.cli.bench import prompt_range
 
@@ -75,6 +84,7 @@ CONFIGS = ("plain", "ngram", *POLICY_VARIANTS)
 POLICY_SECTIONS = ("same_allocation",)
 RADIX = "+radix"  # config-name suffix: that server runs with SGLang's radix (prefix) cache on
 TP2 = "+tp2"  # config-name suffix: that server runs with --tp-size 2, one core per rank (TP2_ENV)
+CHECKOUT = "@"  # config-name suffix (last): `jetspec@LABEL` runs from the checkout `--checkout LABEL=DIR` names
 PROFILE_ENV = "JETSPEC_TEST_STEP_PROFILE"
 # worker phases of a JETSPEC decode iteration (WORKER_PHASES), from the worker's own counters
 PHASE_COLUMNS = ("sched_pre", "sched_run", *WORKER_PHASES, "worker_other", "output", "iteration")
@@ -149,23 +159,35 @@ class ConfigResult:
     speedup_by_round: dict[str, list[float]] = field(default_factory=dict)  # level -> each round's x baseline
 
 
+def checkout_label(config: str) -> str | None:
+    """The checkout label of a `NAME@LABEL` config (None: it runs from this checkout)."""
+    return config.partition(CHECKOUT)[2] or None
+
+
+def _suffixed(config: str) -> str:
+    """The config without its checkout label: its policy variant and `+radix` / `+tp2` suffixes."""
+    return config.partition(CHECKOUT)[0]
+
+
 def base_config(config: str) -> str:
-    return config.removesuffix(TP2).removesuffix(RADIX)
+    return _suffixed(config).removesuffix(TP2).removesuffix(RADIX)
 
 
-def server_args(config: str, model: str, dtype: str, max_running: int, ngram_tokens: int, port: int) -> list[str]:
+def server_args(
+    config: str, model: str, dtype: str, max_running: int, ngram_tokens: int, port: int, head: Path = HEAD
+) -> list[str]:
     """The harness's server arguments for `config` (JETSPEC with its worker's metrics on, for the phases)."""
     kw = dict(
         dtype=dtype,
         max_total_tokens=32768,
         max_running=max(4, max_running),
-        radix_cache=config.removesuffix(TP2).endswith(RADIX),
+        radix_cache=_suffixed(config).removesuffix(TP2).endswith(RADIX),
         port=port,
     )
-    tp = ["--tp-size", "2"] if config.endswith(TP2) else []
+    tp = ["--tp-size", "2"] if _suffixed(config).endswith(TP2) else []
     config = base_config(config)
     if config in POLICY_VARIANTS:
-        return jetspec_args(model, *tp, "--enable-metrics", **kw)
+        return jetspec_args(model, *tp, "--enable-metrics", head=head, **kw)
     ngram = ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", str(ngram_tokens)]
     return harness_server_args(model, "--disable-overlap-schedule", *tp, *(ngram if config == "ngram" else []), **kw)
 
@@ -282,19 +304,55 @@ class Running:
     profile: Path
 
 
+def parse_checkouts(specs: list[str]) -> dict[str, Path]:
+    """`--checkout LABEL=DIR` values: label -> the checkout's root (one holding this repository's plugin)."""
+    checkouts = {}
+    for spec in specs:
+        label, _, where = spec.partition("=")
+        if not label.isidentifier() or not where:
+            raise BenchArgsError(f"--checkout {spec!r}: give LABEL=DIR, e.g. before=/tmp/before")
+        root = Path(where).resolve()
+        if not (root / "sglang_jetspec" / "sglang_plugin.py").is_file() or not (root / "harness").is_dir():
+            raise BenchArgsError(
+                f"--checkout {spec}: {root} is not a checkout of this repository "
+                "(make one with `git worktree add DIR <commit>`)"
+            )
+        checkouts[label] = root
+    return checkouts
+
+
+def checkout_launch(root: Path | None) -> tuple[dict[str, str], Path | None, Path]:
+    """What a server from checkout `root` (None: this one) launches with: the environment it adds, its
+    working directory (first on every one of its processes' paths, so its modules win over this install's)
+    and its head."""
+    if root is None:
+        return {}, None, HEAD
+    path = os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))
+    return {"PYTHONPATH": path}, root, root / HEAD.relative_to(REPO)
+
+
+def checkout_commit(root: Path) -> str:
+    out = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return out.stdout.strip() or "unknown"
+
+
 def start_server(config: str, args, model: str, levels: list[int], warmup_ids: list[int], port: int) -> Running:
     profile = (args.log_dir / f"{config}-profile.json").resolve()
     profile.unlink(missing_ok=True)
+    label = checkout_label(config)
+    where_env, cwd, head = checkout_launch(args.checkouts[label] if label else None)
     env = {
         "OMP_NUM_THREADS": str(args.threads),
         PROFILE_ENV: str(profile),
         **policy_env(config, args.log_dir),
-        **(TP2_ENV if config.endswith(TP2) else {}),
+        **(TP2_ENV if _suffixed(config).endswith(TP2) else {}),
+        **where_env,
     }
     server = launch(
-        server_args(config, model, args.dtype, max(levels), args.ngram_draft_tokens, port),
+        server_args(config, model, args.dtype, max(levels), args.ngram_draft_tokens, port, head=head),
         args.log_dir / f"{config}.log",
         env,
+        cwd=cwd,
     )
     try:
         generate(server.url, (warmup_ids, {}), 8)  # first-call allocations stay out of the timings
@@ -454,6 +512,12 @@ def combine_rounds(rounds: list[ConfigResult]) -> ConfigResult:
     return combined
 
 
+def checkouts_sentence(checkouts: dict[str, dict]) -> str:
+    """What the `NAME@LABEL` configs ran, for the markdown's setup paragraph ('' without checkouts)."""
+    named = "; ".join(f"`{CHECKOUT}{label}` from {c['dir']} at commit {c['commit']}" for label, c in checkouts.items())
+    return f" Configs named NAME{CHECKOUT}LABEL ran from another checkout: {named}." if named else ""
+
+
 def markdown(results: list[ConfigResult], meta: dict) -> str:
     levels = [p.concurrency for p in results[0].passes]
     baseline = meta["baseline"]
@@ -473,7 +537,8 @@ def markdown(results: list[ConfigResult], meta: dict) -> str:
             f"`{RADIX}` configs run with SGLang's radix cache on, the others without."
             if meta["shared_prefix"]
             else ""
-        ),
+        )
+        + checkouts_sentence(meta.get("checkouts", {})),
         "",
         f"## Tokens/s by concurrency (x {baseline})",
         "",
@@ -590,6 +655,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ngram-draft-tokens", type=int, default=8)
     p.add_argument("--threads", type=int, default=2, help="OMP threads of each server")
     p.add_argument("--hf", action="store_true", help="also compare with HF transformers greedy (slow)")
+    p.add_argument(
+        "--checkout",
+        action="append",
+        default=[],
+        metavar="LABEL=DIR",
+        help=f"another checkout of this repository; a config named NAME{CHECKOUT}LABEL runs its server from it",
+    )
     p.add_argument("--port", type=int, default=31123)
     p.add_argument("--json", type=Path, required=True)
     p.add_argument("--markdown", type=Path, required=True)
@@ -600,8 +672,23 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         p.error(
             f"--configs: unknown {unknown}; choose from {','.join(CONFIGS)}, "
-            f"each optionally with {RADIX} and then {TP2}"
+            f"each optionally with {RADIX}, then {TP2}, then {CHECKOUT}LABEL"
         )
+    try:
+        args.checkouts = parse_checkouts(args.checkout)
+    except BenchArgsError as exc:
+        p.error(str(exc))
+    for config in configs:
+        label = checkout_label(config)
+        if label is not None and label not in args.checkouts:
+            p.error(f"--configs {config}: no --checkout {label}=DIR names the checkout it runs from")
+        if label is not None and base_config(config) not in POLICY_VARIANTS:
+            p.error(f"--configs {config}: only JETSPEC configs run from another checkout")
+        if label is not None and POLICY_VARIANTS[base_config(config)]:
+            p.error(
+                f"--configs {config}: a variant's policy is built from this checkout's shipped policy; "
+                f"run `jetspec{CHECKOUT}{label}` (that checkout's own shipped policy)"
+            )
     if args.baseline not in configs:
         p.error(f"--baseline {args.baseline}: not among --configs {args.configs}; add it or pick one of them")
     if args.repeats < 1:
@@ -710,6 +797,9 @@ def main(argv: list[str] | None = None) -> int:
         "repeats": args.repeats,
         "interleave": args.interleave,
         "threads": args.threads,
+        "checkouts": {
+            label: {"dir": str(root), "commit": checkout_commit(root)} for label, root in args.checkouts.items()
+        },
         "sglang": sglang.__version__,
         "torch": torch.__version__,
         "date": time.strftime("%Y-%m-%d %H:%M"),

@@ -203,9 +203,12 @@ class LaunchedServer:
         self.stop()
 
 
-def launch(args: list[str], log: Path, env: dict | None = None, timeout_s: float = 300.0) -> LaunchedServer:
+def launch(
+    args: list[str], log: Path, env: dict | None = None, timeout_s: float = 300.0, cwd: Path | None = None
+) -> LaunchedServer:
     """Start `python -m harness.sglang_cpu args` with its output in `log`; return once the server answers
-    /health. `env` adds variables (JETSPEC_POLICY, JETSPEC_SHADOW_SPOOL, ...) to this process's environment."""
+    /health. `env` adds variables (JETSPEC_POLICY, JETSPEC_SHADOW_SPOOL, ...) to this process's environment;
+    `cwd` (default this one's) is first on the server's module path: another checkout's root runs its code."""
     t0 = time.perf_counter()
     log.parent.mkdir(parents=True, exist_ok=True)
     out = open(log, "w")
@@ -214,6 +217,7 @@ def launch(args: list[str], log: Path, env: dict | None = None, timeout_s: float
         stdout=out,
         stderr=subprocess.STDOUT,
         env={**os.environ, **(env or {})},
+        cwd=cwd,
         start_new_session=True,
     )
     deadline = time.monotonic() + timeout_s

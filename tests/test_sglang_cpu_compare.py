@@ -4,6 +4,7 @@ per-iteration phase split (bench.sglang_cpu_compare); the servers themselves run
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -277,3 +278,56 @@ def test_interleave_asks_for_every_rounds_prompts_by_name(compare, capsys):
         compare.main(argv)
     err = capsys.readouterr().err
     assert "new prompts need 48" in err and "--interleave: each of the 3 rounds sends new prompts" in err
+
+
+def _fake_checkout(root: Path) -> Path:
+    """A checkout whose launcher announces where it runs from and whose plugin module exists."""
+    from harness.sglang_cpu import READY_PREFIX
+
+    (root / "sglang_jetspec").mkdir(parents=True)
+    (root / "sglang_jetspec" / "sglang_plugin.py").write_text("")
+    (root / "harness").mkdir()
+    (root / "harness" / "__init__.py").write_text("")
+    (root / "harness" / "sglang_cpu.py").write_text(
+        f"import time\nprint({READY_PREFIX!r} + __file__, flush=True)\ntime.sleep(60)\n"
+    )
+    return root
+
+
+def test_a_config_from_another_checkout_runs_that_checkouts_code_and_head(compare, tmp_path):
+    """`jetspec@before` launches its server from the checkout `--checkout before=DIR` names: that
+    checkout's launcher (and so its plugin and policy) wins over this install's, and its head is served."""
+    from harness.sglang_cpu import launch
+
+    root = _fake_checkout(tmp_path / "before")
+    checkouts = compare.parse_checkouts([f"before={root}"])
+    assert checkouts == {"before": root.resolve()}
+    env, cwd, head = compare.checkout_launch(checkouts["before"])
+    assert cwd == root.resolve() and env["PYTHONPATH"].split(os.pathsep)[0] == str(root.resolve())
+    assert head == root.resolve() / "sglang_jetspec" / "heads" / "smollm2-135m-instruct"
+    with launch(["--port", "1"], tmp_path / "before.log", env, timeout_s=60, cwd=cwd) as server:
+        assert server.url == str(root.resolve() / "harness" / "sglang_cpu.py")  # not this checkout's launcher
+    assert compare.checkout_launch(None)[:2] == ({}, None)  # this checkout's configs launch as before
+
+    argv = compare.server_args("jetspec+radix@before", "m", "float32", 4, 8, 1, head=head)
+    assert argv[argv.index("--speculative-draft-model-path") + 1] == str(head)
+    assert "--disable-radix-cache" not in argv  # the suffixes before the label still apply
+    assert compare.base_config("jetspec+radix@before") == "jetspec" and compare.checkout_label("jetspec") is None
+    said = compare.checkouts_sentence({"before": {"dir": str(root), "commit": "7b87310"}})
+    assert f"`@before` from {root} at commit 7b87310" in said and compare.checkouts_sentence({}) == ""
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--configs", "plain,jetspec@before"], "--configs jetspec@before: no --checkout before=DIR"),
+        (["--checkout", "before"], "--checkout 'before': give LABEL=DIR"),
+        (["--checkout", "before=/nonexistent"], "is not a checkout of this repository"),
+        (["--configs", "plain,plain@old", "--checkout", "old=."], "only JETSPEC configs run from another checkout"),
+        (["--configs", "plain,jetspec-off@old", "--checkout", "old=."], "this checkout's shipped policy"),
+    ],
+)
+def test_bad_checkout_flags_name_the_flag_and_the_fix(compare, extra, message, capsys, tmp_path):
+    with pytest.raises(SystemExit):
+        compare.main([*extra, "--json", str(tmp_path / "x.json"), "--markdown", str(tmp_path / "x.md")])
+    assert message in capsys.readouterr().err
