@@ -680,11 +680,13 @@ def main(argv: list[str] | None = None) -> int:
         p.error(str(exc))
     for config in configs:
         label = checkout_label(config)
-        if label is not None and label not in args.checkouts:
+        if label is None:
+            continue
+        if label not in args.checkouts:
             p.error(f"--configs {config}: no --checkout {label}=DIR names the checkout it runs from")
-        if label is not None and base_config(config) not in POLICY_VARIANTS:
+        if base_config(config) not in POLICY_VARIANTS:
             p.error(f"--configs {config}: only JETSPEC configs run from another checkout")
-        if label is not None and POLICY_VARIANTS[base_config(config)]:
+        if POLICY_VARIANTS[base_config(config)]:
             p.error(
                 f"--configs {config}: a variant's policy is built from this checkout's shipped policy; "
                 f"run `jetspec{CHECKOUT}{label}` (that checkout's own shipped policy)"
