@@ -10,6 +10,10 @@
 - **host syncs**: every read of device data by the host: `.item()`, `.tolist()`, `.cpu()`, `.numpy()`,
   truthiness, `int()` / `float()`, and the ops whose output shape depends on the data (`nonzero`,
   boolean indexing, `masked_select`, `unique`, ...). Each is filed under its caller's `file:line`.
+- **fused on CUDA**: a function that a CUDA build dispatches as one fused kernel while a CPU build
+  decomposes it (`F.rms_norm`: one `_fused_rms_norm` on CUDA, five elementwise ops on a CPU, under
+  no_grad as SGLang runs a step) is counted as that one kernel (FUSED_ON_CUDA; tests/test_step_probe.py
+  checks each entry against the installed torch's dispatch of a fake CUDA tensor).
 - `paused()` excludes a region (the target's forward) from both counts.
 - `strict=True` raises `HostSyncError` at the first sync instead: what a graph-captured region must pass.
 
@@ -70,6 +74,8 @@ _FACTORIES = {
     torch.randperm,
     torch.linspace,
 }
+# function -> the one op a CUDA build dispatches for it, where a CPU build dispatches its decomposition
+FUSED_ON_CUDA = {torch.nn.functional.rms_norm: "_fused_rms_norm.default"}
 _HERE = __file__
 
 
@@ -137,6 +143,9 @@ class _Functions(TorchFunctionMode):
             host = not on_device
         if on_device and self._syncs(func, args, kwargs):
             probe.sync(func)
+        if on_device and func in FUSED_ON_CUDA:
+            with probe.kernel(FUSED_ON_CUDA[func]):
+                return func(*args, **kwargs)
         if func is _T.to and tensors and not on_device and _to_device(args, kwargs):
             out = self._call(func, args, kwargs, host=False)  # host -> device: one copy, a device tensor
             return out.clone() if out is args[0] else out
@@ -227,6 +236,8 @@ class StepProbe:
             self.counts.device_ops += 1
             self.counts.kernel_ops += 1
             self.counts.op_names[name] += 1
+            if self.op_sites:
+                self.counts.op_sites[_caller()] += 1
         return self.paused()
 
     def sync(self, func) -> None:

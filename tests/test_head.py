@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from sglang_jetspec.core.context_cache import ContextCache
-from sglang_jetspec.core.head import block_mask
+from sglang_jetspec.core.head import apply_rope, block_mask, rope_cos_sin, rope_frequencies
 from sglang_jetspec.core.head_config import HeadConfigError, TargetInfo, default_tap_layers
 from sglang_jetspec.core.head_io import init_head, load_head, read_head_config, save_head
 from tests.builders import TINY_TARGET, tiny_head_config
@@ -149,3 +149,19 @@ def test_context_cache_grows_incrementally_like_a_full_projection():
     for mine, ref in zip(cache.layers, full):
         assert torch.allclose(mine.keys, ref.keys, atol=1e-6) and torch.allclose(mine.values, ref.values, atol=1e-6)
     assert cache.length == 9
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rope_is_hfs_rotate_half_bit_for_bit(dtype):
+    """apply_rope's one roll against a signed sin table gives HF's x * cos + cat(-x2, x1) * sin exactly."""
+    head_dim, theta = 16, 10000.0
+    positions = torch.tensor([[0, 5, 17], [3, 900, 40000]])
+    x = torch.randn(2, 3, 4, head_dim).to(dtype)  # [B, S, H, D]
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    angles = positions.float().unsqueeze(-1) * inv_freq
+    emb = torch.cat([angles, angles], dim=-1).unsqueeze(-2)
+    cos, sin = emb.cos().to(dtype), emb.sin().to(dtype)
+    half = head_dim // 2
+    expected = x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
+    mine = apply_rope(x, *rope_cos_sin(positions, rope_frequencies(head_dim, theta, x.device), dtype))
+    assert torch.equal(mine, expected)

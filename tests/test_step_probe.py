@@ -104,3 +104,45 @@ def test_marked_host_state_is_host_data():
         probe.mark_host_within(learner)
         float(learner.edges[0]) + float(learner.bands[0]["seen"].sum())
     assert probe.take().host_syncs == 0
+
+
+def test_a_function_fused_on_cuda_counts_as_the_one_kernel_cuda_dispatches():
+    """F.rms_norm decomposes into five ops on a CPU and is one `_fused_rms_norm` on CUDA: the probe counts
+    the one, at its caller's site. Each FUSED_ON_CUDA entry is checked against the installed torch's own
+    dispatch of a fake CUDA tensor under no_grad (as SGLang runs a step), so a torch that stops fusing it
+    fails here."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from harness.step_probe import FUSED_ON_CUDA
+
+    class Dispatched(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.namespace == "aten":
+                self.ops.append(str(func.__name__))
+            return func(*args, **(kwargs or {}))
+
+    def on(device: str, func) -> list[str]:
+        with FakeTensorMode(), torch.no_grad():
+            x, weight = torch.empty(2, 3, 8, device=device), torch.empty(8, device=device)
+            with Dispatched() as seen:
+                func(x, (8,), weight, 1e-6)
+        return seen.ops
+
+    for func, op in FUSED_ON_CUDA.items():
+        assert on("cuda", func) == [op]
+        assert len(on("cpu", func)) > 1  # what the CPU dispatches (and the probe does not count)
+
+    x, weight = torch.randn(2, 3, 8), torch.rand(8)
+    with torch.no_grad(), StepProbe(op_sites=True) as probe:
+        normed = torch.nn.functional.rms_norm(x, (8,), weight, 1e-6)
+        normed * 2
+    counts = probe.take()
+    assert (counts.device_ops, counts.kernel_ops) == (2, 2), counts.op_names
+    assert counts.op_names["_fused_rms_norm.default"] == 1
+    assert [n for site, n in counts.op_sites.items() if site.startswith("tests/test_step_probe.py:")] == [1, 1]
+    assert torch.equal(normed, torch.nn.functional.rms_norm(x, (8,), weight, 1e-6))  # computed as ever

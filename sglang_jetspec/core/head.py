@@ -31,26 +31,30 @@ class RMSNorm(nn.Module):
         return self.weight * normed.to(x.dtype)
 
 
-def rope_inv_freq(head_dim: int, theta: float, device: torch.device) -> torch.Tensor:
-    """RoPE's inverse frequencies [head_dim / 2], float32."""
-    return 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
+def rope_frequencies(head_dim: int, theta: float, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE's inverse frequencies laid out over the whole head dim [head_dim] (both halves), float32, and the
+    sign [head_dim] that negates the first half of the sin table (see apply_rope)."""
+    half = torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim
+    inv_freq = 1.0 / (theta**half)
+    sign = torch.cat([-torch.ones_like(inv_freq), torch.ones_like(inv_freq)])
+    return torch.cat([inv_freq, inv_freq]), sign
 
 
 def rope_cos_sin(
-    positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype
+    positions: torch.Tensor, frequencies: tuple[torch.Tensor, torch.Tensor], dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin tables [..., head_dim] for integer positions (`inv_freq`: rope_inv_freq's), in the HF
-    rotate-half convention."""
-    angles = positions.float().unsqueeze(-1) * inv_freq
-    emb = torch.cat([angles, angles], dim=-1)
-    return emb.cos().to(dtype), emb.sin().to(dtype)
+    """cos and signed sin tables [..., 1, head_dim] for integer positions [...] (`frequencies`:
+    rope_frequencies'), to multiply rows [..., heads, head_dim] (apply_rope)."""
+    inv_freq, sign = frequencies
+    angles = (positions.float().unsqueeze(-1) * inv_freq).unsqueeze(-2)
+    return angles.cos().to(dtype), (angles.sin() * sign).to(dtype)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [B, H, S, D]; cos/sin [B, S, D]."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos.unsqueeze(1) + rotated * sin.unsqueeze(1)
+    """x [B, S, H, D]; cos/sin [B, S, 1, D] (rope_cos_sin's). HF's rotate-half convention, x * cos +
+    cat(-x2, x1) * sin, bit for bit: the sin table carries the minus, so the rotation is one roll of the
+    halves (fewer kernels than slicing, negating and concatenating: this runs three times a layer)."""
+    return x * cos + x.roll(x.shape[-1] // 2, -1) * sin
 
 
 @dataclass
@@ -79,19 +83,21 @@ class DraftAttention(nn.Module):
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
 
     def _heads(self, x: torch.Tensor, n: int) -> torch.Tensor:
+        """[B, S, n * D] -> [B, S, n, D]: a view; the norms and RoPE read rows contiguous in this layout, and
+        attention takes the transpose [B, n, S, D] as a view too."""
         b, s, _ = x.shape
-        return x.view(b, s, n, self.head_dim).transpose(1, 2)
+        return x.view(b, s, n, self.head_dim)
 
     def project_kv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> LayerContext:
         """Keys (k_norm + RoPE) and values for rows x [B, S, H]."""
         k = apply_rope(self.k_norm(self._heads(self.k_proj(x), self.num_kv_heads)), cos, sin)
-        return LayerContext(k, self._heads(self.v_proj(x), self.num_kv_heads))
+        return LayerContext(k.transpose(1, 2), self._heads(self.v_proj(x), self.num_kv_heads).transpose(1, 2))
 
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, context: LayerContext, mask: torch.Tensor
     ) -> torch.Tensor:
         """x: block rows [B, S, H]; mask: bool [B, 1, S, L+S], True where a query may attend."""
-        q = apply_rope(self.q_norm(self._heads(self.q_proj(x), self.num_heads)), cos, sin)
+        q = apply_rope(self.q_norm(self._heads(self.q_proj(x), self.num_heads)), cos, sin).transpose(1, 2)
         own = self.project_kv(x, cos, sin)
         k = torch.cat([context.keys, own.keys], dim=2)
         v = torch.cat([context.values, own.values], dim=2)
@@ -133,13 +139,13 @@ class DraftHead(nn.Module):
         self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.layers = nn.ModuleList(DraftLayer(cfg) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self._inv_freq: torch.Tensor | None = None
+        self._frequencies: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         # the frequencies are kept per device (not as a buffer: the head's dtype casts would round them)
-        if self._inv_freq is None or self._inv_freq.device != positions.device:
-            self._inv_freq = rope_inv_freq(self.config.head_dim, self.config.rope_theta, positions.device)
-        return rope_cos_sin(positions, self._inv_freq, dtype)
+        if self._frequencies is None or self._frequencies[0].device != positions.device:
+            self._frequencies = rope_frequencies(self.config.head_dim, self.config.rope_theta, positions.device)
+        return rope_cos_sin(positions, self._frequencies, dtype)
 
     def project_context(self, tap_rows: torch.Tensor, positions: torch.Tensor) -> list[LayerContext]:
         """Per-layer context K/V for tapped target rows [B, L, taps*H] at positions [B, L].
