@@ -97,7 +97,8 @@ drifts over minutes.
   runs that checkout's plugin, policy and head beside `jetspec` from here, pass by pass with `--interleave`.
 - What a decode step costs outside the target's forward, by batch size (1 / 4 / 16) and workload (greedy,
   sampled, grammar, penalised): `python -m bench.step_overhead --help` (device ops per step, and kernel ops:
-  the same less the views, the proxy for GPU kernel launches; host syncs per step with their code sites;
+  the same less the views, the proxy for GPU kernel launches, with `F.rms_norm` one kernel as on CUDA; host
+  syncs per step with their code sites;
   host milliseconds per phase), plain SGLang and JETSPEC in real servers on the CPU harness.
 - JETSPEC as operators run it (shipped policy, the server's same-allocation control, `--controller` for the
   controller too) against plain SGLang: `python -m bench.control_plane --help` (chat and code at concurrency

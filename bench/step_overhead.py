@@ -13,7 +13,8 @@ under harness.step_probe.StepProbe (the target's forward paused); the others are
 steps whose batch is the full batch size it reports, per step (median, max in brackets):
 
 - `ops_outside_forward`: aten ops on device data outside the target's forward: the proxy for kernel
-  launches on a GPU (the draft head's forward is outside the target's: it counts);
+  launches on a GPU (the draft head's forward is outside the target's: it counts; a function a CUDA build
+  runs as one fused kernel, `F.rms_norm`, counts as that one: harness.step_probe.FUSED_ON_CUDA);
 - `ops_with_draft_graph`: the same with the head's drafting pass replayed as one CUDA graph, as a GPU with
   decode graphs runs it (core/draft_graphs.py): the pass's ops (counted inside `HeadDrafter.propose`) become
   DRAFT_GRAPH_OPS (the copy of its inputs into the bucket's buffer, the replay, the slice of its output);
