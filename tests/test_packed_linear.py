@@ -42,6 +42,23 @@ def test_packed_equals_plain_linear(dtype, rows, bias):
 
 
 @needs_onednn
+@pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.bfloat16, marks=needs_bf16_packing)])
+@pytest.mark.parametrize("shape", [(64,), (1, 64), (3, 64), (2, 1, 64), (3, 1, 64), (1, 3, 64), (2, 2, 1, 64)])
+def test_fewer_rows_than_the_kernel_wants_are_padded_and_each_row_is_computed_alone(dtype, shape):
+    """Rows below MIN_ROWS are zero-padded for oneDNN's kernel and cut off after: a row's result is what it
+    is among many rows (to the kernel's rounding: another row count may pick another blocking), and the
+    output has the input's leading shape."""
+    layer = _layer(dtype)
+    x = torch.randn(*shape, dtype=dtype)
+    with torch.no_grad():
+        out = layer(x)
+        among_many = layer(torch.cat([x.reshape(-1, 64), torch.randn(MIN_ROWS + 3, 64, dtype=dtype)]))
+    assert out.shape == (*shape[:-1], 48)
+    tolerance = TOLERANCE[dtype]
+    torch.testing.assert_close(out.reshape(-1, 48), among_many[: x.numel() // 64], atol=tolerance, rtol=tolerance)
+
+
+@needs_onednn
 def test_autograd_takes_the_plain_path():
     layer = _layer(torch.float32)
     x = torch.randn(4, 64, requires_grad=True)

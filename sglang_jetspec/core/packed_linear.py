@@ -76,10 +76,14 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pac
         return nn.functional.linear(x, weight, bias)
     if rows >= MIN_ROWS:
         return torch.ops.mkldnn._linear_pointwise(x, packed.get(weight), bias, "none", [], "")
-    flat = x.reshape(rows, x.shape[-1])
-    padded = torch.cat([flat, flat.new_zeros(MIN_ROWS - rows, x.shape[-1])])
-    out = torch.ops.mkldnn._linear_pointwise(padded, packed.get(weight), bias, "none", [], "")
-    return out[:rows].reshape(*x.shape[:-1], weight.shape[0])
+    # zero rows appended along the row dim, and cut off after: one pad and one slice (a step's context
+    # projection of one or two new rows runs this three times a layer)
+    if x.dim() == 1:
+        return linear(x.unsqueeze(0), weight, bias, packed).squeeze(0)
+    length = x.shape[-2]
+    extra = -(-MIN_ROWS // (rows // length)) - length  # the rows dim's padding: >= MIN_ROWS rows in all
+    padded = nn.functional.pad(x, (0, 0, 0, extra))
+    return torch.ops.mkldnn._linear_pointwise(padded, packed.get(weight), bias, "none", [], "")[..., :length, :]
 
 
 class PackedLinear(nn.Linear):
