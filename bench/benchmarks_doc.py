@@ -99,7 +99,9 @@ drifts over minutes.
   sampled, grammar, penalised): `python -m bench.step_overhead --help` (device ops per step, and kernel ops:
   the same less the views, the proxy for GPU kernel launches, with `F.rms_norm` one kernel as on CUDA; host
   syncs per step with their code sites;
-  host milliseconds per phase), plain SGLang and JETSPEC in real servers on the CPU harness.
+  host milliseconds per phase, and a probed step's milliseconds outside the forward split into the device ops'
+  own and the host's work beside them, with the latter's growth from batch 1 to the largest batch), plain
+  SGLang and JETSPEC in real servers on the CPU harness.
 - JETSPEC as operators run it (shipped policy, the server's same-allocation control, `--controller` for the
   controller too) against plain SGLang: `python -m bench.control_plane --help` (chat and code at concurrency
   1 / 4 / 16 after a stated warm-up, interleaved rounds; the steady-state ratio, the seconds to the control's

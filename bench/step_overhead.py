@@ -23,11 +23,17 @@ steps whose batch is the full batch size it reports, per step (median, max in br
 - `host_syncs`: reads of device data by the host (`.item()`, `.tolist()`, `.cpu()`, truthiness,
   `nonzero`, boolean indexing, ...), with the code sites behind them in the JSON;
 - `host_ms`: wall milliseconds of the step outside the target's forward (unprobed steps), and for
-  JETSPEC its phases as its own clock reads them (draft includes planning; bind: the verify's inputs).
+  JETSPEC its phases as its own clock reads them (draft includes planning; bind: the verify's inputs);
+- `host_beyond_ops_ms` and `device_op_ms`: a probed step's milliseconds outside the target's forward
+  split into the time inside the counted device ops themselves and the rest (Python, host tensors,
+  dispatch, and the probe's own few microseconds an op, flat with the op count).
 
-On a CPU every op runs where it is dispatched, so host_ms is compute as well as launches; the counts are
-what carries to a GPU. Configs: `plain` (SGLang's own decode and sampler), `jetspec` (the shipped head
-and policy), `jetspec-16` (every cohort at budget 16 with fixed trees: batch 16 speculates too),
+On a CPU every op runs where it is dispatched, so host_ms is compute as well as launches; the counts and
+`host_beyond_ops_ms` are what carries to a GPU, where the ops' own time moves to the device and the host's
+work beside them is what a step still waits on (with no per-request loop, flat in batch size: the
+markdown's last lines give its ratio of the largest batch to batch 1). Configs: `plain` (SGLang's own
+decode and sampler), `jetspec` (the shipped head and policy), `jetspec-16` (every cohort at budget 16 with
+fixed trees: batch 16 speculates too),
 `jetspec-off` (every cohort at budget 0 in the YAML: no draft context kept) and `jetspec-native` (the
 shipped cohorts with a pushed table of budget 0: native steps that keep each request's draft context, as
 the same-allocation control's native blocks run them).
@@ -78,6 +84,7 @@ COUNT_FIELDS = (
 DRAFT_GRAPH_OPS = 3  # DraftGraphs.propose: inputs.copy_, graph.replay, out[: len(lanes)]
 DRAFT_GRAPH_KERNELS = 2  # ... of which the slice is a view
 TIME_FIELDS = ("host_ms", "forward_ms", "step_ms")
+PROBED_TIME_FIELDS = ("host_beyond_ops_ms", "device_op_ms")  # from the probed steps
 
 
 def parse_sizes(text: str) -> list[int]:
@@ -113,8 +120,8 @@ def summarise(records: list[dict], batch_size: int) -> dict:
         values = [r[name] for r in counted if r[name] is not None]
         out[name] = statistics.median(values) if values else None
         out[f"{name}_max"] = max(values) if values else None
-    for name in TIME_FIELDS:
-        values = [r[name] for r in timed]
+    for name, steps in [*((n, timed) for n in TIME_FIELDS), *((n, counted) for n in PROBED_TIME_FIELDS)]:
+        values = [r[name] for r in steps if r.get(name) is not None]
         out[name] = round(statistics.median(values), 2) if values else None
     phases = sorted({p for r in timed for p in r.get("phases_ms", {})})
     out["phases_ms"] = {p: round(statistics.median(r["phases_ms"].get(p, 0.0) for r in timed), 2) for p in phases}
@@ -209,11 +216,13 @@ def markdown(results: dict, meta: dict) -> str:
         "(a view launches no kernel on a GPU: the proxy for GPU kernel launches); with draft graph: the same when",
         "the head's drafting pass replays as one CUDA graph (GPU decode graphs);",
         "syncs: host reads of device data; ms: unprobed wall time outside the target's forward",
-        "(JETSPEC's phases after).",
+        "(JETSPEC's phases after); host beyond ops: a probed step's ms outside the forward less the ms inside",
+        "its device ops (in brackets): the host's own work, which a GPU step still waits on.",
         "",
         "| config | workload | batch | ops outside forward | ops with draft graph | kernels outside forward "
-        "| kernels with draft graph | host syncs | outside-forward ms | forward ms | phases ms |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| kernels with draft graph | host syncs | outside-forward ms | host beyond ops ms (in ops) "
+        "| forward ms | phases ms |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for config, by_workload in results.items():
         for workload, by_size in by_workload.items():
@@ -224,7 +233,8 @@ def markdown(results: dict, meta: dict) -> str:
                     f"| {s.get('ops_with_draft_graph', '-')} ({s.get('ops_with_draft_graph_max', '-')}) "
                     f"| {s.get('kernels_outside_forward', '-')} ({s.get('kernels_outside_forward_max', '-')}) "
                     f"| {s.get('kernels_with_draft_graph', '-')} ({s.get('kernels_with_draft_graph_max', '-')}) "
-                    f"| {s['host_syncs']} ({s['host_syncs_max']}) | {s['host_ms']} | {s['forward_ms']} "
+                    f"| {s['host_syncs']} ({s['host_syncs_max']}) | {s['host_ms']} "
+                    f"| {s.get('host_beyond_ops_ms', '-')} ({s.get('device_op_ms', '-')}) | {s['forward_ms']} "
                     f"| {phases} |"
                 )
     lines += ["", "Sync sites per step (JETSPEC, largest batch, greedy and sampled):", ""]
@@ -237,7 +247,24 @@ def markdown(results: dict, meta: dict) -> str:
                 last = by_size[max(by_size, key=int)]
                 sites = ", ".join(f"{site} x{n}" for site, n in last["sync_sites_per_step"].items())
                 lines.append(f"- {config} {workload}: {sites or 'none'}")
+    growth = host_growth(results)
+    if growth:
+        lines += ["", "Host ms beyond ops, largest batch over batch 1 (issue 56's goal: at most 1.5):", ""]
+        lines += [f"- {config} {workload}: {ratio}" for (config, workload), ratio in growth.items()]
     return "\n".join(lines) + "\n"
+
+
+def host_growth(results: dict) -> dict[tuple[str, str], float]:
+    """(config, workload) -> host_beyond_ops_ms at the largest batch size over that at the smallest, where both
+    were measured at two or more sizes."""
+    out = {}
+    for config, by_workload in results.items():
+        for workload, by_size in by_workload.items():
+            sizes = sorted(by_size, key=int)
+            first, last = (by_size[sizes[0]].get("host_beyond_ops_ms"), by_size[sizes[-1]].get("host_beyond_ops_ms"))
+            if len(sizes) > 1 and first and last is not None:
+                out[(config, workload)] = round(last / first, 2)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

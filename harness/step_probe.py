@@ -14,7 +14,11 @@
   decomposes it (`F.rms_norm`: one `_fused_rms_norm` on CUDA, five elementwise ops on a CPU, under
   no_grad as SGLang runs a step) is counted as that one kernel (FUSED_ON_CUDA; tests/test_step_probe.py
   checks each entry against the installed torch's dispatch of a fake CUDA tensor).
-- `paused()` excludes a region (the target's forward) from both counts.
+- **device-op seconds**: the wall time spent inside the counted device ops (and the stand-in kernels) themselves.
+  On a CPU each op computes where it is dispatched, so a step's wall time outside the forward less these
+  seconds is what the host spends on everything else (Python, building host tensors, dispatch, the probe's
+  own few microseconds an op): what a GPU step would still pay on its host while the ops run on the device.
+- `paused()` excludes a region (the target's forward) from every count.
 - `strict=True` raises `HostSyncError` at the first sync instead: what a graph-captured region must pass.
 
 Which tensors are host data, on a machine where everything is on one device (the CPU harness): tensors
@@ -91,6 +95,7 @@ class StepCounts:
     sync_sites: Counter = field(default_factory=Counter)  # "file:line (what)" -> syncs there
     op_names: Counter = field(default_factory=Counter)  # aten op -> device dispatches
     op_sites: Counter = field(default_factory=Counter)  # "file:line" -> device dispatches there
+    device_op_s: float = 0.0  # wall seconds inside the counted device ops and stand-in kernels
 
 
 def _bool_index(index) -> bool:
@@ -98,11 +103,11 @@ def _bool_index(index) -> bool:
 
 
 def _caller() -> str:
-    """The first frame outside torch and this module: where the sync is written."""
+    """The first frame outside torch, contextlib and this module: where the sync is written."""
     frame = sys._getframe(2)
     while frame is not None:
         path = frame.f_code.co_filename
-        if path != _HERE and "/torch/" not in path:
+        if path != _HERE and "/torch/" not in path and not path.endswith("contextlib.py"):
             parts = path.split("/")
             short = "/".join(parts[-2:])
             return f"{short}:{frame.f_lineno}"
@@ -123,6 +128,11 @@ class _Dispatch(TorchDispatchMode):
             probe.counts.op_names[func.__name__] += 1
             if probe.op_sites:
                 probe.counts.op_sites[_caller()] += 1
+            start = time.perf_counter()
+            try:
+                return func(*args, **(kwargs or {}))
+            finally:
+                probe.counts.device_op_s += time.perf_counter() - start
         return func(*args, **(kwargs or {}))
 
 
@@ -229,16 +239,25 @@ class StepProbe:
 
         walk(obj, depth)
 
+    @contextmanager
     def kernel(self, name: str):
         """A context for one call of a stand-in for a single device kernel (a CPU harness's PyTorch code
-        where a GPU launches one kernel): counted as one device op, its insides neither ops nor syncs."""
-        if self.counting:
+        where a GPU launches one kernel): counted as one device op (its seconds as device-op seconds), its
+        insides neither ops nor syncs."""
+        counting = self.counting
+        if counting:
             self.counts.device_ops += 1
             self.counts.kernel_ops += 1
             self.counts.op_names[name] += 1
             if self.op_sites:
                 self.counts.op_sites[_caller()] += 1
-        return self.paused()
+        start = time.perf_counter()
+        try:
+            with self.paused():
+                yield
+        finally:
+            if counting:
+                self.counts.device_op_s += time.perf_counter() - start
 
     def sync(self, func) -> None:
         if not self.counting:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -84,6 +86,24 @@ def test_paused_regions_and_kernels():
     counts = probe.take()
     assert (counts.device_ops, counts.kernel_ops, counts.host_syncs) == (1, 1, 0)
     assert counts.op_names["standin:copy"] == 1
+
+
+def test_device_op_seconds_are_the_ops_own_time_not_the_hosts():
+    weight = torch.randn(64, 64)
+    with StepProbe() as probe:
+        time.sleep(0.2)  # host work between ops: not device-op time
+        with probe.paused():
+            time.sleep(0.2)  # the target's forward: neither
+        torch.tensor([1.0, 2.0]) * 3  # ops on host data: neither
+        with probe.kernel("standin:slow"):
+            time.sleep(0.15)  # a stand-in kernel's whole call is device-op time
+        weight @ weight
+    counts = probe.take()
+    assert counts.device_ops == 2
+    assert 0.15 <= counts.device_op_s < 0.3, counts.device_op_s
+    with StepProbe() as probe:
+        torch.tensor([1.0, 2.0]).sum()
+    assert probe.take().device_op_s == 0.0
 
 
 def test_strict_probe_raises_at_the_first_sync():

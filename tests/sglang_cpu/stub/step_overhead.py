@@ -4,7 +4,8 @@ With ``JETSPEC_TEST_STEP_OVERHEAD=<file>`` set (and the stand-in switched on), `
 ``install`` once SGLang's scheduler module is imported. Every decode batch's ``Scheduler.run_batch`` then
 appends one JSON line to ``<file>``. Odd steps run under ``harness.step_probe.StepProbe`` with the target
 model's forward (``ModelRunner.forward``) paused, and record device ops and host syncs outside it (with
-the call sites of the syncs and the ops by name). Even steps run unprobed and record wall milliseconds:
+the call sites of the syncs and the ops by name), and the milliseconds outside the forward spent inside
+those ops and beside them (the host's own work, which a GPU step still pays while its kernels run). Even steps run unprobed and record wall milliseconds:
 the worker's whole step, the target's forward, and for JETSPEC its phases as its own step clock read
 them. A probed step is several times slower, so timings come only from unprobed steps.
 
@@ -152,7 +153,10 @@ def install(scheduler_module) -> None:
             finally:
                 state.probe = None
             counts = probe.take()
+            outside_ms = (time.perf_counter() - start - state.forward_s) * 1e3
             record.update(
+                device_op_ms=counts.device_op_s * 1e3,
+                host_beyond_ops_ms=outside_ms - counts.device_op_s * 1e3,
                 ops_outside_forward=counts.device_ops,
                 kernels_outside_forward=counts.kernel_ops,
                 host_syncs=counts.host_syncs,
