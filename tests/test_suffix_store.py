@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from sglang_jetspec.core.prompt_lookup import STORE_FACTOR, LookupMerge, lookup_guesses, noisy_or, store_guesses
+from sglang_jetspec.core.prompt_lookup import STORE_FACTOR, LookupMerge, lookup_guesses, noisy_or
 from sglang_jetspec.core.sampling import SamplingParams
 from sglang_jetspec.core.suffix_store import (
     DRAFT_CORPUS_FILE,
@@ -80,7 +80,9 @@ def test_corpus_guesses_join_the_requests_own_trie_and_agreeing_guesses_combine(
     assert guesses[(8,)][9] == pytest.approx(noisy_or(LOG(0.9), LOG(stored * 0.5)))
     assert guesses[(8,)][2] == pytest.approx(LOG(stored * 0.5))
     assert guesses[(8, 9)] == pytest.approx({5: LOG(0.9), 1: LOG(stored)})
-    assert store_guesses([7], corpus, depth=4, limit=1, logprob=LOG(0.9)) == {(): {8: pytest.approx(LOG(0.9))}}
+    # a budget of 2 nodes keeps the one likeliest path
+    one_path = lookup_guesses([7], TreeSpec(budget=2, max_depth=4, width=4), merge)
+    assert one_path == {(): {8: pytest.approx(LOG(stored))}}
 
 
 def test_the_requests_own_tokens_give_every_recent_continuation_scored_by_share_and_match_length():

@@ -23,10 +23,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
+from .batched_lookup import PaddedContexts, continuation_rows, likeliest_paths_batch, own_occurrences, store_occurrences
 from .lanes import LookupLane
-from .suffix_store import SuffixStore, context_continuations, likeliest_paths
+from .suffix_store import MAX_OCCURRENCES, SuffixStore, context_continuations
 from .tree import Candidates, TreeSpec, fanout_caps
 
 # Guessed children per tree node: node token path from the root -> {token: log-probability that the
@@ -129,28 +131,13 @@ def guess_logprob(logprob: float, factor: float) -> float:
     return min(logprob + math.log(factor), MOST_TRUSTED)
 
 
-def path_guesses(counts: dict[tuple[int, ...], int], occurrences: int, limit: int, logprob: float) -> Guesses:
-    """The `limit` likeliest of the counted continuation paths, each token scored `logprob` plus the log of
-    its share of the occurrences given its parent."""
+def path_guesses(kept: dict[tuple[int, ...], float], logprob: float) -> Guesses:
+    """Kept continuation paths (`likeliest_paths`: path -> log share given its parent) as guesses, each
+    token scored `logprob` plus its share."""
     guesses: Guesses = {}
-    for path, share in likeliest_paths(counts, occurrences, limit).items():
+    for path, share in kept.items():
         guesses.setdefault(path[:-1], {})[path[-1]] = logprob + share
     return guesses
-
-
-def store_guesses(context: list[int], store: SuffixStore, depth: int, limit: int, logprob: float) -> Guesses:
-    """The `limit` likeliest continuation paths `store` knows for `context` (path_guesses)."""
-    return path_guesses(*store.continuations(context, depth), limit, logprob)
-
-
-def context_guesses(committed_ids: list[int], spec: TreeSpec, merge: LookupMerge) -> Guesses:
-    """The likeliest continuation paths of the request's own tokens (within the tree's depth and node
-    budget), scored by the length of the suffix they matched."""
-    counts, occurrences, n = context_continuations(committed_ids, spec.max_depth, merge.min_ngram, merge.max_ngram)
-    if not occurrences:
-        return {}
-    factor = OWN_MATCH_FACTOR[min(n, 4)]
-    return path_guesses(counts, occurrences, spec.budget - 1, guess_logprob(merge.logprob, factor))
 
 
 def combine_guesses(into: Guesses, more: Guesses) -> None:
@@ -161,21 +148,36 @@ def combine_guesses(into: Guesses, more: Guesses) -> None:
             node[token] = noisy_or(node[token], logprob) if token in node else logprob
 
 
-def lookup_guesses(committed_ids: list[int], spec: TreeSpec, merge: LookupMerge | None) -> Guesses:
-    """Every guess for a request's next tokens: its own tokens' likeliest continuations, then each suffix
-    store's (within the tree's depth and node budget); {} without a merge."""
+def batch_lookup_guesses(contexts: list[list[int]], spec: TreeSpec, merge: LookupMerge | None) -> list[Guesses]:
+    """Every guess for each request's next tokens (`contexts`: their committed tokens), looked up for
+    the whole batch at once (core/batched_lookup.py): its own tokens' likeliest continuations, scored by
+    the length of the suffix they matched, then each suffix store's, within the tree's depth and node
+    budget; {} each without a merge."""
     if merge is None:
-        return {}
-    guesses = context_guesses(committed_ids, spec, merge)
-    for store in (merge.corpus, merge.recent):
-        if store is not None:
-            combine_guesses(
-                guesses,
-                store_guesses(
-                    committed_ids, store, spec.max_depth, spec.budget - 1, guess_logprob(merge.logprob, STORE_FACTOR)
-                ),
-            )
+        return [{} for _ in contexts]
+    padded = PaddedContexts(contexts)
+    own, own_n = own_occurrences(padded, merge.min_ngram, merge.max_ngram, MAX_OCCURRENCES)
+    sources = [own] + [store_occurrences(store, padded) for store in (merge.corpus, merge.recent) if store is not None]
+    batch = len(contexts)
+    kept = likeliest_paths_batch(
+        np.concatenate([continuation_rows(found, spec.max_depth) for found in sources]),
+        np.concatenate([found.groups + i * batch for i, found in enumerate(sources)]),
+        batch * len(sources),
+        spec.budget - 1,
+    )
+    stored = guess_logprob(merge.logprob, STORE_FACTOR)
+    guesses = []
+    for b, n in enumerate(own_n.tolist()):
+        lane = path_guesses(kept[b], guess_logprob(merge.logprob, OWN_MATCH_FACTOR[min(n, 4)])) if n else {}
+        for source in range(1, len(sources)):
+            combine_guesses(lane, path_guesses(kept[source * batch + b], stored))
+        guesses.append(lane)
     return guesses
+
+
+def lookup_guesses(committed_ids: list[int], spec: TreeSpec, merge: LookupMerge | None) -> Guesses:
+    """`batch_lookup_guesses` of one request."""
+    return batch_lookup_guesses([committed_ids], spec, merge)[0]
 
 
 def with_guesses(base: Candidates, tokens: dict[int, float]) -> Candidates:

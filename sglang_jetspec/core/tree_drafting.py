@@ -26,9 +26,9 @@ from .marginal_trees import unpack_drafts
 from .prompt_lookup import (
     Guesses,
     LookupMerge,
+    batch_lookup_guesses,
     chain_guesses,
     combine_guesses,
-    lookup_guesses,
     merge_guesses,
     with_guesses,
 )
@@ -49,11 +49,17 @@ from .tree_sizing import TreeSizer, VerifyCost
 FORCED_LOGPROB = math.log(0.9)
 
 
-def lane_guesses(lane, spec: TreeSpec, lookup: LookupMerge | None, forced: list[int] | None) -> Guesses:
-    """A lane's guesses: its looked-up ones (hybrid drafter) and the chain of tokens it knows come next."""
-    guesses = lookup_guesses(lane.committed_ids, spec, lookup) if lookup else {}
-    if forced:
-        combine_guesses(guesses, chain_guesses(forced[: spec.max_depth], FORCED_LOGPROB))
+def lanes_guesses(lanes: list, spec: TreeSpec, lookup: LookupMerge | None, forced: list[list[int]]) -> list[Guesses]:
+    """Each lane's guesses: its looked-up ones (hybrid drafter; the whole batch's lookups in one pass) and
+    the chain of tokens it knows come next (`forced`, per lane, may be empty)."""
+    # lanes need committed_ids only when something is looked up
+    if lookup is None:
+        guesses: list[Guesses] = [{} for _ in lanes]
+    else:
+        guesses = batch_lookup_guesses([lane.committed_ids for lane in lanes], spec, lookup)
+    for lane_guesses, known in zip(guesses, forced):
+        if known:
+            combine_guesses(lane_guesses, chain_guesses(known[: spec.max_depth], FORCED_LOGPROB))
     return guesses
 
 
@@ -140,8 +146,7 @@ def headless_trees(
     budget), or the root alone."""
     no_head = torch.zeros(spec.max_depth, 0)  # no marginal candidates at any depth
     trees = []
-    for lane, known in zip(lanes, forced or [[]] * len(lanes)):
-        guesses = lane_guesses(lane, spec, lookup, known)
+    for lane, guesses in zip(lanes, lanes_guesses(lanes, spec, lookup, forced or [[]] * len(lanes))):
         trees.append(
             TreeDraft(lane.root_token, no_head.long(), no_head, spec, guesses=guesses).tree
             if guesses
@@ -177,9 +182,7 @@ def draft_trees(
     replayed = None if masked else graphed_drafts(drafter, lanes, spec)
     depth_logits = drafter.propose(lanes, spec.max_depth) if replayed is None else replayed[0]
     t1 = settled_clock(depth_logits)
-    # lanes need committed_ids only when something is looked up
-    forced = forced or [[]] * len(lanes)
-    guesses = [lane_guesses(lane, spec, lookup, forced[b]) for b, lane in enumerate(lanes)]
+    guesses = lanes_guesses(lanes, spec, lookup, forced or [[]] * len(lanes))
     vocab = getattr(drafter, "draft_vocab", None)
     if masked:
         depth_logits = root_masked(depth_logits, root_allowed, vocab, getattr(drafter, "draft_vocab_host", None))
