@@ -1,10 +1,11 @@
 """Host milliseconds of a step's hybrid-drafter lookups (the request's own tokens, the draft corpus, the
 finished outputs): per request, as the definition in core/suffix_store.py runs them, against one
 `batch_lookup_guesses` for the whole batch (core/batched_lookup.py), by batch size, side by side in one
-process. The contexts are HumanEval prompts 100-163 each followed by a sequence of the shipped head's draft
-corpus (text the target wrote) up to its middle, the last `--context-tokens` of that; the stores are the shipped corpus and a store
-of finished outputs filled with other corpus sequences. Both give the same guesses in the same order
-(tests/test_batched_lookup.py), which this script checks again on every batch it times.
+process. The contexts are HumanEval prompts 100-163 each followed by the first half of a sequence of the
+shipped head's draft corpus (text the target wrote), the last `--context-tokens` of that; the stores are
+the shipped corpus and a store of finished outputs filled with other corpus sequences. Both give the
+same guesses in the same order (tests/test_batched_lookup.py), which this script checks again on every
+batch it times.
 
     python -m bench.lookup_cost --markdown bench/results/sglang_cpu/lookup-cost-fp32-epyc.md
 """
