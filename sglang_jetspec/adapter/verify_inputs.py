@@ -71,19 +71,15 @@ class VerifyTensors:
         return mask
 
 
-def _links(tree: DraftTree, width: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """First-child and next-sibling links of one tree, -1 padded to `width`. One pass over the parents
-    on the host (a tree has tens of nodes; a dozen tensor ops per tree cost more than the walk)."""
-    first_child = [-1] * width
-    next_sibling = [-1] * width
-    for node, parent in reversed(list(enumerate(tree.parents.tolist()))[1:]):
-        # from the last node back: the parent's latest child seen is this node's next sibling
-        next_sibling[node], first_child[parent] = first_child[parent], node
-    return torch.tensor(first_child, dtype=torch.long), torch.tensor(next_sibling, dtype=torch.long)
+def _first_true(table: torch.Tensor) -> torch.Tensor:
+    """Index of the first True along the last dim, -1 where there is none (argmax returns the first maximum)."""
+    return torch.where(table.any(-1), table.to(torch.uint8).argmax(-1), -1)
 
 
 def build_verify_tensors(trees: list[DraftTree], seq_lens: list[int], num_nodes: int | None = None) -> VerifyTensors:
-    """Verify tensors for one tree per request, each padded to `num_nodes` (default: largest tree)."""
+    """Verify tensors for one tree per request, each padded to `num_nodes` (default: largest tree). Built
+    for the whole batch at once: a fixed number of tensor ops whatever the batch size (the ancestor mask
+    log2(depth) batched matmuls), not a dozen per request (issue 56)."""
     if len(trees) != len(seq_lens):
         raise ValueError(f"{len(trees)} trees but {len(seq_lens)} seq_lens: pass one per request")
     width = num_nodes if num_nodes is not None else max(t.size for t in trees)
@@ -93,29 +89,41 @@ def build_verify_tensors(trees: list[DraftTree], seq_lens: list[int], num_nodes:
             f"trees {too_big} have more than num_nodes={width} nodes: raise num_nodes to the step's budget"
         )
     bs = len(trees)
-    tokens = torch.empty(bs, width, dtype=torch.long)
-    positions = torch.empty(bs, width, dtype=torch.long)
-    mask = torch.zeros(bs, width, width, dtype=torch.bool)
-    next_token = torch.empty(bs, width, dtype=torch.long)
-    next_sibling = torch.empty(bs, width, dtype=torch.long)
-    eye = torch.eye(width, dtype=torch.bool)
-    for b, (tree, length) in enumerate(zip(trees, seq_lens)):
-        n = tree.size
-        tokens[b] = tree.tokens[0]
-        tokens[b, :n] = tree.tokens
-        positions[b] = length + 1
-        positions[b, :n] = tree.positions(length)
-        mask[b] = eye
-        mask[b, :, 0] = True  # padding rows see the root, like a depth-1 node
-        mask[b, :n, :n] = tree.ancestor_mask()
-        next_token[b], next_sibling[b] = _links(tree, width)
+    sizes = torch.tensor([t.size for t in trees], dtype=torch.long)
+    lens = torch.tensor(seq_lens, dtype=torch.long)
+    real = torch.arange(width) < sizes[:, None]  # [bs, N]: a tree's own nodes; the rest pad
+    flat_tokens = torch.cat([t.tokens for t in trees])
+    flat_depths = torch.cat([t.depths for t in trees])
+    roots = flat_tokens[torch.cumsum(sizes, 0) - sizes]
+    tokens = roots[:, None].repeat(1, width)  # padding nodes carry the root's token
+    tokens[real] = flat_tokens
+    positions = (lens + 1)[:, None].repeat(1, width)  # padding nodes sit at depth 1
+    positions[real] = flat_depths + lens.repeat_interleave(sizes)
+    parents = torch.full((bs, width), -1, dtype=torch.long)  # padding nodes: no parent, like the root
+    parents[real] = torch.cat([t.parents for t in trees])
+
+    # row i: i itself and its ancestors, the transitive closure of "i or its parent" by repeated squaring
+    # (a few batched matmuls, not one pass per level); padding rows see the root, like a depth-1 node
+    deepest = int(flat_depths.max())
+    reach = torch.eye(width).repeat(bs, 1, 1)
+    reach[:, :, 0] = 1.0
+    reach.scatter_(2, parents.clamp(min=0)[..., None], 1.0)
+    for _ in range(max(deepest - 1, 0).bit_length()):
+        reach = (reach @ reach).clamp_(max=1.0)
+    mask = reach.bool()
+
+    # links by index order: a node's first child, and the next node after it with the same parent
+    nodes = torch.arange(width)
+    is_child = parents[:, None, :] == nodes[None, :, None]  # [bs, parent, node]
+    later_sibling = (parents[:, None, :] == parents[:, :, None]) & (nodes[None, :] > nodes[:, None])
+    later_sibling &= (parents >= 0)[:, :, None]
     return VerifyTensors(
         draft_token=tokens.flatten(),
         positions=positions.flatten(),
         qlen_mask=mask,
         retrieve_index=torch.arange(bs * width, dtype=torch.long).view(bs, width),
-        retrieve_next_token=next_token,
-        retrieve_next_sibling=next_sibling,
+        retrieve_next_token=_first_true(is_child),
+        retrieve_next_sibling=_first_true(later_sibling),
         num_nodes=width,
-        max_depth=max(t.max_depth for t in trees),
+        max_depth=deepest,
     )

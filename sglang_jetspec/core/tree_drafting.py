@@ -294,9 +294,10 @@ def step_trees(
         )
     else:
         drafted, timing = headless_trees(drafting_lanes, spec, lookup, forced), DraftTiming([], 0.0)
-    trees = [root_only_tree(lane.root_token) for lane in lanes]
+    trees: list[DraftTree | None] = [None] * len(lanes)
     for i, tree in zip(drafting, drafted):
         trees[i] = prune(i, tree) if prune is not None else tree
+    trees = [tree if tree is not None else root_only_tree(lane.root_token) for tree, lane in zip(trees, lanes)]
     if sizer is not None:
         # every lane counts, undrafted ones too: a batched verify pads each to the longest tree
         trees = sizer.size(trees, time.perf_counter() - start, drafted=head_runs, cost=cost)
