@@ -5,7 +5,10 @@ process. The contexts are HumanEval prompts 100-163 each followed by the first h
 shipped head's draft corpus (text the target wrote), the last `--context-tokens` of that; the stores are
 the shipped corpus and a store of finished outputs filled with other corpus sequences. Both give the
 same guesses in the same order (tests/test_batched_lookup.py), which this script checks again on every
-batch it times.
+batch it times. Beside them, the whole host side of the hybrid drafter's draft phase
+(`tree_drafting.draft_trees` with the head stubbed by fixed logits over the shipped head's draft
+vocabulary: the top-K, the lookups and the trees with the guesses merged): what a step's host pays for
+drafting on any device, by batch size.
 
     python -m bench.lookup_cost --markdown bench/results/sglang_cpu/lookup-cost-fp32-epyc.md
 """
@@ -16,9 +19,13 @@ import argparse
 import math
 import sys
 from pathlib import Path
+from types import SimpleNamespace
+
+import torch
 
 from bench.sglang_cpu_compare import positive_ints
 from bench.tree_build import _median_ms
+from sglang_jetspec.core.draft_vocab import load_draft_vocab
 from sglang_jetspec.core.prompt_lookup import (
     OWN_MATCH_FACTOR,
     STORE_FACTOR,
@@ -37,6 +44,7 @@ from sglang_jetspec.core.suffix_store import (
     load_draft_corpus,
 )
 from sglang_jetspec.core.tree import TreeSpec
+from sglang_jetspec.core.tree_drafting import draft_trees
 from sglang_jetspec.reference.precision import cpu_model
 
 HEAD_DIR = Path(__file__).resolve().parents[1] / "sglang_jetspec" / "heads" / "smollm2-135m-instruct"
@@ -84,14 +92,27 @@ def _contexts(count: int, context_tokens: int) -> tuple[list[list[int]], LookupM
     return contexts, LookupMerge(math.log(0.6), corpus=corpus, recent=recent)
 
 
-def measure(contexts: list[list[int]], merge: LookupMerge, spec: TreeSpec, repeats: int) -> dict:
+class FixedLogitsHead:
+    """A drafter whose marginal pass returns fixed logits: the draft phase's host work without the head."""
+
+    def __init__(self, depth_logits: torch.Tensor, draft_vocab: torch.Tensor) -> None:
+        self.depth_logits, self.draft_vocab = depth_logits, draft_vocab
+        self.max_depth = depth_logits.shape[1]
+
+    def propose(self, lanes: list, depth: int) -> torch.Tensor:
+        return self.depth_logits[: len(lanes), :depth]
+
+
+def measure(contexts: list[list[int]], merge: LookupMerge, spec: TreeSpec, head: FixedLogitsHead, repeats: int) -> dict:
     if [ordered(g) for g in batch_lookup_guesses(contexts, spec, merge)] != [
         ordered(per_request_guesses(c, spec, merge)) for c in contexts
     ]:
         raise SystemExit(f"batch {len(contexts)}: the batched lookups disagree with the per-request definition")
     loop_ms = _median_ms(lambda: [per_request_guesses(c, spec, merge) for c in contexts], repeats)
     batch_ms = _median_ms(lambda: batch_lookup_guesses(contexts, spec, merge), repeats)
-    return {"batch": len(contexts), "per_request_ms": loop_ms, "batched_ms": batch_ms}
+    lanes = [SimpleNamespace(root_token=c[-1], committed_ids=c) for c in contexts]
+    draft_ms = _median_ms(lambda: draft_trees(head, lanes, spec, lookup=merge), repeats)
+    return {"batch": len(contexts), "per_request_ms": loop_ms, "batched_ms": batch_ms, "draft_host_ms": draft_ms}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -110,7 +131,11 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--budget must be >= 2, --depth and --context-tokens >= 1")
     spec = TreeSpec(budget=args.budget, max_depth=args.depth, width=8)
     contexts, merge = _contexts(max(batch_sizes), args.context_tokens)
-    rows = [measure(contexts[:batch], merge, spec, args.repeats) for batch in batch_sizes]
+    vocab = load_draft_vocab(HEAD_DIR, VOCAB)
+    logits = torch.randn(max(batch_sizes), args.depth, len(vocab), generator=torch.Generator().manual_seed(0)) * 3
+    head = FixedLogitsHead(logits, vocab)
+    torch.set_num_threads(1)
+    rows = [measure(contexts[:batch], merge, spec, head, args.repeats) for batch in batch_sizes]
     lines = [
         f"# A step's hybrid-drafter lookups on the host ({cpu_model()})",
         "",
@@ -118,15 +143,18 @@ def main(argv: list[str] | None = None) -> int:
         "",
         f"Median ms per step over {args.repeats} repeats; budget {args.budget}, depth {args.depth}, "
         f"{args.context_tokens}-token contexts; draft corpus {merge.corpus.num_tokens} tokens, finished outputs "
-        f"{merge.recent.num_tokens}; the two ways' guesses checked equal, order included.",
+        f"{merge.recent.num_tokens}; the two ways' guesses checked equal, order included. Draft phase: "
+        f"`draft_trees` with fixed random logits over the {len(vocab)}-token draft vocabulary, 1 thread.",
         "",
-        "| batch | per request ms | batched ms | per request / batched | batched ms / batch 1's |",
-        "|---|---|---|---|---|",
+        "| batch | lookups per request ms | lookups batched ms | per request / batched | batched / batch 1's "
+        "| draft phase host ms | draft phase / batch 1's |",
+        "|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         lines.append(
             f"| {row['batch']} | {row['per_request_ms']:.3f} | {row['batched_ms']:.3f} | "
-            f"{row['per_request_ms'] / row['batched_ms']:.2f}x | {row['batched_ms'] / rows[0]['batched_ms']:.2f}x |"
+            f"{row['per_request_ms'] / row['batched_ms']:.2f}x | {row['batched_ms'] / rows[0]['batched_ms']:.2f}x | "
+            f"{row['draft_host_ms']:.3f} | {row['draft_host_ms'] / rows[0]['draft_host_ms']:.2f}x |"
         )
     text = "\n".join(lines) + "\n"
     print(text)

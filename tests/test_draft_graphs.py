@@ -14,7 +14,7 @@ from sglang_jetspec.core.context_pool import SlotContextPool
 from sglang_jetspec.core.draft_graphs import DraftGraphs, context_buckets
 from sglang_jetspec.core.head_drafter import HeadDrafter
 from sglang_jetspec.core.marginal_trees import unpack_drafts
-from sglang_jetspec.core.tree import TreeSpec, build_tree, host_top_k, top_k_per_depth
+from sglang_jetspec.core.tree import TreeSpec, build_tree, host_top_k, top_k_per_depth, tree_from_candidates
 from sglang_jetspec.core.tree_drafting import draft_trees
 from tests.test_context_pool import CFG, HIDDEN, SLOTS, VOCAB, _head, _rows, _slot_lanes
 
@@ -153,9 +153,9 @@ def _count_heaps(monkeypatch) -> list:
 
     def counted(root, *args, **kwargs):
         built.append(root)
-        return build_tree(root, *args, **kwargs)
+        return tree_from_candidates(root, *args, **kwargs)
 
-    monkeypatch.setattr(tree_drafting, "build_tree", counted)
+    monkeypatch.setattr(tree_drafting, "tree_from_candidates", counted)
     return built
 
 

@@ -2,13 +2,22 @@
 head's candidates, in one tree; greedy output of the reference engine stays the autoregressive one."""
 
 import math
+import random
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from sglang_jetspec.core.prompt_lookup import LookupMerge, chain_guesses, merge_guesses, noisy_or, with_guess
-from sglang_jetspec.core.tree import Candidates, TreeSpec, top_k_per_depth
+from sglang_jetspec.core.prompt_lookup import LookupMerge, chain_guesses
+from sglang_jetspec.core.tree import (
+    Candidates,
+    TreeSpec,
+    build_tree,
+    marginal_candidates,
+    noisy_or,
+    top_k_per_depth,
+    with_guesses,
+)
 from sglang_jetspec.core.tree_drafting import TreeDraft, draft_trees
 from sglang_jetspec.reference.engine import EngineConfig, ReferenceEngine
 
@@ -31,26 +40,65 @@ def paths(tree) -> set[tuple[int, ...]]:
 
 def test_a_guess_new_to_the_head_is_ranked_by_its_score_and_displaces_nothing():
     base = Candidates([3, 4], [LOG(0.7), LOG(0.2)], cap=2)
-    merged = with_guess(base, 9, LOG(0.5))
+    merged = with_guesses(base, {9: LOG(0.5)})
     assert merged.tokens == [3, 9, 4] and merged.cap == 3
     assert merged.logprobs == [LOG(0.7), LOG(0.5), LOG(0.2)]
 
 
 def test_a_guess_the_head_also_proposes_is_combined_as_independent_evidence():
-    merged = with_guess(Candidates([3, 4], [LOG(0.7), LOG(0.2)], cap=2), 4, LOG(0.5))
+    merged = with_guesses(Candidates([3, 4], [LOG(0.7), LOG(0.2)], cap=2), {4: LOG(0.5)})
     assert merged.tokens == [3, 4] and merged.cap == 2
     assert merged.logprobs[1] == pytest.approx(LOG(1 - 0.8 * 0.5))  # 1 - (1 - 0.2)(1 - 0.5)
-    assert with_guess(Candidates([3, 4], [LOG(0.7), LOG(0.2)], cap=2), 4, LOG(0.9)).tokens == [4, 3]
+    assert with_guesses(Candidates([3, 4], [LOG(0.7), LOG(0.2)], cap=2), {4: LOG(0.9)}).tokens == [4, 3]
     assert noisy_or(LOG(0.5), -math.inf) == pytest.approx(LOG(0.5))
 
 
-def test_the_guess_is_filed_along_its_own_path_down_to_the_drafts_depth():
+def test_several_guesses_at_one_node_merge_in_one_pass_new_ties_after_the_heads():
+    base = Candidates([3, 4, 5], [LOG(0.5), LOG(0.2), LOG(0.1)], cap=2)
+    merged = with_guesses(base, {9: LOG(0.2), 5: LOG(0.3), 8: LOG(0.6)})
+    assert merged.tokens == [8, 3, 5, 4, 9]  # 9 ties the head's 4 and ranks after it
+    assert merged.logprobs[2] == pytest.approx(LOG(1 - 0.9 * 0.7))
+    assert merged.cap == 4  # two new candidates: the cap grows by two, never displacing the head's
+
+
+def children_tokens(tree) -> dict[tuple[int, ...], list[int]]:
+    """Each node's token path -> its children's tokens in rank order."""
+    token_paths, tokens = tree.token_paths(), tree.tokens.tolist()
+    return {token_paths[node]: [tokens[c] for c in kids] for node, kids in enumerate(tree.children())}
+
+
+def test_the_guess_joins_the_nodes_along_its_own_path_down_to_the_drafts_depth():
     tokens, logprobs = top_k_per_depth(marginal([{1: 0.9}, {2: 0.9}, {3: 0.9}]), 2)
-    conditioned = {}
     spec = TreeSpec(budget=16, max_depth=2, width=2)
-    merge_guesses(conditioned, chain_guesses([7, 8, 9, 10], LOG(0.6)), tokens, logprobs, spec)
-    assert set(conditioned) == {(), (7,)}  # depth 2: the guess's third token has nowhere to go
-    assert conditioned[()].tokens[:2] == [1, 7] and conditioned[(7,)].tokens[:2] == [2, 8]
+    tree = TreeDraft(0, tokens, logprobs, spec, guesses=chain_guesses([7, 8, 9, 10], LOG(0.6))).tree
+    children = children_tokens(tree)
+    assert children[()][:2] == [1, 7] and children[(7,)][:2] == [2, 8]
+    assert max(len(path) for path in children) == 2  # depth 2: the guess's third token has nowhere to go
+
+
+@pytest.mark.parametrize("fanout", ["uniform", "top2gap"])
+def test_guesses_merged_as_the_build_reaches_them_give_the_tree_of_merging_them_all_first(fanout):
+    # the definition: every guessed path above the draft's depth gets its depth's marginal candidates
+    # with the guesses merged in, before the build; the build merges only the paths it reaches
+    gen, rng = torch.Generator().manual_seed(3), random.Random(3)
+    spec = TreeSpec(budget=12, max_depth=4, width=3, fanout=fanout)
+    for _ in range(20):
+        tokens, logprobs = top_k_per_depth(torch.randn(5, VOCAB, generator=gen) * 2, 3)
+        guesses = {}
+        for path in rng.sample(build_tree(0, tokens, logprobs, spec).token_paths(), 6):
+            token = rng.randrange(VOCAB)  # a chain of two: the second joins a node the first may create
+            guesses[path] = {token: LOG(rng.random())}
+            guesses[path + (token,)] = {rng.randrange(VOCAB): LOG(rng.random())}
+        marginals = marginal_candidates(tokens[None], logprobs[None], spec)[0]
+        merged_first = {
+            path: with_guesses(marginals[len(path)], guessed)
+            for path, guessed in guesses.items()
+            if len(path) < len(marginals)
+        }
+        lazily = TreeDraft(0, tokens, logprobs, spec, guesses=guesses).tree
+        eagerly = build_tree(0, tokens, logprobs, spec, merged_first)
+        assert lazily.tokens.tolist() == eagerly.tokens.tolist()
+        assert lazily.parents.tolist() == eagerly.parents.tolist()
 
 
 def test_best_first_trades_the_guess_off_against_the_heads_candidates():

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from sglang_jetspec.core.prompt_lookup import STORE_FACTOR, LookupMerge, lookup_guesses, noisy_or
+from sglang_jetspec.core.prompt_lookup import STORE_FACTOR, LookupMerge, lookup_guesses
 from sglang_jetspec.core.sampling import SamplingParams
 from sglang_jetspec.core.suffix_store import (
     DRAFT_CORPUS_FILE,
@@ -17,7 +17,7 @@ from sglang_jetspec.core.suffix_store import (
     load_draft_corpus,
     save_draft_corpus,
 )
-from sglang_jetspec.core.tree import TreeSpec
+from sglang_jetspec.core.tree import TreeSpec, noisy_or
 from sglang_jetspec.core.tree_drafting import headless_trees
 from sglang_jetspec.reference.engine import EngineConfig, ReferenceEngine, Request
 

@@ -29,7 +29,7 @@ import torch
 from .batched_lookup import PaddedContexts, continuation_rows, likeliest_paths_batch, own_occurrences, store_occurrences
 from .lanes import LookupLane
 from .suffix_store import MAX_OCCURRENCES, SuffixStore, context_continuations
-from .tree import Candidates, TreeSpec, fanout_caps
+from .tree import TreeSpec, noisy_or
 
 # Guessed children per tree node: node token path from the root -> {token: log-probability that the
 # target accepts it given the node}. Prompt lookup's chain and the suffix stores' tries both take this form.
@@ -95,21 +95,6 @@ class LookupMerge:
             raise ValueError(
                 f"min_ngram={self.min_ngram}, max_ngram={self.max_ngram}: need 1 <= min_ngram <= max_ngram"
             )
-
-
-def noisy_or(a: float, b: float) -> float:
-    """log(1 - (1 - e^a)(1 - e^b)): the chance that at least one of two independent guesses is right."""
-    return math.log1p(-(-math.expm1(a)) * (-math.expm1(b)))
-
-
-def with_guess(base: Candidates, token: int, logprob: float) -> Candidates:
-    """`base` with `token` scored at least `logprob` (combined when the head proposes it too), ranks
-    re-sorted by score; the cap grows by one when the guess is a new candidate, so it never displaces one."""
-    scores = dict(zip(base.tokens, base.logprobs))
-    added = token not in scores
-    scores[token] = logprob if added else noisy_or(scores[token], logprob)
-    ranked = sorted(scores.items(), key=lambda item: -item[1])
-    return Candidates([t for t, _ in ranked], [lp for _, lp in ranked], min(len(ranked), base.cap + added))
 
 
 def chain_guesses(guess: list[int], logprob: float) -> Guesses:
@@ -178,29 +163,3 @@ def batch_lookup_guesses(contexts: list[list[int]], spec: TreeSpec, merge: Looku
 def lookup_guesses(committed_ids: list[int], spec: TreeSpec, merge: LookupMerge | None) -> Guesses:
     """`batch_lookup_guesses` of one request."""
     return batch_lookup_guesses([committed_ids], spec, merge)[0]
-
-
-def with_guesses(base: Candidates, tokens: dict[int, float]) -> Candidates:
-    for token, logprob in tokens.items():
-        base = with_guess(base, token, logprob)
-    return base
-
-
-def merge_guesses(
-    conditioned: dict[tuple[int, ...], Candidates],
-    guesses: Guesses,
-    top_tokens: torch.Tensor,
-    top_logprobs: torch.Tensor,
-    spec: TreeSpec,
-) -> None:
-    """File `guesses` into `conditioned`, down to the depth the draft reaches; a node without candidates
-    of its own gets its depth's marginal ones ([D, K] top tokens and log-probs; K may be 0) plus the guesses."""
-    depth = min(spec.max_depth, top_tokens.shape[0])
-    caps = fanout_caps(top_logprobs[:depth, : spec.width], spec)
-    tokens, logprobs = top_tokens[:depth, : spec.width].tolist(), top_logprobs[:depth, : spec.width].double().tolist()
-    for path, guessed in guesses.items():
-        i = len(path)
-        if i < depth:
-            conditioned[path] = with_guesses(
-                conditioned.get(path) or Candidates(tokens[i], logprobs[i], caps[i]), guessed
-            )

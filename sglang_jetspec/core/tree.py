@@ -220,22 +220,67 @@ def candidate_lists(logits: torch.Tensor, spec: TreeSpec, vocab: torch.Tensor | 
     return [Candidates(t, lp, cap) for t, lp, cap in zip(tokens.tolist(), logprobs.double().tolist(), caps)]
 
 
+def noisy_or(a: float, b: float) -> float:
+    """log(1 - (1 - e^a)(1 - e^b)): the chance that at least one of two independent guesses is right."""
+    return math.log1p(-(-math.expm1(a)) * (-math.expm1(b)))
+
+
+def with_guesses(base: Candidates, tokens: Mapping[int, float]) -> Candidates:
+    """`base` with each guessed token scored at least its log-prob (combined by noisy-or where the head
+    proposes it too), re-ranked by score in one sort (ties: the head's candidates in rank order, then new
+    tokens in guess order); the cap grows by one per new candidate, so a guess never displaces one."""
+    scores = dict(zip(base.tokens, base.logprobs))
+    cap = base.cap
+    for token, logprob in tokens.items():
+        added = token not in scores
+        scores[token] = logprob if added else noisy_or(scores[token], logprob)
+        cap = min(len(scores), cap + added)
+    ranked = sorted(scores.items(), key=lambda item: -item[1])
+    return Candidates([t for t, _ in ranked], [lp for _, lp in ranked], cap)
+
+
+def marginal_candidates(top_tokens: torch.Tensor, top_logprobs: torch.Tensor, spec: TreeSpec) -> list[list[Candidates]]:
+    """Every lane's marginal candidates per depth, from [B, D, K] top-K tokens and log-probs: the first
+    `spec.width` of each depth down to the tree's depth, with the depth's fanout cap. One cap computation
+    and one host read per field for the whole batch, not a few per request."""
+    depth_limit = min(spec.max_depth, top_tokens.shape[1])
+    logprobs = top_logprobs[:, :depth_limit, : spec.width]
+    caps = depth_caps(logprobs, spec).tolist()
+    tokens = top_tokens[:, :depth_limit, : spec.width].tolist()
+    return [
+        [Candidates(t, lp, cap) for t, lp, cap in zip(*lane)] for lane in zip(tokens, logprobs.double().tolist(), caps)
+    ]
+
+
 def build_tree(
     root_token: int,
     top_tokens: torch.Tensor,
     top_logprobs: torch.Tensor,
     spec: TreeSpec,
     conditioned: Mapping[tuple[int, ...], Candidates] | None = None,
+    guesses: Mapping[tuple[int, ...], Mapping[int, float]] | None = None,
 ) -> DraftTree:
     """Best-first tree from per-depth top-K candidates ([D, K] tokens and log-probs, D >= max_depth),
-    where `conditioned` (token path from the root -> that node's own candidates) overrides them."""
-    depth_limit = min(spec.max_depth, top_tokens.shape[0])
-    caps = fanout_caps(top_logprobs[:depth_limit, : spec.width], spec)
-    marginal = [
-        Candidates(t[: spec.width], lp[: spec.width], cap)
-        for t, lp, cap in zip(top_tokens[:depth_limit].tolist(), top_logprobs[:depth_limit].double().tolist(), caps)
-    ]
+    where `conditioned` (token path from the root -> that node's own candidates) overrides them;
+    `guesses` as in `tree_from_candidates`."""
+    marginal = marginal_candidates(top_tokens[None], top_logprobs[None], spec)[0]
+    return tree_from_candidates(root_token, marginal, spec, conditioned, guesses)
+
+
+def tree_from_candidates(
+    root_token: int,
+    marginal: list[Candidates],
+    spec: TreeSpec,
+    conditioned: Mapping[tuple[int, ...], Candidates] | None = None,
+    guesses: Mapping[tuple[int, ...], Mapping[int, float]] | None = None,
+) -> DraftTree:
+    """`build_tree` from the marginal candidates of each depth the tree may reach (`marginal_candidates`).
+    `guesses` (token path -> guessed children and their log-probs: the hybrid drafter's) join the
+    candidates of a node on their path that has no conditioned ones of its own (`with_guesses`): merged
+    when the build reaches the node, so guesses on paths the budget never reaches cost nothing."""
+    depth_limit = len(marginal)
     conditioned = conditioned or {}
+    guesses = guesses or {}
 
     tokens, parents, depths, ranks, cums = [root_token], [-1], [0], [0], [0.0]
     paths: list[tuple[int, ...]] = [()]
@@ -245,7 +290,12 @@ def build_tree(
     def candidates_of(node: int) -> Candidates | None:
         if depths[node] >= depth_limit:
             return None
-        return conditioned.get(token_paths[node], marginal[depths[node]])
+        path = token_paths[node]
+        own = conditioned.get(path)
+        if own is not None:
+            return own
+        guessed = guesses.get(path)
+        return with_guesses(marginal[depths[node]], guessed) if guessed else marginal[depths[node]]
 
     # Frontier entry: (-cum, depth, rank path, parent index). Each node keeps at most two entries
     # alive (its next sibling and its first child), so the heap stays O(budget).
@@ -276,10 +326,5 @@ def build_tree(
         push_child(parent, rank + 1)
         push_child(len(tokens) - 1, 0)
 
-    return DraftTree(
-        tokens=torch.tensor(tokens, dtype=torch.long),
-        parents=torch.tensor(parents, dtype=torch.long),
-        depths=torch.tensor(depths, dtype=torch.long),
-        ranks=torch.tensor(ranks, dtype=torch.long),
-        cum_logprobs=torch.tensor(cums, dtype=torch.float64).float(),
-    )
+    fields = torch.tensor([tokens, parents, depths, ranks], dtype=torch.long)  # one tensor, four rows
+    return DraftTree(*fields, cum_logprobs=torch.tensor(cums, dtype=torch.float64).float())

@@ -29,18 +29,18 @@ from .prompt_lookup import (
     batch_lookup_guesses,
     chain_guesses,
     combine_guesses,
-    merge_guesses,
-    with_guesses,
 )
 from .tree import (
     Candidates,
     DraftTree,
     TreeSpec,
-    build_tree,
     candidate_lists,
     host_top_k,
+    marginal_candidates,
     root_only_tree,
     top_k_per_depth,
+    tree_from_candidates,
+    with_guesses,
 )
 from .tree_sizing import TreeSizer, VerifyCost
 
@@ -84,20 +84,23 @@ class TreeDraft:
     top_tokens: torch.Tensor  # [D, K] marginal top-K per depth
     top_logprobs: torch.Tensor  # [D, K]
     spec: TreeSpec
-    conditioned: dict[tuple[int, ...], Candidates] = field(default_factory=dict)
     guesses: Guesses = field(default_factory=dict)  # looked-up children per node path (hybrid drafter)
     tree: DraftTree | None = None
     vocab: torch.Tensor | None = None  # the drafter's draft_vocab: maps conditioned logits' columns to tokens
+    # each depth's marginal candidates (tree.marginal_candidates), when the caller built them for its batch
+    marginal: list[Candidates] | None = None
 
     def __post_init__(self) -> None:
         self.learned: set[tuple[int, ...]] = set()  # paths whose own candidates a tree-causal pass gave
-        if self.guesses:
-            merge_guesses(self.conditioned, self.guesses, self.top_tokens, self.top_logprobs, self.spec)
+        # path -> candidates a tree-causal pass gave it (guesses on the path merged in)
+        self.conditioned: dict[tuple[int, ...], Candidates] = {}
+        if self.marginal is None:
+            self.marginal = marginal_candidates(self.top_tokens[None], self.top_logprobs[None], self.spec)[0]
         if self.tree is None:
             self.tree = self.rebuild()
 
     def rebuild(self) -> DraftTree:
-        return build_tree(self.root_token, self.top_tokens, self.top_logprobs, self.spec, self.conditioned)
+        return tree_from_candidates(self.root_token, self.marginal, self.spec, self.conditioned, self.guesses)
 
     def learn(self, child_logits: torch.Tensor) -> None:
         """File the current tree's conditioned candidates ([N, V] from propose_children) and rebuild;
@@ -196,6 +199,7 @@ def draft_trees(
         width = min(spec.width, depth_logits.shape[-1])
         tokens, logprobs, marginal = unpack_drafts(replayed[1], depth_logits.shape[1], width)
         sizes = marginal.sizes.tolist()  # host data: the packed copy is on the host already
+    candidates = marginal_candidates(tokens, logprobs, spec)  # the whole batch's, in one pass
     drafts = [
         TreeDraft(
             lane.root_token,
@@ -205,6 +209,7 @@ def draft_trees(
             guesses=guesses[b],
             tree=None if marginal is None or guesses[b] else marginal.tree(b, sizes[b]),
             vocab=vocab,
+            marginal=candidates[b],
         )
         for b, lane in enumerate(lanes)
     ]
