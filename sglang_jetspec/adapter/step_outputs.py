@@ -73,11 +73,12 @@ def accept_step(
         return _greedy_roots(logits)
     results = accept_batch(trees, logits.view(bs, num_nodes, -1), params, generators, method)
     stride = max(t.max_depth for t in trees) + 1
-    accept_index = torch.full((bs, stride), -1, dtype=torch.int32)
-    tokens = torch.zeros(bs, stride, dtype=torch.long)
-    for b, result in enumerate(results):
-        accept_index[b, : len(result.path)] = torch.tensor(result.path, dtype=torch.int32) + b * num_nodes
-        tokens[b, : len(result.tokens)] = torch.tensor(result.tokens)
+    # laid out on the host lists, then one tensor each: no tensor op per request
+    accept_index = torch.tensor(
+        [[b * num_nodes + n for n in r.path] + [-1] * (stride - len(r.path)) for b, r in enumerate(results)],
+        dtype=torch.int32,
+    )
+    tokens = torch.tensor([r.tokens + [0] * (stride - len(r.tokens)) for r in results], dtype=torch.long)
     accept_lens = torch.tensor([r.accept_length for r in results], dtype=torch.int32)
     kept = accept_index >= 0  # per row a prefix of length accept_lens[b]
     row_index = accept_index[kept].long()

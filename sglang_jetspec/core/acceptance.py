@@ -55,13 +55,23 @@ class _PaddedTrees:
 
     @classmethod
     def from_trees(cls, trees: list[DraftTree]) -> "_PaddedTrees":
+        """The batch's trees padded to the largest, in a fixed number of tensor ops whatever the batch size:
+        a node's sibling rank is the number of earlier nodes with its parent (children in index order)."""
         batch, n = len(trees), max(t.size for t in trees)
-        k = max(t.child_table.shape[1] for t in trees)
+        sizes = torch.tensor([t.size for t in trees])
+        real = torch.arange(n) < sizes[:, None]  # [B, N]: a tree's own nodes
         tokens = torch.zeros(batch, n, dtype=torch.long)
+        tokens[real] = torch.cat([t.tokens for t in trees])
+        parents = torch.full((batch, n), -1, dtype=torch.long)
+        parents[real] = torch.cat([t.parents for t in trees])
+        nodes = torch.arange(n)
+        earlier_sibling = (parents[:, :, None] == parents[:, None, :]) & (nodes[None, None, :] < nodes[None, :, None])
+        rank = earlier_sibling.sum(-1)  # [B, N]
+        child = parents >= 0
+        k = int(torch.where(child, rank + 1, 1).max())  # the largest fanout, at least 1
         child_index = torch.full((batch, n, k), -1, dtype=torch.long)
-        for b, tree in enumerate(trees):
-            tokens[b, : tree.size] = tree.tokens
-            child_index[b, : tree.size, : tree.child_table.shape[1]] = tree.child_table
+        lane = torch.arange(batch)[:, None].expand(batch, n)
+        child_index[lane[child], parents[child], rank[child]] = nodes.expand(batch, n)[child]
         child_token = torch.where(
             child_index >= 0, tokens.gather(1, child_index.clamp(min=0).flatten(1)).view_as(child_index), -1
         )
@@ -313,7 +323,8 @@ def accept_batch(
     padded = _PaddedTrees.from_trees(trees)
     logits = logits[:, : padded.tokens.shape[1]]
     batch = len(trees)
-    greedy = torch.tensor([p.greedy for p in params])
+    is_greedy = [p.greedy for p in params]
+    greedy = torch.tensor(is_greedy)
     # Work where the logits live (a GPU in SGLang) and copy to the host only what the walk reads:
     # [B, N] ids for greedy rows, one processed [V] row per visited node for sampled rows (whose
     # argmax nobody reads: an all-sampled batch skips it).
@@ -325,17 +336,18 @@ def accept_batch(
             rows = greedy.nonzero().squeeze(-1)
             choice[rows] = target_argmax(logits[rows.to(logits.device)]).cpu()
 
-    residual_rows = [] if method == "match" else [b for b in range(batch) if not greedy[b]]
+    residual_rows = [] if method == "match" else [b for b in range(batch) if not is_greedy[b]]
     residual_set = set(residual_rows)
     match_rows = [b for b in range(batch) if b not in residual_set]
     results: list[AcceptResult | None] = [None] * batch
+    node_tokens = padded.tokens.tolist()  # every tree's tokens, read once for the results
 
     if match_rows:
         idx = torch.tensor(match_rows)
         whole = len(match_rows) == batch  # the usual case: no copies of the batch's trees
         sub = padded if whole else _subset(padded, idx)
         sub_choice = choice if whole else choice[idx].clone()
-        sampled = [j for j, b in enumerate(match_rows) if not greedy[b]]
+        sampled = [j for j, b in enumerate(match_rows) if not is_greedy[b]]
         if sampled:
             # one uniform per node of the request's own tree, from its own generator; a node's uniform
             # is used only if the walk reaches it
@@ -350,19 +362,19 @@ def accept_batch(
             sub_choice[at] = drawn
         paths, finals = _walk_matching(sub, sub_choice)
         for j, b in enumerate(match_rows):
-            results[b] = _result(trees[b], paths[j], finals[j])
+            results[b] = _result(node_tokens[b], paths[j], finals[j])
 
     if residual_rows and method == "draw":
         for b in residual_rows:
             path, final = _walk_drawn(trees[b], logits[b], params[b], generators[b])
-            results[b] = _result(trees[b], path, final)
+            results[b] = _result(node_tokens[b], path, final)
     elif residual_rows:
         idx = torch.tensor(residual_rows)
         sub = _subset(padded, idx)
         uniforms = _residual_uniforms(sub, [trees[b] for b in residual_rows], [generators[b] for b in residual_rows])
         path, final = _walk_residual(sub, logits, params, idx, uniforms)
         for j, b in enumerate(residual_rows):
-            results[b] = _result(trees[b], [n for n in path[j].tolist() if n >= 0], int(final[j]))
+            results[b] = _result(node_tokens[b], [n for n in path[j].tolist() if n >= 0], int(final[j]))
     return results  # type: ignore[return-value]
 
 
@@ -383,6 +395,6 @@ def _subset(padded: _PaddedTrees, idx: torch.Tensor) -> _PaddedTrees:
     return _PaddedTrees(padded.tokens[idx], padded.child_index[idx], padded.child_token[idx], padded.max_depth)
 
 
-def _result(tree: DraftTree, path: list[int], final_token: int) -> AcceptResult:
-    tokens = tree.tokens.tolist()
+def _result(tokens: list[int], path: list[int], final_token: int) -> AcceptResult:
+    """`tokens`: the tree's node tokens (padded past its size: the path never reaches the padding)."""
     return AcceptResult(path=path, tokens=[tokens[n] for n in path[1:]] + [final_token])

@@ -73,7 +73,17 @@ class DraftTree:
     # a sampled request's drawn children (core/drawn_children.py): what acceptance needs to stay lossless
     drawn: DrawnChildren | None = None
 
-    @property
+    @classmethod
+    def from_lists(
+        cls, tokens: list[int], parents: list[int], depths: list[int], ranks: list[int], cum_logprobs: list[float]
+    ) -> "DraftTree":
+        """A tree from host lists, in three tensor calls, its size and depth known without reading them back."""
+        fields = torch.tensor([tokens, parents, depths, ranks], dtype=torch.long)  # one tensor, four rows
+        tree = cls(*fields.unbind(), cum_logprobs=torch.tensor(cum_logprobs, dtype=torch.float32))
+        tree.__dict__.update(size=len(tokens), max_depth=max(depths))  # the cached properties' values
+        return tree
+
+    @cached_property  # read many times a step per tree; the fields are never reassigned
     def size(self) -> int:
         return int(self.tokens.numel())
 
@@ -107,7 +117,7 @@ class DraftTree:
         width = max(1, max(len(k) for k in kids))
         return torch.tensor([ks + [-1] * (width - len(ks)) for ks in kids], dtype=torch.long)  # one tensor, not N
 
-    @property
+    @cached_property
     def max_depth(self) -> int:
         return int(self.depths.max())
 
@@ -326,5 +336,4 @@ def tree_from_candidates(
         push_child(parent, rank + 1)
         push_child(len(tokens) - 1, 0)
 
-    fields = torch.tensor([tokens, parents, depths, ranks], dtype=torch.long)  # one tensor, four rows
-    return DraftTree(*fields, cum_logprobs=torch.tensor(cums, dtype=torch.float64).float())
+    return DraftTree.from_lists(tokens, parents, depths, ranks, cums)

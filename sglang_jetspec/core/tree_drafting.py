@@ -200,11 +200,12 @@ def draft_trees(
         tokens, logprobs, marginal = unpack_drafts(replayed[1], depth_logits.shape[1], width)
         sizes = marginal.sizes.tolist()  # host data: the packed copy is on the host already
     candidates = marginal_candidates(tokens, logprobs, spec)  # the whole batch's, in one pass
+    lane_tokens, lane_logprobs = tokens.unbind(), logprobs.unbind()
     drafts = [
         TreeDraft(
             lane.root_token,
-            tokens[b],
-            logprobs[b],
+            lane_tokens[b],
+            lane_logprobs[b],
             spec,
             guesses=guesses[b],
             tree=None if marginal is None or guesses[b] else marginal.tree(b, sizes[b]),
