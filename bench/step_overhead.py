@@ -22,6 +22,8 @@ steps whose batch is the full batch size it reports, per step (median, max in br
   `transpose`, ...), which only change a tensor's metadata and launch no kernel on a GPU;
 - `host_syncs`: reads of device data by the host (`.item()`, `.tolist()`, `.cpu()`, truthiness,
   `nonzero`, boolean indexing, ...), with the code sites behind them in the JSON;
+- `host_calls_outside_forward`: torch calls on host data alone (tensors built from lists, ops on host
+  tensors): host work done a tensor op at a time, which a per-request loop multiplies by the batch size;
 - `host_ms`: wall milliseconds of the step outside the target's forward (unprobed steps), and for
   JETSPEC its phases as its own clock reads them (draft includes planning; bind: the verify's inputs);
 - `host_beyond_ops_ms` and `device_op_ms`: a probed step's milliseconds outside the target's forward
@@ -80,6 +82,7 @@ COUNT_FIELDS = (
     "kernels_outside_forward",
     "kernels_with_draft_graph",
     "host_syncs",
+    "host_calls_outside_forward",
 )
 DRAFT_GRAPH_OPS = 3  # DraftGraphs.propose: inputs.copy_, graph.replay, out[: len(lanes)]
 DRAFT_GRAPH_KERNELS = 2  # ... of which the slice is a view
@@ -117,7 +120,7 @@ def summarise(records: list[dict], batch_size: int) -> dict:
     timed = [r for r in full if not r["counted"]]
     out: dict = {"steps_counted": len(counted), "steps_timed": len(timed)}
     for name in COUNT_FIELDS:
-        values = [r[name] for r in counted if r[name] is not None]
+        values = [r[name] for r in counted if r.get(name) is not None]  # older probes lack host calls
         out[name] = statistics.median(values) if values else None
         out[f"{name}_max"] = max(values) if values else None
     for name, steps in [*((n, timed) for n in TIME_FIELDS), *((n, counted) for n in PROBED_TIME_FIELDS)]:
@@ -215,14 +218,15 @@ def markdown(results: dict, meta: dict) -> str:
         "ops: aten ops on device data outside the target's forward; kernels: those of them that are not views",
         "(a view launches no kernel on a GPU: the proxy for GPU kernel launches); with draft graph: the same when",
         "the head's drafting pass replays as one CUDA graph (GPU decode graphs);",
-        "syncs: host reads of device data; ms: unprobed wall time outside the target's forward",
+        "syncs: host reads of device data; host calls: torch calls on host data alone;",
+        "ms: unprobed wall time outside the target's forward",
         "(JETSPEC's phases after); host beyond ops: a probed step's ms outside the forward less the ms inside",
         "its device ops (in brackets): the host's own work, which a GPU step still waits on.",
         "",
         "| config | workload | batch | ops outside forward | ops with draft graph | kernels outside forward "
-        "| kernels with draft graph | host syncs | outside-forward ms | host beyond ops ms (in ops) "
+        "| kernels with draft graph | host syncs | host calls | outside-forward ms | host beyond ops ms (in ops) "
         "| forward ms | phases ms |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for config, by_workload in results.items():
         for workload, by_size in by_workload.items():
@@ -233,7 +237,9 @@ def markdown(results: dict, meta: dict) -> str:
                     f"| {s.get('ops_with_draft_graph', '-')} ({s.get('ops_with_draft_graph_max', '-')}) "
                     f"| {s.get('kernels_outside_forward', '-')} ({s.get('kernels_outside_forward_max', '-')}) "
                     f"| {s.get('kernels_with_draft_graph', '-')} ({s.get('kernels_with_draft_graph_max', '-')}) "
-                    f"| {s['host_syncs']} ({s['host_syncs_max']}) | {s['host_ms']} "
+                    f"| {s['host_syncs']} ({s['host_syncs_max']}) "
+                    f"| {s.get('host_calls_outside_forward', '-')} ({s.get('host_calls_outside_forward_max', '-')}) "
+                    f"| {s['host_ms']} "
                     f"| {s.get('host_beyond_ops_ms', '-')} ({s.get('device_op_ms', '-')}) | {s['forward_ms']} "
                     f"| {phases} |"
                 )
@@ -247,21 +253,25 @@ def markdown(results: dict, meta: dict) -> str:
                 last = by_size[max(by_size, key=int)]
                 sites = ", ".join(f"{site} x{n}" for site, n in last["sync_sites_per_step"].items())
                 lines.append(f"- {config} {workload}: {sites or 'none'}")
-    growth = host_growth(results)
-    if growth:
-        lines += ["", "Host ms beyond ops, largest batch over batch 1 (issue 56's goal: at most 1.5):", ""]
-        lines += [f"- {config} {workload}: {ratio}" for (config, workload), ratio in growth.items()]
+    for field, title in (
+        ("host_beyond_ops_ms", "Host ms beyond ops, largest batch over batch 1 (issue 56's goal: at most 1.5)"),
+        ("host_calls_outside_forward", "Host calls, largest batch over batch 1"),
+    ):
+        growth = host_growth(results, field)
+        if growth:
+            lines += ["", f"{title}:", ""]
+            lines += [f"- {config} {workload}: {ratio}" for (config, workload), ratio in growth.items()]
     return "\n".join(lines) + "\n"
 
 
-def host_growth(results: dict) -> dict[tuple[str, str], float]:
-    """(config, workload) -> host_beyond_ops_ms at the largest batch size over that at the smallest, where both
-    were measured at two or more sizes."""
+def host_growth(results: dict, field: str = "host_beyond_ops_ms") -> dict[tuple[str, str], float]:
+    """(config, workload) -> `field` at the largest batch size over that at the smallest, where both were
+    measured at two or more sizes."""
     out = {}
     for config, by_workload in results.items():
         for workload, by_size in by_workload.items():
             sizes = sorted(by_size, key=int)
-            first, last = (by_size[sizes[0]].get("host_beyond_ops_ms"), by_size[sizes[-1]].get("host_beyond_ops_ms"))
+            first, last = by_size[sizes[0]].get(field), by_size[sizes[-1]].get(field)
             if len(sizes) > 1 and first and last is not None:
                 out[(config, workload)] = round(last / first, 2)
     return out

@@ -14,6 +14,9 @@
   decomposes it (`F.rms_norm`: one `_fused_rms_norm` on CUDA, five elementwise ops on a CPU, under
   no_grad as SGLang runs a step) is counted as that one kernel (FUSED_ON_CUDA; tests/test_step_probe.py
   checks each entry against the installed torch's dispatch of a fake CUDA tensor).
+- **host calls**: every torch call on host data alone (a factory without a device, an op on host
+  tensors, a host tensor's method): host work done one tensor op at a time, which a per-request loop
+  multiplies by the batch size (a call made inside another host call is not counted again).
 - **device-op seconds**: the wall time spent inside the counted device ops (and the stand-in kernels) themselves.
   On a CPU each op computes where it is dispatched, so a step's wall time outside the forward less these
   seconds is what the host spends on everything else (Python, building host tensors, dispatch, the probe's
@@ -96,6 +99,7 @@ class StepCounts:
     op_names: Counter = field(default_factory=Counter)  # aten op -> device dispatches
     op_sites: Counter = field(default_factory=Counter)  # "file:line" -> device dispatches there
     device_op_s: float = 0.0  # wall seconds inside the counted device ops and stand-in kernels
+    host_calls: int = 0  # torch calls on host data alone: host work done a tensor op at a time
 
 
 def _bool_index(index) -> bool:
@@ -151,6 +155,8 @@ class _Functions(TorchFunctionMode):
             host = device is None or device == "cpu"
         else:
             host = not on_device
+        if host and probe.counting and not probe.in_host_call:
+            probe.counts.host_calls += 1
         if on_device and self._syncs(func, args, kwargs):
             probe.sync(func)
         if on_device and func in FUSED_ON_CUDA:

@@ -51,3 +51,16 @@ def test_host_ms_beyond_ops_comes_from_probed_steps_and_its_growth_compares_the_
     assert "| 12.0 (6.0) |" in text and "- jetspec-16 greedy: 1.25" in text
     # an older probe's records (no such fields): none
     assert summarise([_record(1, 160, 80)], 1)["host_beyond_ops_ms"] is None
+    assert summarise([_record(1, 160, 80)], 1)["host_calls_outside_forward"] is None
+
+
+def test_host_calls_are_summarised_and_their_growth_reported():
+    from bench.step_overhead import host_growth, markdown
+
+    one = summarise([{**_record(1, 160, 80), "host_calls_outside_forward": n} for n in (40, 44, 42)], 1)
+    sixteen = summarise([{**_record(16, 160, 80), "host_calls_outside_forward": 84}], 16)
+    assert (one["host_calls_outside_forward"], one["host_calls_outside_forward_max"]) == (42, 44)
+    results = {"jetspec-16": {"greedy": {"1": one, "16": sixteen}}}
+    assert host_growth(results, "host_calls_outside_forward") == {("jetspec-16", "greedy"): 2.0}
+    text = markdown(results, {"cpu": "CPU", "dtype": "float32", "commit": "abc", "command": "cmd"})
+    assert "| 42 (44) |" in text and "Host calls, largest batch over batch 1:\n\n- jetspec-16 greedy: 2.0" in text

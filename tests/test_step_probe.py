@@ -24,6 +24,20 @@ def test_host_data_costs_nothing():
     assert (counts.device_ops, counts.host_syncs) == (0, 0)
 
 
+def test_host_calls_count_each_torch_call_on_host_data_and_nothing_on_device_data():
+    device = torch.ones(3)  # made before the probe: device data
+    with StepProbe() as probe:
+        host = torch.tensor([3, 1, 2])  # 1
+        (host * 2).sum()  # 2
+        for value in (1, 2, 3):  # a per-request loop: one call a request
+            torch.tensor([value])
+        device + 1  # a device op, not a host call
+        with probe.paused():
+            torch.tensor([0])  # paused: not counted
+    counts = probe.take()
+    assert counts.host_calls == 6 and counts.device_ops == 1
+
+
 @pytest.mark.parametrize(
     "read, what",
     [

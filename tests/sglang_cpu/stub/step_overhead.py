@@ -160,6 +160,7 @@ def install(scheduler_module) -> None:
                 ops_outside_forward=counts.device_ops,
                 kernels_outside_forward=counts.kernel_ops,
                 host_syncs=counts.host_syncs,
+                host_calls_outside_forward=counts.host_calls,
                 draft_pass_ops=state.draft_pass_ops,
                 draft_pass_kernels=state.draft_pass_kernels,
                 sync_sites=dict(counts.sync_sites),
