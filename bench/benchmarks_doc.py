@@ -98,10 +98,13 @@ drifts over minutes.
 - What a decode step costs outside the target's forward, by batch size (1 / 4 / 16) and workload (greedy,
   sampled, grammar, penalised): `python -m bench.step_overhead --help` (device ops per step, and kernel ops:
   the same less the views, the proxy for GPU kernel launches, with `F.rms_norm` one kernel as on CUDA; host
-  syncs per step with their code sites;
+  syncs per step with their code sites; host calls, the torch calls on host data alone;
   host milliseconds per phase, and a probed step's milliseconds outside the forward split into the device ops'
   own and the host's work beside them, with the latter's growth from batch 1 to the largest batch), plain
   SGLang and JETSPEC in real servers on the CPU harness.
+- The hybrid drafter's lookups per request against one batched pass, and its draft phase without the head
+  (top-K, lookups, trees), by batch size: `python -m bench.lookup_cost --help`; a step's marginal trees,
+  the host heap against the batched builder a drafting graph holds: `python -m bench.tree_build --help`.
 - JETSPEC as operators run it (shipped policy, the server's same-allocation control, `--controller` for the
   controller too) against plain SGLang: `python -m bench.control_plane --help` (chat and code at concurrency
   1 / 4 / 16 after a stated warm-up, interleaved rounds; the steady-state ratio, the seconds to the control's

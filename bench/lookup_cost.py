@@ -5,10 +5,10 @@ process. The contexts are HumanEval prompts 100-163 each followed by the first h
 shipped head's draft corpus (text the target wrote), the last `--context-tokens` of that; the stores are
 the shipped corpus and a store of finished outputs filled with other corpus sequences. Both give the
 same guesses in the same order (tests/test_batched_lookup.py), which this script checks again on every
-batch it times. Beside them, the whole host side of the hybrid drafter's draft phase
+batch it times. Beside them, the hybrid drafter's draft phase without the head
 (`tree_drafting.draft_trees` with the head stubbed by fixed logits over the shipped head's draft
-vocabulary: the top-K, the lookups and the trees with the guesses merged): what a step's host pays for
-drafting on any device, by batch size.
+vocabulary): the top-K of the logits (device work on a GPU, computed here), its one copy to the host, the
+lookups and every lane's tree with its guesses merged (host work on any device), by batch size.
 
     python -m bench.lookup_cost --markdown bench/results/sglang_cpu/lookup-cost-fp32-epyc.md
 """
@@ -93,7 +93,7 @@ def _contexts(count: int, context_tokens: int) -> tuple[list[list[int]], LookupM
 
 
 class FixedLogitsHead:
-    """A drafter whose marginal pass returns fixed logits: the draft phase's host work without the head."""
+    """A drafter whose marginal pass returns fixed logits: the draft phase without the head."""
 
     def __init__(self, depth_logits: torch.Tensor, draft_vocab: torch.Tensor) -> None:
         self.depth_logits, self.draft_vocab = depth_logits, draft_vocab
@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         f"`draft_trees` with fixed random logits over the {len(vocab)}-token draft vocabulary, 1 thread.",
         "",
         "| batch | lookups per request ms | lookups batched ms | per request / batched | batched / batch 1's "
-        "| draft phase host ms | draft phase / batch 1's |",
+        "| draft phase without the head ms | draft phase / batch 1's |",
         "|---|---|---|---|---|---|---|",
     ]
     for row in rows:
