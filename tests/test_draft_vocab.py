@@ -87,14 +87,14 @@ def test_reduced_vocabulary_greedy_equals_autoregressive_and_drafts_only_its_tok
     ]
     engine = ReferenceEngine(smollm2, reduced, EngineConfig(max_batch_size=2))
     plain = [o.output_ids for o in engine.generate(requests, budget=0)]
-    drafted, original = [], drafting.build_tree
+    drafted, original = [], drafting.tree_from_candidates
 
     def spy(*args, **kwargs):
         tree = original(*args, **kwargs)
         drafted.extend(tree.tokens[1:].tolist())
         return tree
 
-    monkeypatch.setattr(drafting, "build_tree", spy)
+    monkeypatch.setattr(drafting, "tree_from_candidates", spy)
     assert [o.output_ids for o in engine.generate(requests, budget=16)] == plain
     assert drafted and set(drafted) <= set(vocab.tolist())
 
