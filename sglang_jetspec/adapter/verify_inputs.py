@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from sglang_jetspec.adapter.attention_backends import MaskLayout
-from sglang_jetspec.core.tree import DraftTree
+from sglang_jetspec.core.tree import DraftTree, padded_trees
 
 
 @dataclass
@@ -89,22 +89,12 @@ def build_verify_tensors(trees: list[DraftTree], seq_lens: list[int], num_nodes:
             f"trees {too_big} have more than num_nodes={width} nodes: raise num_nodes to the step's budget"
         )
     bs = len(trees)
-    sizes = torch.tensor([t.size for t in trees], dtype=torch.long)
-    lens = torch.tensor(seq_lens, dtype=torch.long)
-    real = torch.arange(width) < sizes[:, None]  # [bs, N]: a tree's own nodes; the rest pad
-    flat_tokens = torch.cat([t.tokens for t in trees])
-    flat_depths = torch.cat([t.depths for t in trees])
-    roots = flat_tokens[torch.cumsum(sizes, 0) - sizes]
-    tokens = roots[:, None].repeat(1, width)  # padding nodes carry the root's token
-    tokens[real] = flat_tokens
-    positions = (lens + 1)[:, None].repeat(1, width)  # padding nodes sit at depth 1
-    positions[real] = flat_depths + lens.repeat_interleave(sizes)
-    parents = torch.full((bs, width), -1, dtype=torch.long)  # padding nodes: no parent, like the root
-    parents[real] = torch.cat([t.parents for t in trees])
+    tokens, parents, depths = padded_trees(trees, width)  # padding: the root's token, no parent, depth 1
+    positions = depths + torch.tensor(seq_lens, dtype=torch.long)[:, None]
 
     # row i: i itself and its ancestors, the transitive closure of "i or its parent" by repeated squaring
     # (a few batched matmuls, not one pass per level); padding rows see the root, like a depth-1 node
-    deepest = int(flat_depths.max())
+    deepest = max(t.max_depth for t in trees)
     reach = torch.eye(width).repeat(bs, 1, 1)
     reach[:, :, 0] = 1.0
     reach.scatter_(2, parents.clamp(min=0)[..., None], 1.0)

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from .sampling import Kept, SamplingParams, kept_candidates, processed_probs
-from .tree import DraftTree
+from .tree import DraftTree, padded_trees
 
 METHODS = ("match", "residual", "draw")
 
@@ -58,12 +58,7 @@ class _PaddedTrees:
         """The batch's trees padded to the largest, in a fixed number of tensor ops whatever the batch size:
         a node's sibling rank is the number of earlier nodes with its parent (children in index order)."""
         batch, n = len(trees), max(t.size for t in trees)
-        sizes = torch.tensor([t.size for t in trees])
-        real = torch.arange(n) < sizes[:, None]  # [B, N]: a tree's own nodes
-        tokens = torch.zeros(batch, n, dtype=torch.long)
-        tokens[real] = torch.cat([t.tokens for t in trees])
-        parents = torch.full((batch, n), -1, dtype=torch.long)
-        parents[real] = torch.cat([t.parents for t in trees])
+        tokens, parents, _ = padded_trees(trees, n)  # no child links reach a padding node
         nodes = torch.arange(n)
         earlier_sibling = (parents[:, :, None] == parents[:, None, :]) & (nodes[None, None, :] < nodes[None, :, None])
         rank = earlier_sibling.sum(-1)  # [B, N]

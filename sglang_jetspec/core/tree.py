@@ -153,6 +153,21 @@ def root_only_tree(root_token: int) -> DraftTree:
     return DraftTree(torch.tensor([root_token]), torch.tensor([-1]), zero, zero.clone(), torch.zeros(1))
 
 
+def padded_trees(trees: list[DraftTree], width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The batch's trees' tokens, parents and depths as [B, width] tensors, in a fixed number of ops whatever
+    B: padding nodes carry the root's token, no parent and depth 1."""
+    sizes = torch.tensor([t.size for t in trees], dtype=torch.long)
+    real = torch.arange(width) < sizes[:, None]
+    flat_tokens = torch.cat([t.tokens for t in trees])
+    tokens = flat_tokens[torch.cumsum(sizes, 0) - sizes][:, None].repeat(1, width)
+    tokens[real] = flat_tokens
+    parents = torch.full((len(trees), width), -1, dtype=torch.long)
+    parents[real] = torch.cat([t.parents for t in trees])
+    depths = torch.ones(len(trees), width, dtype=torch.long)
+    depths[real] = torch.cat([t.depths for t in trees])
+    return tokens, parents, depths
+
+
 def kept_nodes(tree: DraftTree, keep: list[bool]) -> tuple[DraftTree, torch.Tensor]:
     """The tree of the nodes where `keep` is True, in their order, and their indices in `tree`; the root
     always stays, and a node whose parent goes goes too (every kept node keeps its whole path)."""

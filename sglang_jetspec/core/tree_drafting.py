@@ -94,12 +94,12 @@ class TreeDraft:
         self.learned: set[tuple[int, ...]] = set()  # paths whose own candidates a tree-causal pass gave
         # path -> candidates a tree-causal pass gave it (guesses on the path merged in)
         self.conditioned: dict[tuple[int, ...], Candidates] = {}
-        if self.marginal is None:
-            self.marginal = marginal_candidates(self.top_tokens[None], self.top_logprobs[None], self.spec)[0]
         if self.tree is None:
             self.tree = self.rebuild()
 
     def rebuild(self) -> DraftTree:
+        if self.marginal is None:  # read from the top-K once, when a build first needs them
+            self.marginal = marginal_candidates(self.top_tokens[None], self.top_logprobs[None], self.spec)[0]
         return tree_from_candidates(self.root_token, self.marginal, self.spec, self.conditioned, self.guesses)
 
     def learn(self, child_logits: torch.Tensor) -> None:
@@ -199,7 +199,10 @@ def draft_trees(
         width = min(spec.width, depth_logits.shape[-1])
         tokens, logprobs, marginal = unpack_drafts(replayed[1], depth_logits.shape[1], width)
         sizes = marginal.sizes.tolist()  # host data: the packed copy is on the host already
-    candidates = marginal_candidates(tokens, logprobs, spec)  # the whole batch's, in one pass
+    # the marginal candidates of every lane whose tree the host builds, in one pass (a lane with nothing to
+    # merge takes a replayed graph's tree as it is)
+    builds = [b for b in range(len(lanes)) if marginal is None or guesses[b]]
+    candidates = dict(zip(builds, marginal_candidates(tokens[builds], logprobs[builds], spec))) if builds else {}
     lane_tokens, lane_logprobs = tokens.unbind(), logprobs.unbind()
     drafts = [
         TreeDraft(
@@ -208,9 +211,9 @@ def draft_trees(
             lane_logprobs[b],
             spec,
             guesses=guesses[b],
-            tree=None if marginal is None or guesses[b] else marginal.tree(b, sizes[b]),
+            tree=None if b in candidates else marginal.tree(b, sizes[b]),
             vocab=vocab,
-            marginal=candidates[b],
+            marginal=candidates.get(b),
         )
         for b, lane in enumerate(lanes)
     ]
