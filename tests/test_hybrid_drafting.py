@@ -146,6 +146,24 @@ def test_draft_trees_merges_each_lanes_own_lookup_guess():
     assert (7, 8, 5, 6) in paths(refined)
 
 
+def test_the_lookups_run_while_the_device_runs_the_head_and_count_as_tree_time(monkeypatch):
+    """On a GPU the head's pass is queued, not done, when propose returns: the host looks up the lanes'
+    guesses before it waits for the head, and the head's seconds are what the lookups did not hide."""
+    from sglang_jetspec.core import tree_drafting
+
+    order, clock = [], iter([0.0, 1.0, 3.0, 4.0])  # perf_counter: start, queued, looked up, end
+    looked_up = tree_drafting.lanes_guesses
+    monkeypatch.setattr(tree_drafting.time, "perf_counter", lambda: next(clock))
+    monkeypatch.setattr(tree_drafting, "lanes_guesses", lambda *a: order.append("lookups") or looked_up(*a))
+    monkeypatch.setattr(tree_drafting, "settled_clock", lambda result: order.append("wait") or 3.5)
+    drafter = FixedDrafter(marginal([{1: 0.4, 2: 0.3, 3: 0.3}] * 4))
+    lane = SimpleNamespace(committed_ids=[5, 6, 7, 5, 6], root_token=6)
+    _, timing = draft_trees(drafter, [lane], TreeSpec(budget=6, max_depth=3, width=1), lookup=LookupMerge(LOG(0.9)))
+    assert order == ["lookups", "wait"]
+    assert timing.round_s == [1.0 + 0.5]  # queuing the head, then waiting after the 2 s of lookups
+    assert timing.tree_s == 2.0 + 0.5  # the lookups and the tree build after the wait
+
+
 def test_a_lanes_root_children_are_only_the_tokens_it_allows():
     drafter = FixedDrafter(marginal([{1: 0.4, 2: 0.3, 3: 0.2, 4: 0.1}] * 4))
     lanes = [SimpleNamespace(root_token=0), SimpleNamespace(root_token=0)]

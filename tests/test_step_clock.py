@@ -12,6 +12,7 @@ from sglang_jetspec.core.step_clock import PHASE_ENDS, Drafted, SizingLearners, 
 from sglang_jetspec.core.tree import DraftTree, root_only_tree
 from sglang_jetspec.core.tree_drafting import DraftTiming
 from sglang_jetspec.core.tree_sizing import TreeSizer
+from tests.device_events import fake_device_events
 
 
 def _clock(readings: dict[str, float], settle_on=None) -> StepClock:
@@ -111,3 +112,42 @@ def test_learners_time_the_gap_between_steps_but_not_a_prefill_or_a_wait_between
     assert learners.sizer.overheads[2].gap_s == pytest.approx(0.8 * 0.010 + 0.2 * 0.020)
     # what every step pays: the steps' outside seconds (5 ms binding + 7 ms acceptance and commit) + the gap
     assert learners.sizer.overheads[2].every_step_s == pytest.approx(0.012 + 0.012)
+
+
+@pytest.fixture
+def device_events(monkeypatch):
+    return fake_device_events(monkeypatch)
+
+
+def _deferred_step(events, device_readings_ms: dict[str, float]) -> StepClock:
+    clock = StepClock("cuda:0", deferred=True)
+    for phase in PHASE_ENDS:
+        events.device_ms = device_readings_ms[phase]
+        clock.mark(phase)
+    return clock
+
+
+def test_a_deferred_clock_records_events_without_waiting_and_reads_the_devices_seconds(device_events):
+    clock = _deferred_step(device_events, {p: s * 1e3 for p, s in READINGS.items()})
+    assert clock.settled and clock.pending and device_events.log == ["record"] * 6
+    with pytest.raises(RuntimeError, match="resolve"):
+        clock.seconds("bound", "verified")  # the host's readings would time launches, not the device
+    clock.resolve()
+    assert not clock.pending and device_events.log == ["record"] * 6  # the device had passed every event
+    assert clock.verify_s == pytest.approx(0.040) and clock.seconds("start", "committed") == pytest.approx(0.072)
+    assert clock.at("committed") - clock.at("start") == pytest.approx(0.072)
+
+
+def test_resolving_a_clock_the_device_has_not_reached_waits_on_its_last_event_alone(device_events):
+    clock = _deferred_step(device_events, {p: s * 1e3 for p, s in READINGS.items()})
+    device_events.reached = False
+    clock.resolve()
+    assert device_events.log[-1] == "wait" and clock.after_verify_s == pytest.approx(0.007)
+
+
+def test_an_undeferred_clock_on_a_gpu_waits_at_every_boundary_and_a_cpu_clock_never_defers(device_events):
+    with pytest.raises(AssertionError, match="waited"):
+        StepClock("cuda:0").mark("drafted")  # the reference engine's: settled by waiting
+    cpu = StepClock("cpu", deferred=True)
+    cpu.mark("drafted")
+    assert not cpu.pending and cpu.seconds("start", "drafted") >= 0

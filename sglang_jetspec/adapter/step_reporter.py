@@ -8,6 +8,7 @@ Metrics and traces come from the drafting rank alone (tensor parallelism: the ot
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass
 
 import torch
 
@@ -15,6 +16,19 @@ from policies import StepPlan
 from sglang_jetspec.adapter.step_outputs import StepOutputs
 from sglang_jetspec.adapter.worker_observability import step_tracer, trace_step
 from sglang_jetspec.core.step_clock import Drafted, SizingLearners, StepClock
+
+
+@dataclass(frozen=True)
+class _Readings:
+    """A finished step whose clock the reporter reads once the device has passed it."""
+
+    clock: StepClock
+    cohort: str
+    budget: int
+    drafted: Drafted
+    row_counts: list[int]
+    rids: list[str]
+    tracer: object | None
 
 
 class StepReporter:
@@ -26,26 +40,48 @@ class StepReporter:
         # captured widths a server uses, on /server_info (adapter.internal_state)
         self.steps_by_width: Counter[int] = Counter()
         self.padded_steps = 0
+        self._unread: _Readings | None = None  # the last step, while its clock waits on the device
 
     def start(self, plan: StepPlan) -> StepClock:
-        """The clock of a step of `plan`; it settles on the device when metrics or traces read it, or when
-        the step sizes adaptively (sizing learns the verify cost from it)."""
+        """The clock of a step of `plan`; it times the device when metrics or traces read it, or when the
+        step sizes adaptively (sizing learns the verify cost from it). Deferred: on a GPU the step records
+        events and never waits for its clock."""
         self._tracer = step_tracer() if self.traces else None
         observed = self.metrics is not None or self._tracer is not None
-        return StepClock(self.device if observed or plan.sizes_adaptively else None)
+        return StepClock(self.device if observed or plan.sizes_adaptively else None, deferred=True)
 
     def finish(self, clock: StepClock, plan: StepPlan, drafted: Drafted, out: StepOutputs, reqs: list) -> None:
-        """`reqs`: the step's SGLang requests (a span names them)."""
-        self.learners.observe(clock, drafted, out.results or [])  # None: roots alone, never sized
+        """`reqs`: the step's SGLang requests (a span names them). What the accepted paths teach is learned
+        now; what the clock reads, once the device has passed it: now on a CPU, else at the next step's
+        finish (after that step's own syncs) or the next idle `flush`."""
+        self.learners.observe_paths(drafted, out.results or [])  # None: roots alone, never sized
         self.steps_by_width[drafted.num_nodes] += 1
         self.padded_steps += drafted.num_nodes > max(tree.size for tree in drafted.trees)
-        if self.metrics is None and self._tracer is None:
+        rids = [req.rid for req in reqs] if self._tracer is not None else []
+        readings = _Readings(clock, plan.cohort, plan.budget, drafted, out.row_counts, rids, self._tracer)
+        self.flush()
+        if clock.pending:
+            self._unread = readings
+        else:
+            self._read(readings)
+
+    def flush(self) -> None:
+        """Read the last step's clock if it still waits (between steps: its work is done or nearly)."""
+        unread, self._unread = self._unread, None
+        if unread is not None:
+            self._read(unread)
+
+    def _read(self, readings: _Readings) -> None:
+        clock = readings.clock
+        clock.resolve()
+        self.learners.observe_timings(clock, readings.drafted)
+        if self.metrics is None and readings.tracer is None:
             return
-        record = clock.record(drafted, plan.budget, out.row_counts)
+        record = clock.record(readings.drafted, readings.budget, readings.row_counts)
         if self.metrics is not None:
-            self.metrics.record_step(plan.cohort, record)
-        if self._tracer is not None:
-            trace_step(self._tracer, plan.cohort, record, clock.start_ns, [req.rid for req in reqs])
+            self.metrics.record_step(readings.cohort, record)
+        if readings.tracer is not None:
+            trace_step(readings.tracer, readings.cohort, record, clock.start_ns, readings.rids)
 
     def verify_widths(self, rungs: tuple[int, ...]) -> dict:
         """The widths a step may verify (`rungs`: none, no padding) and the steps run at each so far."""

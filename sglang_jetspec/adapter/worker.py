@@ -292,8 +292,10 @@ class JetSpecWorker(BaseSpecWorker):
 
     def refresh_idle(self) -> None:
         """What a step would refresh, between steps (the scheduler's idle loop, adapter.scheduler_hooks):
-        requests that finished leave, an expired push reverts, and the gauges say so while no step runs."""
+        requests that finished leave, an expired push reverts, the last step's clock is read, and the gauges
+        say so while no step runs."""
         self.retire_finished()
+        self.reporter.flush()
         self.policy_control.refresh(time.time())
         self._show_live_states()
 

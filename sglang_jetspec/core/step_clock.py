@@ -43,29 +43,70 @@ class Drafted:
 class StepClock:
     """The readings of one step. With `settle_on` a device, each boundary first waits for it: on a GPU
     an unsettled reading measures kernel launches and bills their work to whichever phase syncs next.
-    Without it the step never stalls for a clock (nobody reads the timings closely enough to pay)."""
+    Without it the step never stalls for a clock (nobody reads the timings closely enough to pay).
 
-    def __init__(self, settle_on: torch.device | str | None = None) -> None:
+    `deferred` (the SGLang worker's clock): on an accelerator each boundary records a timing event on the
+    device's stream instead of waiting, so the host goes on queuing work and the step keeps only the
+    syncs its own data needs; the readings are the device's, read by `resolve` once its work is done (the
+    worker's reporter does it a step later, when a later sync has already passed the events). On a CPU
+    every op has run when it returns: the host readings are the device's and nothing is deferred."""
+
+    def __init__(self, settle_on: torch.device | str | None = None, deferred: bool = False) -> None:
         self.settle_on = None if settle_on is None else torch.device(settle_on)
         self.start_ns = time.time_ns()
         self._at = {"start": time.perf_counter()}
+        on_accelerator = self.settle_on is not None and self.settle_on.type != "cpu"
+        self._events: dict | None = None  # boundary -> its recorded event, until resolved
+        if deferred and on_accelerator:
+            self._new_event = torch.get_device_module(self.settle_on).Event
+            self._events = {"start": self._recorded_event()}
+        self._waits = on_accelerator and not deferred
 
     @property
     def settled(self) -> bool:
         return self.settle_on is not None
 
+    @property
+    def pending(self) -> bool:
+        """Whether the readings wait on the device's events (`resolve` first)."""
+        return self._events is not None
+
+    def _recorded_event(self):
+        event = self._new_event(enable_timing=True)
+        event.record()
+        return event
+
     def mark(self, phase_end: str) -> None:
         if phase_end not in PHASE_ENDS:
             raise ValueError(f"phase end {phase_end!r}: one of {', '.join(PHASE_ENDS)}")
-        if self.settle_on is not None and self.settle_on.type != "cpu":
+        if self._events is not None:
+            self._events[phase_end] = self._recorded_event()
+        elif self._waits:
             torch.get_device_module(self.settle_on).synchronize(self.settle_on)
         self._at[phase_end] = time.perf_counter()
 
+    def resolve(self) -> None:
+        """Replace the host's readings by the device's: each boundary at the host's start plus the device's
+        seconds from the start event to its own. Waits only if the device has not reached the last one."""
+        if self._events is None:
+            return
+        start, last = self._events["start"], list(self._events.values())[-1]
+        if not last.query():
+            last.synchronize()
+        host_start = self._at["start"]
+        for boundary, event in self._events.items():
+            self._at[boundary] = host_start + start.elapsed_time(event) / 1e3  # elapsed_time: milliseconds
+        self._events = None
+
     def seconds(self, since: str, until: str) -> float:
+        if self._events is not None:
+            raise RuntimeError("a deferred clock's readings are the device's: resolve() it first")
         return self._at[until] - self._at[since]
 
     def at(self, boundary: str) -> float:
         """perf_counter() at `boundary` ("start" or a marked phase end)."""
+        if self._events is not None:
+            raise RuntimeError("a deferred clock's readings are the device's: resolve() it first")
         return self._at[boundary]
 
     @property
@@ -125,10 +166,19 @@ class SizingLearners:
 
     def observe(self, clock: StepClock, drafted: Drafted, results: list) -> None:
         """`results`: each request's acceptance (anything with the accepted `path`, root first)."""
-        if clock.settled:
-            self.verify_costs.observe(len(drafted.trees), drafted.num_nodes, clock.verify_s)
+        self.observe_paths(drafted, results)
+        self.observe_timings(clock, drafted)
+
+    def observe_paths(self, drafted: Drafted, results: list) -> None:
+        """What the step's accepted paths teach, right after the step: the sizer's calibration reads the
+        trees it cut for this very step."""
         if drafted.sized:
             self.sizer.observe([result.path for result in results])
+
+    def observe_timings(self, clock: StepClock, drafted: Drafted) -> None:
+        """What the step's readings teach (a deferred clock resolved first), in the order the steps ran."""
+        if clock.settled:
+            self.verify_costs.observe(len(drafted.trees), drafted.num_nodes, clock.verify_s)
         if drafted.adaptive:
             overhead = self.sizer.overhead_at(len(drafted.trees))
             overhead.observe(clock.outside_draft_and_verify_s, verified_tree=drafted.num_nodes > 1)
