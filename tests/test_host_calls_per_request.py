@@ -17,7 +17,7 @@ from sglang_jetspec.adapter.step_outputs import accept_step
 from sglang_jetspec.adapter.verify_inputs import build_verify_tensors
 from sglang_jetspec.core.prompt_lookup import LookupMerge
 from sglang_jetspec.core.sampling import SamplingParams
-from sglang_jetspec.core.tree import TreeSpec
+from sglang_jetspec.core.tree import TreeSpec, root_only_trees
 from sglang_jetspec.core.tree_drafting import draft_trees
 
 VOCAB, DRAFT_VOCAB, DEPTH = 400, 64, 6
@@ -96,3 +96,17 @@ def test_a_sampled_request_adds_only_its_own_random_draws_to_acceptance():
     many, _ = calls_per_phase(16, sampled=True)
     # each request draws its uniforms from its own generator (a seed reproduces it whatever its batch)
     assert (many["accept"] - one["accept"]) / 15 <= 2, (one, many)  # its draw and where it lands
+
+
+def test_a_gated_off_steps_trees_cost_no_torch_call_per_request():
+    """Speculation off: every request's tree is its root alone, built for the batch at once (root_only_trees),
+    and greedy acceptance of roots stays on the device."""
+    calls = {}
+    for batch in (1, 16):
+        with TorchCalls() as mode:
+            trees = root_only_trees(list(range(batch)))
+            accept_step(trees, torch.zeros(batch, VOCAB), 1, [SamplingParams()] * batch, [None] * batch)
+        calls[batch] = mode.calls
+        assert [tree.tokens.tolist() for tree in trees] == [[b] for b in range(batch)]
+        assert [(tree.size, tree.max_depth, tree.parents.tolist()) for tree in trees] == [(1, 0, [-1])] * batch
+    assert calls[16] == calls[1], calls  # a tree a request built on its own was 6 calls (110 against 20)

@@ -20,7 +20,7 @@ from sglang_jetspec.adapter.tree_grammar import TreeGrammar
 from sglang_jetspec.core.head_drafter import HeadDrafter
 from sglang_jetspec.core.prompt_lookup import LookupMerge
 from sglang_jetspec.core.step_clock import Drafted, SizingLearners
-from sglang_jetspec.core.tree import root_only_tree
+from sglang_jetspec.core.tree import root_only_trees
 from sglang_jetspec.core.tree_drafting import DraftTiming, budget_spec, step_trees
 from sglang_jetspec.core.verify_widths import VerifyWidths
 
@@ -69,7 +69,7 @@ class StepDrafting:
         root_allowed = [grammar.root_allowed(b) for b in drafting] if constrained else None
         forced = [grammar.forced_tokens(b, self.tokenizer) for b in drafting] if constrained else None
         if not drafts:
-            trees, timing = [root_only_tree(lane.root_token) for lane in lanes], DraftTiming([], 0.0)
+            trees, timing = root_only_trees([lane.root_token for lane in lanes]), DraftTiming([], 0.0)
         else:
             trees, timing = step_trees(
                 self.drafter,

@@ -149,8 +149,21 @@ class DraftTree:
 
 def root_only_tree(root_token: int) -> DraftTree:
     """The tree of budget 1: verifying it is one ordinary decoding step."""
-    zero = torch.zeros(1, dtype=torch.long)
-    return DraftTree(torch.tensor([root_token]), torch.tensor([-1]), zero, zero.clone(), torch.zeros(1))
+    return root_only_trees([root_token])[0]
+
+
+def root_only_trees(root_tokens: list[int]) -> list[DraftTree]:
+    """Each root's tree of budget 1, for a whole batch in a fixed number of tensor calls (a gated-off step
+    builds one per request): each tree's token a view of one tensor, and the fields of a lone root, which
+    no code changes in place, shared by them all."""
+    tokens = torch.tensor(root_tokens, dtype=torch.long).view(-1, 1).unbind()
+    no_parent, zero, no_logprob = torch.tensor([-1]), torch.zeros(1, dtype=torch.long), torch.zeros(1)
+    trees = []
+    for token in tokens:
+        tree = DraftTree(token, no_parent, zero, zero, no_logprob)
+        tree.__dict__.update(size=1, max_depth=0)  # the cached properties' values, as from_lists sets them
+        trees.append(tree)
+    return trees
 
 
 def padded_trees(trees: list[DraftTree], width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

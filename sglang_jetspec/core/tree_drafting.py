@@ -38,6 +38,7 @@ from .tree import (
     host_top_k,
     marginal_candidates,
     root_only_tree,
+    root_only_trees,
     top_k_per_depth,
     tree_from_candidates,
     with_guesses,
@@ -310,7 +311,8 @@ def step_trees(
     trees: list[DraftTree | None] = [None] * len(lanes)
     for i, tree in zip(drafting, drafted):
         trees[i] = prune(i, tree) if prune is not None else tree
-    trees = [tree if tree is not None else root_only_tree(lane.root_token) for tree, lane in zip(trees, lanes)]
+    roots = iter(root_only_trees([lane.root_token for tree, lane in zip(trees, lanes) if tree is None]))
+    trees = [tree if tree is not None else next(roots) for tree in trees]
     if sizer is not None:
         # every lane counts, undrafted ones too: a batched verify pads each to the longest tree
         trees = sizer.size(trees, time.perf_counter() - start, drafted=head_runs, cost=cost)
