@@ -105,6 +105,8 @@ drifts over minutes.
 - The hybrid drafter's lookups per request against one batched pass, and its draft phase without the head
   (top-K, lookups, trees), by batch size: `python -m bench.lookup_cost --help`; a step's marginal trees,
   the host heap against the batched builder a drafting graph holds: `python -m bench.tree_build --help`.
+- The store of finished outputs refreshed at the step after a request finished, incremental against the whole
+  store re-indexed, by tokens held: `python -m bench.suffix_store_refresh --help`.
 - JETSPEC as operators run it (shipped policy, the server's same-allocation control, `--controller` for the
   controller too) against plain SGLang: `python -m bench.control_plane --help` (chat and code at concurrency
   1 / 4 / 16 after a stated warm-up, interleaved rounds; the steady-state ratio, the seconds to the control's

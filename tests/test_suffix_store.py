@@ -5,6 +5,7 @@ import hashlib
 import json
 import math
 
+import numpy as np
 import pytest
 
 from sglang_jetspec.core.prompt_lookup import STORE_FACTOR, LookupMerge, lookup_guesses
@@ -15,6 +16,7 @@ from sglang_jetspec.core.suffix_store import (
     SuffixStore,
     likeliest_paths,
     load_draft_corpus,
+    ngram_index,
     save_draft_corpus,
 )
 from sglang_jetspec.core.tree import TreeSpec, noisy_or
@@ -51,6 +53,46 @@ def test_a_bounded_store_forgets_its_oldest_sequences_first():
     store = store_of([1, 2], [1, 3], [1, 4], max_tokens=7)  # each sequence holds 3 slots with its separator
     assert store.continuations([1], 1)[0] == {(3,): 1, (4,): 1}
     assert store.num_tokens == 4
+
+
+def test_a_refresh_indexes_only_what_was_added_and_equals_the_store_reindexed(monkeypatch):
+    """Over random adds with eviction, and a 4-token vocabulary (every key recurs, so the order of equal
+    keys matters): after each refresh the index is the whole store's, re-indexed from scratch, and
+    lookups answer as a store filled in one go; each refresh hashed only the new tokens' n-grams."""
+    import sglang_jetspec.core.suffix_store as module
+
+    indexed = []
+    monkeypatch.setattr(module, "ngram_index", lambda tokens, n: indexed.append(len(tokens)) or ngram_index(tokens, n))
+    rng = np.random.default_rng(0)
+    for trial in range(60):
+        store = SuffixStore(max_ngram=int(rng.integers(1, 5)), max_tokens=int(rng.integers(8, 120)))
+        for _ in range(12):
+            added = [rng.integers(0, 4, int(rng.integers(1, 15))).tolist() for _ in range(int(rng.integers(1, 3)))]
+            indexed.clear()
+            for sequence in added:
+                store.add(sequence)  # a store fed past its bound refreshes here already
+            store._refresh()
+            # the new tokens, their separators, and the n - 1 before them a spanning n-gram may start in
+            assert max(indexed, default=0) <= sum(len(a) + 1 for a in added) + store.max_ngram - 1, trial
+            for n in range(1, store.max_ngram + 1):
+                keys, after = store._index[n - 1]
+                want_keys, want_after = ngram_index(store._tokens, n)
+                assert np.array_equal(keys, want_keys) and np.array_equal(after, want_after), (trial, n)
+            once = SuffixStore(max_ngram=store.max_ngram)
+            once.add(store._tokens[:-1])  # the held sequences, -1 between them, as one add
+            for context in ([0], [1, 2], [3, 0, 1], [2, 2, 2, 2]):
+                assert store.continuations(context, 3) == once.continuations(context, 3), (trial, context)
+
+
+def test_a_full_store_evicts_down_to_seven_eighths_of_its_bound():
+    store = SuffixStore(max_ngram=3, max_tokens=40)  # each [5, 6, 7] holds 4 slots with its separator
+    for _ in range(11):
+        store.add([5, 6, 7])
+        store._refresh()
+    assert store.num_tokens == 27  # 44 slots > 40: down to 36 (<= 35 and the next sequence boundary)
+    store.add([5, 6, 7])
+    assert store.num_tokens == 30  # 40 slots: no eviction pass on this refresh
+    assert store.continuations([5, 6], 1) == ({(7,): 10}, 10)
 
 
 def test_likeliest_paths_keep_a_prefix_closed_set_scored_by_share_given_the_parent():

@@ -70,26 +70,25 @@ class SuffixStore:
                 self._refresh()
 
     def _refresh(self) -> None:
+        """Index what was added since the last refresh. Only the new sequences' n-grams are hashed and
+        sorted; they merge into the sorted index in one linear pass, and evicted sequences leave it by
+        one filter: a full store (RECENT_OUTPUT_TOKENS) refreshes in a few milliseconds where re-sorting
+        all of it took about 80 ms, which a serving engine pays at every step after a request finished
+        (`python -m bench.suffix_store_refresh`)."""
         if not self._stale:
             return
         sep = np.array([_SEPARATOR], dtype=np.int64)
+        old_len = len(self._tokens)
         tokens = np.concatenate([self._tokens] + [part for chunk in self._chunks for part in (chunk, sep)])
+        cut = 0  # tokens evicted from the front
         if self.max_tokens is not None and len(tokens) > self.max_tokens:
-            separators = np.nonzero(tokens[: len(tokens) - self.max_tokens] == _SEPARATOR)[0]
-            tokens = tokens[separators[-1] + 1 if separators.size else len(tokens) - self.max_tokens :]
-        self._tokens, self._chunks, self._pending, self._stale = tokens, [], 0, False
-        self._index = [self._build(n) for n in range(1, self.max_ngram + 1)]
-
-    def _build(self, n: int) -> tuple[np.ndarray, np.ndarray]:
-        tokens = self._tokens
-        if len(tokens) < n:
-            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-        windows = np.lib.stride_tricks.sliding_window_view(tokens, n)  # windows[i] = tokens[i : i + n]
-        valid = (windows != _SEPARATOR).all(axis=1)
-        starts = np.nonzero(valid)[0]
-        keys = _keys(windows[starts])
-        order = np.argsort(keys, kind="stable")  # equal keys stay in position order: the last are the most recent
-        return keys[order], starts[order] + n
+            # down to 7/8 of the bound: the eviction's pass over the index comes once in many refreshes
+            keep = self.max_tokens - self.max_tokens // 8
+            separators = np.nonzero(tokens[: len(tokens) - keep] == _SEPARATOR)[0]
+            cut = int(separators[-1] + 1 if separators.size else len(tokens) - keep)
+        old_index = self._index or [None] * self.max_ngram
+        self._tokens, self._chunks, self._pending, self._stale = tokens[cut:], [], 0, False
+        self._index = [_merged_index(old_index[n - 1], n, old_len, cut, tokens) for n in range(1, self.max_ngram + 1)]
 
     def continuations(self, context: list[int], depth: int) -> tuple[dict[tuple[int, ...], int], int]:
         """Counts of every continuation path (up to `depth` tokens) after the most recent occurrences of
@@ -143,6 +142,38 @@ def _keys(windows: np.ndarray) -> np.ndarray:
         for column in range(windows.shape[1]):
             keys = keys * _MULTIPLIER + windows[:, column] + 1
     return keys
+
+
+def _merged_index(
+    old: tuple[np.ndarray, np.ndarray] | None, n: int, old_len: int, cut: int, tokens: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """The index of n-grams of `tokens[cut:]`: `old` (that of `tokens[:old_len]`) less the n-grams that
+    start before `cut`, plus those that end past `old_len`, in positions from `cut`."""
+    start = max(old_len - n + 1, cut, 0)  # the first n-gram the old index cannot hold
+    keys, after = ngram_index(tokens[start:], n)
+    after = after + (start - cut)
+    if old is None:
+        return keys, after
+    old_keys, old_after = old
+    if cut:
+        kept = old_after - n >= cut
+        old_keys, old_after = old_keys[kept], old_after[kept] - cut
+    # every new n-gram comes after every old one: on equal keys after them, so each key's
+    # occurrences stay in position order (the last are the most recent)
+    at = np.searchsorted(old_keys, keys, "right")
+    return np.insert(old_keys, at, keys), np.insert(old_after, at, after)
+
+
+def ngram_index(tokens: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every n-gram of `tokens` that holds no separator: keys sorted (equal keys in position order) and the
+    position that follows each."""
+    if len(tokens) < n:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    windows = np.lib.stride_tricks.sliding_window_view(tokens, n)  # windows[i] = tokens[i : i + n]
+    starts = np.nonzero((windows != _SEPARATOR).all(axis=1))[0]
+    keys = _keys(windows[starts])
+    order = np.argsort(keys, kind="stable")
+    return keys[order], starts[order] + n
 
 
 def _count_paths(tokens: np.ndarray, positions: np.ndarray, depth: int) -> dict[tuple[int, ...], int]:
