@@ -100,8 +100,8 @@ drifts over minutes.
   the same less the views, the proxy for GPU kernel launches, with `F.rms_norm` one kernel as on CUDA; host
   syncs per step with their code sites; host calls, the torch calls on host data alone;
   host milliseconds per phase, and a probed step's milliseconds outside the forward split into the device ops'
-  own and the host's work beside them, with the latter's growth from batch 1 to the largest batch), plain
-  SGLang and JETSPEC in real servers on the CPU harness.
+  own, the probe's own cost and the host's work beside them, that work also by phase, with its growth from
+  batch 1 to the largest batch), plain SGLang and JETSPEC in real servers on the CPU harness.
 - The hybrid drafter's lookups per request against one batched pass, and its draft phase without the head
   (top-K, lookups, trees), by batch size: `python -m bench.lookup_cost --help`; a step's marginal trees,
   the host heap against the batched builder a drafting graph holds: `python -m bench.tree_build --help`.

@@ -28,10 +28,17 @@ steps whose batch is the full batch size it reports, per step (median, max in br
   JETSPEC its phases as its own clock reads them (draft includes planning; bind: the verify's inputs);
 - `host_beyond_ops_ms` and `device_op_ms`: a probed step's milliseconds outside the target's forward
   split into the time inside the counted device ops themselves and the rest (Python, host tensors,
-  dispatch, and the probe's own few microseconds an op, flat with the op count).
+  dispatch, and the probe's own cost);
+- `probe_ms` and `host_work_ms`: of `host_beyond_ops_ms`, the probe's own cost (its handlers' timed
+  bookkeeping plus torch's mode machinery at harness.step_probe.machinery_seconds a handler call, measured
+  in the server once) and the rest: the host's own work (`host_work_phases_ms`, and the ops' time
+  `device_op_phases_ms`, by phase of JETSPEC's step clock, `after` its last mark). The probe costs 10-20 us
+  a torch call, most of a probed step's host time at batch 1, and more torch calls (a tensor per lane in
+  a list) cost it more, so
+  the goal's ratio is read from `host_work_ms`.
 
 On a CPU every op runs where it is dispatched, so host_ms is compute as well as launches; the counts and
-`host_beyond_ops_ms` are what carries to a GPU, where the ops' own time moves to the device and the host's
+`host_work_ms` are what carries to a GPU, where the ops' own time moves to the device and the host's
 work beside them is what a step still waits on (with no per-request loop, flat in batch size: the
 markdown's last lines give its ratio of the largest batch to batch 1). Configs: `plain` (SGLang's own
 decode and sampler), `jetspec` (the shipped head and policy), `jetspec-16` (every cohort at budget 16 with
@@ -87,7 +94,7 @@ COUNT_FIELDS = (
 DRAFT_GRAPH_OPS = 3  # DraftGraphs.propose: inputs.copy_, graph.replay, out[: len(lanes)]
 DRAFT_GRAPH_KERNELS = 2  # ... of which the slice is a view
 TIME_FIELDS = ("host_ms", "forward_ms", "step_ms")
-PROBED_TIME_FIELDS = ("host_beyond_ops_ms", "device_op_ms")  # from the probed steps
+PROBED_TIME_FIELDS = ("host_beyond_ops_ms", "device_op_ms", "probe_ms", "host_work_ms")  # probed steps
 
 
 def parse_sizes(text: str) -> list[int]:
@@ -126,12 +133,19 @@ def summarise(records: list[dict], batch_size: int) -> dict:
     for name, steps in [*((n, timed) for n in TIME_FIELDS), *((n, counted) for n in PROBED_TIME_FIELDS)]:
         values = [r[name] for r in steps if r.get(name) is not None]
         out[name] = round(statistics.median(values), 2) if values else None
-    phases = sorted({p for r in timed for p in r.get("phases_ms", {})})
-    out["phases_ms"] = {p: round(statistics.median(r["phases_ms"].get(p, 0.0) for r in timed), 2) for p in phases}
+    out["phases_ms"] = median_fields(timed, "phases_ms")
+    out["host_work_phases_ms"] = median_fields(counted, "host_work_phases_ms")
+    out["device_op_phases_ms"] = median_fields(counted, "device_op_phases_ms")
     out["sync_sites_per_step"] = per_step(counted, "sync_sites", digits=2)
     out["top_ops_per_step"] = per_step(counted, "top_ops", digits=1, top=15)
     out["op_sites_per_step"] = per_step(counted, "op_sites", digits=1, top=20)
     return out
+
+
+def median_fields(records: list[dict], field: str) -> dict[str, float]:
+    """A {name: ms} field of the records as each name's median over them (0 where a record lacks it)."""
+    names = sorted({name for r in records for name in r.get(field, {})})
+    return {name: round(statistics.median(r.get(field, {}).get(name, 0.0) for r in records), 2) for name in names}
 
 
 def per_step(records: list[dict], field: str, digits: int, top: int | None = None) -> dict[str, float]:
@@ -221,12 +235,13 @@ def markdown(results: dict, meta: dict) -> str:
         "syncs: host reads of device data; host calls: torch calls on host data alone;",
         "ms: unprobed wall time outside the target's forward",
         "(JETSPEC's phases after); host beyond ops: a probed step's ms outside the forward less the ms inside",
-        "its device ops (in brackets): the host's own work, which a GPU step still waits on.",
+        "its device ops (in brackets); host work: that less the probe's own cost (in brackets): the host's own",
+        "work, which a GPU step still waits on.",
         "",
         "| config | workload | batch | ops outside forward | ops with draft graph | kernels outside forward "
         "| kernels with draft graph | host syncs | host calls | outside-forward ms | host beyond ops ms (in ops) "
-        "| forward ms | phases ms |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| host work ms (probe) | forward ms | phases ms |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for config, by_workload in results.items():
         for workload, by_size in by_workload.items():
@@ -240,7 +255,8 @@ def markdown(results: dict, meta: dict) -> str:
                     f"| {s['host_syncs']} ({s['host_syncs_max']}) "
                     f"| {s.get('host_calls_outside_forward', '-')} ({s.get('host_calls_outside_forward_max', '-')}) "
                     f"| {s['host_ms']} "
-                    f"| {s.get('host_beyond_ops_ms', '-')} ({s.get('device_op_ms', '-')}) | {s['forward_ms']} "
+                    f"| {s.get('host_beyond_ops_ms', '-')} ({s.get('device_op_ms', '-')}) "
+                    f"| {s.get('host_work_ms', '-')} ({s.get('probe_ms', '-')}) | {s['forward_ms']} "
                     f"| {phases} |"
                 )
     lines += ["", "Sync sites per step (JETSPEC, largest batch, greedy and sampled):", ""]
@@ -253,8 +269,28 @@ def markdown(results: dict, meta: dict) -> str:
                 last = by_size[max(by_size, key=int)]
                 sites = ", ".join(f"{site} x{n}" for site, n in last["sync_sites_per_step"].items())
                 lines.append(f"- {config} {workload}: {sites or 'none'}")
+    lines += [
+        "",
+        "By phase, ms: host work + device ops of the probed steps = their sum, against the unprobed steps' phase",
+        "(the check on the probe's cost taken out; `verified`: outside the target's forward, which the unprobed",
+        "phase includes; `after`: the reporter and SGLang's bookkeeping):",
+        "",
+    ]
+    for config, by_workload in results.items():
+        for workload, by_size in by_workload.items():
+            for size, s in by_size.items():
+                host, ops = s.get("host_work_phases_ms") or {}, s.get("device_op_phases_ms") or {}
+                unprobed = s.get("phases_ms", {})
+                parts = [
+                    f"{k} {v} + {ops.get(k, 0.0)} = {round(v + ops.get(k, 0.0), 2)}"
+                    + (f" ({unprobed[k + '_ms']})" if k + "_ms" in unprobed and k != "verified" else "")
+                    for k, v in host.items()
+                ]
+                if parts:
+                    lines.append(f"- {config} {workload} {size}: " + "; ".join(parts))
     for field, title in (
-        ("host_beyond_ops_ms", "Host ms beyond ops, largest batch over batch 1 (issue 56's goal: at most 1.5)"),
+        ("host_work_ms", "Host work ms, largest batch over batch 1 (issue 56's goal: at most 1.5)"),
+        ("host_beyond_ops_ms", "Host ms beyond ops (the probe's cost included), largest batch over batch 1"),
         ("host_calls_outside_forward", "Host calls, largest batch over batch 1"),
     ):
         growth = host_growth(results, field)
@@ -264,7 +300,7 @@ def markdown(results: dict, meta: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def host_growth(results: dict, field: str = "host_beyond_ops_ms") -> dict[tuple[str, str], float]:
+def host_growth(results: dict, field: str = "host_work_ms") -> dict[tuple[str, str], float]:
     """(config, workload) -> `field` at the largest batch size over that at the smallest, where both were
     measured at two or more sizes."""
     out = {}

@@ -35,6 +35,8 @@ origin counts as device, so the counts err high, never low. `.to(device)` of hos
 
 from __future__ import annotations
 
+import gc
+import math
 import sys
 import time
 from collections import Counter
@@ -100,6 +102,10 @@ class StepCounts:
     op_sites: Counter = field(default_factory=Counter)  # "file:line" -> device dispatches there
     device_op_s: float = 0.0  # wall seconds inside the counted device ops and stand-in kernels
     host_calls: int = 0  # torch calls on host data alone: host work done a tensor op at a time
+    # wall seconds the probe's handlers spent on their own bookkeeping while counting (see `_Overhead`),
+    # and how many handler calls there were (torch's mode machinery costs each one more: `calibrate`)
+    probe_s: float = 0.0
+    handler_calls: int = 0
 
 
 def _bool_index(index) -> bool:
@@ -119,6 +125,30 @@ def _caller() -> str:
     return "?"
 
 
+class _Overhead:
+    """One probe handler's own time: its whole call less the stretches `outside()` marks (the real
+    function it wraps, in which inner handlers time themselves), added to the counts' `probe_s` while
+    counting. What a probed step's wall time holds beyond the step's own work, to subtract from it."""
+
+    def __init__(self, probe: "StepProbe") -> None:
+        self.probe = probe
+        self.start = time.perf_counter()
+        self.excluded = 0.0
+
+    @contextmanager
+    def outside(self):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.excluded += time.perf_counter() - start
+
+    def close(self) -> None:
+        if self.probe.counting:
+            self.probe.counts.probe_s += time.perf_counter() - self.start - self.excluded
+            self.probe.counts.handler_calls += 1
+
+
 class _Dispatch(TorchDispatchMode):
     def __init__(self, probe: "StepProbe") -> None:
         super().__init__()
@@ -126,18 +156,21 @@ class _Dispatch(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         probe = self.probe
-        if probe.counting and not probe.in_host_call:
-            probe.counts.device_ops += 1
-            probe.counts.kernel_ops += not func.is_view
-            probe.counts.op_names[func.__name__] += 1
-            if probe.op_sites:
-                probe.counts.op_sites[_caller()] += 1
-            start = time.perf_counter()
-            try:
+        with probe.own_time() as own:
+            if probe.counting and not probe.in_host_call:
+                probe.counts.device_ops += 1
+                probe.counts.kernel_ops += not func.is_view
+                probe.counts.op_names[func.__name__] += 1
+                if probe.op_sites:
+                    probe.counts.op_sites[_caller()] += 1
+                with own.outside():
+                    start = time.perf_counter()
+                    try:
+                        return func(*args, **(kwargs or {}))
+                    finally:
+                        probe.counts.device_op_s += time.perf_counter() - start
+            with own.outside():
                 return func(*args, **(kwargs or {}))
-            finally:
-                probe.counts.device_op_s += time.perf_counter() - start
-        return func(*args, **(kwargs or {}))
 
 
 class _Functions(TorchFunctionMode):
@@ -146,7 +179,10 @@ class _Functions(TorchFunctionMode):
         self.probe = probe
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
+        with self.probe.own_time() as own:
+            return self._handle(func, args, kwargs or {}, own)
+
+    def _handle(self, func, args, kwargs, own: "_Overhead"):
         probe = self.probe
         tensors = [leaf for leaf in tree_leaves((args, kwargs)) if isinstance(leaf, _T)]
         on_device = [t for t in tensors if not probe.is_host(t)]
@@ -160,12 +196,14 @@ class _Functions(TorchFunctionMode):
         if on_device and self._syncs(func, args, kwargs):
             probe.sync(func)
         if on_device and func in FUSED_ON_CUDA:
-            with probe.kernel(FUSED_ON_CUDA[func]):
+            with probe.kernel(FUSED_ON_CUDA[func]), own.outside():
                 return func(*args, **kwargs)
         if func is _T.to and tensors and not on_device and _to_device(args, kwargs):
-            out = self._call(func, args, kwargs, host=False)  # host -> device: one copy, a device tensor
-            return out.clone() if out is args[0] else out
-        out = self._call(func, args, kwargs, host=host)
+            with own.outside():
+                out = self._call(func, args, kwargs, host=False)  # host -> device: one copy, a device tensor
+                return out.clone() if out is args[0] else out
+        with own.outside():
+            out = self._call(func, args, kwargs, host=host)
         if func in (_T.cpu, _T.numpy) and on_device:
             out = out.clone() if isinstance(out, _T) and out is args[0] else out
             probe.mark_host(out)
@@ -246,6 +284,15 @@ class StepProbe:
         walk(obj, depth)
 
     @contextmanager
+    def own_time(self):
+        """A handler's call, its own time (less what it marks `outside()`) billed to `probe_s`."""
+        own = _Overhead(self)
+        try:
+            yield own
+        finally:
+            own.close()
+
+    @contextmanager
     def kernel(self, name: str):
         """A context for one call of a stand-in for a single device kernel (a CPU harness's PyTorch code
         where a GPU launches one kernel): counted as one device op (its seconds as device-op seconds), its
@@ -299,3 +346,35 @@ class StepProbe:
         for mode in reversed(self._modes):
             mode.__exit__(*exc)
         self._modes = []
+
+
+def machinery_seconds(calls: int = 4000, repeats: int = 3) -> float:
+    """Seconds per probe handler call that torch's mode machinery adds outside the handler's own timing
+    (entering Python from the dispatcher, popping and pushing the mode), measured on this machine: a loop
+    of small device ops and host calls timed bare and under the probe, the difference less the handlers'
+    own time and the ops' time over the handler calls. The loop's ops are tiny, so their own time left in
+    the bare run makes this err low: a step's host work with it subtracted errs high, never low."""
+    device = torch.zeros(16)
+
+    def loop() -> float:
+        start = time.perf_counter()
+        y = device
+        for i in range(calls // 2):
+            y = y + 1  # a device op
+            torch.tensor([i, i])  # a host call
+        return time.perf_counter() - start
+
+    with StepProbe(op_sites=True):
+        loop()  # the modes' first use imports modules: not a per-call cost
+    bare = min(loop() for _ in range(repeats))
+    best = math.inf
+    for _ in range(repeats):
+        gc.disable()  # as a probed step runs (tests/sglang_cpu/stub/step_overhead.py)
+        try:
+            with StepProbe(op_sites=True) as probe:
+                wall = loop()
+        finally:
+            gc.enable()
+        counts = probe.take()
+        best = min(best, (wall - bare - counts.probe_s - counts.device_op_s) / max(counts.handler_calls, 1))
+    return max(best, 0.0)

@@ -33,22 +33,34 @@ def test_kernels_leave_out_the_views_and_count_the_drafting_pass_as_its_replays_
     assert summarise([_record(1, 237, 170)], 1)["kernels_outside_forward"] is None
 
 
-def test_host_ms_beyond_ops_comes_from_probed_steps_and_its_growth_compares_the_end_sizes():
+def test_host_work_comes_from_probed_steps_less_the_probe_and_its_growth_compares_the_end_sizes():
     from bench.step_overhead import host_growth, markdown
 
-    def probed(batch: int, beyond: float, inside: float) -> dict:
-        return {**_record(batch, 160, 80), "host_beyond_ops_ms": beyond, "device_op_ms": inside}
+    def probed(batch: int, beyond: float, inside: float, probe: float) -> dict:
+        return {
+            **_record(batch, 160, 80),
+            "host_beyond_ops_ms": beyond,
+            "device_op_ms": inside,
+            "probe_ms": probe,
+            "host_work_ms": beyond - probe,
+        }
 
     timed = {"batch_size": 1, "counted": False, "host_ms": 50.0, "forward_ms": 100.0, "step_ms": 150.0}
-    one = summarise([probed(1, 10.0, 5.0), probed(1, 12.0, 7.0), probed(1, 14.0, 6.0), timed], 1)
+    one = summarise([probed(1, 10.0, 5.0, 8.0), probed(1, 12.0, 7.0, 8.0), probed(1, 14.0, 6.0, 10.0), timed], 1)
     assert (one["host_beyond_ops_ms"], one["device_op_ms"], one["host_ms"]) == (12.0, 6.0, 50.0)
-    sixteen = summarise([probed(16, 15.0, 80.0)], 16)
+    assert (one["host_work_ms"], one["probe_ms"]) == (4.0, 8.0)
+    sixteen = summarise([probed(16, 15.0, 80.0, 10.0)], 16)
     assert sixteen["host_beyond_ops_ms"] == 15.0 and sixteen["host_ms"] is None  # no timed step at 16
     results = {"jetspec-16": {"greedy": {"1": one, "16": sixteen}, "sampled": {"1": one}}}
+    # the goal's ratio is the host's own work's (5 / 4), not the probe-inflated one's (15 / 12)
     assert host_growth(results) == {("jetspec-16", "greedy"): 1.25}  # one size alone has no growth
+    assert host_growth(results, "host_beyond_ops_ms") == {("jetspec-16", "greedy"): 1.25}
+    sixteen["host_work_ms"] = 6.0
+    assert host_growth(results) == {("jetspec-16", "greedy"): 1.5}
     meta = {"cpu": "CPU", "dtype": "float32", "commit": "abc", "command": "cmd"}
     text = markdown(results, meta)
-    assert "| 12.0 (6.0) |" in text and "- jetspec-16 greedy: 1.25" in text
+    assert "| 12.0 (6.0) | 4.0 (8.0) |" in text
+    assert "at most 1.5):\n\n- jetspec-16 greedy: 1.5" in text
     # an older probe's records (no such fields): none
     assert summarise([_record(1, 160, 80)], 1)["host_beyond_ops_ms"] is None
     assert summarise([_record(1, 160, 80)], 1)["host_calls_outside_forward"] is None

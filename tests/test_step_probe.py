@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from harness.step_probe import HostSyncError, StepProbe
+from harness.step_probe import HostSyncError, StepProbe, machinery_seconds
 
 DEVICE = torch.device("cpu")  # the probe's "device": tensors made before it or on an explicit device
 
@@ -118,6 +118,28 @@ def test_device_op_seconds_are_the_ops_own_time_not_the_hosts():
     with StepProbe() as probe:
         torch.tensor([1.0, 2.0]).sum()
     assert probe.take().device_op_s == 0.0
+
+
+def test_the_probes_own_time_is_apart_from_the_steps_host_work_and_its_ops():
+    weight = torch.randn(64, 64)
+    with StepProbe(op_sites=True) as probe:
+        time.sleep(0.2)  # host work between ops: the step's, not the probe's
+        for _ in range(50):
+            weight @ weight  # a device op: its handlers' bookkeeping is the probe's, the op itself is not
+            torch.tensor([1, 2])  # a host call
+        with probe.paused():
+            weight.sum()  # the target's forward: no handler call counts
+    counts = probe.take()
+    assert counts.device_ops == 50 and counts.host_calls == 50
+    # every counted op and host call went through at least one handler (a host call's own aten ops too)
+    assert counts.handler_calls >= 150, counts.handler_calls
+    assert 0 < counts.probe_s < 0.1, counts.probe_s  # the sleep and the matmuls are not billed to the probe
+    assert 0 < counts.device_op_s < 0.2
+
+
+def test_the_mode_machinery_cost_is_measured_per_handler_call():
+    cost = machinery_seconds(calls=400, repeats=2)
+    assert 0 <= cost < 2e-4, cost  # microseconds a call, not the loop's whole time
 
 
 def test_strict_probe_raises_at_the_first_sync():
