@@ -34,8 +34,7 @@ steps whose batch is the full batch size it reports, per step (median, max in br
   in the server once) and the rest: the host's own work (`host_work_phases_ms`, and the ops' time
   `device_op_phases_ms`, by phase of JETSPEC's step clock, `after` its last mark). The probe costs 10-20 us
   a torch call, most of a probed step's host time at batch 1, and more torch calls (a tensor per lane in
-  a list) cost it more, so
-  the goal's ratio is read from `host_work_ms`.
+  a list) cost it more, so the goal's ratio is read from `host_work_ms`.
 
 On a CPU every op runs where it is dispatched, so host_ms is compute as well as launches; the counts and
 `host_work_ms` are what carries to a GPU, where the ops' own time moves to the device and the host's

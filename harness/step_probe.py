@@ -103,9 +103,13 @@ class StepCounts:
     device_op_s: float = 0.0  # wall seconds inside the counted device ops and stand-in kernels
     host_calls: int = 0  # torch calls on host data alone: host work done a tensor op at a time
     # wall seconds the probe's handlers spent on their own bookkeeping while counting (see `_Overhead`),
-    # and how many handler calls there were (torch's mode machinery costs each one more: `calibrate`)
+    # and how many handler calls there were (torch's mode machinery costs each one more: `machinery_seconds`)
     probe_s: float = 0.0
     handler_calls: int = 0
+
+    def probe_cost_s(self, machinery_s: float) -> float:
+        """The probe's whole cost so far: its handlers' own time and `machinery_s` for each handler call."""
+        return self.probe_s + self.handler_calls * machinery_s
 
 
 def _bool_index(index) -> bool:

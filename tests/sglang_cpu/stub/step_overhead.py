@@ -61,7 +61,7 @@ def _host_work_s(state: _Probing) -> float:
     target's forward, the device ops' time and the probe's own cost."""
     counts = state.probe.counts
     wall = time.perf_counter() - state.started
-    return wall - state.forward_s - counts.device_op_s - counts.probe_s - counts.handler_calls * state.machinery_s
+    return wall - state.forward_s - counts.device_op_s - counts.probe_cost_s(state.machinery_s)
 
 
 def _file_phase(state: _Probing, phase: str) -> None:
@@ -203,7 +203,7 @@ def install(scheduler_module) -> None:
             counts = probe.take()
             outside_ms = (time.perf_counter() - start - state.forward_s) * 1e3
             beyond_ms = outside_ms - counts.device_op_s * 1e3
-            probe_ms = (counts.probe_s + counts.handler_calls * state.machinery_s) * 1e3
+            probe_ms = counts.probe_cost_s(state.machinery_s) * 1e3
             record["host_work_phases_ms"] = {phase: seconds * 1e3 for phase, seconds in state.phase_host_s.items()}
             record["device_op_phases_ms"] = {phase: seconds * 1e3 for phase, seconds in state.phase_op_s.items()}
             record.update(
