@@ -40,9 +40,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .prompt_lookup import Guesses
 from .tree import DraftTree, TreeSpec, depth_caps
-
-Guesses = dict[tuple[int, ...], dict[int, float]]  # as core.prompt_lookup's: path -> {token: log-prob}
 
 
 @dataclass
