@@ -24,6 +24,7 @@ import torch
 from bench.sglang_cpu_compare import positive_ints
 from sglang_jetspec.core.marginal_trees import guess_tables, marginal_trees
 from sglang_jetspec.core.tree import TreeSpec, build_tree, marginal_candidates, top_k_per_depth, tree_from_candidates
+from sglang_jetspec.core.tree_drafting import budget_spec
 from sglang_jetspec.reference.precision import cpu_model
 
 
@@ -66,7 +67,7 @@ def measure_guessed(batch: int, budget: int, depth: int, k: int, repeats: int, g
     """The same step with each lane's `guesses` merged into its tree: per-lane heaps against one batched
     pass, and how many lanes' trees differ (a device noisy-or may differ from the host's in its last bit,
     which can reorder nodes whose scores tie to it)."""
-    spec = TreeSpec(budget=budget, max_depth=min(depth, budget - 1), width=k)
+    spec = budget_spec(depth, budget, k)
     roots, tokens, logprobs = _inputs(batch, depth, k, seed=batch * 100 + budget)
     root_ids, lanes = roots.tolist(), guesses[:batch]
 
@@ -99,7 +100,7 @@ def lookup_guesses_for(batch: int, budget: int, depth: int) -> list:
     from sglang_jetspec.core.prompt_lookup import batch_lookup_guesses
 
     contexts, merge = _contexts(batch, 400)
-    return batch_lookup_guesses(contexts, TreeSpec(budget=budget, max_depth=min(depth, budget - 1), width=8), merge)
+    return batch_lookup_guesses(contexts, budget_spec(depth, budget, width=8), merge)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -184,7 +184,8 @@ def marginal_trees(
     # a rank past its depth's cap, or with no candidate (-inf), is never a node
     ranks = torch.arange(k, device=device)
     caps = depth_caps(logprobs, spec)
-    scores = logprobs.double().masked_fill(ranks >= caps.unsqueeze(-1), -torch.inf)
+    uncapped = logprobs.double()  # what guesses merge with: a noisy-or may lift a rank past the cap into it
+    scores = uncapped.masked_fill(ranks >= caps.unsqueeze(-1), -torch.inf)
 
     # depth 0: the root alone in a beam of M slots, the others empty (-inf); children of an empty slot stay
     # empty. Each depth's beam is in rank-path order.
@@ -192,14 +193,15 @@ def marginal_trees(
     if beam:
         cum = torch.full((batch, beam), -torch.inf, dtype=torch.float64, device=device)
         cum[:, 0] = 0.0
-        trie = torch.full((batch, beam), -1, dtype=torch.long, device=device)
-        trie[:, 0] = 0  # the root's path (); with no guesses every slot stays off the trie
+        if guesses is not None:  # each slot's trie node: the root's path () is node 0, empty slots none
+            trie = torch.full((batch, beam), -1, dtype=torch.long, device=device)
+            trie[:, 0] = 0
     for d in range(depth_limit if beam else 0):
         if guesses is None:  # every slot's candidates are the depth's
             slot_tokens, slot_scores = None, scores[:, d].unsqueeze(1)
         else:
             slot_tokens, slot_scores, child = _slot_candidates(
-                top_tokens[:, d], logprobs[:, d].double(), caps[:, d], trie, guesses
+                top_tokens[:, d], uncapped[:, d], caps[:, d], trie, guesses
             )
         width = slot_scores.shape[-1]
         children = (cum.unsqueeze(-1) + slot_scores).flatten(1)  # [B, M C], rank-path order
