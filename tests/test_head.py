@@ -165,3 +165,35 @@ def test_rope_is_hfs_rotate_half_bit_for_bit(dtype):
     expected = x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
     mine = apply_rope(x, *rope_cos_sin(positions, rope_frequencies(head_dim, theta, x.device), dtype))
     assert torch.equal(mine, expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_heads_norm_is_hfs_cast_around_formula_bit_for_bit(dtype):
+    """HF's Qwen3 norm normalises in float32, rounds to the input's dtype, then scales by the weight in that
+    dtype. The head's RMSNorm leaves the casts to rms_norm itself (fewer ops: the next test); on the
+    values, over rows of very different scales, it must not differ by a bit."""
+    from sglang_jetspec.core.head import RMSNorm
+
+    gen = torch.Generator().manual_seed(0)
+    norm = RMSNorm(64, 1e-6).to(dtype)
+    with torch.no_grad():
+        norm.weight.copy_(torch.rand(64, generator=gen) * 2)
+        for scale in (1e-3, 1.0, 37.0, 3e3):
+            x = (torch.randn(5, 7, 64, generator=gen) * scale).to(dtype)
+            cast_around = norm.weight * torch.nn.functional.rms_norm(x.float(), (64,), eps=1e-6).to(dtype)
+            assert norm(x).dtype == dtype
+            assert torch.equal(norm(x), cast_around), scale
+
+
+def test_the_heads_norm_launches_as_many_kernels_in_bf16_as_in_fp32():
+    """One fused norm and one scale whatever the dtype: a cast into float32 and one back around the norm
+    were two more kernels per norm in bf16, seven norms a drafting pass (issue 56's op count at batch 1)."""
+    from harness.step_probe import StepProbe
+    from sglang_jetspec.core.head import RMSNorm
+
+    for dtype in (torch.float32, torch.bfloat16):
+        norm, x = RMSNorm(16, 1e-6).to(dtype), torch.randn(2, 3, 16).to(dtype)
+        with torch.no_grad(), StepProbe() as probe:
+            norm(x)
+        counts = probe.take()
+        assert (counts.device_ops, counts.kernel_ops) == (2, 2), (dtype, counts.op_names)
