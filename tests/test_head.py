@@ -197,3 +197,24 @@ def test_the_heads_norm_launches_as_many_kernels_in_bf16_as_in_fp32():
             norm(x)
         counts = probe.take()
         assert (counts.device_ops, counts.kernel_ops) == (2, 2), (dtype, counts.op_names)
+
+
+def test_a_bf16_head_dispatches_fp32s_ops_plus_only_the_rope_tables_casts():
+    """Projecting context and one drafting pass, in bf16 against fp32 (issue 56's op count): the only extra
+    ops are the RoPE tables' two casts per call (cos and sin computed in float32, each rounded once), two
+    calls here. A cast that creeps in around a norm, a linear or the attention fails here."""
+    from harness.step_probe import StepProbe
+    from sglang_jetspec.core.head import block_mask
+
+    def ops(dtype) -> dict[str, int]:
+        head = init_head(tiny_head_config(), seed=5).to(dtype)
+        taps, block = torch.randn(2, 7, 3 * 64).to(dtype), torch.randn(2, 6, 64).to(dtype)
+        mask = block_mask(torch.ones(2, 7, dtype=torch.bool), 6, causal=True)
+        with torch.no_grad(), StepProbe() as probe:
+            context = head.project_context(taps, torch.arange(7).expand(2, 7))
+            head(block, (torch.arange(6) + 7).expand(2, 6), context, mask)
+        return dict(probe.take().op_names)
+
+    fp32, bf16 = ops(torch.float32), ops(torch.bfloat16)
+    differ = {op: bf16.get(op, 0) - fp32.get(op, 0) for op in {*fp32, *bf16} if bf16.get(op) != fp32.get(op)}
+    assert differ == {"_to_copy.default": 4}, differ
