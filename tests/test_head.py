@@ -5,8 +5,9 @@ import json
 import pytest
 import torch
 
+from harness.step_probe import StepProbe
 from sglang_jetspec.core.context_cache import ContextCache
-from sglang_jetspec.core.head import apply_rope, block_mask, rope_cos_sin, rope_frequencies
+from sglang_jetspec.core.head import RMSNorm, apply_rope, block_mask, rope_cos_sin, rope_frequencies
 from sglang_jetspec.core.head_config import HeadConfigError, TargetInfo, default_tap_layers
 from sglang_jetspec.core.head_io import init_head, load_head, read_head_config, save_head
 from tests.builders import TINY_TARGET, tiny_head_config
@@ -172,8 +173,6 @@ def test_the_heads_norm_is_hfs_cast_around_formula_bit_for_bit(dtype):
     """HF's Qwen3 norm normalises in float32, rounds to the input's dtype, then scales by the weight in that
     dtype. The head's RMSNorm leaves the casts to rms_norm itself (fewer ops: the next test); on the
     values, over rows of very different scales, it must not differ by a bit."""
-    from sglang_jetspec.core.head import RMSNorm
-
     gen = torch.Generator().manual_seed(0)
     norm = RMSNorm(64, 1e-6).to(dtype)
     with torch.no_grad():
@@ -188,9 +187,6 @@ def test_the_heads_norm_is_hfs_cast_around_formula_bit_for_bit(dtype):
 def test_the_heads_norm_launches_as_many_kernels_in_bf16_as_in_fp32():
     """One fused norm and one scale whatever the dtype: a cast into float32 and one back around the norm
     were two more kernels per norm in bf16, seven norms a drafting pass (issue 56's op count at batch 1)."""
-    from harness.step_probe import StepProbe
-    from sglang_jetspec.core.head import RMSNorm
-
     for dtype in (torch.float32, torch.bfloat16):
         norm, x = RMSNorm(16, 1e-6).to(dtype), torch.randn(2, 3, 16).to(dtype)
         with torch.no_grad(), StepProbe() as probe:
@@ -203,8 +199,6 @@ def test_a_bf16_head_dispatches_fp32s_ops_plus_only_the_rope_tables_casts():
     """Projecting context and one drafting pass, in bf16 against fp32 (issue 56's op count): the only extra
     ops are the RoPE tables' two casts per call (cos and sin computed in float32, each rounded once), two
     calls here. A cast that creeps in around a norm, a linear or the attention fails here."""
-    from harness.step_probe import StepProbe
-    from sglang_jetspec.core.head import block_mask
 
     def ops(dtype) -> dict[str, int]:
         head = init_head(tiny_head_config(), seed=5).to(dtype)
