@@ -31,9 +31,10 @@ default is 0 then keeps its context too): the ratio of JETSPEC to itself with th
 process, no bias between processes, prefills and the scheduler included: what the control's decision
 for that cohort stands for.
 
-`--fixed-budgets 4,8,16` also starts one JETSPEC server per budget, every cohort at that budget with fixed
-trees and no same-allocation control (the static configurations an operator could pick by hand); they take
-their turns in every round, and each cell reports the best of them and JETSPEC's steady ratio to it.
+`--fixed-budgets 4,8,16` also starts one JETSPEC server per budget, every cohort at that budget (any
+budget: every cohort lists only it, off and the gate's re-probe budget) with fixed trees and no
+same-allocation control (the static configurations an operator could pick by hand); they take their turns
+in every round, and each cell reports the best of them and JETSPEC's steady ratio to it.
 
 A cell where speculation cannot pay (issue 59's test of the control): `--useless-head` drafts with
 harness/useless_head.py's noise head, and `--fixed-budget 16` holds every cohort at 16-node fixed trees
@@ -157,10 +158,18 @@ def best_fixed(plain: list[float], fixed: dict[str, list[float]]) -> tuple[str |
 
 
 def fixed_budget_policy(budget: int, control: bool) -> dict:
-    """bench.sglang_cpu_compare.policy_env's changes for every cohort at `budget` with fixed trees; without
-    `control`, the same-allocation control's section off too (else as shipped)."""
+    """bench.sglang_cpu_compare.policy_env's changes for every cohort at `budget` with fixed trees. Without
+    `control`, every cohort lists only that budget, off and the gate's re-probe budget (the shipped policy's;
+    so any budget fits every cohort, and SGLang reserves KV for what is served), and the same-allocation
+    control's section is off; with it, the cohorts keep their budgets (`budget` must be among each one's)."""
     changes = {"default": budget, "tree_sizing": "fixed"}
-    return changes if control else {**changes, "same_allocation": {"enabled": False}}
+    if control:
+        return changes
+    from policies.loader import load_policy
+    from sglang_jetspec.adapter.policy import policy_path
+
+    budgets = sorted({0, load_policy(policy_path()).gate.reprobe_budget, budget})
+    return {**changes, "budgets": budgets, "same_allocation": {"enabled": False}}
 
 
 def generate(url: str, prompt: list[int], max_new_tokens: int) -> dict:

@@ -19,6 +19,8 @@ from bench.control_plane import (
     markdown,
     token_limits,
 )
+from bench.sglang_cpu_compare import policy_env
+from policies.loader import load_policy
 
 COHORTS = [
     SimpleNamespace(name="bs1", min_batch=1, max_batch=1),
@@ -81,9 +83,19 @@ def test_a_fixed_budget_server_runs_fixed_trees_and_drops_the_control_only_when_
     assert fixed_budget_policy(8, control=False) == {
         "default": 8,
         "tree_sizing": "fixed",
+        "budgets": [0, 4, 8],  # off and the shipped gate's re-probe budget besides
         "same_allocation": {"enabled": False},
     }
-    assert fixed_budget_policy(16, control=True) == {"default": 16, "tree_sizing": "fixed"}  # the shipped control
+    # the shipped control and the cohorts' own budgets, so that it may still turn the budget off
+    assert fixed_budget_policy(16, control=True) == {"default": 16, "tree_sizing": "fixed"}
+
+
+def test_a_fixed_budget_no_shipped_cohort_lists_makes_a_valid_policy(tmp_path):
+    """32 is not among the shipped larger cohorts' budgets: the variant must list it there itself."""
+    env = policy_env("fixed-32", tmp_path, {"fixed-32": fixed_budget_policy(32, control=False)})
+    policy = load_policy(env["JETSPEC_POLICY"])
+    assert {(cohort.default, cohort.tree_sizing) for cohort in policy.cohorts} == {(32, "fixed")}
+    assert all(cohort.budgets == [0, 4, 32] for cohort in policy.cohorts)
 
 
 def test_the_table_gives_the_ratio_to_the_best_fixed_budget_when_fixed_budgets_ran():
