@@ -21,6 +21,7 @@ HOOKS = (
     (internal_state.GET_TARGET, internal_state.after_get_internal_state, "AFTER"),
     (scheduler_hooks.ADMISSION_TARGET, scheduler_hooks.before_process_req_with_grammar, "BEFORE"),
     (scheduler_hooks.ABORT_RELEASE_TARGET, scheduler_hooks.after_release_aborted_request, "AFTER"),
+    (scheduler_hooks.ABORT_OUTPUT_TARGET, scheduler_hooks.after_send_abort_output, "AFTER"),
     (scheduler_hooks.PREFILL_RESULT_TARGET, scheduler_hooks.after_process_batch_result_prefill, "AFTER"),
     (scheduler_hooks.IDLE_TARGET, scheduler_hooks.after_on_idle, "AFTER"),
     (dummy_verify.TARGET, dummy_verify.after_create_dummy_verify_input, "AFTER"),

@@ -12,6 +12,10 @@
 - Abort of a waiting request (AFTER `Scheduler._release_aborted_request`: client aborts, queue-limit
   evictions, waiting timeouts): such a request is popped from the waiting queue without a finish reason
   the worker's sweep could see; a retracted request there still has draft state, which goes now.
+- Any request the scheduler ends outside the output stream (AFTER `Scheduler.send_abort_output`): among
+  them the decode batch's last request when even it no longer fits the KV pool (`retract_decode` aborts
+  it with a `to_finish` that never becomes a finish reason, and takes it out of the batch), so the
+  sweep never sees it finish; its draft state goes now.
 - Idle (AFTER `Scheduler.on_idle`, which the loop calls whenever no batch runs): finished requests
   leave, an expired push reverts, and the gauges (live draft states, the table in force) say so
   while no step runs to refresh them.
@@ -23,6 +27,7 @@ from __future__ import annotations
 SCHEDULER = "sglang.srt.managers.scheduler.Scheduler"
 ADMISSION_TARGET = "sglang.srt.constrained.grammar_manager.GrammarManager.process_req_with_grammar"
 ABORT_RELEASE_TARGET = f"{SCHEDULER}._release_aborted_request"
+ABORT_OUTPUT_TARGET = f"{SCHEDULER}.send_abort_output"
 IDLE_TARGET = f"{SCHEDULER}.on_idle"
 PREFILL_RESULT_TARGET = (
     "sglang.srt.managers.scheduler_components.batch_result_processor."
@@ -67,10 +72,19 @@ def after_process_batch_result_prefill(result, processor, *args, **kwargs):
 
 
 def after_release_aborted_request(result, scheduler, req, *args, **kwargs):
+    _release(scheduler, req)
+    return result
+
+
+def after_send_abort_output(result, scheduler, abort_req, req, *args, **kwargs):
+    _release(scheduler, req)
+    return result
+
+
+def _release(scheduler, req) -> None:
     worker = jetspec_worker(scheduler)
     if worker is not None:
         worker.release_request(req.rid)
-    return result
 
 
 def after_on_idle(result, scheduler, *args, **kwargs):

@@ -64,8 +64,8 @@ def test_load_plugin_is_idempotent_touches_no_device_and_loads_no_model_code():
     )
     assert got["cuda_initialized"] is False
     assert got["model_code"] == []
-    assert got["hooks_per_target"] == [1] * 13  # loaded three times, registered once (13 = len(HOOKS))
-    assert len(got["patched"]) == 13
+    assert got["hooks_per_target"] == [1] * 14  # loaded three times, registered once (14 = len(HOOKS))
+    assert len(got["patched"]) == 14
     assert got["registered"] == ["JETSPEC"]
     assert got["again_s"] < 0.05, "a repeated load must be a no-op"
 
@@ -141,6 +141,34 @@ def test_registering_twice_in_process_keeps_one_spec_and_one_hook_each(jetspec_r
     register()
     assert SpeculativeAlgorithm.from_string("jetspec") is jetspec_registered
     assert [len(HookRegistry._hooks[t]) for t, _, _ in HOOKS] == [1] * len(HOOKS)
+
+
+def test_a_request_the_scheduler_aborts_outside_the_output_stream_drops_its_draft_state(jetspec_registered):
+    """`retract_decode` aborts the decode batch's last request when even it no longer fits the KV pool: the
+    request leaves the batch with a to_finish that never becomes a finish reason (the worker's sweep never
+    sees it finish), and the scheduler reports it through `send_abort_output` alone. Its draft state leaked
+    (one state left behind after an OOM abort in the radix-cache test under load); the hook drops it."""
+    from types import SimpleNamespace
+
+    from sglang.srt.managers.scheduler import Scheduler
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    from sglang_jetspec.adapter.worker import JetSpecWorker
+
+    HookRegistry.apply_hooks()
+    worker = JetSpecWorker.__new__(JetSpecWorker)  # only its release is called
+    released, sent = [], []
+    worker.release_request = released.append
+    tokenizer = SimpleNamespace(send_output=lambda output, req: sent.append(output))
+    scheduler = SimpleNamespace(
+        rust_server=None, draft_worker=worker, ipc_channels=SimpleNamespace(send_to_tokenizer=tokenizer)
+    )
+    Scheduler.send_abort_output(scheduler, "abort-output", SimpleNamespace(rid="r1"))
+    assert sent == ["abort-output"]  # SGLang's own report still goes out
+    assert released == ["r1"]
+    scheduler.draft_worker = None  # another algorithm's scheduler: nothing to release
+    Scheduler.send_abort_output(scheduler, "abort-output", SimpleNamespace(rid="r2"))
+    assert released == ["r1"] and len(sent) == 2
 
 
 @pytest.mark.parametrize(
