@@ -258,7 +258,8 @@ class JetSpecWorker(BaseSpecWorker):
 
     def release_request(self, rid: str) -> None:
         """A request left without finishing here (aborted in the waiting queue, perhaps after a
-        retraction): drop its draft state (adapter.scheduler_hooks)."""
+        retraction, or aborted by retraction itself when even it no longer fits the KV pool): drop its
+        draft state (adapter.scheduler_hooks)."""
         self._retire(rid)
 
     def live_draft_states(self) -> int:
