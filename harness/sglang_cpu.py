@@ -19,6 +19,7 @@ bench/sglang_cpu_compare.py): it starts this module as a process and returns onc
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -50,6 +51,11 @@ TP2_ENV = {
     "SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK": "false",
 }
 READY_PREFIX = "sglang-cpu ready: "
+# SGLang on CPU sizes its KV pool from the host's free memory at start-up and only caps it at
+# --max-total-tokens, with a warning in the log: on a host short of memory (another server holding
+# gigabytes) a server asked for 8192 tokens may get a few hundred, and its requests fail much later as
+# "Out of memory even after retracting all other requests". The launcher refuses such a server instead.
+POOL_LINE = re.compile(r"max_total_num_tokens=(\d+)\b.*?available_cpu_mem=([\d.]+) GB")
 
 
 def standin_env(base: dict | None = None) -> dict:
@@ -208,6 +214,22 @@ class LaunchedServer:
         self.stop()
 
 
+def pool_shortfall(args: list[str], log_text: str) -> str | None:
+    """Why a started server's KV pool is smaller than its --max-total-tokens asked (None when it is not,
+    or when either figure is missing)."""
+    asked = [int(args[i + 1]) for i, a in enumerate(args[:-1]) if a == "--max-total-tokens"]
+    pools = [(int(n), float(gb)) for n, gb in POOL_LINE.findall(log_text)]
+    if not asked or not pools:
+        return None
+    got, free_gb = min(pools)
+    if got >= asked[-1]:
+        return None
+    return (
+        f"SGLang sized its KV pool at {got} tokens, below --max-total-tokens {asked[-1]}: the host had "
+        f"{free_gb} GB of memory free at start-up. Free memory (a stray `sglang.launch_server`?) and start again."
+    )
+
+
 def launch(
     args: list[str], log: Path, env: dict | None = None, timeout_s: float = 300.0, cwd: Path | None = None
 ) -> LaunchedServer:
@@ -230,7 +252,12 @@ def launch(
         text = log.read_text(errors="replace")
         ready = [line for line in text.splitlines() if line.startswith(READY_PREFIX)]
         if ready:
-            return LaunchedServer(ready[0][len(READY_PREFIX) :], process, log, time.perf_counter() - t0, list(args))
+            server = LaunchedServer(ready[0][len(READY_PREFIX) :], process, log, time.perf_counter() - t0, list(args))
+            shortfall = pool_shortfall(args, text)
+            if shortfall:
+                server.stop()
+                raise RuntimeError(f"{shortfall} Log: {log}")
+            return server
         if process.poll() is not None:
             raise RuntimeError(
                 f"SGLang exited with status {process.returncode} before /health answered; "

@@ -29,7 +29,12 @@ rates weighs the cheap steps by count rather than by time: both lean toward spec
 they measured it at 1.20x its native steps where it ran 0.69x (issue 59;
 tests/policies/test_same_allocation.py::test_speculations_expensive_steps_count_by_their_time).
 
-The decision, on the newest `window_blocks` block rates of each mode, once each has `min_blocks`: the
+The decision reads both modes over the same stretch of traffic: the newest `window_blocks` block rates
+of the mode a cohort is not in, and those of the mode it is in since the oldest of them (at least
+`window_blocks`, at most `span_blocks`). Read over its own newest `window_blocks` alone, the mode a
+cohort runs 31 blocks in 32 covered a few requests: at 1 concurrent chat request two hard ones in a row
+(8 blocks at native's rate) turned a cohort that ran 1.24x plain native for a whole round (issue 59,
+bench/results/sglang_cpu/control-plane-chat1-fixed-bf16-zen4.md). Once each mode has `min_blocks`: the
 gain (speculative / native) with a confidence interval of `confidence_z` standard errors (delta method on
 the log ratio; Student-t with few blocks). A speculating cohort turns native when even the interval's top
 is below 1 + margin (it cannot show a gain worth having); a native cohort turns speculative when the
@@ -110,7 +115,7 @@ class Verdict:
 @dataclass
 class _Cohort:
     mode: str | None  # the mode most blocks run; None until the first block (then inherited or speculative)
-    rates: dict[str, deque]
+    rates: dict[str, deque]  # per mode: (the cohort's block count when it closed, its rate), newest last
     decided: bool = False
     has_own_verdict: bool = False
     own_run: int = 0  # blocks of its own mode since the last of the other (whose share may change)
@@ -119,6 +124,7 @@ class _Cohort:
     verdict: Verdict | None = None
     dropped: int = 0
     fresh: int = 0  # blocks of the mode it is not in, measured since its mode last changed
+    closed: int = 0  # blocks it has measured
 
 
 class SameAllocationControl:
@@ -128,9 +134,9 @@ class SameAllocationControl:
         self.config = config
         self.order = list(cohorts)
         self.closed_blocks = 0  # blocks measured so far: the state changes only when this moves
-        window = config.window_blocks
+        span = config.span_blocks
         self._cohorts = {
-            name: _Cohort(None, {SPECULATIVE: deque(maxlen=window), NATIVE: deque(maxlen=window)}) for name in cohorts
+            name: _Cohort(None, {SPECULATIVE: deque(maxlen=span), NATIVE: deque(maxlen=span)}) for name in cohorts
         }
 
     def mode(self, cohort: str) -> str:
@@ -169,7 +175,7 @@ class SameAllocationControl:
             "gain": verdict and round(verdict.gain, 4),
             "gain_low": verdict and round(verdict.low, 4),
             "gain_high": verdict and round(verdict.high, 4),
-            "blocks": {mode: len(rates) for mode, rates in state.rates.items()},
+            "blocks": {mode: len(rates) for mode, rates in self._read_rates(state).items()},  # what the gain read
             "flips": state.flips,
             "dropped_steps": state.dropped,
             # one block in this many runs the mode it is not in
@@ -216,7 +222,9 @@ class SameAllocationControl:
             kept = [step for step in kept if step[1] <= longest]
             state.dropped += len(block.served) - len(kept)
         if len(kept) >= max(1, self.config.block_steps // 2):
-            state.rates[block.mode].append(sum(tokens for tokens, _ in kept) / sum(seconds for _, seconds in kept))
+            state.closed += 1
+            rate = sum(tokens for tokens, _ in kept) / sum(seconds for _, seconds in kept)
+            state.rates[block.mode].append((state.closed, rate))
             state.fresh += block.mode != state.mode
             self.closed_blocks += 1
             self._decide(state)
@@ -231,8 +239,21 @@ class SameAllocationControl:
 
     # ---- the decision ----
 
+    def _read_rates(self, state: _Cohort) -> dict[str, list[float]]:
+        """The block rates a decision reads: the newest `window_blocks` of the mode the cohort is not in, and
+        of the mode it is in those since the oldest of them, at least `window_blocks` (at most `span_blocks`,
+        what its deque holds)."""
+        window = self.config.window_blocks
+        own = state.mode or SPECULATIVE
+        other = list(state.rates[_other(own)])[-window:]
+        held = list(state.rates[own])
+        since = sum(closed >= other[0][0] for closed, _ in held) if other else 0
+        read = {_other(own): other, own: held[-max(window, since) :]}
+        return {mode: [rate for _, rate in rates] for mode, rates in read.items()}
+
     def _decide(self, state: _Cohort) -> None:
-        verdict = gain_verdict(state.rates[SPECULATIVE], state.rates[NATIVE], self.config)
+        rates = self._read_rates(state)
+        verdict = gain_verdict(rates[SPECULATIVE], rates[NATIVE], self.config)
         if verdict is None:
             return
         state.verdict = verdict

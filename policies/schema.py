@@ -92,6 +92,8 @@ class SameAllocationPolicy(StrictModel):
     steady_cost: float = Field(default=0.01, gt=0, lt=1)
     min_blocks: int = Field(default=3, ge=2, le=1024)
     window_blocks: int = Field(default=8, ge=2, le=1024)
+    # the mode a cohort is in is read as far back as the other mode's window reaches, up to this many blocks
+    span_blocks: int = Field(default=32, ge=2, le=4096)
     margin: float = Field(default=0.03, ge=0, lt=1)
     confidence_z: float = Field(default=2.0, ge=0, le=10)
     # a step this many times its block's median seconds is a stall (a tree step may take 5x a cheap one)
@@ -266,6 +268,14 @@ def _timing_problems(policy: Policy) -> list[Problem]:
                 ("same_allocation", "window_blocks"),
                 f"same_allocation.window_blocks {same.window_blocks} holds fewer than min_blocks ({same.min_blocks})",
                 f"set window_blocks >= {same.min_blocks}",
+            )
+        )
+    if same.span_blocks < same.window_blocks:
+        problems.append(
+            Problem(
+                ("same_allocation", "span_blocks"),
+                f"same_allocation.span_blocks {same.span_blocks} is under window_blocks ({same.window_blocks})",
+                f"set span_blocks >= {same.window_blocks}",
             )
         )
     if same.steady_every_max < same.steady_every:

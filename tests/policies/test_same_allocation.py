@@ -127,6 +127,26 @@ def test_a_machine_that_gets_faster_changes_nothing_and_a_workload_that_stops_pa
     assert turned < 3000  # noticed through the steady share of native blocks
 
 
+def test_a_few_hard_requests_in_a_row_do_not_turn_a_paying_cohort_native():
+    """Issue 59's chat cell at 1 concurrent request on Zen 4: a cohort that ran 1.24x plain went native for
+    a whole round after two hard requests in a row (12 blocks a little under native's rate: a tree that
+    accepts nothing costs more than a plain step). Its mode is now read over
+    the stretch its native window covers (up to `span_blocks` blocks), so 12 hard blocks among 32 keep it
+    on; a loss that lasts through that span still turns it, within the span."""
+    control = SameAllocationControl(CONFIG, ["bs1"])
+    drive(control, "bs1", 3000, gain=1.5)
+    assert control.state()["bs1"]["other_mode_every"] == 32
+    modes = drive(control, "bs1", 3000, gain=lambda i: 0.9 if i < 96 else 1.5, seed=2)
+    state = control.state()["bs1"]
+    assert state["flips"] == 0 and native_share(modes) < 0.05, state
+    assert state["blocks"] == {SPECULATIVE: CONFIG.span_blocks, NATIVE: CONFIG.window_blocks}
+    modes = drive(control, "bs1", 1000, gain=0.75, seed=4)  # the head stops paying for good
+    state = control.state()["bs1"]
+    assert state["mode"] == NATIVE and state["flips"] == 1
+    turned = next(i for i in range(0, 1000, 8) if modes[i : i + 32].count(NATIVE) == 32)
+    assert turned <= (CONFIG.span_blocks + 4) * CONFIG.block_steps, turned
+
+
 def test_a_change_held_back_for_fresh_evidence_measures_the_winning_mode_often():
     """Right after a flip a cohort needs `window_blocks` fresh blocks of the other mode before it flips again;
     when those blocks are the ones winning (the gain favours the other mode) it runs one in
@@ -198,6 +218,7 @@ def test_departures_one_at_a_time_still_count_and_a_burst_of_arrivals_does_not()
     [
         ("  min_blocks: 6\n  window_blocks: 4\n", r"same_allocation.window_blocks 4 holds fewer than min_blocks \(6\)"),
         ("  steady_every: 16\n  steady_every_max: 8\n", r"steady_every_max 8 is under steady_every \(16\).*>= 16"),
+        ("  window_blocks: 8\n  span_blocks: 4\n", r"span_blocks 4 is under window_blocks \(8\).*>= 8"),
     ],
 )
 def test_inconsistent_block_counts_are_a_policy_problem(section, problem):
