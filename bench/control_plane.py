@@ -47,6 +47,7 @@ harness/useless_head.py's noise head, and `--fixed-budget 16` holds every cohort
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import random
 import statistics
@@ -346,29 +347,34 @@ def main(argv: list[str] | None = None) -> int:
     policy = load_policy(policy_file)
     head = make_useless_head(HEAD, args.log_dir / "useless-head") if args.useless_head else args.head
     common = dict(dtype=args.dtype, max_total_tokens=32768, max_running=max(4, max(levels)))
-    plain = launch(
-        server_args(model, "--disable-overlap-schedule", port=args.port, **common), args.log_dir / "plain.log", env
-    )
-    jetspec = launch(
-        jetspec_args(model, "--enable-metrics", "--admin-api-key", ADMIN_KEY, port=args.port + 1, **common, head=head),
-        args.log_dir / "jetspec.log",
-        env,
-    )
-    fixed_servers = {}
-    for k, budget in enumerate(fixed_budgets):
-        name = f"fixed-{budget}"
-        variant = {name: fixed_budget_policy(budget, control=False)}
-        fixed_env = {**env, **policy_env(name, args.log_dir, variant)}
-        fixed_args = jetspec_args(model, port=args.port + 2 + k, **common, head=head)
-        fixed_servers[str(budget)] = launch(fixed_args, args.log_dir / f"{name}.log", fixed_env)
-    controller = None
     cells = []
-    try:
+    # every server started is stopped, whatever fails after it (a later launch included): none outlives the run
+    with contextlib.ExitStack() as running:
+        plain = running.enter_context(
+            launch(
+                server_args(model, "--disable-overlap-schedule", port=args.port, **common),
+                args.log_dir / "plain.log",
+                env,
+            )
+        )
+        jetspec_argv = jetspec_args(
+            model, "--enable-metrics", "--admin-api-key", ADMIN_KEY, port=args.port + 1, **common, head=head
+        )
+        jetspec = running.enter_context(launch(jetspec_argv, args.log_dir / "jetspec.log", env))
+        fixed_servers = {}
+        for k, budget in enumerate(fixed_budgets):
+            name = f"fixed-{budget}"
+            variant = {name: fixed_budget_policy(budget, control=False)}
+            fixed_env = {**env, **policy_env(name, args.log_dir, variant)}
+            fixed_args = jetspec_args(model, port=args.port + 2 + k, **common, head=head)
+            fixed_servers[str(budget)] = running.enter_context(
+                launch(fixed_args, args.log_dir / f"{name}.log", fixed_env)
+            )
         warmup_ids = tokenizer(WARMUP_TEXT)["input_ids"]
         for server in (plain, jetspec, *fixed_servers.values()):
             generate(server.url, warmup_ids, 8)
         if args.controller:
-            controller = start_controller(policy_file, [jetspec.url], ADMIN_KEY_ENV, args.log_dir, env=env)
+            running.callback(start_controller(policy_file, [jetspec.url], ADMIN_KEY_ENV, args.log_dir, env=env).stop)
         for w in workloads:
             start = 0
             for level in levels:
@@ -423,13 +429,6 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 print(json.dumps(asdict(cell)), flush=True)
                 cells.append(cell)
-    finally:
-        if controller is not None:
-            controller.stop()
-        for server in fixed_servers.values():
-            server.stop()
-        jetspec.stop()
-        plain.stop()
     meta = {
         "command": "python -m bench.control_plane " + " ".join(sys.argv[1:] if argv is None else argv),
         "cpu": cpu_model(),

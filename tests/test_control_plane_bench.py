@@ -136,3 +136,39 @@ def test_token_limits_spread_evenly_around_the_mean_in_one_fixed_order_or_not_at
     assert sorted(limits) == [32 + round(64 * k / 31) for k in range(32)] and limits == token_limits(32, 64, 32)
     assert limits != sorted(limits) and statistics.fmean(limits) == pytest.approx(64, abs=0.5)
     assert token_limits(16, 64, 0) == [64] * 16 and token_limits(1, 64, 32) == [64]
+
+
+def test_every_server_started_is_stopped_when_a_later_one_fails_to_start(monkeypatch, tmp_path, smollm2_dir):
+    """A run that dies starting its JETSPEC server (a bad policy, no memory) stops the plain server it had
+    started: left running, it held gigabytes and both cores through whatever ran next."""
+    import bench.control_plane as bench
+
+    started = []
+
+    class FakeServer:
+        url = "http://127.0.0.1:1"
+
+        def __init__(self, log):
+            self.log, self.stopped = log, False
+
+        def stop(self):
+            self.stopped = True
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.stop()
+
+    def fake_launch(args, log, env=None, **kw):
+        if started:
+            raise RuntimeError("SGLang exited with status 247 before /health answered")
+        started.append(FakeServer(log))
+        return started[-1]
+
+    monkeypatch.setattr(bench, "launch", fake_launch)
+    argv = ["--workloads", "code", "--concurrency", "1", "--rounds", "1", "--model", str(smollm2_dir)]
+    argv += ["--log-dir", str(tmp_path), "--json", str(tmp_path / "x.json"), "--markdown", str(tmp_path / "x.md")]
+    with pytest.raises(RuntimeError, match="status 247"):
+        main(argv)
+    assert [s.log.name for s in started] == ["plain.log"] and started[0].stopped
