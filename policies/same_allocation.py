@@ -32,8 +32,8 @@ tests/policies/test_same_allocation.py::test_speculations_expensive_steps_count_
 The decision reads both modes over the same stretch of traffic: the newest `window_blocks` block rates
 of the mode a cohort is not in, and those of the mode it is in since the oldest of them (at least
 `window_blocks`, at most `span_blocks`). Read over its own newest `window_blocks` alone, the mode a
-cohort runs 31 blocks in 32 covered a few requests: at 1 concurrent chat request two hard ones in a row
-(8 blocks at native's rate) turned a cohort that ran 1.24x plain native for a whole round (issue 59,
+cohort runs 31 blocks in 32 covered a few requests: at 1 concurrent chat request a stretch of hard ones
+(blocks a little under native's rate) turned a cohort that ran 1.24x plain native for a round (issue 59,
 bench/results/sglang_cpu/control-plane-chat1-fixed-bf16-zen4.md). Once each mode has `min_blocks`: the
 gain (speculative / native) with a confidence interval of `confidence_z` standard errors (delta method on
 the log ratio; Student-t with few blocks). A speculating cohort turns native when even the interval's top
