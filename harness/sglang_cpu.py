@@ -126,16 +126,18 @@ def jetspec_args(model_dir: Path | str, *extra: str, head: Path | str = HEAD, **
 # ---- the launcher ----
 
 
-def server_url(args: list[str]) -> str:
-    def flag(name: str, default: str) -> str:
-        for i, a in enumerate(args):
-            if a == name and i + 1 < len(args):
-                return args[i + 1]
-            if a.startswith(name + "="):
-                return a.split("=", 1)[1]
-        return default
+def flag_value(args: list[str], name: str, default: str | None = None) -> str | None:
+    """The value `args` give flag `name` (`--name value` or `--name=value`), else `default`."""
+    for i, a in enumerate(args):
+        if a == name and i + 1 < len(args):
+            return args[i + 1]
+        if a.startswith(name + "="):
+            return a.split("=", 1)[1]
+    return default
 
-    return f"http://{flag('--host', '127.0.0.1')}:{flag('--port', '30000')}"
+
+def server_url(args: list[str]) -> str:
+    return f"http://{flag_value(args, '--host', '127.0.0.1')}:{flag_value(args, '--port', '30000')}"
 
 
 def healthy(url: str, timeout: float = 2.0) -> bool:
@@ -217,15 +219,15 @@ class LaunchedServer:
 def pool_shortfall(args: list[str], log_text: str) -> str | None:
     """Why a started server's KV pool is smaller than its --max-total-tokens asked (None when it is not,
     or when either figure is missing)."""
-    asked = [int(args[i + 1]) for i, a in enumerate(args[:-1]) if a == "--max-total-tokens"]
+    asked = flag_value(args, "--max-total-tokens")
     pools = [(int(n), float(gb)) for n, gb in POOL_LINE.findall(log_text)]
-    if not asked or not pools:
+    if asked is None or not pools:
         return None
     got, free_gb = min(pools)
-    if got >= asked[-1]:
+    if got >= int(asked):
         return None
     return (
-        f"SGLang sized its KV pool at {got} tokens, below --max-total-tokens {asked[-1]}: the host had "
+        f"SGLang sized its KV pool at {got} tokens, below --max-total-tokens {asked}: the host had "
         f"{free_gb} GB of memory free at start-up. Free memory (a stray `sglang.launch_server`?) and start again."
     )
 
